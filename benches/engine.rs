@@ -1,0 +1,62 @@
+//! Engine throughput: a hold loop on the event queue (pop one, schedule one
+//! at a random future time) at several queue sizes, as in REFERENCES.md, and
+//! a full-platform run of the DID 600 kpps scenario. Prints events/s.
+//! Run with `cargo bench --bench engine`.
+
+use exitless::calibration::Calibration;
+use exitless::engine::{EventQueue, RngStream};
+use exitless::scenario::Scenario;
+use exitless::world::World;
+use std::time::Instant;
+
+fn hold(pending: usize, ops: u64) -> f64 {
+    let mut q: EventQueue<u64> = EventQueue::with_capacity(pending + 1);
+    let mut r = RngStream::new(1, "bench");
+    for i in 0..pending {
+        q.schedule(r.next_u64() % 1_000_000, i as u64);
+    }
+    let t0 = Instant::now();
+    let mut sink = 0u64;
+    for _ in 0..ops {
+        let (t, e) = q.pop_until(u64::MAX).expect("queue never empties");
+        sink = sink.wrapping_add(e);
+        q.schedule(t + 1 + r.next_u64() % 1_000_000, e);
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    ops as f64 / dt
+}
+
+fn main() {
+    for pending in [100usize, 10_000, 1_000_000] {
+        let ops = 5_000_000;
+        println!(
+            "hold loop, {pending:>9} pending: {:6.2} M events/s",
+            hold(pending, ops) / 1e6
+        );
+    }
+    let cal = Calibration::default_host();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/validation/did/fig4.toml");
+    for scheme in ["did", "kvm"] {
+        let s = Scenario::load(
+            std::path::Path::new(path),
+            &[
+                format!("scheme={scheme}"),
+                "rate_pps=600000".into(),
+                "duration_s=1".into(),
+            ],
+        )
+        .expect("fig4 scenario loads");
+        let mut w = World::build(&s, &cal).expect("builds");
+        let t0 = Instant::now();
+        w.run(|_| {});
+        let dt = t0.elapsed().as_secs_f64();
+        let sim = s.duration_s + s.warmup_s;
+        println!(
+            "platform, {scheme} 600 kpps: {:.0} events in {dt:.3} s = {:.2} M events/s; {:.3} s wall per simulated s",
+            w.events() as f64,
+            w.events() as f64 / dt / 1e6,
+            dt / sim
+        );
+    }
+}

@@ -1,0 +1,59 @@
+//! The interface between the guest kernel and the programs it runs.
+//! Workloads implement [`App`]; the kernel schedules them as tasks.
+
+use crate::engine::Time;
+use std::collections::BTreeMap;
+
+/// What a task asks of the kernel after each step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskStep {
+    /// Run on the CPU for this long (preemptible by interrupts).
+    Compute(Time),
+    /// Block until woken (by data arriving on its socket).
+    Block,
+    /// `clock_nanosleep(TIMER_ABSTIME)` until this time.
+    SleepUntil(Time),
+    /// The task is finished.
+    Exit,
+}
+
+/// A received datagram as the socket holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Datagram {
+    /// Payload bytes.
+    pub len: u32,
+    /// When the client sent it.
+    pub sent: Time,
+}
+
+/// Kernel services a task may use during a step.
+pub struct Sys<'a> {
+    /// Current time (the task's clock_gettime).
+    pub now: Time,
+    /// The task's UDP socket receive queue, if it has one.
+    pub socket: Option<&'a mut std::collections::VecDeque<Datagram>>,
+}
+
+impl Sys<'_> {
+    /// recv(): pops one datagram if the socket holds one.
+    pub fn recv(&mut self) -> Option<Datagram> {
+        self.socket.as_mut().and_then(|s| s.pop_front())
+    }
+}
+
+/// Metrics a program reports at the end of a run, by name.
+pub type Metrics = BTreeMap<String, f64>;
+
+/// A program running as a task in the guest.
+pub trait App {
+    /// Called whenever the task runs and has nothing left to compute.
+    fn step(&mut self, sys: &mut Sys) -> TaskStep;
+    /// Called once the warm-up is over: drop what was measured so far.
+    fn reset_metrics(&mut self) {}
+    /// Adds this program's metrics to `out`.
+    fn metrics(&self, out: &mut Metrics);
+    /// Latency samples, if the program measures any (for percentiles).
+    fn latency(&self) -> Option<&crate::engine::LatencyHistogram> {
+        None
+    }
+}

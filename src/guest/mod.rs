@@ -1,0 +1,748 @@
+//! The guest OS model: one Linux-3.6-like kernel per vCPU (or per core on bare
+//! metal). It runs interrupt handlers through its IDT, acknowledges them with
+//! x2APIC EOI writes, programs its LAPIC timer through TMICT, receives packets
+//! with NAPI through the ixgbevf-like VF driver, keeps hrtimers, and schedules
+//! tasks by priority. Every privileged action is an [`Instr`] that the
+//! hardware layer executes; whether it exits is not the guest's business.
+
+pub mod app;
+pub mod itr;
+
+use crate::engine::{Time, NS};
+use crate::hw::x86::lapic::{msr, ApicBitmap};
+use crate::hw::x86::nic::Nic;
+use app::{App, Datagram, Metrics, Sys, TaskStep};
+use itr::{DynamicItr, ItrParams};
+use std::collections::VecDeque;
+
+/// How the guest runs its periodic scheduler tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TickMode {
+    /// A tick every 1/HZ, always.
+    Periodic,
+    /// NO_HZ idle: the tick stops while the CPU idles (each stop and restart
+    /// reprograms the clockevent).
+    NohzIdle,
+    /// No tick at all.
+    Off,
+}
+
+/// Costs of guest kernel paths (from the calibration file).
+#[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)]
+pub struct GuestCosts {
+    pub irq_entry: Time,
+    pub irq_exit: Time,
+    pub hrtimer_interrupt: Time,
+    pub tick_handler: Time,
+    pub vf_irq_handler: Time,
+    pub napi_poll_base: Time,
+    pub rx_per_packet: Time,
+    pub itr_update: Time,
+    pub context_switch: Time,
+    pub syscall: Time,
+}
+
+/// Static configuration of one guest kernel.
+#[derive(Clone, Debug)]
+pub struct GuestConfig {
+    /// LOCAL_TIMER_VECTOR of the guest.
+    pub timer_vector: u8,
+    /// Vector the guest programmed into its VF's MSI-X entry.
+    pub vf_vector: u8,
+    /// The VF this guest drives, if any.
+    pub vf: Option<u16>,
+    /// CONFIG_HZ.
+    pub hz: u32,
+    /// Tick behaviour.
+    pub tick: TickMode,
+    /// Handlers run with interrupts enabled and EOI at their end (a kernel
+    /// that nests interrupts). Linux 3.6 does neither: EOI first, IF=0.
+    pub irq_nesting: bool,
+    /// APIC timer tick after the divider (bus period × 16, TDCR = 0b0011).
+    pub apic_timer_period: Time,
+    /// Socket receive buffer, in datagrams.
+    pub rcvbuf_packets: usize,
+    /// NAPI weight.
+    pub napi_weight: u32,
+    /// RX buffers returned to the NIC in batches of this many.
+    pub refill_batch: u16,
+    /// Dynamic ITR parameters.
+    pub itr: ItrParams,
+    /// Path costs.
+    pub costs: GuestCosts,
+}
+
+/// A privileged action the guest performs; the hardware decides whether it
+/// exits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Instr {
+    /// WRMSR 0x80B (x2APIC EOI), completing the handler of `vector`.
+    Eoi {
+        /// The vector the guest believes it completes.
+        vector: u8,
+    },
+    /// WRMSR to TMICT for the guest's next clockevent. `deadline` is the
+    /// expiry the guest expects (None = stop).
+    ArmTimer {
+        /// Initial count.
+        count: u32,
+        /// Expected expiry.
+        deadline: Option<Time>,
+        /// Timer vector (for the checker).
+        vector: u8,
+    },
+    /// Any other WRMSR.
+    WrMsr {
+        /// MSR index.
+        msr: u32,
+        /// Value.
+        value: u64,
+    },
+    /// MMIO write to the VF's BAR (mapped into the guest: never exits).
+    VfWrite {
+        /// VF.
+        vf: u16,
+        /// Register.
+        reg: VfReg,
+    },
+}
+
+/// VF registers the driver writes on its hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VfReg {
+    /// VTEITR(vector) := value.
+    Eitr(u8, u32),
+    /// VTEIMS := bits (re-enable after napi_complete).
+    Eims(u32),
+}
+
+/// The guest's next action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Run for this long.
+    Compute(Time),
+    /// Execute a privileged instruction, then ask again.
+    Instr(Instr),
+    /// The handler of this vector returned (iret); ask again.
+    Returned(u8),
+    /// Nothing to run: the idle loop spins (idle=poll) until interrupted.
+    Spin,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TaskState {
+    Runnable,
+    Blocked,
+    Sleeping,
+    Exited,
+}
+
+struct Task {
+    app: Box<dyn App>,
+    prio: i32,
+    state: TaskState,
+    compute: Time,
+    socket: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HrKind {
+    Tick,
+    Wake(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FrameKind {
+    Boot,
+    Irq { vector: u8 },
+    Softirq { round: u32 },
+    Switch { to: Option<usize> },
+    Nanosleep { task: usize, until: Time },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    kind: FrameKind,
+    stage: u8,
+    compute: Time,
+    saved_if: bool,
+}
+
+/// Counters of one guest kernel.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct GuestCounters {
+    pub irqs: u64,
+    pub timer_irqs: u64,
+    pub vf_irqs: u64,
+    pub rx_packets: u64,
+    pub socket_drops: u64,
+    pub tmict_writes: u64,
+    pub context_switches: u64,
+    pub tasks_exited: u64,
+}
+
+/// One guest kernel (per vCPU).
+pub struct Kernel {
+    cfg: GuestConfig,
+    if_flag: bool,
+    frames: Vec<Frame>,
+    in_service: ApicBitmap,
+    net_rx: bool,
+    in_softirq: bool,
+    tasks: Vec<Task>,
+    current: Option<usize>,
+    need_resched: bool,
+    sockets: Vec<VecDeque<Datagram>>,
+    hrtimers: Vec<(Time, HrKind)>,
+    programmed: Option<Time>,
+    tick_on: bool,
+    itr: DynamicItr,
+    cleaned_unrefilled: u16,
+    /// Counters.
+    pub counters: GuestCounters,
+}
+
+impl Kernel {
+    /// A kernel that boots (programs its LAPIC timer) on its first step.
+    pub fn new(cfg: GuestConfig) -> Self {
+        let itr = DynamicItr::new(&cfg.itr);
+        Kernel {
+            if_flag: false,
+            frames: {
+                let mut v = Vec::with_capacity(32);
+                v.push(Frame {
+                    kind: FrameKind::Boot,
+                    stage: 0,
+                    compute: 0,
+                    saved_if: true,
+                });
+                v
+            },
+            in_service: ApicBitmap::default(),
+            net_rx: false,
+            in_softirq: false,
+            tasks: Vec::new(),
+            current: None,
+            need_resched: false,
+            sockets: Vec::new(),
+            hrtimers: Vec::with_capacity(16),
+            programmed: None,
+            tick_on: false,
+            itr,
+            cleaned_unrefilled: 0,
+            counters: GuestCounters::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GuestConfig {
+        &self.cfg
+    }
+
+    /// Adds a task. `prio`: higher runs first (RT above normal above idle
+    /// class). `socket`: give it a UDP socket that receives the VF's traffic.
+    pub fn spawn(&mut self, app: Box<dyn App>, prio: i32, socket: bool) -> usize {
+        let socket = socket.then(|| {
+            self.sockets
+                .push(VecDeque::with_capacity(self.cfg.rcvbuf_packets));
+            self.sockets.len() - 1
+        });
+        self.tasks.push(Task {
+            app,
+            prio,
+            state: TaskState::Runnable,
+            compute: 0,
+            socket,
+        });
+        self.need_resched = true;
+        self.tasks.len() - 1
+    }
+
+    /// RFLAGS.IF.
+    pub fn interrupts_enabled(&self) -> bool {
+        self.if_flag
+    }
+
+    /// Vectors the guest has taken and not yet EOI'd.
+    pub fn in_service(&self) -> ApicBitmap {
+        self.in_service
+    }
+
+    /// Task metrics of every task.
+    pub fn metrics(&self, out: &mut Metrics) {
+        for t in &self.tasks {
+            t.app.metrics(out);
+        }
+    }
+
+    /// Latency histograms of the tasks that measure one.
+    pub fn latency(&self) -> Option<&crate::engine::LatencyHistogram> {
+        self.tasks.iter().find_map(|t| t.app.latency())
+    }
+
+    /// Start of the measured interval.
+    pub fn reset_metrics(&mut self) {
+        for t in &mut self.tasks {
+            t.app.reset_metrics();
+        }
+        self.counters = GuestCounters {
+            tasks_exited: self.counters.tasks_exited,
+            ..Default::default()
+        };
+    }
+
+    /// The interrupt gate for `vector` is taken: IF is cleared and the
+    /// handler frame starts (the caller has already moved IRR to ISR).
+    pub fn take_interrupt(&mut self, vector: u8) {
+        self.counters.irqs += 1;
+        self.in_service.set(vector);
+        self.frames.push(Frame {
+            kind: FrameKind::Irq { vector },
+            stage: 0,
+            compute: self.cfg.costs.irq_entry,
+            saved_if: self.if_flag,
+        });
+        self.if_flag = false;
+    }
+
+    /// The last `Compute` ran to completion.
+    pub fn compute_done(&mut self) {
+        match self.frames.last_mut() {
+            Some(f) => f.compute = 0,
+            None => {
+                if let Some(t) = self.current {
+                    self.tasks[t].compute = 0;
+                }
+            }
+        }
+    }
+
+    /// The last `Compute` was preempted after `elapsed`.
+    pub fn charge(&mut self, elapsed: Time) {
+        let c = match self.frames.last_mut() {
+            Some(f) => &mut f.compute,
+            None => match self.current {
+                Some(t) => &mut self.tasks[t].compute,
+                None => return,
+            },
+        };
+        *c = c.saturating_sub(elapsed);
+    }
+
+    fn wake(&mut self, t: usize) {
+        if matches!(
+            self.tasks[t].state,
+            TaskState::Blocked | TaskState::Sleeping
+        ) {
+            self.tasks[t].state = TaskState::Runnable;
+            let cur = self.current.map(|c| self.tasks[c].prio);
+            if cur.is_none_or(|p| self.tasks[t].prio > p) || self.current == Some(t) {
+                self.need_resched = true;
+            }
+        }
+    }
+
+    fn pick(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, t) in self.tasks.iter().enumerate() {
+            if t.state == TaskState::Runnable && best.is_none_or(|b| t.prio > self.tasks[b].prio) {
+                best = Some(i);
+            }
+        }
+        best
+    }
+
+    fn tick_period(&self) -> Time {
+        crate::engine::SEC / self.cfg.hz.max(1) as Time
+    }
+
+    fn start_tick(&mut self, now: Time) {
+        if self.tick_on || self.cfg.tick == TickMode::Off {
+            return;
+        }
+        self.tick_on = true;
+        let p = self.tick_period();
+        self.hrtimers.push(((now / p + 1) * p, HrKind::Tick));
+    }
+
+    fn stop_tick(&mut self) {
+        self.tick_on = false;
+        self.hrtimers.retain(|h| h.1 != HrKind::Tick);
+    }
+
+    /// Reprograms the clockevent if the earliest hrtimer changed.
+    fn reprogram(&mut self, now: Time) -> Option<Instr> {
+        let next = self.hrtimers.iter().map(|h| h.0).min();
+        if next == self.programmed {
+            return None;
+        }
+        self.programmed = next;
+        self.counters.tmict_writes += 1;
+        let vector = self.cfg.timer_vector;
+        Some(match next {
+            None => Instr::ArmTimer {
+                count: 0,
+                deadline: None,
+                vector,
+            },
+            Some(t) => {
+                let p = self.cfg.apic_timer_period.max(1);
+                // Linux's min_delta for the LAPIC clockevent is 0xF ticks.
+                let count = (t.saturating_sub(now).div_ceil(p)).clamp(0xF, u32::MAX as u64) as u32;
+                Instr::ArmTimer {
+                    count,
+                    deadline: Some(now + count as Time * p),
+                    vector,
+                }
+            }
+        })
+    }
+
+    /// Runs expired hrtimers; returns how many ticks ran.
+    fn expire_hrtimers(&mut self, now: Time) -> u32 {
+        let mut ticks = 0;
+        let mut i = 0;
+        while i < self.hrtimers.len() {
+            if self.hrtimers[i].0 <= now {
+                let (t, k) = self.hrtimers.swap_remove(i);
+                match k {
+                    HrKind::Tick => {
+                        ticks += 1;
+                        let p = self.tick_period();
+                        let mut n = t + p;
+                        while n <= now {
+                            n += p;
+                        }
+                        self.hrtimers.push((n, HrKind::Tick));
+                    }
+                    HrKind::Wake(task) => self.wake(task),
+                }
+            } else {
+                i += 1;
+            }
+        }
+        ticks
+    }
+
+    /// Delivers a datagram into the first socket (the VF's UDP port).
+    fn socket_enqueue(&mut self, d: Datagram) {
+        let Some(s) = self.sockets.first_mut() else {
+            self.counters.socket_drops += 1;
+            return;
+        };
+        if s.len() >= self.cfg.rcvbuf_packets {
+            self.counters.socket_drops += 1;
+            return;
+        }
+        s.push_back(d);
+        if let Some(t) = self.tasks.iter().position(|t| t.socket == Some(0)) {
+            self.wake(t);
+        }
+    }
+
+    fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
+        self.frames.push(Frame {
+            kind,
+            stage: 0,
+            compute,
+            saved_if: self.if_flag,
+        });
+        self.if_flag = if_flag;
+    }
+
+    fn pop(&mut self) {
+        if let Some(f) = self.frames.pop() {
+            self.if_flag = f.saved_if;
+        }
+    }
+
+    /// The guest's next action at `now`. `nic` is the VF's device as the
+    /// driver sees it through its mapped BAR and DMA rings.
+    pub fn next(&mut self, now: Time, nic: &mut Nic) -> Action {
+        loop {
+            let Some(top) = self.frames.len().checked_sub(1) else {
+                if let Some(a) = self.task_context(now) {
+                    return a;
+                }
+                continue;
+            };
+            let f = self.frames[top];
+            if f.compute > 0 {
+                return Action::Compute(f.compute);
+            }
+            if let Some(a) = self.frame_step(top, f, now, nic) {
+                return a;
+            }
+        }
+    }
+
+    fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
+        self.frames[top].stage = stage;
+        self.frames[top].compute = compute;
+    }
+
+    fn frame_step(&mut self, top: usize, f: Frame, now: Time, nic: &mut Nic) -> Option<Action> {
+        match f.kind {
+            FrameKind::Boot => match f.stage {
+                0 => {
+                    self.set_stage(top, 1, 0);
+                    // LVTT: one-shot, vector; the guest uses TMICT (lapic=notscdeadline).
+                    Some(Action::Instr(Instr::WrMsr {
+                        msr: msr::LVT_TIMER,
+                        value: self.cfg.timer_vector as u64,
+                    }))
+                }
+                1 => {
+                    self.set_stage(top, 2, 0);
+                    Some(Action::Instr(Instr::WrMsr {
+                        msr: msr::TDCR,
+                        value: 0b0011,
+                    }))
+                }
+                _ => {
+                    self.pop();
+                    self.if_flag = true;
+                    if self.cfg.tick == TickMode::Periodic {
+                        self.start_tick(now);
+                    }
+                    self.reprogram(now).map(Action::Instr)
+                }
+            },
+            FrameKind::Irq { vector } => self.irq_step(top, f, vector, now),
+            FrameKind::Softirq { round } => self.softirq_step(top, f, round, nic),
+            FrameKind::Switch { to } => match f.stage {
+                0 => {
+                    self.counters.context_switches += 1;
+                    let from = self.current;
+                    self.current = to;
+                    self.set_stage(top, 1, 0);
+                    if self.cfg.tick == TickMode::NohzIdle {
+                        if to.is_none() && from.is_some() {
+                            self.stop_tick();
+                        } else if to.is_some() && from.is_none() {
+                            self.start_tick(now);
+                        }
+                    }
+                    self.reprogram(now).map(Action::Instr)
+                }
+                _ => {
+                    self.pop();
+                    None
+                }
+            },
+            FrameKind::Nanosleep { task, until } => match f.stage {
+                0 => {
+                    self.set_stage(top, 1, 0);
+                    if until <= now {
+                        return None;
+                    }
+                    self.tasks[task].state = TaskState::Sleeping;
+                    self.hrtimers.push((until, HrKind::Wake(task)));
+                    self.reprogram(now).map(Action::Instr)
+                }
+                _ => {
+                    self.pop();
+                    if self.tasks[task].state != TaskState::Runnable {
+                        self.need_resched = true;
+                    }
+                    None
+                }
+            },
+        }
+    }
+
+    fn irq_step(&mut self, top: usize, f: Frame, vector: u8, now: Time) -> Option<Action> {
+        let c = self.cfg.costs;
+        let nest = self.cfg.irq_nesting;
+        let is_timer = vector == self.cfg.timer_vector;
+        let is_vf = self.cfg.vf.is_some() && vector == self.cfg.vf_vector;
+        match f.stage {
+            // Linux acks edge interrupts first (ack_APIC_irq before the handler).
+            0 => {
+                self.set_stage(top, 1, 0);
+                if nest {
+                    self.if_flag = true;
+                    return None;
+                }
+                self.in_service.clear(vector);
+                Some(Action::Instr(Instr::Eoi { vector }))
+            }
+            1 => {
+                let work = if is_timer {
+                    self.counters.timer_irqs += 1;
+                    // The one-shot clockevent has fired: it must be reprogrammed.
+                    self.programmed = None;
+                    let ticks = self.expire_hrtimers(now);
+                    c.hrtimer_interrupt + ticks as Time * c.tick_handler
+                } else if is_vf {
+                    self.counters.vf_irqs += 1;
+                    self.net_rx = true;
+                    c.vf_irq_handler
+                } else {
+                    0
+                };
+                self.set_stage(top, 2, work);
+                None
+            }
+            2 => {
+                self.set_stage(top, 3, 0);
+                if is_timer {
+                    return self.reprogram(now).map(Action::Instr);
+                }
+                None
+            }
+            3 => {
+                self.set_stage(top, 4, c.irq_exit);
+                if nest {
+                    self.if_flag = false;
+                    self.in_service.clear(vector);
+                    return Some(Action::Instr(Instr::Eoi { vector }));
+                }
+                None
+            }
+            _ => {
+                self.pop();
+                // irq_exit: pending softirqs run on the way out, IF on.
+                if self.net_rx && !self.in_softirq {
+                    self.in_softirq = true;
+                    self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
+                }
+                Some(Action::Returned(vector))
+            }
+        }
+    }
+
+    fn softirq_step(&mut self, top: usize, f: Frame, round: u32, nic: &mut Nic) -> Option<Action> {
+        let c = self.cfg.costs;
+        let Some(vf) = self.cfg.vf else {
+            self.net_rx = false;
+            self.in_softirq = false;
+            self.pop();
+            return None;
+        };
+        match f.stage {
+            0 => {
+                if round < self.cfg.napi_weight {
+                    if let Ok(Some(p)) = nic.rx_poll(vf) {
+                        self.frames[top].kind = FrameKind::Softirq { round: round + 1 };
+                        self.frames[top].compute = c.rx_per_packet;
+                        self.itr.count(p.len);
+                        self.counters.rx_packets += 1;
+                        self.socket_enqueue(Datagram {
+                            len: p.len,
+                            sent: p.arrived,
+                        });
+                        self.cleaned_unrefilled += 1;
+                        if self.cleaned_unrefilled >= self.cfg.refill_batch {
+                            let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
+                            self.cleaned_unrefilled = 0;
+                        }
+                        return None;
+                    }
+                }
+                if round >= self.cfg.napi_weight {
+                    // Budget used: stay in polling mode, vector still masked.
+                    // (net_rx_action would defer to ksoftirqd after 300
+                    // packets; polling on in place is the same CPU work.)
+                    self.frames[top].kind = FrameKind::Softirq { round: 0 };
+                    self.frames[top].compute = c.napi_poll_base;
+                    return None;
+                }
+                // Ring empty: napi_complete, then the dynamic ITR update.
+                if self.cleaned_unrefilled > 0 {
+                    let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
+                    self.cleaned_unrefilled = 0;
+                }
+                self.net_rx = false;
+                let new = self.itr.update(&self.cfg.itr);
+                self.set_stage(top, 1, c.itr_update);
+                new.map(|v| {
+                    Action::Instr(Instr::VfWrite {
+                        vf,
+                        reg: VfReg::Eitr(0, v),
+                    })
+                })
+            }
+            1 => {
+                self.set_stage(top, 2, 0);
+                Some(Action::Instr(Instr::VfWrite {
+                    vf,
+                    reg: VfReg::Eims(1),
+                }))
+            }
+            _ => {
+                self.in_softirq = false;
+                self.pop();
+                None
+            }
+        }
+    }
+
+    fn task_context(&mut self, now: Time) -> Option<Action> {
+        if self.need_resched {
+            self.need_resched = false;
+            let next = self.pick();
+            if next != self.current {
+                self.push(
+                    FrameKind::Switch { to: next },
+                    self.cfg.costs.context_switch,
+                    false,
+                );
+                return None;
+            }
+        }
+        let Some(t) = self.current else {
+            return Some(Action::Spin);
+        };
+        if self.tasks[t].state != TaskState::Runnable {
+            self.need_resched = true;
+            return None;
+        }
+        if self.tasks[t].compute > 0 {
+            return Some(Action::Compute(self.tasks[t].compute));
+        }
+        let task = &mut self.tasks[t];
+        let mut sys = Sys {
+            now,
+            socket: task.socket.map(|s| &mut self.sockets[s]),
+        };
+        match task.app.step(&mut sys) {
+            TaskStep::Compute(d) => {
+                self.tasks[t].compute = d.max(NS / 1000);
+                Some(Action::Compute(self.tasks[t].compute))
+            }
+            TaskStep::Block => {
+                self.tasks[t].state = TaskState::Blocked;
+                // A datagram may have arrived meanwhile: recheck like
+                // prepare_to_wait + condition.
+                if self.tasks[t]
+                    .socket
+                    .is_some_and(|s| !self.sockets[s].is_empty())
+                {
+                    self.tasks[t].state = TaskState::Runnable;
+                    return None;
+                }
+                self.need_resched = true;
+                None
+            }
+            TaskStep::SleepUntil(until) => {
+                self.push(
+                    FrameKind::Nanosleep { task: t, until },
+                    self.cfg.costs.syscall,
+                    true,
+                );
+                None
+            }
+            TaskStep::Exit => {
+                self.tasks[t].state = TaskState::Exited;
+                self.counters.tasks_exited += 1;
+                self.need_resched = true;
+                None
+            }
+        }
+    }
+}

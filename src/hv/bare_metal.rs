@@ -1,0 +1,49 @@
+//! No hypervisor: the guest kernel runs natively on its core, owns the LAPIC
+//! and programs the IRT for its NIC function itself.
+
+use super::exits::ExitInfo;
+use super::scheme::{ExitOutcome, Scheme};
+use super::HvCx;
+use crate::hw::x86::iommu::{Irte, SourceCheck};
+use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
+
+/// The `bare-metal` scheme.
+pub struct BareMetal;
+
+impl Scheme for BareMetal {
+    fn name(&self) -> &'static str {
+        "bare-metal"
+    }
+
+    fn virtualized(&self) -> bool {
+        false
+    }
+
+    fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
+        // The native OS's IRQ setup: its own vector, aimed at its core.
+        if let Some(a) = cx.hv.vms[vm].vf {
+            let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
+            let irte = Irte {
+                present: true,
+                dest_apic_id: cx.m.cores[core].apic_id,
+                vector: a.guest_vector,
+                mode: DeliveryMode::Fixed,
+                level_triggered: false,
+                source_check: SourceCheck::RequesterId(a.requester_id),
+            };
+            cx.irt_update(a.irte, irte);
+        }
+    }
+
+    fn handle_exit(&mut self, _cx: &mut HvCx, _vcpu: usize, _info: ExitInfo) -> ExitOutcome {
+        ExitOutcome::default()
+    }
+
+    fn virtual_interrupt(&mut self, _cx: &mut HvCx, _vcpu: usize, _vector: u8) {}
+
+    fn prepare_entry(&mut self, _cx: &mut HvCx, _vcpu: usize) {}
+
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
+        cx.m.lapics[cx.hv.vcpus[vcpu].core].isr
+    }
+}

@@ -1,0 +1,260 @@
+//! DID — Direct Interrupt Delivery (Tu, Ferdman, Lee, Chiueh; VEE '15).
+//!
+//! A running VM takes its VF's interrupts, its virtual devices' interrupts
+//! and its LAPIC timer in guest mode and acknowledges them by writing the
+//! real EOI register. The mechanisms, each a section of the paper:
+//!
+//! * §4.1 VMCS: external-interrupt exiting off, NMI exiting on; the MSR
+//!   bitmap passes the x2APIC EOI and TMICT writes through.
+//! * §4.2 the IRT entries of the VM's VFs aim at its core (fixed mode) while
+//!   it runs and are switched to NMI mode when it is descheduled.
+//! * §4.3/§4.5 every virtual interrupt is a real IPI: a fixed IPI with the
+//!   VM's vector when it runs, otherwise queued and sent as a self-IPI just
+//!   before VM entry, so the physical LAPIC arbitrates priority and every
+//!   direct EOI matches an in-service bit.
+//! * §4.2/§4.4 a fixed interrupt that lands while the core is in host mode
+//!   belongs to the VM on that core: it is taken by the host, EOI'd and
+//!   re-injected by self-IPI at entry (the "self-IPI bitmap" of §5.4).
+//! * §4.4 a core's LAPIC timer holds only its running VM's timer; host
+//!   timers run on the designated core, and a descheduled VM's timer is
+//!   parked there and becomes a virtual interrupt when it fires.
+//! * §4.5 host traffic to VM cores travels as NMIs, which always exit.
+
+use super::exits::ExitInfo;
+use super::host::HostTimer;
+use super::scheme::{ExitOutcome, Scheme};
+use super::vlapic;
+use super::HvCx;
+use crate::hw::x86::iommu::{Irte, SourceCheck};
+use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
+use crate::hw::x86::vmcs::Vmcs;
+
+/// The `did` scheme.
+#[derive(Default)]
+pub struct Did {
+    /// Per vCPU: virtual interrupts waiting for the next entry (the
+    /// self-IPI bitmap).
+    pending: Vec<ApicBitmap>,
+    /// Per VM: the VF's interrupt count when it was descheduled, to find
+    /// the source of an NMI (§4.5: the hypervisor identifies the device).
+    vf_fires_at_put: Vec<u64>,
+    /// Guest writes DID does not pass through but cannot serve directly
+    /// either (TSC-deadline mode, not covered by the paper; §7.7).
+    pub uncovered_writes: u64,
+}
+
+impl Did {
+    fn vf_irte(cx: &HvCx, vm: usize, core: usize, mode: DeliveryMode) -> Option<(u16, Irte)> {
+        let a = cx.hv.vms[vm].vf?;
+        Some((
+            a.irte,
+            Irte {
+                present: true,
+                dest_apic_id: cx.m.cores[core].apic_id,
+                vector: a.guest_vector,
+                mode,
+                level_triggered: false,
+                source_check: SourceCheck::RequesterId(a.requester_id),
+            },
+        ))
+    }
+}
+
+impl Scheme for Did {
+    fn name(&self) -> &'static str {
+        "did"
+    }
+
+    fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
+        self.vf_fires_at_put.resize(cx.hv.vms.len(), 0);
+        self.pending
+            .resize(cx.hv.vcpus.len(), ApicBitmap::default());
+        let designated = cx.hv.designated_core;
+        for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
+            // §4.1: EIE = 0, NMI exiting = 1, EOI and TMICT pass through.
+            let mut vmcs = Vmcs::kvm_default();
+            vmcs.pin.ext_int_exiting = false;
+            vmcs.pin.nmi_exiting = true;
+            let _ = vmcs.msr_bitmap.set_write_intercept(msr::EOI, false);
+            let _ = vmcs.msr_bitmap.set_write_intercept(msr::TMICT, false);
+            cx.m.vmcs[vcpu] = vmcs;
+            // §4.4: the host's timers leave the VM's core for the designated core.
+            let core = cx.hv.vcpus[vcpu].core;
+            cx.hv.host.reassign(core, designated);
+            cx.host_timer_reprogram(designated);
+            cx.apic_write(core, msr::TMICT, 0);
+            cx.host_timer_forget(core);
+        }
+        // Until its first schedule-in, the VF's interrupts force exits.
+        let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
+        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Nmi) {
+            cx.irt_update(i, e);
+        }
+    }
+
+    /// §4.2, §4.4, §4.5 schedule-in.
+    fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let vm = cx.hv.vcpus[vcpu].vm;
+        let core = cx.hv.vcpus[vcpu].core;
+        // 1. Retarget the VF's IRT entries at this core, fixed mode.
+        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Fixed) {
+            cx.irt_update(i, e);
+        }
+        // 2. Install the VM's timer on this core's LAPIC: its LVTT and
+        // divider (kept by the trapped writes) and the remaining count of a
+        // timer parked on the designated core.
+        let now = cx.now;
+        let vl = &cx.hv.vcpus[vcpu].vlapic;
+        let lvtt = vl.read_msr(msr::LVT_TIMER, now).unwrap_or(1 << 16);
+        let tdcr = vl.read_msr(msr::TDCR, now).unwrap_or(0);
+        let vector = vl.timer_vector();
+        cx.apic_write(core, msr::LVT_TIMER, lvtt);
+        cx.apic_write(core, msr::TDCR, tdcr);
+        let parked = cx
+            .hv
+            .host
+            .find(|t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu));
+        if let Some(deadline) = parked {
+            cx.host_timer_cancel(
+                |t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu),
+            );
+            if deadline <= now {
+                self.pending[vcpu].set(vector);
+            } else {
+                let period =
+                    cx.m.lapics[core].clocks().bus_period_ps * cx.m.lapics[core].timer_divide();
+                let count = (deadline - now).div_ceil(period.max(1)).max(1);
+                cx.apic_write(core, msr::TMICT, count);
+            }
+        }
+        cx.hv.vcpus[vcpu].loaded = true;
+        // 3. Pending virtual interrupts are self-IPI'd in prepare_entry.
+    }
+
+    /// §4.2, §4.4 schedule-out.
+    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let vm = cx.hv.vcpus[vcpu].vm;
+        let core = cx.hv.vcpus[vcpu].core;
+        // 1. NMI mode: later MSIs force an exit wherever they land.
+        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Nmi) {
+            cx.irt_update(i, e);
+        }
+        if let Some(a) = cx.hv.vms[vm].vf {
+            self.vf_fires_at_put[vm] = cx.m.nic.counters(a.vf).map(|c| c.interrupts).unwrap_or(0);
+        }
+        // 2. Park the VM's timer on the designated core.
+        let vector = cx.m.lapics[core].timer_vector();
+        if let Some(deadline) = cx.m.lapics[core].timer_deadline() {
+            cx.apic_write(core, msr::TMICT, 0);
+            let designated = cx.hv.designated_core;
+            cx.host_timer_start(
+                designated,
+                deadline,
+                HostTimer::ParkedTimer { vcpu, vector },
+            );
+        }
+        // 3. Vectors already latched for the VM become virtual interrupts
+        // (§7.4 default); on a VM core every fixed vector is the VM's (§7.2).
+        let irr = cx.m.lapics[core].irr;
+        for v in irr.iter() {
+            self.pending[vcpu].set(v);
+            cx.m.lapics[core].irr.clear(v);
+        }
+        cx.hv.vcpus[vcpu].loaded = false;
+    }
+
+    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
+        let core = cx.hv.vcpus[vcpu].core;
+        match info {
+            ExitInfo::Nmi => self.host_nmi(cx, core),
+            ExitInfo::ExternalInterrupt { vector } => self.host_interrupt(cx, core, vector),
+            ExitInfo::MsrWrite { msr: reg, value } => {
+                // Trapped APIC writes (LVT, TDCR, ICR, ...) are kept in the
+                // shadow register file and, for the timer registers, mirrored
+                // onto the real LAPIC the guest owns while it runs.
+                if reg == msr::TSC_DEADLINE {
+                    self.uncovered_writes += 1;
+                }
+                let out = vlapic::emulate_write(cx, vcpu, reg, value);
+                if matches!(reg, msr::LVT_TIMER | msr::TDCR) && cx.hv.vcpus[vcpu].loaded {
+                    cx.apic_write(core, reg, value);
+                }
+                return ExitOutcome { eoi_cleared: out };
+            }
+            ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
+            ExitInfo::IoInstruction | ExitInfo::EptViolation | ExitInfo::PreemptionTimer => {}
+        }
+        ExitOutcome::default()
+    }
+
+    /// §4.2/§4.4: a fixed interrupt taken in host mode on a VM's core is the
+    /// VM's: queue it for re-injection (the generic path EOIs it).
+    fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        match cx.hv.vcpu_on(core) {
+            Some(vcpu) if core != cx.hv.designated_core => self.pending[vcpu].set(vector),
+            _ => self.host_idt(cx, core, vector),
+        }
+    }
+
+    /// §4.5: an NMI on a core. Find which descheduled VMs' VFs fired at it
+    /// (their interrupt counters moved) and queue their vectors.
+    fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
+        cx.charge(cx.costs.irq_handler);
+        for vm in 0..cx.hv.vms.len() {
+            let Some(a) = cx.hv.vms[vm].vf else { continue };
+            let vcpu = cx.hv.vms[vm].vcpus[0];
+            if cx.hv.vcpus[vcpu].loaded {
+                continue;
+            }
+            let fires = cx.m.nic.counters(a.vf).map(|c| c.interrupts).unwrap_or(0);
+            if fires != self.vf_fires_at_put[vm] && cx.hv.vcpus[vcpu].core == core {
+                self.vf_fires_at_put[vm] = fires;
+                self.pending[vcpu].set(a.guest_vector);
+            }
+        }
+    }
+
+    /// §4.3: a running VM gets a real fixed IPI with its vector; otherwise
+    /// the vector waits for the next entry.
+    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
+        if cx.hv.vcpus[vcpu].loaded && cx.in_guest_mode(vcpu) {
+            let core = cx.hv.vcpus[vcpu].core;
+            let from = cx.hv.designated_core;
+            cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
+        } else {
+            self.pending[vcpu].set(vector);
+        }
+    }
+
+    /// §4.2 step 3: one self-IPI per pending virtual interrupt. Host
+    /// interrupts are off, so they wait in IRR and are delivered through the
+    /// guest IDT after entry: no interrupt-window exit is needed.
+    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let core = cx.hv.vcpus[vcpu].core;
+        let pending = std::mem::take(&mut self.pending[vcpu]);
+        for v in pending.iter() {
+            cx.apic_write(core, msr::SELF_IPI, v as u64);
+            cx.charge(cx.costs.self_ipi);
+        }
+    }
+
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
+        cx.m.lapics[cx.hv.vcpus[vcpu].core].isr
+    }
+
+    fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
+        match t {
+            HostTimer::ParkedTimer { vcpu, vector } => self.virtual_interrupt(cx, vcpu, vector),
+            HostTimer::Tick { core } => {
+                cx.charge(cx.costs.tick_handler);
+                let next = cx.now + cx.hv.host.tick_period;
+                cx.hv.host.add(core, next, HostTimer::Tick { core });
+            }
+            HostTimer::GuestTimer { vcpu, gen } => {
+                if let Some(v) = vlapic::timer_fired(cx, vcpu, gen) {
+                    self.virtual_interrupt(cx, vcpu, v);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! VM-exit reasons (KVM's names) and per-VM exit accounting.
+
+use crate::engine::{Summary, Time};
+use serde::Serialize;
+
+/// The VM-exit reasons the model produces, named as KVM's tracepoints and
+/// `perf kvm stat` name them (basic exit reason numbers from the SDM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum ExitReason {
+    /// 0: an exception or NMI arrived (NMI exiting, exception bitmap).
+    EXCEPTION_NMI,
+    /// 1: a maskable external interrupt arrived with external-interrupt exiting on.
+    EXTERNAL_INTERRUPT,
+    /// 7: interrupt-window exiting: the guest became interruptible.
+    PENDING_INTERRUPT,
+    /// 12: HLT with HLT exiting on.
+    HLT,
+    /// 30: IN/OUT to an intercepted port.
+    IO_INSTRUCTION,
+    /// 31: RDMSR of an intercepted MSR.
+    MSR_READ,
+    /// 32: WRMSR of an intercepted MSR.
+    MSR_WRITE,
+    /// 48: guest-physical access not allowed by EPT.
+    EPT_VIOLATION,
+    /// 52: the VMX preemption timer counted down to zero.
+    PREEMPTION_TIMER,
+}
+
+impl ExitReason {
+    /// Every reason, in report order.
+    pub const ALL: [ExitReason; 9] = [
+        ExitReason::EXCEPTION_NMI,
+        ExitReason::EXTERNAL_INTERRUPT,
+        ExitReason::PENDING_INTERRUPT,
+        ExitReason::HLT,
+        ExitReason::IO_INSTRUCTION,
+        ExitReason::MSR_READ,
+        ExitReason::MSR_WRITE,
+        ExitReason::EPT_VIOLATION,
+        ExitReason::PREEMPTION_TIMER,
+    ];
+
+    /// KVM's name for the reason.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitReason::EXCEPTION_NMI => "EXCEPTION_NMI",
+            ExitReason::EXTERNAL_INTERRUPT => "EXTERNAL_INTERRUPT",
+            ExitReason::PENDING_INTERRUPT => "PENDING_INTERRUPT",
+            ExitReason::HLT => "HLT",
+            ExitReason::IO_INSTRUCTION => "IO_INSTRUCTION",
+            ExitReason::MSR_READ => "MSR_READ",
+            ExitReason::MSR_WRITE => "MSR_WRITE",
+            ExitReason::EPT_VIOLATION => "EPT_VIOLATION",
+            ExitReason::PREEMPTION_TIMER => "PREEMPTION_TIMER",
+        }
+    }
+
+    /// Index into per-reason arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What caused an exit, with the exit-qualification data a handler reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// NMI exit (the vector is always 2; the source is found in software).
+    Nmi,
+    /// External interrupt, acknowledged on exit: the vector is in the exit
+    /// interruption-information field.
+    ExternalInterrupt {
+        /// Vector acknowledged from the physical LAPIC.
+        vector: u8,
+    },
+    /// Interrupt window opened.
+    PendingInterrupt,
+    /// WRMSR.
+    MsrWrite {
+        /// ECX.
+        msr: u32,
+        /// EDX:EAX.
+        value: u64,
+    },
+    /// IN/OUT (the guest's own device emulation traffic).
+    IoInstruction,
+    /// EPT violation.
+    EptViolation,
+    /// Preemption timer.
+    PreemptionTimer,
+}
+
+impl ExitInfo {
+    /// The basic exit reason.
+    pub fn reason(&self) -> ExitReason {
+        match self {
+            ExitInfo::Nmi => ExitReason::EXCEPTION_NMI,
+            ExitInfo::ExternalInterrupt { .. } => ExitReason::EXTERNAL_INTERRUPT,
+            ExitInfo::PendingInterrupt => ExitReason::PENDING_INTERRUPT,
+            ExitInfo::MsrWrite { .. } => ExitReason::MSR_WRITE,
+            ExitInfo::IoInstruction => ExitReason::IO_INSTRUCTION,
+            ExitInfo::EptViolation => ExitReason::EPT_VIOLATION,
+            ExitInfo::PreemptionTimer => ExitReason::PREEMPTION_TIMER,
+        }
+    }
+}
+
+/// Exit accounting of one VM: service time (exit to next entry) per reason,
+/// and the time spent in guest mode.
+#[derive(Clone, Debug, Default)]
+pub struct ExitStats {
+    /// Per-reason service-time summaries, indexed by `ExitReason::index`.
+    pub by_reason: [Summary; 9],
+    /// Total time in guest mode (VM entry to the next exit).
+    pub guest_time: Time,
+}
+
+impl ExitStats {
+    /// Records one completed exit.
+    #[inline]
+    pub fn record(&mut self, reason: ExitReason, service: Time) {
+        self.by_reason[reason.index()].record(service);
+    }
+
+    /// All exits.
+    pub fn total(&self) -> Summary {
+        let mut s = Summary::default();
+        for r in &self.by_reason {
+            s.merge(r);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_maps_to_reason_and_stats_accumulate() {
+        assert_eq!(
+            ExitInfo::MsrWrite {
+                msr: 0x80b,
+                value: 0
+            }
+            .reason(),
+            ExitReason::MSR_WRITE
+        );
+        assert_eq!(
+            ExitInfo::ExternalInterrupt { vector: 0x41 }.reason().name(),
+            "EXTERNAL_INTERRUPT"
+        );
+        let mut s = ExitStats::default();
+        s.record(ExitReason::MSR_WRITE, 850_000);
+        s.record(ExitReason::EXTERNAL_INTERRUPT, 1_970_000);
+        s.record(ExitReason::MSR_WRITE, 850_000);
+        assert_eq!(s.by_reason[ExitReason::MSR_WRITE.index()].count, 2);
+        assert_eq!(s.total().count, 3);
+        assert_eq!(s.total().total, 3_670_000);
+        for (i, r) in ExitReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The hypervisor: VMs and vCPUs pinned to cores, VM-exit dispatch with a
+//! handler cost per reason, the host kernel's timers, KVM's emulated LAPIC,
+//! and the interrupt-delivery **schemes**, one module each behind
+//! [`scheme::Scheme`]. Hypervisor code touches the platform only through
+//! [`HvCx`]: LAPIC registers, VMCS fields, IRT entries, device registers.
+
+pub mod bare_metal;
+pub mod did;
+pub mod exits;
+pub mod host;
+pub mod kvm;
+pub mod naive;
+pub mod scheme;
+pub mod vlapic;
+
+use crate::engine::{EventQueue, Time};
+use crate::guest::Kernel;
+use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::iommu::Irte;
+use crate::hw::x86::lapic::{msr, ApicEffect, DeliveryMode, Lapic};
+use crate::hw::x86::Machine;
+use crate::world::event::{schedule_apic_effect, Ev};
+use exits::ExitStats;
+use host::{HostKernel, HostTimer};
+
+/// Costs the hypervisor charges, from the calibration file.
+#[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)]
+pub struct HvCosts {
+    pub roundtrip: Time,
+    pub external_interrupt: Time,
+    pub msr_write_eoi: Time,
+    pub msr_write_tmict: Time,
+    pub msr_write_other: Time,
+    pub io_instruction_mean: Time,
+    pub ept_violation_mean: Time,
+    pub pending_interrupt: Time,
+    pub nmi: Time,
+    pub tick_handler: Time,
+    pub hrtimer_interrupt: Time,
+    pub kvm_timer_fn: Time,
+    pub irq_handler: Time,
+    pub ipi_latency: Time,
+    pub self_ipi: Time,
+    pub irt_update: Time,
+    /// APIC timer period after the host's divide-by-16.
+    pub apic_timer_period: Time,
+}
+
+/// An SR-IOV VF assigned to a VM.
+#[derive(Clone, Copy, Debug)]
+pub struct VfAssignment {
+    /// VF index on the NIC.
+    pub vf: u16,
+    /// IRT entry of its queue vector.
+    pub irte: u16,
+    /// Vector the guest programmed into the VF's MSI-X entry.
+    pub guest_vector: u8,
+    /// Host vector KVM uses for the VF's host IRQ.
+    pub host_vector: u8,
+    /// Requester id (bus/device/function) of the VF.
+    pub requester_id: u16,
+}
+
+/// One VM.
+#[derive(Clone, Debug)]
+pub struct VmState {
+    /// Its vCPUs.
+    pub vcpus: Vec<usize>,
+    /// Its VF, if any.
+    pub vf: Option<VfAssignment>,
+    /// Exit accounting.
+    pub stats: ExitStats,
+}
+
+/// One vCPU.
+pub struct VcpuState {
+    /// Owning VM.
+    pub vm: usize,
+    /// Core it is pinned to.
+    pub core: usize,
+    /// KVM's emulated LAPIC of this vCPU (the register file the guest sees
+    /// when its APIC accesses exit).
+    pub vlapic: Lapic,
+    /// Loaded on its core (scheduled in).
+    pub loaded: bool,
+}
+
+/// Hypervisor state shared by all schemes.
+pub struct HvState {
+    /// VMs.
+    pub vms: Vec<VmState>,
+    /// vCPUs.
+    pub vcpus: Vec<VcpuState>,
+    /// Host kernel timers.
+    pub host: HostKernel,
+    /// DID's designated timer core (a host-only core).
+    pub designated_core: usize,
+}
+
+impl HvState {
+    /// The vCPU loaded on `core`, if any.
+    pub fn vcpu_on(&self, core: usize) -> Option<usize> {
+        self.vcpus.iter().position(|v| v.loaded && v.core == core)
+    }
+
+    /// The VM and assignment owning host vector `v`, if it is a VF's.
+    pub fn vf_by_host_vector(&self, v: u8) -> Option<(usize, VfAssignment)> {
+        self.vms
+            .iter()
+            .enumerate()
+            .find_map(|(i, vm)| vm.vf.filter(|a| a.host_vector == v).map(|a| (i, a)))
+    }
+}
+
+/// The hypervisor's handle on the platform during one hook.
+pub struct HvCx<'a> {
+    /// Current time.
+    pub now: Time,
+    /// Hardware.
+    pub m: &'a mut Machine,
+    /// Hypervisor state.
+    pub hv: &'a mut HvState,
+    /// Event queue (for effects of register writes).
+    pub q: &'a mut EventQueue<Ev>,
+    /// Guest kernels, read only: the VMCS guest-state area (RFLAGS.IF).
+    pub guests: &'a [Kernel],
+    /// Costs.
+    pub costs: &'a HvCosts,
+    /// Host work charged by this hook, added to the exit's service time.
+    pub charged: Time,
+}
+
+impl HvCx<'_> {
+    /// Adds host work to the current exit.
+    pub fn charge(&mut self, t: Time) {
+        self.charged += t;
+    }
+
+    /// Guest RFLAGS.IF of `vcpu`.
+    pub fn guest_if(&self, vcpu: usize) -> bool {
+        self.guests[vcpu].interrupts_enabled()
+    }
+
+    /// Whether `vcpu`'s core is in guest mode running it right now.
+    pub fn in_guest_mode(&self, vcpu: usize) -> bool {
+        let c = self.hv.vcpus[vcpu].core;
+        self.m.cores[c].mode == CoreMode::Guest { vcpu }
+    }
+
+    /// Host code writes a register of `core`'s physical LAPIC. Returns the
+    /// EOI result for EOI writes.
+    pub fn apic_write(&mut self, core: usize, reg: u32, value: u64) -> Option<Option<u8>> {
+        let eff = self.m.lapics[core]
+            .write_msr(reg, value, self.now)
+            .unwrap_or(ApicEffect::None);
+        schedule_apic_effect(self.q, self.m, core, eff, self.costs.ipi_latency)
+    }
+
+    /// Sends an IPI from `from` to `to` through `from`'s ICR.
+    pub fn send_ipi(&mut self, from: usize, to: usize, vector: u8, mode: DeliveryMode) {
+        let dm: u64 = match mode {
+            DeliveryMode::Fixed => 0,
+            DeliveryMode::LowestPriority => 1,
+            DeliveryMode::Nmi => 4,
+        };
+        let id = self.m.cores[to].apic_id as u64;
+        self.apic_write(from, msr::ICR, (id << 32) | (dm << 8) | vector as u64);
+    }
+
+    /// Writes an IRT entry and invalidates the interrupt-entry cache for it.
+    pub fn irt_update(&mut self, index: u16, irte: Irte) {
+        if self.m.irt.write(index, irte).is_ok() {
+            self.m.irt.invalidate(index);
+        }
+        self.charge(self.costs.irt_update);
+    }
+
+    /// Arms a host hrtimer for `core` and reprograms the serving LAPIC.
+    pub fn host_timer_start(&mut self, core: usize, at: Time, t: HostTimer) {
+        let s = self.hv.host.add(core, at, t);
+        self.host_timer_reprogram(s);
+    }
+
+    /// Cancels host timers matching `f` and reprograms the serving LAPICs.
+    pub fn host_timer_cancel(&mut self, f: impl FnMut(&HostTimer) -> bool) {
+        let touched = self.hv.host.cancel(f);
+        for s in 0..64usize.min(self.m.cores.len()) {
+            if touched & (1 << s) != 0 {
+                self.host_timer_reprogram(s);
+            }
+        }
+    }
+
+    /// Programs core `s`'s LAPIC timer (TMICT, one-shot) for its earliest
+    /// host timer, unless its timer now belongs to a guest.
+    pub fn host_timer_reprogram(&mut self, s: usize) {
+        if self.hv.host.serving[s] != s {
+            return;
+        }
+        let next = self.hv.host.next(s);
+        if next == self.hv.host.programmed[s] {
+            return;
+        }
+        self.hv.host.programmed[s] = next;
+        let count = match next {
+            None => 0,
+            Some(t) => t
+                .saturating_sub(self.now)
+                .div_ceil(self.costs.apic_timer_period.max(1))
+                .clamp(1, u32::MAX as u64),
+        };
+        self.apic_write(s, msr::TMICT, count);
+    }
+
+    /// The host's view of `core`'s LAPIC timer is gone (a scheme handed it to
+    /// a guest): forget what it programmed there.
+    pub fn host_timer_forget(&mut self, core: usize) {
+        self.hv.host.programmed[core] = None;
+    }
+}

@@ -1,0 +1,123 @@
+//! The interrupt-delivery scheme interface. A scheme is a set of hooks the
+//! generic hypervisor calls at the points where real hypervisors differ; it
+//! acts only by setting hardware state through [`HvCx`] (VMCS controls, the
+//! MSR bitmap, IRT entries, LAPIC registers) and its own bookkeeping.
+
+use super::exits::ExitInfo;
+use super::host::{HostTimer, HOST_TIMER_VECTOR, RESCHEDULE_VECTOR};
+use super::vlapic;
+use super::HvCx;
+use crate::hw::x86::lapic::ApicBitmap;
+
+/// What an exit handler reports back to the generic exit path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitOutcome {
+    /// For an EOI write: what the LAPIC that took it cleared.
+    pub eoi_cleared: Option<Option<u8>>,
+}
+
+/// One interrupt-delivery design.
+pub trait Scheme {
+    /// Name used in scenarios and reports.
+    fn name(&self) -> &'static str;
+
+    /// Whether VMs run under a hypervisor at all (false for bare metal).
+    fn virtualized(&self) -> bool {
+        true
+    }
+
+    /// A VM was created: program its vCPUs' VMCS controls and MSR bitmaps,
+    /// and its devices' IRT entries.
+    fn setup_vm(&mut self, cx: &mut HvCx, vm: usize);
+
+    /// Schedule-in of `vcpu` on its core, before its first entry there.
+    fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
+        cx.hv.vcpus[vcpu].loaded = true;
+    }
+
+    /// Schedule-out of `vcpu` from its core.
+    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
+        cx.hv.vcpus[vcpu].loaded = false;
+    }
+
+    /// Handles an exit's reason-specific work (the generic path has already
+    /// acknowledged an external interrupt and will EOI it afterwards).
+    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome;
+
+    /// A maskable interrupt `vector` was accepted by host code on `core`
+    /// (in an EXTERNAL_INTERRUPT exit, between exit handlers, or on an idle
+    /// core). The generic path EOIs the physical LAPIC afterwards.
+    fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        self.host_idt(cx, core, vector);
+    }
+
+    /// An NMI reached host code on `core`.
+    fn host_nmi(&mut self, _cx: &mut HvCx, _core: usize) {}
+
+    /// Raise virtual interrupt `vector` for `vcpu` (from the emulated timer,
+    /// a back end, or a device interrupt taken by the host).
+    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8);
+
+    /// Last step before VM entry of `vcpu` (host interrupts are off).
+    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize);
+
+    /// The ISR that the guest's EOI writes act on, as this scheme keeps it:
+    /// the invariant checker compares it with what the guest has in service.
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap;
+
+    /// A host hrtimer expired.
+    fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
+        match t {
+            HostTimer::Tick { core } => {
+                cx.charge(cx.costs.tick_handler);
+                let next = cx.now + cx.hv.host.tick_period;
+                cx.hv.host.add(core, next, HostTimer::Tick { core });
+            }
+            HostTimer::GuestTimer { vcpu, gen } => {
+                cx.charge(cx.costs.kvm_timer_fn);
+                if let Some(v) = vlapic::timer_fired(cx, vcpu, gen) {
+                    self.virtual_interrupt(cx, vcpu, v);
+                }
+            }
+            HostTimer::ParkedTimer { vcpu, vector } => self.virtual_interrupt(cx, vcpu, vector),
+        }
+    }
+
+    /// The host IDT: what Linux+KVM does with a host vector.
+    fn host_idt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        match vector {
+            HOST_TIMER_VECTOR => {
+                cx.charge(cx.costs.hrtimer_interrupt);
+                // The one-shot timer fired: whatever was programmed is used up.
+                cx.hv.host.programmed[core] = None;
+                while let Some(t) = cx.hv.host.pop_expired(core, cx.now) {
+                    self.host_timer(cx, t);
+                }
+                cx.host_timer_reprogram(core);
+            }
+            RESCHEDULE_VECTOR => cx.charge(cx.costs.irq_handler / 2),
+            v => {
+                if let Some((vm, a)) = cx.hv.vf_by_host_vector(v) {
+                    // The assigned device's host IRQ handler (irqfd to kvm_set_irq).
+                    cx.charge(cx.costs.irq_handler);
+                    let vcpu = cx.hv.vms[vm].vcpus[0];
+                    self.virtual_interrupt(cx, vcpu, a.guest_vector);
+                }
+            }
+        }
+    }
+}
+
+/// Builds a scheme by name.
+pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
+    Some(match name {
+        "kvm" => Box::new(super::kvm::Kvm::default()),
+        "did" => Box::new(super::did::Did::default()),
+        "naive" => Box::new(super::naive::Naive::default()),
+        "bare-metal" => Box::new(super::bare_metal::BareMetal),
+        _ => return None,
+    })
+}
+
+/// Every scheme name `by_name` accepts.
+pub const SCHEMES: [&str; 4] = ["bare-metal", "kvm", "did", "naive"];

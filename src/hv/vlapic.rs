@@ -1,0 +1,79 @@
+//! KVM's emulated LAPIC (`arch/x86/kvm/lapic.c` in spirit): the register file
+//! lives in hypervisor memory, trapped APIC writes are emulated on it, its
+//! timer is an hrtimer on the host, and pending vectors are injected through
+//! the VMCS at VM entry (`inject_pending_event`).
+
+use super::host::HostTimer;
+use super::HvCx;
+use crate::hw::x86::lapic::ApicEffect;
+use crate::hw::x86::vmcs::EntryEvent;
+
+/// Emulates a trapped x2APIC register write on `vcpu`'s emulated LAPIC.
+/// Returns the EOI result for EOI writes.
+pub fn emulate_write(cx: &mut HvCx, vcpu: usize, reg: u32, value: u64) -> Option<Option<u8>> {
+    let now = cx.now;
+    let eff = match cx.hv.vcpus[vcpu].vlapic.write_msr(reg, value, now) {
+        Ok(e) => e,
+        // A bad write would #GP the guest; the model's guest never does it.
+        Err(_) => return None,
+    };
+    match eff {
+        ApicEffect::Eoi(c) => return Some(c),
+        ApicEffect::TimerArmed { deadline, gen } => {
+            // start_apic_timer: an hrtimer on the vCPU's current core.
+            let core = cx.hv.vcpus[vcpu].core;
+            cx.host_timer_cancel(
+                |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
+            );
+            cx.host_timer_start(core, deadline, HostTimer::GuestTimer { vcpu, gen });
+        }
+        ApicEffect::TimerStopped => {
+            cx.host_timer_cancel(
+                |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
+            );
+        }
+        // Multi-vCPU guests (ICR emulation) come with multiplexing.
+        ApicEffect::SendIpi(_) | ApicEffect::None => {}
+    }
+    None
+}
+
+/// The emulated timer's hrtimer fired: latch the timer vector in the
+/// emulated IRR (`kvm_apic_local_deliver(LVTT)`); re-arm a periodic timer.
+/// Returns the vector when one was latched.
+pub fn timer_fired(cx: &mut HvCx, vcpu: usize, gen: u64) -> Option<u8> {
+    let now = cx.now;
+    let exp = cx.hv.vcpus[vcpu].vlapic.timer_expired(now, gen)?;
+    if let Some((deadline, g)) = exp.rearmed {
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.hv
+            .host
+            .add(core, deadline, HostTimer::GuestTimer { vcpu, gen: g });
+    }
+    // timer_expired already set IRR; report the vector so the scheme can
+    // kick or post it.
+    exp.vector
+}
+
+/// `inject_pending_event`: if the emulated LAPIC has a deliverable vector
+/// and the guest is interruptible, move it to ISR and inject it through the
+/// VM-entry interruption-information field; if the guest is not
+/// interruptible, ask for an interrupt-window exit.
+pub fn inject_pending(cx: &mut HvCx, vcpu: usize) {
+    let vmcs = &mut cx.m.vmcs[vcpu];
+    if vmcs.entry_event.is_some() {
+        return;
+    }
+    let deliverable = cx.hv.vcpus[vcpu].vlapic.deliverable();
+    match deliverable {
+        Some(_) if cx.guests[vcpu].interrupts_enabled() => {
+            if let Some(v) = cx.hv.vcpus[vcpu].vlapic.ack() {
+                let vmcs = &mut cx.m.vmcs[vcpu];
+                vmcs.entry_event = Some(EntryEvent::ExternalInterrupt(v));
+                vmcs.proc.interrupt_window_exiting = false;
+            }
+        }
+        Some(_) => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = true,
+        None => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
+    }
+}

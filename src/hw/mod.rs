@@ -1,0 +1,3 @@
+//! Hardware models. Only `x86` exists so far; ARM (GIC, ITS) will sit beside it.
+
+pub mod x86;

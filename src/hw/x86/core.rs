@@ -1,0 +1,116 @@
+//! A physical core: what context it runs (host, a guest vCPU, a native
+//! kernel, or idle) and its current preemptible work segment.
+
+use crate::engine::Time;
+
+/// What a core is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreMode {
+    /// Host idle loop: interrupts are handled at once.
+    Idle,
+    /// VMX root mode, handling an exit of vCPU `vcpu`.
+    Host {
+        /// The vCPU whose exit is being handled.
+        vcpu: usize,
+    },
+    /// VMX non-root mode running `vcpu`.
+    Guest {
+        /// The running vCPU.
+        vcpu: usize,
+    },
+    /// No hypervisor: kernel `kernel` owns the core (bare metal).
+    Native {
+        /// Index of the kernel.
+        kernel: usize,
+    },
+}
+
+/// A preemptible work segment: started at `start`, due to finish at `end`.
+/// Its completion event carries `gen`; preempting bumps `gen`, so the
+/// pending completion event becomes stale and is ignored.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Segment {
+    /// Whether a segment is running.
+    pub active: bool,
+    /// Start time.
+    pub start: Time,
+    /// Scheduled end.
+    pub end: Time,
+    /// Generation of the completion event.
+    pub gen: u64,
+}
+
+/// One physical core.
+#[derive(Clone, Debug)]
+pub struct Core {
+    /// x2APIC id of its LAPIC.
+    pub apic_id: u32,
+    /// Current mode.
+    pub mode: CoreMode,
+    /// Current segment.
+    pub seg: Segment,
+    /// When the current guest-mode stretch began (for time in guest).
+    pub guest_since: Time,
+}
+
+impl Core {
+    /// An idle core.
+    pub fn new(apic_id: u32) -> Self {
+        Core {
+            apic_id,
+            mode: CoreMode::Idle,
+            seg: Segment::default(),
+            guest_since: 0,
+        }
+    }
+
+    /// Starts a segment of `len` at `now`; returns (end, gen) for the
+    /// completion event.
+    pub fn start(&mut self, now: Time, len: Time) -> (Time, u64) {
+        self.seg.gen += 1;
+        self.seg.active = true;
+        self.seg.start = now;
+        self.seg.end = now + len;
+        (self.seg.end, self.seg.gen)
+    }
+
+    /// Preempts the running segment; returns how long it ran (0 if none).
+    pub fn preempt(&mut self, now: Time) -> Time {
+        if !self.seg.active {
+            return 0;
+        }
+        self.seg.active = false;
+        self.seg.gen += 1;
+        now.saturating_sub(self.seg.start)
+    }
+
+    /// The completion event `gen` came due: true if it is the live one (the
+    /// segment then ends).
+    pub fn complete(&mut self, gen: u64) -> bool {
+        if self.seg.active && self.seg.gen == gen {
+            self.seg.active = false;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preemption_makes_completion_stale_and_reports_elapsed() {
+        let mut c = Core::new(1);
+        let (end, g) = c.start(100, 50);
+        assert_eq!(end, 150);
+        assert_eq!(c.preempt(120), 20);
+        assert!(!c.complete(g), "stale completion must be ignored");
+        assert_eq!(c.preempt(130), 0, "nothing running");
+        let (_, g2) = c.start(130, 30);
+        assert_ne!(g, g2);
+        assert!(c.complete(g2));
+        assert!(!c.complete(g2), "completes once");
+    }
+}

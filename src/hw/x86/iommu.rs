@@ -1,0 +1,460 @@
+//! VT-d interrupt remapping (Intel VT-d specification, ch. 5 "Interrupt
+//! Remapping").
+//!
+//! A device's remappable-format MSI carries only a handle; the IOMMU looks the
+//! handle up in the interrupt-remapping table (IRT), checks the requester id
+//! against the entry's source-id fields, and sends the interrupt the entry
+//! describes. Schemes that retarget device interrupts (to another core, or to
+//! a posted vector) do so by rewriting IRTEs, and each rewrite must be followed
+//! by an interrupt-entry-cache invalidation: the model counts both so their
+//! cost can be charged.
+
+use crate::hw::x86::lapic::DeliveryMode;
+
+/// Largest IRT the architecture allows: 2^16 entries, what a 16-bit handle indexes.
+pub const MAX_IRT_ENTRIES: usize = 1 << 16;
+
+/// The vector an NMI is delivered with, whatever the entry's vector field says.
+const NMI_VECTOR: u8 = 2;
+
+/// Source-id verification (SVT/SQ/SID fields collapsed): whether the requester id must match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceCheck {
+    /// SVT = 00: any requester may use the entry.
+    None,
+    /// SVT = 01, SQ = 00: only this exact requester id (bus/device/function).
+    RequesterId(u16),
+}
+
+/// A remappable-format interrupt-remapping table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Irte {
+    /// P: the entry is valid; remapping through a clear one faults.
+    pub present: bool,
+    /// The x2APIC id the interrupt is sent to.
+    pub dest_apic_id: u32,
+    /// The vector sent (ignored for NMI delivery).
+    pub vector: u8,
+    /// How the destination takes the interrupt.
+    pub mode: DeliveryMode,
+    /// TM: level-triggered, so its EOI must reach the source.
+    pub level_triggered: bool,
+    /// Who may use this entry.
+    pub source_check: SourceCheck,
+}
+
+impl Irte {
+    /// The state of every entry of a fresh table: not present.
+    pub const NOT_PRESENT: Irte = Irte {
+        present: false,
+        dest_apic_id: 0,
+        vector: 0,
+        mode: DeliveryMode::Fixed,
+        level_triggered: false,
+        source_check: SourceCheck::None,
+    };
+
+    /// A present, edge-triggered fixed entry for `vector` at `dest_apic_id`
+    /// with no source check: the common case when setting up an MSI.
+    pub fn fixed(dest_apic_id: u32, vector: u8) -> Self {
+        Irte {
+            present: true,
+            dest_apic_id,
+            vector,
+            ..Irte::NOT_PRESENT
+        }
+    }
+}
+
+/// A remappable-format MSI as a device emits it: the handle that indexes the IRT and the device's requester id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemappableMsi {
+    /// The IRT index (the subhandle, if any, already added in).
+    pub handle: u16,
+    /// The bus/device/function of the device that wrote the MSI.
+    pub requester_id: u16,
+}
+
+/// Result of remapping: what the LAPIC at `dest_apic_id` receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemappedInterrupt {
+    /// The x2APIC id of the destination core.
+    pub dest_apic_id: u32,
+    /// The vector; 2 for NMIs.
+    pub vector: u8,
+    /// How the destination takes it.
+    pub mode: DeliveryMode,
+}
+
+/// An interrupt-remapping fault: the interrupt is blocked and reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RemapFault {
+    /// The handle indexes past the end of the table.
+    #[error("IRT index {0} is beyond the table")]
+    OutOfRange(u16),
+    /// The entry's present bit is clear.
+    #[error("IRT entry {0} is not present")]
+    NotPresent(u16),
+    /// The requester is not the one the entry admits.
+    #[error("requester id {got:#06x} does not match IRT entry {index} (expects {want:#06x})")]
+    SourceIdMismatch {
+        /// The entry looked up.
+        index: u16,
+        /// The requester id the MSI carried.
+        got: u16,
+        /// The requester id the entry admits.
+        want: u16,
+    },
+}
+
+/// Event counts of one interrupt-remapping table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IrtCounters {
+    /// Interrupts remapped successfully.
+    pub remaps: u64,
+    /// Interrupts blocked by a remapping fault.
+    pub faults: u64,
+    /// IRTE writes.
+    pub writes: u64,
+    /// Interrupt-entry-cache invalidations (per entry or global).
+    pub invalidations: u64,
+    /// Lookups (faulting or not) of an entry written but not yet invalidated.
+    pub stale_remaps: u64,
+}
+
+/// The interrupt-remapping table and its interrupt-entry cache bookkeeping.
+#[derive(Clone, Debug)]
+pub struct InterruptRemappingTable {
+    entries: Vec<Irte>,
+    /// Entries written since their last invalidation.
+    uninvalidated: Vec<bool>,
+    counters: IrtCounters,
+}
+
+impl InterruptRemappingTable {
+    /// A table of `entries` not-present entries, at most [`MAX_IRT_ENTRIES`]
+    /// (larger requests are cut to that, as a 16-bit handle can index no more).
+    pub fn new(entries: usize) -> Self {
+        let n = entries.min(MAX_IRT_ENTRIES);
+        InterruptRemappingTable {
+            entries: vec![Irte::NOT_PRESENT; n],
+            uninvalidated: vec![false; n],
+            counters: IrtCounters::default(),
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table has no entries (every remap faults).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry at `index`, if the table reaches that far.
+    pub fn get(&self, index: u16) -> Option<&Irte> {
+        self.entries.get(usize::from(index))
+    }
+
+    /// Whether entry `index` was written and not invalidated since.
+    pub fn needs_invalidation(&self, index: u16) -> bool {
+        self.uninvalidated
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Writes an entry. Real hardware caches entries (the interrupt-entry cache), so software must invalidate after a write; the model counts writes and invalidations so a scheme's cost can be charged, and serves remaps from the table (the cache is modelled as always coherent after `invalidate`; a remap of an entry written but not yet invalidated is counted as `stale_remaps` but still uses the new value).
+    pub fn write(&mut self, index: u16, irte: Irte) -> Result<(), RemapFault> {
+        let i = usize::from(index);
+        let slot = self
+            .entries
+            .get_mut(i)
+            .ok_or(RemapFault::OutOfRange(index))?;
+        *slot = irte;
+        self.uninvalidated[i] = true;
+        self.counters.writes += 1;
+        Ok(())
+    }
+
+    /// Invalidates the interrupt-entry cache for `index`. An index past the
+    /// table is harmless to hardware (nothing is cached there) but the
+    /// invalidation is still issued and counted.
+    pub fn invalidate(&mut self, index: u16) {
+        if let Some(flag) = self.uninvalidated.get_mut(usize::from(index)) {
+            *flag = false;
+        }
+        self.counters.invalidations += 1;
+    }
+
+    /// Global interrupt-entry-cache invalidation: one operation covering
+    /// every entry.
+    pub fn invalidate_all(&mut self) {
+        self.uninvalidated.iter_mut().for_each(|f| *f = false);
+        self.counters.invalidations += 1;
+    }
+
+    /// Remaps an MSI through its entry; a fault blocks the interrupt and is
+    /// counted. NMI entries deliver vector 2 whatever their vector field says.
+    pub fn remap(&mut self, msi: RemappableMsi) -> Result<RemappedInterrupt, RemapFault> {
+        let r = self.lookup(msi);
+        match r {
+            Ok(_) => self.counters.remaps += 1,
+            Err(_) => self.counters.faults += 1,
+        }
+        r
+    }
+
+    fn lookup(&mut self, msi: RemappableMsi) -> Result<RemappedInterrupt, RemapFault> {
+        let index = msi.handle;
+        let i = usize::from(index);
+        let irte = *self.entries.get(i).ok_or(RemapFault::OutOfRange(index))?;
+        if self.uninvalidated[i] {
+            self.counters.stale_remaps += 1;
+        }
+        if !irte.present {
+            return Err(RemapFault::NotPresent(index));
+        }
+        if let SourceCheck::RequesterId(want) = irte.source_check {
+            if msi.requester_id != want {
+                return Err(RemapFault::SourceIdMismatch {
+                    index,
+                    got: msi.requester_id,
+                    want,
+                });
+            }
+        }
+        let vector = if irte.mode == DeliveryMode::Nmi {
+            NMI_VECTOR
+        } else {
+            irte.vector
+        };
+        Ok(RemappedInterrupt {
+            dest_apic_id: irte.dest_apic_id,
+            vector,
+            mode: irte.mode,
+        })
+    }
+
+    /// The event counts so far.
+    pub fn counters(&self) -> IrtCounters {
+        self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn msi(handle: u16, requester_id: u16) -> RemappableMsi {
+        RemappableMsi {
+            handle,
+            requester_id,
+        }
+    }
+
+    #[test]
+    fn fresh_table_faults_not_present() {
+        let mut t = InterruptRemappingTable::new(8);
+        assert_eq!(t.len(), 8);
+        assert!(!t.is_empty());
+        assert_eq!(t.get(7), Some(&Irte::NOT_PRESENT));
+        assert_eq!(t.remap(msi(0, 0x100)), Err(RemapFault::NotPresent(0)));
+        let c = t.counters();
+        assert_eq!((c.remaps, c.faults, c.stale_remaps), (0, 1, 0));
+    }
+
+    #[test]
+    fn out_of_range_handles_fault() {
+        let mut t = InterruptRemappingTable::new(4);
+        assert_eq!(t.get(4), None);
+        assert_eq!(
+            t.write(4, Irte::fixed(0, 0x40)),
+            Err(RemapFault::OutOfRange(4))
+        );
+        assert_eq!(t.remap(msi(4, 0)), Err(RemapFault::OutOfRange(4)));
+        assert_eq!(
+            t.remap(msi(u16::MAX, 0)),
+            Err(RemapFault::OutOfRange(u16::MAX))
+        );
+        assert_eq!(t.counters().faults, 2);
+        assert_eq!(t.counters().writes, 0);
+        let mut empty = InterruptRemappingTable::new(0);
+        assert!(empty.is_empty());
+        assert_eq!(empty.remap(msi(0, 0)), Err(RemapFault::OutOfRange(0)));
+    }
+
+    #[test]
+    fn table_size_is_capped_at_what_a_handle_indexes() {
+        let mut t = InterruptRemappingTable::new(usize::MAX);
+        assert_eq!(t.len(), MAX_IRT_ENTRIES);
+        assert_eq!(t.write(u16::MAX, Irte::fixed(9, 0x41)), Ok(()));
+        assert_eq!(t.remap(msi(u16::MAX, 0)).map(|r| r.vector), Ok(0x41));
+    }
+
+    #[test]
+    fn present_entry_remaps_to_its_destination() {
+        let mut t = InterruptRemappingTable::new(16);
+        let e = Irte {
+            mode: DeliveryMode::LowestPriority,
+            ..Irte::fixed(0x1_0005, 0x61)
+        };
+        assert_eq!(t.write(3, e), Ok(()));
+        assert_eq!(t.get(3), Some(&e));
+        assert_eq!(
+            t.remap(msi(3, 0x0300)),
+            Ok(RemappedInterrupt {
+                dest_apic_id: 0x1_0005,
+                vector: 0x61,
+                mode: DeliveryMode::LowestPriority
+            })
+        );
+        assert_eq!(t.counters().remaps, 1);
+    }
+
+    #[test]
+    fn uninvalidated_entry_counts_as_stale_but_uses_new_value() {
+        let mut t = InterruptRemappingTable::new(4);
+        t.write(1, Irte::fixed(0, 0x40)).ok();
+        t.invalidate(1);
+        t.write(1, Irte::fixed(2, 0x50)).ok();
+        assert!(t.needs_invalidation(1));
+        let r = t.remap(msi(1, 0));
+        assert_eq!(r.map(|r| (r.dest_apic_id, r.vector)), Ok((2, 0x50)));
+        assert_eq!(t.counters().stale_remaps, 1);
+        t.invalidate(1);
+        assert!(!t.needs_invalidation(1));
+        t.remap(msi(1, 0)).ok();
+        // Entry 0 was never written: not stale, just not present.
+        t.remap(msi(0, 0)).ok();
+        let c = t.counters();
+        assert_eq!(
+            (
+                c.writes,
+                c.invalidations,
+                c.stale_remaps,
+                c.remaps,
+                c.faults
+            ),
+            (2, 2, 1, 2, 1)
+        );
+    }
+
+    #[test]
+    fn global_invalidation_clears_every_entry() {
+        let mut t = InterruptRemappingTable::new(4);
+        for i in 0..4 {
+            t.write(i, Irte::fixed(0, 0x40)).ok();
+        }
+        t.invalidate(99);
+        assert!((0..4).all(|i| t.needs_invalidation(i)));
+        t.invalidate_all();
+        assert!((0..4).all(|i| !t.needs_invalidation(i)));
+        assert_eq!(t.counters().invalidations, 2);
+    }
+
+    #[test]
+    fn source_id_is_verified() {
+        let mut t = InterruptRemappingTable::new(4);
+        let e = Irte {
+            source_check: SourceCheck::RequesterId(0x0310),
+            ..Irte::fixed(1, 0x70)
+        };
+        t.write(2, e).ok();
+        t.invalidate(2);
+        assert_eq!(
+            t.remap(msi(2, 0x0311)),
+            Err(RemapFault::SourceIdMismatch {
+                index: 2,
+                got: 0x0311,
+                want: 0x0310
+            })
+        );
+        assert_eq!(t.remap(msi(2, 0x0310)).map(|r| r.vector), Ok(0x70));
+        assert_eq!((t.counters().faults, t.counters().remaps), (1, 1));
+        let msg = RemapFault::SourceIdMismatch {
+            index: 2,
+            got: 0x311,
+            want: 0x310,
+        }
+        .to_string();
+        assert_eq!(
+            msg,
+            "requester id 0x0311 does not match IRT entry 2 (expects 0x0310)"
+        );
+    }
+
+    #[test]
+    fn not_present_entry_faults_before_source_check() {
+        let mut t = InterruptRemappingTable::new(4);
+        let e = Irte {
+            present: false,
+            source_check: SourceCheck::RequesterId(1),
+            ..Irte::fixed(1, 0x70)
+        };
+        t.write(0, e).ok();
+        assert_eq!(t.remap(msi(0, 2)), Err(RemapFault::NotPresent(0)));
+    }
+
+    #[test]
+    fn nmi_entry_delivers_vector_two() {
+        let mut t = InterruptRemappingTable::new(4);
+        let e = Irte {
+            mode: DeliveryMode::Nmi,
+            ..Irte::fixed(6, 0xEE)
+        };
+        t.write(0, e).ok();
+        assert_eq!(
+            t.remap(msi(0, 0)),
+            Ok(RemappedInterrupt {
+                dest_apic_id: 6,
+                vector: 2,
+                mode: DeliveryMode::Nmi
+            })
+        );
+    }
+
+    fn mode() -> impl Strategy<Value = DeliveryMode> {
+        prop_oneof![
+            Just(DeliveryMode::Fixed),
+            Just(DeliveryMode::LowestPriority),
+            Just(DeliveryMode::Nmi)
+        ]
+    }
+
+    proptest! {
+        /// A remap either faults for exactly the architectural reason or
+        /// delivers the entry's destination, mode and (non-NMI) vector; every
+        /// attempt is counted once as a remap or a fault.
+        #[test]
+        fn remap_follows_the_entry(
+            size in 0usize..32, index in 0u16..40, present in any::<bool>(),
+            dest in any::<u32>(), vector in any::<u8>(), mode in mode(),
+            want in proptest::option::of(any::<u16>()), rid in any::<u16>(),
+        ) {
+            let mut t = InterruptRemappingTable::new(size);
+            let source_check = want.map_or(SourceCheck::None, SourceCheck::RequesterId);
+            let e = Irte { present, dest_apic_id: dest, vector, mode, level_triggered: false, source_check };
+            let written = t.write(index, e);
+            prop_assert_eq!(written.is_ok(), usize::from(index) < size);
+            let r = t.remap(RemappableMsi { handle: index, requester_id: rid });
+            let expect = if usize::from(index) >= size {
+                Err(RemapFault::OutOfRange(index))
+            } else if !present {
+                Err(RemapFault::NotPresent(index))
+            } else if want.is_some_and(|w| w != rid) {
+                Err(RemapFault::SourceIdMismatch { index, got: rid, want: want.unwrap_or(0) })
+            } else {
+                let vector = if mode == DeliveryMode::Nmi { 2 } else { vector };
+                Ok(RemappedInterrupt { dest_apic_id: dest, vector, mode })
+            };
+            prop_assert_eq!(r, expect);
+            let c = t.counters();
+            prop_assert_eq!(c.remaps + c.faults, 1);
+            prop_assert_eq!(c.stale_remaps, u64::from(written.is_ok()));
+        }
+    }
+}

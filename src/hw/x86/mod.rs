@@ -1,0 +1,51 @@
+//! x86 hardware models: cores, the x2APIC LAPIC, VMCS controls, IOMMU
+//! interrupt remapping, an 82599-class SR-IOV NIC and its link. Each model is
+//! a state machine that returns effects (an IPI to send, a timer to arm, an
+//! MSI to deliver); the platform turns effects into events.
+
+pub mod core;
+pub mod iommu;
+pub mod lapic;
+pub mod nic;
+pub mod vmcs;
+
+use iommu::InterruptRemappingTable;
+use lapic::{ApicClocks, Lapic};
+use nic::{Link, Nic};
+use vmcs::Vmcs;
+
+/// The machine under test: its cores and their LAPICs, one VMCS per vCPU,
+/// the IOMMU's remapping table, the NIC and its link.
+pub struct Machine {
+    /// Physical cores.
+    pub cores: Vec<core::Core>,
+    /// One LAPIC per core, same index.
+    pub lapics: Vec<Lapic>,
+    /// One VMCS per vCPU.
+    pub vmcs: Vec<Vmcs>,
+    /// Interrupt-remapping table.
+    pub irt: InterruptRemappingTable,
+    /// The SR-IOV NIC.
+    pub nic: Nic,
+    /// Its 10 GbE link to the client host.
+    pub link: Link,
+}
+
+impl Machine {
+    /// A machine of `cores` cores (x2APIC id = core index), `vcpus` VMCSs.
+    pub fn new(cores: usize, vcpus: usize, clocks: ApicClocks, nic: Nic, link: Link) -> Self {
+        Machine {
+            cores: (0..cores).map(|i| core::Core::new(i as u32)).collect(),
+            lapics: (0..cores).map(|i| Lapic::new(i as u32, clocks)).collect(),
+            vmcs: (0..vcpus).map(|_| Vmcs::kvm_default()).collect(),
+            irt: InterruptRemappingTable::new(256),
+            nic,
+            link,
+        }
+    }
+
+    /// The core whose LAPIC has x2APIC id `apic_id`.
+    pub fn core_of_apic(&self, apic_id: u32) -> Option<usize> {
+        self.cores.iter().position(|c| c.apic_id == apic_id)
+    }
+}

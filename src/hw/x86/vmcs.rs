@@ -1,0 +1,608 @@
+//! The VMX controls of one vCPU (Intel SDM Vol. 3, ch. 24 "Virtual Machine
+//! Control Structures" and ch. 25 "VMX Non-Root Operation").
+//!
+//! Only the controls that decide whether an interrupt-related event exits or
+//! stays in the guest are modelled: the pin-based, primary and secondary
+//! processor-based and VM-exit controls that bear on interrupts, the MSR
+//! bitmap in its architectural byte layout, the exception bitmap, the
+//! posted-interrupt notification vector, the EOI-exit bitmap and the guest
+//! interrupt status (RVI/SVI). Questions a delivery scheme asks ("does this
+//! WRMSR exit?") are answered the way the processor would answer them.
+
+use crate::hw::x86::lapic::{msr as apic_msr, ApicBitmap};
+
+/// Pin-based VM-execution controls (SDM 24.6.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinControls {
+    /// External interrupts cause VM exits instead of going through the guest IDT.
+    pub ext_int_exiting: bool,
+    /// NMIs cause VM exits.
+    pub nmi_exiting: bool,
+    /// NMIs are never blocked in the guest; the VMM tracks virtual-NMI blocking.
+    pub virtual_nmis: bool,
+    /// The VMX-preemption timer counts down in non-root operation and exits at 0.
+    pub preemption_timer: bool,
+    /// Interrupts with the posted-interrupt notification vector are processed
+    /// by the processor into the virtual APIC instead of exiting.
+    pub posted_interrupts: bool,
+}
+
+/// Primary processor-based VM-execution controls (SDM 24.6.2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcControls {
+    /// HLT causes a VM exit.
+    pub hlt_exiting: bool,
+    /// Exit at the start of any instruction where RFLAGS.IF = 1 and nothing blocks interrupts.
+    pub interrupt_window_exiting: bool,
+    /// Exit at the start of any instruction where virtual-NMI blocking is off.
+    pub nmi_window_exiting: bool,
+    /// MSR bitmaps decide which RDMSR/WRMSR exit; without them all do.
+    pub use_msr_bitmaps: bool,
+    /// A virtual-APIC page shadows the TPR (prerequisite of APIC virtualization).
+    pub use_tpr_shadow: bool,
+}
+
+/// Secondary processor-based VM-execution controls (SDM 24.6.2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Proc2Controls {
+    /// x2APIC MSR accesses that do not exit go to the virtual-APIC page.
+    pub virtualize_x2apic: bool,
+    /// Reads of APIC registers are served from the virtual-APIC page.
+    pub apic_register_virtualization: bool,
+    /// The processor evaluates and delivers virtual interrupts (RVI/SVI) itself.
+    pub virtual_interrupt_delivery: bool,
+}
+
+/// VM-exit controls (SDM 24.7.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitControls {
+    /// On an external-interrupt exit the processor acknowledges the interrupt
+    /// controller and saves the vector in the exit-information field.
+    pub ack_interrupt_on_exit: bool,
+}
+
+/// VM-entry interruption-information field: an event injected at the next entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryEvent {
+    /// An external interrupt with its vector.
+    ExternalInterrupt(u8),
+    /// A non-maskable interrupt (vector 2).
+    Nmi,
+}
+
+/// Size of the MSR bitmap page.
+const MSR_BITMAP_BYTES: usize = 4096;
+/// Offset of the read bitmap for low MSRs 0..=0x1FFF.
+const READ_LOW: usize = 0;
+/// Offset of the read bitmap for high MSRs 0xC000_0000..=0xC000_1FFF.
+const READ_HIGH: usize = 1024;
+/// Offset of the write bitmap for low MSRs.
+const WRITE_LOW: usize = 2048;
+/// Offset of the write bitmap for high MSRs.
+const WRITE_HIGH: usize = 3072;
+
+/// The 4-KiB MSR bitmap in its architectural layout: read-low (MSRs 0..=0x1FFF) at byte 0, read-high (0xC000_0000..=0xC000_1FFF) at 1024, write-low at 2048, write-high at 3072. Bit set = the access exits. MSRs outside both ranges always exit.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MsrBitmap {
+    bytes: Box<[u8; MSR_BITMAP_BYTES]>,
+}
+
+impl MsrBitmap {
+    /// Every covered MSR exits on read and write.
+    pub fn intercept_all() -> Self {
+        MsrBitmap {
+            bytes: Box::new([0xFF; MSR_BITMAP_BYTES]),
+        }
+    }
+
+    /// No covered MSR exits (MSRs outside the covered ranges still do).
+    pub fn intercept_none() -> Self {
+        MsrBitmap {
+            bytes: Box::new([0; MSR_BITMAP_BYTES]),
+        }
+    }
+
+    /// The byte and bit that govern reading (or `write`-ing) `msr`; None
+    /// outside the covered ranges.
+    fn locate(msr: u32, write: bool) -> Option<(usize, u8)> {
+        let base = match (msr, write) {
+            (0..=0x1FFF, false) => READ_LOW,
+            (0..=0x1FFF, true) => WRITE_LOW,
+            (0xC000_0000..=0xC000_1FFF, false) => READ_HIGH,
+            (0xC000_0000..=0xC000_1FFF, true) => WRITE_HIGH,
+            _ => return None,
+        };
+        let off = (msr & 0x1FFF) as usize;
+        Some((base + off / 8, 1 << (off % 8)))
+    }
+
+    fn set(&mut self, msr: u32, write: bool, on: bool) -> Result<(), VmcsError> {
+        let (byte, bit) = Self::locate(msr, write).ok_or(VmcsError::MsrOutOfRange(msr))?;
+        if on {
+            self.bytes[byte] |= bit;
+        } else {
+            self.bytes[byte] &= !bit;
+        }
+        Ok(())
+    }
+
+    fn exits(&self, msr: u32, write: bool) -> bool {
+        Self::locate(msr, write).is_none_or(|(byte, bit)| self.bytes[byte] & bit != 0)
+    }
+
+    /// Makes RDMSR of `msr` exit (`on`) or not.
+    pub fn set_read_intercept(&mut self, msr: u32, on: bool) -> Result<(), VmcsError> {
+        self.set(msr, false, on)
+    }
+
+    /// Makes WRMSR of `msr` exit (`on`) or not.
+    pub fn set_write_intercept(&mut self, msr: u32, on: bool) -> Result<(), VmcsError> {
+        self.set(msr, true, on)
+    }
+
+    /// Whether RDMSR of `msr` exits by this bitmap (always, outside its ranges).
+    pub fn read_exits(&self, msr: u32) -> bool {
+        self.exits(msr, false)
+    }
+
+    /// Whether WRMSR of `msr` exits by this bitmap (always, outside its ranges).
+    pub fn write_exits(&self, msr: u32) -> bool {
+        self.exits(msr, true)
+    }
+
+    /// The page as the processor reads it.
+    pub fn as_bytes(&self) -> &[u8; 4096] {
+        &self.bytes
+    }
+}
+
+impl Default for MsrBitmap {
+    /// Intercept everything: the safe state of a fresh page.
+    fn default() -> Self {
+        Self::intercept_all()
+    }
+}
+
+impl std::fmt::Debug for MsrBitmap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // 4 KiB of bytes would drown any Debug output; count what passes through.
+        let clear =
+            |r: std::ops::Range<usize>| self.bytes[r].iter().map(|b| b.count_zeros()).sum::<u32>();
+        f.debug_struct("MsrBitmap")
+            .field("read_passthrough", &(clear(READ_LOW..WRITE_LOW)))
+            .field("write_passthrough", &(clear(WRITE_LOW..MSR_BITMAP_BYTES)))
+            .finish()
+    }
+}
+
+/// A VM-entry check the controls fail (the entry would fail with
+/// "invalid control field(s)").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmcsError {
+    /// The MSR bitmap cannot express an intercept for this MSR.
+    #[error("MSR {0:#x} is outside the ranges an MSR bitmap covers")]
+    MsrOutOfRange(u32),
+    /// SDM 26.2.1.1: "virtual NMIs" needs "NMI exiting".
+    #[error("virtual NMIs require NMI exiting")]
+    VirtualNmisWithoutNmiExiting,
+    /// SDM 26.2.1.1: "NMI-window exiting" needs "virtual NMIs".
+    #[error("NMI-window exiting requires virtual NMIs")]
+    NmiWindowWithoutVirtualNmis,
+    /// SDM 26.2.1.1: x2APIC virtualization, APIC-register virtualization and
+    /// virtual-interrupt delivery all need "use TPR shadow".
+    #[error("x2APIC virtualization, APIC-register virtualization and virtual-interrupt delivery require use TPR shadow")]
+    ApicVirtualizationWithoutTprShadow,
+    /// SDM 26.2.1.1: "virtual-interrupt delivery" needs "external-interrupt exiting".
+    #[error("virtual-interrupt delivery requires external-interrupt exiting")]
+    VirtualInterruptDeliveryWithoutExtIntExiting,
+    /// SDM 26.2.1.1: "process posted interrupts" needs "virtual-interrupt delivery".
+    #[error("posted interrupts require virtual-interrupt delivery")]
+    PostedInterruptsWithoutVirtualInterruptDelivery,
+    /// SDM 26.2.1.1: "process posted interrupts" needs "acknowledge interrupt on exit".
+    #[error("posted interrupts require acknowledge interrupt on exit")]
+    PostedInterruptsWithoutAckOnExit,
+}
+
+/// Exception vectors KVM intercepts with EPT on: #DB (1), #UD (6), #AC (17), #MC (18).
+const KVM_EXCEPTION_BITMAP: u32 = (1 << 1) | (1 << 6) | (1 << 17) | (1 << 18);
+/// MSRs KVM passes through to every guest: SYSENTER_CS/ESP/EIP, FS_BASE,
+/// GS_BASE, KERNEL_GS_BASE.
+const KVM_PASSTHROUGH_MSRS: [u32; 6] = [0x174, 0x175, 0x176, 0xC000_0100, 0xC000_0101, 0xC000_0102];
+/// The posted-interrupt notification vector Linux reserves for KVM.
+pub const KVM_POSTED_INTR_VECTOR: u8 = 0xF2;
+
+/// The VMX controls of one vCPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Vmcs {
+    /// Pin-based controls.
+    pub pin: PinControls,
+    /// Primary processor-based controls.
+    pub proc: ProcControls,
+    /// Secondary processor-based controls.
+    pub proc2: Proc2Controls,
+    /// VM-exit controls.
+    pub exit: ExitControls,
+    /// Which RDMSR/WRMSR exit when `use_msr_bitmaps` is on.
+    pub msr_bitmap: MsrBitmap,
+    /// Bit n set: exception vector n exits.
+    pub exception_bitmap: u32,
+    /// VMX-preemption timer value, counted down while the timer control is on.
+    pub preemption_timer_value: u32,
+    /// The event the next VM entry injects, if any.
+    pub entry_event: Option<EntryEvent>,
+    /// With virtual-interrupt delivery, EOIs of vectors set here exit
+    /// (so the VMM can forward level-triggered EOIs).
+    pub eoi_exit_bitmap: ApicBitmap,
+    /// The posted-interrupt notification vector.
+    pub posted_intr_nv: u8,
+    /// guest interrupt status (RVI, SVI) for virtual-interrupt delivery
+    /// — RVI: the highest virtual interrupt requested.
+    pub rvi: u8,
+    /// SVI: the highest virtual interrupt in service.
+    pub svi: u8,
+}
+
+impl Vmcs {
+    /// What KVM sets up for a plain vCPU without APICv: external-interrupt exiting on, NMI exiting on, ack-interrupt-on-exit on, HLT exiting on, MSR bitmaps on with every x2APIC register (0x800..=0x8FF) intercepted for read and write, and TSC_DEADLINE 0x6E0 intercepted.
+    ///
+    /// Every other MSR is intercepted too, except the few KVM always passes
+    /// through (SYSENTER_*, FS/GS bases); the exception bitmap is KVM's with
+    /// EPT (#DB, #UD, #AC, #MC).
+    pub fn kvm_default() -> Self {
+        let mut msr_bitmap = MsrBitmap::intercept_all();
+        for m in KVM_PASSTHROUGH_MSRS {
+            // These all lie in covered ranges.
+            let _ = msr_bitmap.set_read_intercept(m, false);
+            let _ = msr_bitmap.set_write_intercept(m, false);
+        }
+        Vmcs {
+            pin: PinControls {
+                ext_int_exiting: true,
+                nmi_exiting: true,
+                virtual_nmis: true,
+                ..PinControls::default()
+            },
+            proc: ProcControls {
+                hlt_exiting: true,
+                use_msr_bitmaps: true,
+                ..ProcControls::default()
+            },
+            exit: ExitControls {
+                ack_interrupt_on_exit: true,
+            },
+            msr_bitmap,
+            exception_bitmap: KVM_EXCEPTION_BITMAP,
+            ..Vmcs::default()
+        }
+    }
+
+    /// What KVM sets up with APICv and posted interrupts: [`kvm_default`]
+    /// plus use TPR shadow, x2APIC virtualization, APIC-register
+    /// virtualization, virtual-interrupt delivery and posted interrupts with
+    /// notification vector 0xF2. x2APIC register reads pass through except
+    /// TMCCT (the current count lives in the VMM); writes of TPR, EOI and
+    /// SELF IPI pass through, everything else (ICR, timer) still exits.
+    ///
+    /// [`kvm_default`]: Self::kvm_default
+    pub fn kvm_apicv() -> Self {
+        let mut v = Self::kvm_default();
+        v.pin.posted_interrupts = true;
+        v.proc.use_tpr_shadow = true;
+        v.proc2 = Proc2Controls {
+            virtualize_x2apic: true,
+            apic_register_virtualization: true,
+            virtual_interrupt_delivery: true,
+        };
+        v.posted_intr_nv = KVM_POSTED_INTR_VECTOR;
+        for m in apic_msr::X2APIC_RANGE {
+            let _ = v.msr_bitmap.set_read_intercept(m, m == apic_msr::TMCCT);
+        }
+        for m in [apic_msr::TPR, apic_msr::EOI, apic_msr::SELF_IPI] {
+            let _ = v.msr_bitmap.set_write_intercept(m, false);
+        }
+        v
+    }
+
+    /// Whether WRMSR of `msr` in the guest exits: always without MSR bitmaps,
+    /// otherwise as the bitmap says.
+    pub fn msr_write_exits(&self, msr: u32) -> bool {
+        !self.proc.use_msr_bitmaps || self.msr_bitmap.write_exits(msr)
+    }
+
+    /// Whether RDMSR of `msr` in the guest exits: always without MSR bitmaps,
+    /// otherwise as the bitmap says.
+    pub fn msr_read_exits(&self, msr: u32) -> bool {
+        !self.proc.use_msr_bitmaps || self.msr_bitmap.read_exits(msr)
+    }
+
+    /// Would a maskable external interrupt arriving in guest mode cause a VM exit? (= pin.ext_int_exiting)
+    ///
+    /// With posted interrupts, one carrying the notification vector does not
+    /// exit; see [`posted_notification_absorbed`](Self::posted_notification_absorbed).
+    pub fn external_interrupt_exits(&self) -> bool {
+        self.pin.ext_int_exiting
+    }
+
+    /// Whether an external interrupt with `vector` arriving in guest mode is
+    /// taken as a posted-interrupt notification instead of exiting.
+    pub fn posted_notification_absorbed(&self, vector: u8) -> bool {
+        self.pin.posted_interrupts && vector == self.posted_intr_nv
+    }
+
+    /// Whether an NMI arriving in guest mode causes a VM exit.
+    pub fn nmi_exits(&self) -> bool {
+        self.pin.nmi_exiting
+    }
+
+    /// Whether exception `vector` raised in the guest exits (its exception
+    /// bitmap bit; vectors above 31 are not exceptions and never exit).
+    pub fn exception_exits(&self, vector: u8) -> bool {
+        vector < 32 && self.exception_bitmap & (1 << vector) != 0
+    }
+
+    /// The SDM's VM-entry control checks (26.2.1.1) that bear on the
+    /// controls modelled here; the first one failed is returned.
+    pub fn check_entry(&self) -> Result<(), VmcsError> {
+        if self.pin.virtual_nmis && !self.pin.nmi_exiting {
+            return Err(VmcsError::VirtualNmisWithoutNmiExiting);
+        }
+        if self.proc.nmi_window_exiting && !self.pin.virtual_nmis {
+            return Err(VmcsError::NmiWindowWithoutVirtualNmis);
+        }
+        let p2 = self.proc2;
+        if !self.proc.use_tpr_shadow
+            && (p2.virtualize_x2apic
+                || p2.apic_register_virtualization
+                || p2.virtual_interrupt_delivery)
+        {
+            return Err(VmcsError::ApicVirtualizationWithoutTprShadow);
+        }
+        if p2.virtual_interrupt_delivery && !self.pin.ext_int_exiting {
+            return Err(VmcsError::VirtualInterruptDeliveryWithoutExtIntExiting);
+        }
+        if self.pin.posted_interrupts {
+            if !p2.virtual_interrupt_delivery {
+                return Err(VmcsError::PostedInterruptsWithoutVirtualInterruptDelivery);
+            }
+            if !self.exit.ack_interrupt_on_exit {
+                return Err(VmcsError::PostedInterruptsWithoutAckOnExit);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn intercept_all_sets_every_bit() {
+        let b = MsrBitmap::intercept_all();
+        assert!(b.as_bytes().iter().all(|x| *x == 0xFF));
+        assert!(b.read_exits(0) && b.write_exits(0xC000_1FFF));
+        assert_eq!(MsrBitmap::default(), b);
+    }
+
+    #[test]
+    fn eoi_write_bit_sits_in_write_low_half() {
+        let mut b = MsrBitmap::intercept_none();
+        assert_eq!(b.set_write_intercept(apic_msr::EOI, true), Ok(()));
+        let byte = 2048 + 0x80B / 8;
+        let bit = 1u8 << (0x80B % 8);
+        for (i, x) in b.as_bytes().iter().enumerate() {
+            assert_eq!(*x, if i == byte { bit } else { 0 }, "byte {i}");
+        }
+        assert!(b.write_exits(apic_msr::EOI));
+        assert!(
+            !b.read_exits(apic_msr::EOI),
+            "reads are governed by another bit"
+        );
+        assert!(!b.write_exits(0x80A) && !b.write_exits(0x80C));
+        b.set_write_intercept(apic_msr::EOI, false).ok();
+        assert!(b.as_bytes().iter().all(|x| *x == 0));
+    }
+
+    #[test]
+    fn each_quarter_of_the_page() {
+        let cases = [
+            (0x10u32, false, 0x10 / 8, 0x10 % 8),
+            (0x1FFF, false, 1023, 7),
+            (0xC000_0080, false, 1024 + 0x80 / 8, 0),
+            (0x6E0, true, 2048 + 0x6E0 / 8, 0),
+            (0xC000_0101, true, 3072 + 0x101 / 8, 0x101 % 8),
+            (0xC000_1FFF, true, 4095, 7),
+        ];
+        for (msr, write, byte, bit) in cases {
+            let mut b = MsrBitmap::intercept_none();
+            let r = if write {
+                b.set_write_intercept(msr, true)
+            } else {
+                b.set_read_intercept(msr, true)
+            };
+            assert_eq!(r, Ok(()));
+            assert_eq!(b.as_bytes()[byte], 1 << bit, "MSR {msr:#x}");
+            assert_eq!(b.as_bytes().iter().map(|x| x.count_ones()).sum::<u32>(), 1);
+        }
+    }
+
+    #[test]
+    fn msrs_outside_the_ranges_always_exit() {
+        let mut v = Vmcs::default();
+        v.proc.use_msr_bitmaps = true;
+        v.msr_bitmap = MsrBitmap::intercept_none();
+        for m in [
+            0x2000u32,
+            0x4000_0000,
+            0xBFFF_FFFF,
+            0xC000_2000,
+            0xC001_0000,
+            u32::MAX,
+        ] {
+            assert_eq!(
+                v.msr_bitmap.set_read_intercept(m, false),
+                Err(VmcsError::MsrOutOfRange(m))
+            );
+            assert_eq!(
+                v.msr_bitmap.set_write_intercept(m, false),
+                Err(VmcsError::MsrOutOfRange(m))
+            );
+            assert!(v.msr_read_exits(m) && v.msr_write_exits(m), "MSR {m:#x}");
+        }
+        assert!(!v.msr_read_exits(0x1FFF) && !v.msr_write_exits(0xC000_0000));
+    }
+
+    #[test]
+    fn without_msr_bitmaps_every_access_exits() {
+        let mut v = Vmcs {
+            msr_bitmap: MsrBitmap::intercept_none(),
+            ..Vmcs::default()
+        };
+        assert!(v.msr_write_exits(apic_msr::EOI) && v.msr_read_exits(0x10));
+        v.proc.use_msr_bitmaps = true;
+        assert!(!v.msr_write_exits(apic_msr::EOI) && !v.msr_read_exits(0x10));
+    }
+
+    #[test]
+    fn default_has_every_control_off() {
+        let v = Vmcs::default();
+        assert!(!v.external_interrupt_exits() && !v.nmi_exits() && !v.exception_exits(14));
+        assert_eq!(v.entry_event, None);
+        assert_eq!(v.check_entry(), Ok(()));
+        assert!(v.msr_bitmap.as_bytes().iter().all(|x| *x == 0xFF));
+    }
+
+    #[test]
+    fn kvm_default_intercepts_the_apic() {
+        let v = Vmcs::kvm_default();
+        assert_eq!(v.check_entry(), Ok(()));
+        assert!(v.external_interrupt_exits() && v.nmi_exits());
+        assert!(v.exit.ack_interrupt_on_exit && v.proc.hlt_exiting && v.proc.use_msr_bitmaps);
+        assert!(!v.pin.posted_interrupts && !v.proc2.virtual_interrupt_delivery);
+        for m in apic_msr::X2APIC_RANGE {
+            assert!(v.msr_read_exits(m) && v.msr_write_exits(m), "MSR {m:#x}");
+        }
+        assert!(
+            v.msr_write_exits(apic_msr::TSC_DEADLINE) && v.msr_read_exits(apic_msr::TSC_DEADLINE)
+        );
+        assert!(!v.msr_write_exits(0xC000_0100), "FS_BASE passes through");
+        assert!(v.exception_exits(18) && v.exception_exits(6) && !v.exception_exits(14));
+        assert!(!v.posted_notification_absorbed(KVM_POSTED_INTR_VECTOR));
+    }
+
+    #[test]
+    fn kvm_apicv_virtualizes_eoi_but_not_icr() {
+        let v = Vmcs::kvm_apicv();
+        assert_eq!(v.check_entry(), Ok(()));
+        assert!(!v.msr_write_exits(apic_msr::EOI));
+        assert!(!v.msr_write_exits(apic_msr::TPR));
+        assert!(!v.msr_write_exits(apic_msr::SELF_IPI));
+        assert!(v.msr_write_exits(apic_msr::ICR));
+        assert!(v.msr_write_exits(apic_msr::TMICT));
+        assert!(v.msr_write_exits(apic_msr::TSC_DEADLINE));
+        assert!(!v.msr_read_exits(apic_msr::PPR));
+        assert!(v.msr_read_exits(apic_msr::TMCCT));
+        assert!(v.external_interrupt_exits());
+        assert!(v.posted_notification_absorbed(0xF2));
+        assert!(!v.posted_notification_absorbed(0xF3));
+    }
+
+    #[test]
+    fn exception_bitmap_bits() {
+        let mut v = Vmcs {
+            exception_bitmap: 1 << 14,
+            ..Vmcs::default()
+        };
+        assert!(v.exception_exits(14));
+        assert!(!v.exception_exits(13));
+        v.exception_bitmap = u32::MAX;
+        assert!(v.exception_exits(31));
+        assert!(!v.exception_exits(32) && !v.exception_exits(255));
+    }
+
+    #[test]
+    fn entry_checks() {
+        let ok = Vmcs::kvm_apicv();
+        let mut v = ok.clone();
+        v.pin.nmi_exiting = false;
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::VirtualNmisWithoutNmiExiting)
+        );
+
+        let mut v = Vmcs::default();
+        v.proc.nmi_window_exiting = true;
+        assert_eq!(v.check_entry(), Err(VmcsError::NmiWindowWithoutVirtualNmis));
+
+        let mut v = ok.clone();
+        v.proc.use_tpr_shadow = false;
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::ApicVirtualizationWithoutTprShadow)
+        );
+
+        let mut v = ok.clone();
+        v.pin.ext_int_exiting = false;
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::VirtualInterruptDeliveryWithoutExtIntExiting)
+        );
+
+        let mut v = ok.clone();
+        v.proc2.virtual_interrupt_delivery = false;
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::PostedInterruptsWithoutVirtualInterruptDelivery)
+        );
+
+        let mut v = ok.clone();
+        v.exit.ack_interrupt_on_exit = false;
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::PostedInterruptsWithoutAckOnExit)
+        );
+
+        // Virtual-interrupt delivery without posting is a legal setup.
+        let mut v = ok;
+        v.pin.posted_interrupts = false;
+        v.exit.ack_interrupt_on_exit = false;
+        assert_eq!(v.check_entry(), Ok(()));
+    }
+
+    fn covered_msr() -> impl Strategy<Value = u32> {
+        prop_oneof![0u32..=0x1FFF, 0xC000_0000u32..=0xC000_1FFF]
+    }
+
+    proptest! {
+        /// One intercept change flips exactly one bit of the page, the one
+        /// the architectural layout names, and no other MSR's answer.
+        #[test]
+        fn one_intercept_is_one_bit(msr in covered_msr(), write in any::<bool>(), other in covered_msr()) {
+            let mut b = MsrBitmap::intercept_all();
+            let r = if write { b.set_write_intercept(msr, false) } else { b.set_read_intercept(msr, false) };
+            prop_assert_eq!(r, Ok(()));
+            let half = if write { 2048 } else { 0 } + if msr >= 0xC000_0000 { 1024 } else { 0 };
+            let off = (msr & 0x1FFF) as usize;
+            for (i, x) in b.as_bytes().iter().enumerate() {
+                let want = if i == half + off / 8 { !(1u8 << (off % 8)) } else { 0xFF };
+                prop_assert_eq!(*x, want);
+            }
+            prop_assert_eq!(b.write_exits(msr), !write);
+            prop_assert_eq!(b.read_exits(msr), write);
+            if other != msr {
+                prop_assert!(b.read_exits(other) && b.write_exits(other));
+            }
+        }
+
+        /// Outside the two covered ranges nothing can be passed through.
+        #[test]
+        fn uncovered_msrs_exit(msr in any::<u32>()) {
+            let covered = msr <= 0x1FFF || (0xC000_0000..=0xC000_1FFF).contains(&msr);
+            let mut b = MsrBitmap::intercept_none();
+            prop_assert_eq!(b.set_write_intercept(msr, false).is_ok(), covered);
+            prop_assert_eq!(b.read_exits(msr), !covered);
+            prop_assert_eq!(b.write_exits(msr), !covered);
+        }
+    }
+}

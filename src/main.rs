@@ -1,0 +1,187 @@
+//! The `exitless` command line.
+
+use clap::{Parser, Subcommand};
+use exitless::calibration::Calibration;
+use exitless::scenario::Scenario;
+use exitless::validation;
+use exitless::world::World;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "exitless",
+    version,
+    about = "Discrete-event virtual platform for exitless VM interrupt delivery"
+)]
+struct Cli {
+    /// Calibration file (default: the shipped calibration/x86-did-host.toml).
+    #[arg(long, global = true)]
+    calibration: Option<PathBuf>,
+    /// No progress on stderr.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one scenario and print a perf-kvm-stat-style report.
+    Run {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+        /// Override a scenario key (dotted path, or rate_pps / iterations / interval_us).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Exit with status 3 if the invariant checker found violations.
+        #[arg(long)]
+        fail_on_violation: bool,
+    },
+    /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
+    Reproduce {
+        /// Paper: did.
+        paper: String,
+        /// Print JSON rows instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only experiments whose id contains this.
+        #[arg(long)]
+        only: Option<String>,
+        /// Override applied to every run (e.g. duration_s=0.2 for a quick look).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Simulations in parallel (default: available cores).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// List the delivery schemes.
+    Schemes,
+    /// Print the calibration with each value's source.
+    Calibration,
+}
+
+fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
+    match p {
+        None => Ok(Calibration::default_host()),
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read calibration {}: {e}", p.display()))?;
+            Calibration::from_toml(&t).map_err(|e| format!("{}: {e}", p.display()))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("exitless: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<ExitCode, String> {
+    let cal = load_cal(&cli.calibration)?;
+    let show = !cli.quiet && std::io::stderr().is_terminal();
+    match cli.cmd {
+        Cmd::Run {
+            scenario,
+            sets,
+            json,
+            fail_on_violation,
+        } => {
+            let s = Scenario::load(&scenario, &sets).map_err(|e| e.to_string())?;
+            let mut w = World::build(&s, &cal).map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            w.run(|f| {
+                if show {
+                    eprint!("\r  simulating {:5.1}%", f * 100.0);
+                }
+            });
+            let wall = t0.elapsed().as_secs_f64();
+            if show {
+                eprintln!("\r  simulating 100.0%");
+            }
+            let rep = w.report();
+            if !cli.quiet {
+                let ev = w.events() as f64;
+                let sim = s.duration_s + s.warmup_s;
+                eprintln!(
+                    "engine: {:.0} events in {:.3} s wall ({:.2} M events/s); {:.3} s simulated, {:.2} s wall per simulated s",
+                    ev,
+                    wall,
+                    ev / wall.max(1e-9) / 1e6,
+                    sim,
+                    wall / sim
+                );
+            }
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!("{}", rep.to_text());
+            }
+            if fail_on_violation && rep.violations() > 0 {
+                return Ok(ExitCode::from(3));
+            }
+        }
+        Cmd::Reproduce {
+            paper,
+            json,
+            only,
+            sets,
+            threads,
+        } => {
+            let threads = threads.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
+            let quiet = cli.quiet;
+            let rows = validation::reproduce(&paper, only.as_deref(), &sets, &cal, threads, &|m| {
+                if !quiet {
+                    eprintln!("  {m}");
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+                );
+            } else {
+                print!("{}", validation::to_text(&rows));
+            }
+        }
+        Cmd::Schemes => {
+            for s in exitless::hv::scheme::SCHEMES {
+                println!("{s}");
+            }
+        }
+        Cmd::Calibration => {
+            let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;
+            if let Some(t) = v.as_table() {
+                for (sec, entries) in t {
+                    if let Some(e) = entries.as_table() {
+                        for (k, x) in e {
+                            let val = x.get("value").map(|v| v.to_string()).unwrap_or_default();
+                            let src = x.get("source").and_then(|v| v.as_str()).unwrap_or("");
+                            println!("{sec}.{k:<34} {val:>10}  {src}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,274 @@
+//! Run reports: a `perf kvm stat report`-style table per VM, workload
+//! metrics, invariant results; the same as JSON (stable field names).
+
+use crate::check::{Checker, Violation, ViolationKind};
+use crate::engine::{as_s, as_us, Summary, Time};
+use crate::guest::app::Metrics;
+use crate::hv::exits::ExitReason;
+use crate::hv::VmState;
+use crate::scenario::{Assumption, Scenario};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// What the world hands to the report.
+pub struct Snapshot<'a> {
+    /// The scenario run.
+    pub scenario: &'a Scenario,
+    /// Scheme name.
+    pub scheme: &'static str,
+    /// Measured interval.
+    pub duration: Time,
+    /// VMs with exit statistics.
+    pub vms: &'a [VmState],
+    /// Workload and device metrics.
+    pub metrics: Metrics,
+    /// Invariant checker.
+    pub checker: &'a Checker,
+    /// Exits guest timer expiries landed in.
+    pub timer_exits: &'a [Summary; 9],
+    /// MSIs the IOMMU blocked.
+    pub msi_faults: u64,
+}
+
+/// One row of the exit table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExitRow {
+    /// KVM's reason name.
+    pub reason: &'static str,
+    /// Count.
+    pub samples: u64,
+    /// Share of all exits, %.
+    pub samples_pct: f64,
+    /// Share of all exit-handling time, %.
+    pub time_pct: f64,
+    /// Minimum service time, µs.
+    pub min_us: f64,
+    /// Maximum, µs.
+    pub max_us: f64,
+    /// Mean, µs.
+    pub avg_us: f64,
+    /// Standard deviation as % of the mean.
+    pub stddev_pct: f64,
+    /// Exits per second.
+    pub per_s: f64,
+}
+
+/// Per-VM results.
+#[derive(Clone, Debug, Serialize)]
+pub struct VmReport {
+    /// VM index.
+    pub vm: usize,
+    /// All exits per second.
+    pub exits_per_s: f64,
+    /// Per-reason exits per second (non-zero reasons).
+    pub exits_per_s_by_reason: BTreeMap<&'static str, f64>,
+    /// Time in guest, % of the measured interval.
+    pub tig_pct: f64,
+    /// Exit-handling time, % of the measured interval.
+    pub eht_pct: f64,
+    /// The table rows, most frequent first.
+    pub exits: Vec<ExitRow>,
+    /// Total exits.
+    pub total_samples: u64,
+    /// Total handling time, µs.
+    pub total_time_us: f64,
+}
+
+/// Invariant results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Invariants {
+    /// The first violations (empty when none).
+    pub violations: Vec<Violation>,
+    /// Count per kind.
+    pub counts: BTreeMap<ViolationKind, u64>,
+    /// Interrupts delivered to their owner.
+    pub delivered: u64,
+    /// Raises merged into one already pending (edge semantics).
+    pub merged: u64,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scheme.
+    pub scheme: String,
+    /// Seed.
+    pub seed: u64,
+    /// Measured seconds.
+    pub duration_s: f64,
+    /// Per VM.
+    pub vms: Vec<VmReport>,
+    /// Workload metrics.
+    pub metrics: BTreeMap<String, f64>,
+    /// Invariants.
+    pub invariants: Invariants,
+    /// Assumptions the scenario makes.
+    pub assumptions: Vec<Assumption>,
+}
+
+fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
+    let total = vm.stats.total();
+    let secs = as_s(duration).max(1e-12);
+    let mut rows: Vec<ExitRow> = ExitReason::ALL
+        .iter()
+        .filter_map(|r| {
+            let s = &vm.stats.by_reason[r.index()];
+            (s.count > 0).then(|| ExitRow {
+                reason: r.name(),
+                samples: s.count,
+                samples_pct: 100.0 * s.count as f64 / total.count as f64,
+                time_pct: 100.0 * s.total as f64 / total.total.max(1) as f64,
+                min_us: as_us(s.min),
+                max_us: as_us(s.max),
+                avg_us: as_us(s.mean()),
+                stddev_pct: if s.mean() > 0 {
+                    100.0 * s.stddev_ns() / (s.mean() as f64 / 1000.0)
+                } else {
+                    0.0
+                },
+                per_s: s.count as f64 / secs,
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.reason.cmp(b.reason)));
+    VmReport {
+        vm: i,
+        exits_per_s: total.count as f64 / secs,
+        exits_per_s_by_reason: rows.iter().map(|r| (r.reason, r.per_s)).collect(),
+        tig_pct: 100.0 * vm.stats.guest_time as f64 / duration.max(1) as f64,
+        eht_pct: 100.0 * total.total as f64 / duration.max(1) as f64,
+        exits: rows,
+        total_samples: total.count,
+        total_time_us: as_us(total.total),
+    }
+}
+
+impl RunReport {
+    /// Builds the report.
+    pub fn from_world(s: Snapshot) -> Self {
+        let mut metrics: BTreeMap<String, f64> = s.metrics.into_iter().collect();
+        for r in ExitReason::ALL {
+            let t = &s.timer_exits[r.index()];
+            if t.count > 0 {
+                metrics.insert(format!("timer_exits.{}", r.name()), t.count as f64);
+                metrics.insert(format!("timer_exit_us.{}", r.name()), as_us(t.mean()));
+            }
+        }
+        metrics.insert("iommu.msi_faults".into(), s.msi_faults as f64);
+        let counts = [
+            ViolationKind::Lost,
+            ViolationKind::Misdelivered,
+            ViolationKind::PriorityInversion,
+            ViolationKind::IsrInconsistent,
+            ViolationKind::EoiWithoutInService,
+        ]
+        .into_iter()
+        .map(|k| (k, s.checker.count(k)))
+        .collect();
+        RunReport {
+            scenario: s.scenario.name.clone(),
+            scheme: s.scheme.to_string(),
+            seed: s.scenario.seed,
+            duration_s: as_s(s.duration),
+            vms: s
+                .vms
+                .iter()
+                .enumerate()
+                .map(|(i, vm)| vm_report(i, vm, s.duration))
+                .collect(),
+            metrics,
+            invariants: Invariants {
+                violations: s.checker.violations().to_vec(),
+                counts,
+                delivered: s.checker.delivered,
+                merged: s.checker.merged,
+            },
+            assumptions: s.scenario.assumptions.clone(),
+        }
+    }
+
+    /// Total violations.
+    pub fn violations(&self) -> u64 {
+        self.invariants.counts.values().sum()
+    }
+
+    /// The text report: `perf kvm stat report` layout per VM, then metrics.
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "scenario {} | scheme {} | seed {} | measured {:.3} s",
+            if self.scenario.is_empty() {
+                "-"
+            } else {
+                &self.scenario
+            },
+            self.scheme,
+            self.seed,
+            self.duration_s
+        );
+        for vm in &self.vms {
+            let _ = writeln!(o, "\nAnalyze events for VM {}:\n", vm.vm);
+            let _ = writeln!(
+                o,
+                "{:>20} {:>10} {:>9} {:>8} {:>10} {:>10} {:>16}",
+                "VM-EXIT", "Samples", "Samples%", "Time%", "Min Time", "Max Time", "Avg time"
+            );
+            let _ = writeln!(o);
+            for r in &vm.exits {
+                let _ = writeln!(
+                    o,
+                    "{:>20} {:>10} {:>8.2}% {:>7.2}% {:>8.2}us {:>8.2}us {:>8.2}us ( +- {:>6.2}% )",
+                    r.reason,
+                    r.samples,
+                    r.samples_pct,
+                    r.time_pct,
+                    r.min_us,
+                    r.max_us,
+                    r.avg_us,
+                    r.stddev_pct
+                );
+            }
+            let _ = writeln!(
+                o,
+                "\nTotal Samples:{}, Total events handled time:{:.2}us.",
+                vm.total_samples, vm.total_time_us
+            );
+            let _ = writeln!(
+                o,
+                "exits/s {:.1} | time in guest {:.2}% | exit handling {:.2}%",
+                vm.exits_per_s, vm.tig_pct, vm.eht_pct
+            );
+        }
+        let _ = writeln!(o, "\nmetrics:");
+        for (k, v) in &self.metrics {
+            let _ = writeln!(o, "  {k:<34} {v:.4}");
+        }
+        let _ = writeln!(
+            o,
+            "\ninvariants: {} violations ({} interrupts delivered, {} merged)",
+            self.violations(),
+            self.invariants.delivered,
+            self.invariants.merged
+        );
+        for (k, c) in &self.invariants.counts {
+            if *c > 0 {
+                let _ = writeln!(o, "  {k:?}: {c}");
+            }
+        }
+        for v in self.invariants.violations.iter().take(10) {
+            let _ = writeln!(
+                o,
+                "  t={:.3}us vm{} {:?}: {}",
+                v.time_us, v.vm, v.kind, v.detail
+            );
+        }
+        for a in &self.assumptions {
+            let _ = writeln!(o, "\nassumption {} = {}: {}", a.key, a.value, a.reason);
+        }
+        o
+    }
+}

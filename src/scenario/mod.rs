@@ -1,0 +1,502 @@
+//! Scenario files: what to build and run. TOML, strictly checked: an unknown
+//! key, a wrong type or a value out of range is an error that names the key.
+//! `--set key=value` overrides edit the TOML tree before it is checked.
+
+use crate::guest::TickMode;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A scenario.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name.
+    #[serde(default)]
+    pub name: String,
+    /// What it is for.
+    #[serde(default)]
+    pub description: String,
+    /// Delivery scheme: bare-metal, kvm, did, naive.
+    pub scheme: String,
+    /// RNG seed.
+    #[serde(default = "one")]
+    pub seed: u64,
+    /// Measured interval, seconds of simulated time.
+    pub duration_s: f64,
+    /// Warm-up before measuring, seconds.
+    #[serde(default = "warmup")]
+    pub warmup_s: f64,
+    /// The machine.
+    #[serde(default)]
+    pub machine: MachineSpec,
+    /// The guest kernel.
+    #[serde(default)]
+    pub guest: GuestSpec,
+    /// NIC settings.
+    #[serde(default)]
+    pub nic: NicSpec,
+    /// The VM's background exits.
+    #[serde(default)]
+    pub background: BackgroundSpec,
+    /// Workloads.
+    #[serde(default)]
+    pub workload: WorkloadSpec,
+    /// Invariant checking.
+    #[serde(default)]
+    pub check: CheckSpec,
+    /// Named configuration assumptions (DESIGN.md: a configuration the paper
+    /// does not state, chosen with its reason), shown in reports.
+    #[serde(default)]
+    pub assumptions: Vec<Assumption>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn warmup() -> f64 {
+    0.05
+}
+
+/// A configuration assumption and why it was made.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assumption {
+    /// What was assumed.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+    /// The reasoning.
+    pub reason: String,
+}
+
+/// The machine.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineSpec {
+    /// Physical cores. Core 0 is host-only (DID's designated timer core);
+    /// the VM's vCPU is pinned to core 1.
+    pub cores: usize,
+}
+
+impl Default for MachineSpec {
+    fn default() -> Self {
+        MachineSpec { cores: 2 }
+    }
+}
+
+/// The guest kernel's configuration.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuestSpec {
+    /// CONFIG_HZ.
+    pub hz: u32,
+    /// Tick mode: periodic, nohz-idle or off.
+    pub tick: TickMode,
+    /// Handlers run with IF=1 and EOI at the end (nesting kernel).
+    pub irq_nesting: bool,
+    /// UDP socket buffer, datagrams.
+    pub rcvbuf_packets: usize,
+    /// Guest LOCAL_TIMER_VECTOR.
+    pub timer_vector: u8,
+    /// Vector the guest programs into its VF's MSI-X entry.
+    pub vf_vector: u8,
+    /// NAPI weight (budget per poll).
+    pub napi_weight: Option<u32>,
+}
+
+impl Default for GuestSpec {
+    fn default() -> Self {
+        GuestSpec {
+            hz: 1000,
+            tick: TickMode::Periodic,
+            irq_nesting: false,
+            rcvbuf_packets: 256,
+            timer_vector: 0xEF,
+            vf_vector: 0x41,
+            napi_weight: None,
+        }
+    }
+}
+
+/// Interrupt throttling of the VF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ItrMode {
+    /// The ixgbevf driver's dynamic algorithm (the only mode of the 3.6 VF driver).
+    Dynamic,
+    /// A fixed interval (`itr_interval_us`).
+    Fixed,
+    /// No throttling.
+    Off,
+}
+
+/// NIC settings.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NicSpec {
+    /// Throttling mode.
+    pub itr: ItrMode,
+    /// Interval for `fixed`, µs.
+    pub itr_interval_us: f64,
+}
+
+impl Default for NicSpec {
+    fn default() -> Self {
+        NicSpec {
+            itr: ItrMode::Dynamic,
+            itr_interval_us: 50.0,
+        }
+    }
+}
+
+/// Background exits of the VM.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackgroundSpec {
+    /// Whether the calibrated background source runs.
+    pub enabled: bool,
+}
+
+impl Default for BackgroundSpec {
+    fn default() -> Self {
+        BackgroundSpec { enabled: true }
+    }
+}
+
+/// Workloads.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// External UDP sender and in-guest receiver.
+    pub udp: Option<UdpSpec>,
+    /// WhileLoop.
+    pub whileloop: Option<WhileLoopSpec>,
+    /// cyclictest.
+    pub cyclictest: Option<CyclictestSpec>,
+}
+
+/// UDP PacketGen.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UdpSpec {
+    /// Packets per second.
+    pub rate_pps: f64,
+    /// UDP payload bytes.
+    #[serde(default = "payload")]
+    pub payload_bytes: u32,
+}
+
+fn payload() -> u32 {
+    128
+}
+
+/// WhileLoop.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WhileLoopSpec {
+    /// Loop iterations (the paper: 2^34).
+    pub iterations: f64,
+}
+
+/// cyclictest.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CyclictestSpec {
+    /// Timer interval, µs.
+    #[serde(default = "interval")]
+    pub interval_us: f64,
+}
+
+fn interval() -> f64 {
+    1000.0
+}
+
+/// Invariant checking.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckSpec {
+    /// An interrupt still undelivered this long after it was raised, at the
+    /// end of the run, is lost.
+    pub lost_grace_ms: f64,
+}
+
+impl Default for CheckSpec {
+    fn default() -> Self {
+        CheckSpec {
+            lost_grace_ms: 10.0,
+        }
+    }
+}
+
+/// Scenario errors: each names the key or file concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// File unreadable.
+    #[error("cannot read scenario {path}: {err}")]
+    Io {
+        /// Path.
+        path: String,
+        /// Cause.
+        err: std::io::Error,
+    },
+    /// Bad TOML or a key that does not belong.
+    #[error("scenario {0}")]
+    Parse(String),
+    /// Bad `--set`.
+    #[error("--set {0}")]
+    Set(String),
+    /// A value out of range.
+    #[error("scenario key `{key}`: {problem}")]
+    Invalid {
+        /// Dotted key.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// Short keys accepted by `--set` for the common knobs.
+fn alias(key: &str) -> &str {
+    match key {
+        "rate_pps" => "workload.udp.rate_pps",
+        "iterations" => "workload.whileloop.iterations",
+        "interval_us" => "workload.cyclictest.interval_us",
+        "itr" => "nic.itr",
+        k => k,
+    }
+}
+
+/// Parses `text` as a TOML scalar (number, bool, string) or takes it as a
+/// bare string.
+fn scalar(text: &str) -> toml::Value {
+    let doc = format!("v = {text}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(text.into())),
+        Err(_) => toml::Value::String(text.into()),
+    }
+}
+
+/// Applies one `key=value` override to a TOML tree.
+pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> {
+    let (k, v) = kv
+        .split_once('=')
+        .ok_or_else(|| ScenarioError::Set(format!("`{kv}`: expected key=value")))?;
+    let key = alias(k.trim());
+    if key.is_empty() {
+        return Err(ScenarioError::Set(format!("`{kv}`: empty key")));
+    }
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut t = tree;
+    for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        t = entry.as_table_mut().ok_or_else(|| {
+            ScenarioError::Set(format!(
+                "`{kv}`: `{}` is not a table",
+                parts[..=i].join(".")
+            ))
+        })?;
+    }
+    if key.starts_with("workload.") && parts.len() == 3 && t.is_empty() {
+        return Err(ScenarioError::Set(format!(
+            "`{k}`: this scenario has no `{}` workload",
+            parts[1]
+        )));
+    }
+    t.insert(parts[parts.len() - 1].to_string(), scalar(v.trim()));
+    Ok(())
+}
+
+impl Scenario {
+    /// Reads a scenario file and applies overrides.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Self, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ScenarioError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
+        Self::parse(&text, sets).map_err(|e| match e {
+            ScenarioError::Parse(m) => ScenarioError::Parse(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    /// Parses scenario text and applies overrides.
+    pub fn parse(text: &str, sets: &[String]) -> Result<Self, ScenarioError> {
+        let mut tree: toml::Table =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        for s in sets {
+            apply_set(&mut tree, s)?;
+        }
+        let s: Scenario = toml::Value::Table(tree)
+            .try_into()
+            .map_err(|e: toml::de::Error| ScenarioError::Parse(e.to_string()))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<(), ScenarioError> {
+        let bad = |key: &str, problem: String| {
+            Err(ScenarioError::Invalid {
+                key: key.into(),
+                problem,
+            })
+        };
+        if crate::hv::scheme::by_name(&self.scheme).is_none() {
+            return bad(
+                "scheme",
+                format!(
+                    "unknown scheme `{}` (known: {})",
+                    self.scheme,
+                    crate::hv::scheme::SCHEMES.join(", ")
+                ),
+            );
+        }
+        if !(self.duration_s > 0.0 && self.duration_s.is_finite() && self.duration_s <= 3600.0) {
+            return bad(
+                "duration_s",
+                format!("{} must be in (0, 3600]", self.duration_s),
+            );
+        }
+        if !(self.warmup_s >= 0.0 && self.warmup_s <= 60.0) {
+            return bad("warmup_s", format!("{} must be in [0, 60]", self.warmup_s));
+        }
+        if self.machine.cores < 2 || self.machine.cores > 64 {
+            return bad(
+                "machine.cores",
+                format!(
+                    "{} must be 2..=64 (core 0 is the host's)",
+                    self.machine.cores
+                ),
+            );
+        }
+        if self.guest.hz == 0 || self.guest.hz > 10_000 {
+            return bad("guest.hz", format!("{} must be 1..=10000", self.guest.hz));
+        }
+        for (k, v) in [
+            ("guest.timer_vector", self.guest.timer_vector),
+            ("guest.vf_vector", self.guest.vf_vector),
+        ] {
+            if v < 0x20 {
+                return bad(
+                    k,
+                    format!("{v:#x} is a reserved exception vector; use 0x20..=0xff"),
+                );
+            }
+        }
+        if self.guest.timer_vector == self.guest.vf_vector {
+            return bad(
+                "guest.vf_vector",
+                "must differ from guest.timer_vector".into(),
+            );
+        }
+        if self.guest.rcvbuf_packets == 0 {
+            return bad("guest.rcvbuf_packets", "must be at least 1".into());
+        }
+        if self.guest.napi_weight == Some(0) {
+            return bad("guest.napi_weight", "must be at least 1".into());
+        }
+        if self.nic.itr == ItrMode::Fixed
+            && !(self.nic.itr_interval_us > 0.0 && self.nic.itr_interval_us <= 1022.0)
+        {
+            return bad(
+                "nic.itr_interval_us",
+                format!("{} must be in (0, 1022]", self.nic.itr_interval_us),
+            );
+        }
+        if let Some(u) = &self.workload.udp {
+            if !(u.rate_pps > 0.0 && u.rate_pps <= 14_880_952.0) {
+                return bad(
+                    "workload.udp.rate_pps",
+                    format!(
+                        "{} must be in (0, 14880952] (10 GbE line rate of minimum frames)",
+                        u.rate_pps
+                    ),
+                );
+            }
+            if !(18..=1472).contains(&u.payload_bytes) {
+                return bad(
+                    "workload.udp.payload_bytes",
+                    format!("{} must be 18..=1472", u.payload_bytes),
+                );
+            }
+        }
+        if let Some(w) = &self.workload.whileloop {
+            if !(w.iterations >= 1.0 && w.iterations < 1e15) {
+                return bad(
+                    "workload.whileloop.iterations",
+                    format!("{} must be in [1, 1e15)", w.iterations),
+                );
+            }
+        }
+        if let Some(c) = &self.workload.cyclictest {
+            if !(c.interval_us >= 10.0 && c.interval_us <= 1e6) {
+                return bad(
+                    "workload.cyclictest.interval_us",
+                    format!("{} must be in [10, 1e6]", c.interval_us),
+                );
+            }
+        }
+        if !(self.check.lost_grace_ms > 0.0) {
+            return bad("check.lost_grace_ms", "must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+scheme = "did"
+duration_s = 0.1
+[workload.udp]
+rate_pps = 100000
+"#;
+
+    #[test]
+    fn parses_and_applies_sets_with_aliases() {
+        let s = Scenario::parse(
+            BASE,
+            &[
+                "rate_pps=250000".into(),
+                "scheme=kvm".into(),
+                "guest.hz=250".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.workload.udp.unwrap().rate_pps, 250000.0);
+        assert_eq!(s.scheme, "kvm");
+        assert_eq!(s.guest.hz, 250);
+        assert_eq!(s.machine.cores, 2);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Scenario::parse(BASE, &["scheme=posted".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`scheme`") && e.contains("posted"), "{e}");
+        let e = Scenario::parse(BASE, &["rate_pps=-5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workload.udp.rate_pps"), "{e}");
+        let e = Scenario::parse(BASE, &["guest.hzz=5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hzz"), "{e}");
+        let e = Scenario::parse(BASE, &["duration_s=abc".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duration_s"), "{e}");
+        let e = Scenario::parse(BASE, &["nokey".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key=value"), "{e}");
+        let e = Scenario::parse(BASE, &["iterations=5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no `whileloop` workload"), "{e}");
+    }
+}

@@ -1,0 +1,365 @@
+//! `exitless reproduce <paper>`: runs the experiments described under
+//! `validation/<paper>/experiments.toml` and sets the model's numbers beside
+//! the published ones. Published values are only ever compared against.
+
+use crate::calibration::Calibration;
+use crate::report::RunReport;
+use crate::scenario::Scenario;
+use crate::world::World;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The experiment file of one paper.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentFile {
+    /// Experiments.
+    pub experiment: Vec<Experiment>,
+}
+
+/// One experiment: a scenario run under each config and each parameter
+/// value, reporting some metrics.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// Id, e.g. `did.fig4`.
+    pub id: String,
+    /// Scenario file, relative to the experiment file.
+    pub scenario: String,
+    /// Config name → `--set` overrides.
+    pub configs: BTreeMap<String, Vec<String>>,
+    /// Order of configs in the report.
+    pub config_order: Vec<String>,
+    /// Parameter (a `--set` key) → values swept. At most one parameter.
+    #[serde(default)]
+    pub params: BTreeMap<String, Vec<toml::Value>>,
+    /// Metrics reported: name → unit.
+    pub metrics: Vec<MetricSpec>,
+    /// Published values.
+    #[serde(default)]
+    pub expected: Vec<Expected>,
+}
+
+/// A metric and its unit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSpec {
+    /// Name (see [`metric_value`]).
+    pub name: String,
+    /// Unit.
+    pub unit: String,
+    /// Only for these configs (all when empty).
+    #[serde(default)]
+    pub configs: Vec<String>,
+}
+
+/// How close the model must be.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Tolerance {
+    /// |model − paper| ≤ rel × paper.
+    Rel(f64),
+    /// |model − paper| ≤ abs.
+    Abs(f64),
+    /// model ≤ paper (the paper gives an upper bound).
+    Max,
+}
+
+/// A published value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    /// Config.
+    pub config: String,
+    /// Parameter values this applies to (empty = the experiment has none).
+    #[serde(default)]
+    pub params: BTreeMap<String, toml::Value>,
+    /// Metric.
+    pub metric: String,
+    /// The paper's value.
+    pub paper: f64,
+    /// Tolerance.
+    pub tolerance: Tolerance,
+    /// Where in the paper.
+    pub source: String,
+}
+
+/// One output row.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Experiment id.
+    pub experiment: String,
+    /// Config.
+    pub config: String,
+    /// Parameters.
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Metric.
+    pub metric: String,
+    /// Unit.
+    pub unit: String,
+    /// Model value.
+    pub model: f64,
+    /// Paper value, if published.
+    pub paper: Option<f64>,
+    /// Tolerance, if a paper value exists.
+    pub tolerance: Option<Tolerance>,
+    /// Whether the model is within tolerance.
+    pub within: Option<bool>,
+    /// Invariant violations in the run that produced the value.
+    pub violations: u64,
+}
+
+/// Errors of `reproduce`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReproduceError {
+    /// No such paper directory.
+    #[error("no experiments for `{0}` (looked for {1})")]
+    UnknownPaper(String, String),
+    /// Unreadable or malformed experiment file.
+    #[error("{0}")]
+    Bad(String),
+}
+
+/// Reads a metric from a run report: `exits_per_s`, `exits_per_s.<REASON>`,
+/// `tig_pct`, `eht_pct`, or any workload metric by name (0 when the run
+/// produced none of it, e.g. a reason with no exits).
+pub fn metric_value(r: &RunReport, name: &str) -> f64 {
+    let vm = &r.vms[0];
+    match name {
+        "exits_per_s" => vm.exits_per_s,
+        "tig_pct" => vm.tig_pct,
+        "eht_pct" => vm.eht_pct,
+        n => {
+            if let Some(reason) = n.strip_prefix("exits_per_s.") {
+                return vm.exits_per_s_by_reason.get(reason).copied().unwrap_or(0.0);
+            }
+            r.metrics.get(n).copied().unwrap_or(0.0)
+        }
+    }
+}
+
+fn within(model: f64, paper: f64, t: Tolerance) -> bool {
+    match t {
+        Tolerance::Rel(x) => (model - paper).abs() <= x * paper.abs(),
+        Tolerance::Abs(x) => (model - paper).abs() <= x,
+        Tolerance::Max => model <= paper,
+    }
+}
+
+fn to_json(v: &toml::Value) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+fn set_value(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+/// Where `validation/` is: `$EXITLESS_VALIDATION`, else next to the
+/// current directory or the executable's workspace.
+pub fn validation_root() -> PathBuf {
+    if let Ok(p) = std::env::var("EXITLESS_VALIDATION") {
+        return PathBuf::from(p);
+    }
+    let cwd = PathBuf::from("validation");
+    if cwd.is_dir() {
+        return cwd;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("validation")
+}
+
+struct Job {
+    exp: usize,
+    config: String,
+    param: Option<(String, toml::Value)>,
+    sets: Vec<String>,
+}
+
+/// Runs every experiment of `paper` (optionally only those whose id
+/// contains `filter`) with `threads` simulations in parallel, plus extra
+/// `--set` overrides on every run (e.g. a shorter duration).
+pub fn reproduce(
+    paper: &str,
+    filter: Option<&str>,
+    extra_sets: &[String],
+    cal: &Calibration,
+    threads: usize,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<Row>, ReproduceError> {
+    let dir = validation_root().join(paper);
+    let file = dir.join("experiments.toml");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
+    let ef: ExperimentFile = toml::from_str(&text)
+        .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    let exps: Vec<&Experiment> = ef
+        .experiment
+        .iter()
+        .filter(|e| filter.is_none_or(|f| e.id.contains(f)))
+        .collect();
+    let mut jobs = Vec::new();
+    for (ei, e) in exps.iter().enumerate() {
+        for c in &e.config_order {
+            let Some(base) = e.configs.get(c) else {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: config `{c}` has no overrides",
+                    e.id
+                )));
+            };
+            let mut sweep: Vec<Option<(String, toml::Value)>> = vec![None];
+            if let Some((k, vals)) = e.params.iter().next() {
+                sweep = vals.iter().map(|v| Some((k.clone(), v.clone()))).collect();
+            }
+            for p in sweep {
+                let mut sets = base.clone();
+                if let Some((k, v)) = &p {
+                    sets.push(format!("{k}={}", set_value(v)));
+                }
+                sets.extend(extra_sets.iter().cloned());
+                jobs.push(Job {
+                    exp: ei,
+                    config: c.clone(),
+                    param: p,
+                    sets,
+                });
+            }
+        }
+    }
+    // Parse all scenarios up front so a bad file fails before any run.
+    let mut scenarios = Vec::new();
+    for j in &jobs {
+        let path: PathBuf = dir.join(&exps[j.exp].scenario);
+        let s = Scenario::load(Path::new(&path), &j.sets)
+            .map_err(|e| ReproduceError::Bad(e.to_string()))?;
+        scenarios.push(s);
+    }
+    let results: Vec<Mutex<Option<RunReport>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for _ in 0..threads.max(1) {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= jobs.len() {
+                    break;
+                }
+                let rep = match World::build(&scenarios[i], cal) {
+                    Ok(mut w) => {
+                        w.run(|_| {});
+                        Some(w.report())
+                    }
+                    Err(_) => None,
+                };
+                if let Ok(mut slot) = results[i].lock() {
+                    *slot = rep;
+                }
+                let d = done.fetch_add(1, Ordering::SeqCst) + 1;
+                let j = &jobs[i];
+                progress(&format!(
+                    "[{d}/{}] {} {} {}",
+                    jobs.len(),
+                    exps[j.exp].id,
+                    j.config,
+                    j.param
+                        .as_ref()
+                        .map(|(k, v)| format!("{k}={}", set_value(v)))
+                        .unwrap_or_default()
+                ));
+            });
+        }
+    });
+    let mut rows = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let e = exps[j.exp];
+        let rep = results[i].lock().ok().and_then(|mut g| g.take());
+        let Some(rep) = rep else {
+            return Err(ReproduceError::Bad(format!(
+                "{} {}: run failed to build",
+                e.id, j.config
+            )));
+        };
+        let params: BTreeMap<String, serde_json::Value> = j
+            .param
+            .iter()
+            .map(|(k, v)| (k.clone(), to_json(v)))
+            .collect();
+        for m in &e.metrics {
+            if !m.configs.is_empty() && !m.configs.contains(&j.config) {
+                continue;
+            }
+            let model = metric_value(&rep, &m.name);
+            let exp = e.expected.iter().find(|x| {
+                x.config == j.config
+                    && x.metric == m.name
+                    && x.params
+                        .iter()
+                        .all(|(k, v)| j.param.as_ref().is_some_and(|(pk, pv)| pk == k && pv == v))
+            });
+            rows.push(Row {
+                experiment: e.id.clone(),
+                config: j.config.clone(),
+                params: params.clone(),
+                metric: m.name.clone(),
+                unit: m.unit.clone(),
+                model,
+                paper: exp.map(|x| x.paper),
+                tolerance: exp.map(|x| x.tolerance),
+                within: exp.map(|x| within(model, x.paper, x.tolerance)),
+                violations: rep.violations(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Text table of rows.
+pub fn to_text(rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<16} {:<11} {:<18} {:<32} {:>12} {:>12} {:>10} {:>7}",
+        "experiment", "config", "params", "metric", "model", "paper", "tolerance", "within"
+    );
+    for r in rows {
+        let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let tol = match r.tolerance {
+            Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
+            Some(Tolerance::Abs(x)) => format!("±{x}"),
+            Some(Tolerance::Max) => "≤paper".into(),
+            None => "".into(),
+        };
+        let _ = writeln!(
+            o,
+            "{:<16} {:<11} {:<18} {:<32} {:>12.3} {:>12} {:>10} {:>7}",
+            r.experiment,
+            r.config,
+            params.join(","),
+            r.metric,
+            r.model,
+            r.paper
+                .map(|p| format!("{p:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            tol,
+            match r.within {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "",
+            }
+        );
+    }
+    let scored: Vec<&Row> = rows.iter().filter(|r| r.within.is_some()).collect();
+    let ok = scored.iter().filter(|r| r.within == Some(true)).count();
+    let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "\n{ok} of {} published values within tolerance; max invariant violations in any run: {viol}",
+        scored.len()
+    );
+    o
+}

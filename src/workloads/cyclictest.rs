@@ -1,0 +1,104 @@
+//! cyclictest (DID §5.4): a highest-priority thread that sleeps to absolute
+//! deadlines one interval apart and measures how late it wakes, from timer
+//! expiry to the user-level code running.
+
+use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::guest::app::{App, Metrics, Sys, TaskStep};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Start,
+    Woken,
+    Measure,
+    Sleep,
+}
+
+/// The measuring thread.
+pub struct Cyclictest {
+    interval: Time,
+    user_cost: Time,
+    loop_cost: Time,
+    next: Time,
+    stage: Stage,
+    hist: LatencyHistogram,
+}
+
+impl Cyclictest {
+    /// One thread, `interval` apart; `user_cost` = return to user and
+    /// clock_gettime; `loop_cost` = bookkeeping before the next sleep.
+    pub fn new(interval: Time, user_cost: Time, loop_cost: Time) -> Self {
+        Cyclictest {
+            interval,
+            user_cost,
+            loop_cost,
+            next: 0,
+            stage: Stage::Start,
+            hist: LatencyHistogram::new(),
+        }
+    }
+}
+
+impl App for Cyclictest {
+    fn step(&mut self, sys: &mut Sys) -> TaskStep {
+        match self.stage {
+            Stage::Start => {
+                self.next = sys.now + self.interval;
+                self.stage = Stage::Woken;
+                TaskStep::SleepUntil(self.next)
+            }
+            Stage::Woken => {
+                self.stage = Stage::Measure;
+                TaskStep::Compute(self.user_cost)
+            }
+            Stage::Measure => {
+                self.hist.record(sys.now.saturating_sub(self.next));
+                self.next += self.interval;
+                self.stage = Stage::Sleep;
+                TaskStep::Compute(self.loop_cost)
+            }
+            Stage::Sleep => {
+                self.stage = Stage::Woken;
+                TaskStep::SleepUntil(self.next)
+            }
+        }
+    }
+
+    fn reset_metrics(&mut self) {
+        self.hist = LatencyHistogram::new();
+    }
+
+    fn metrics(&self, out: &mut Metrics) {
+        out.insert("latency_mean_us".into(), as_us(self.hist.mean()));
+        out.insert("latency_p99_us".into(), as_us(self.hist.percentile(99.0)));
+        out.insert("latency_max_us".into(), as_us(self.hist.max()));
+        out.insert("cyclictest.samples".into(), self.hist.count() as f64);
+    }
+
+    fn latency(&self) -> Option<&LatencyHistogram> {
+        Some(&self.hist)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::US;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn measures_lateness_against_absolute_deadlines() {
+        let mut c = Cyclictest::new(1000 * US, 200_000, 100_000);
+        let mut q: VecDeque<crate::guest::app::Datagram> = VecDeque::new();
+        let mut sys = Sys {
+            now: 0,
+            socket: Some(&mut q),
+        };
+        assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(1000 * US));
+        sys.now = 1000 * US + 1_500_000; // woken 1.5 µs late
+        assert_eq!(c.step(&mut sys), TaskStep::Compute(200_000));
+        sys.now += 200_000;
+        assert_eq!(c.step(&mut sys), TaskStep::Compute(100_000));
+        assert_eq!(c.hist.mean(), 1_700_000);
+        assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(2000 * US));
+    }
+}

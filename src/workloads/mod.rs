@@ -1,0 +1,6 @@
+//! Workloads: programs inside guests (as [`crate::guest::app::App`]s) and
+//! the external client host's traffic generator.
+
+pub mod cyclictest;
+pub mod udp;
+pub mod whileloop;

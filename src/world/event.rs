@@ -1,0 +1,127 @@
+//! The events of a run. Small and `Copy`: the queue never allocates per event.
+
+use crate::hw::x86::lapic::DeliveryMode;
+
+/// One scheduled occurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ev {
+    /// A core's work segment finished (stale if `gen` moved on).
+    Segment {
+        /// Core.
+        core: u16,
+        /// Segment generation.
+        gen: u64,
+    },
+    /// A LAPIC timer deadline came due.
+    LapicTimer {
+        /// Core.
+        core: u16,
+        /// Timer generation.
+        gen: u64,
+    },
+    /// An IPI or remapped interrupt reaches a LAPIC.
+    ApicArrive {
+        /// Destination core.
+        core: u16,
+        /// Vector (2 for NMI).
+        vector: u8,
+        /// Delivery mode.
+        mode: DeliveryMode,
+    },
+    /// An MSI-X write from a device reaches the IOMMU.
+    Msi {
+        /// IRT handle.
+        handle: u16,
+        /// Requester id of the device.
+        requester_id: u16,
+    },
+    /// The NIC's internal ITR countdown for a vector expired.
+    NicItr {
+        /// VF.
+        vf: u16,
+        /// MSI-X vector of the VF.
+        vector: u8,
+        /// Countdown generation.
+        gen: u64,
+    },
+    /// A frame finished arriving at the NIC from the wire.
+    WireRx {
+        /// Target VF.
+        vf: u16,
+        /// Frame length.
+        len: u32,
+        /// Send time at the client.
+        sent: u64,
+        /// Sequence number.
+        seq: u64,
+    },
+    /// The external client host sends its next datagram.
+    ClientTx,
+    /// The guest's own device-emulation traffic: an I/O instruction (0) or an
+    /// EPT violation (1), from the calibrated background source.
+    Background {
+        /// vCPU.
+        vcpu: u16,
+        /// 0 = IO_INSTRUCTION, 1 = EPT_VIOLATION.
+        kind: u8,
+    },
+    /// End of warm-up: statistics restart.
+    WarmupEnd,
+}
+
+use crate::engine::{EventQueue, Time};
+use crate::hw::x86::lapic::{ApicEffect, IpiDest};
+use crate::hw::x86::Machine;
+
+/// Turns what a LAPIC register write asked for into events: an IPI travels
+/// to its destination LAPIC(s) (`ipi_latency` for remote cores, at once for
+/// self), a (re)armed timer gets its expiry event. Returns the EOI result, if
+/// the write was an EOI.
+pub fn schedule_apic_effect(
+    q: &mut EventQueue<Ev>,
+    m: &Machine,
+    core: usize,
+    eff: ApicEffect,
+    ipi_latency: Time,
+) -> Option<Option<u8>> {
+    match eff {
+        ApicEffect::Eoi(c) => return Some(c),
+        ApicEffect::TimerArmed { deadline, gen } => q.schedule(
+            deadline,
+            Ev::LapicTimer {
+                core: core as u16,
+                gen,
+            },
+        ),
+        ApicEffect::SendIpi(ipi) => {
+            let send = |q: &mut EventQueue<Ev>, dest: usize, lat: Time| {
+                q.schedule_in(
+                    lat,
+                    Ev::ApicArrive {
+                        core: dest as u16,
+                        vector: ipi.vector,
+                        mode: ipi.mode,
+                    },
+                )
+            };
+            match ipi.dest {
+                IpiDest::SelfOnly => send(q, core, 0),
+                IpiDest::Physical(id) => {
+                    if let Some(d) = m.core_of_apic(id) {
+                        send(q, d, if d == core { 0 } else { ipi_latency });
+                    }
+                }
+                IpiDest::AllIncludingSelf | IpiDest::AllExcludingSelf => {
+                    for d in 0..m.cores.len() {
+                        if d == core && ipi.dest == IpiDest::AllExcludingSelf {
+                            continue;
+                        }
+                        send(q, d, if d == core { 0 } else { ipi_latency });
+                    }
+                }
+            }
+        }
+        ApicEffect::TimerStopped | ApicEffect::None => {}
+    }
+    None
+}

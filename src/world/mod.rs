@@ -1,0 +1,965 @@
+//! The platform: builds a machine, hypervisor, guests and workloads from a
+//! scenario, and runs the event loop that moves cores between guest mode,
+//! VM exits and VM entries. This is where the hardware decides, from VMCS
+//! controls and LAPIC state, whether a guest action or an interrupt exits.
+
+pub mod event;
+
+use crate::calibration::Calibration;
+use crate::check::Checker;
+use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream, Summary, Time, MS, SEC};
+use crate::guest::app::Metrics;
+use crate::guest::itr::ItrParams;
+use crate::guest::{Action, GuestConfig, GuestCosts, Instr, Kernel, VfReg};
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER_VECTOR};
+use crate::hv::scheme::{self, Scheme};
+use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
+use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
+use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
+use crate::hw::x86::Machine;
+use crate::scenario::{ItrMode, Scenario};
+use crate::workloads::cyclictest::Cyclictest;
+use crate::workloads::udp::{UdpReceiver, UdpSender};
+use crate::workloads::whileloop::WhileLoop;
+use event::{schedule_apic_effect, Ev};
+
+/// Longest single work segment: long computations are cut into chunks so a
+/// preempted chunk leaves at most one stale completion event this far ahead.
+const MAX_SEGMENT: Time = MS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Handler,
+    HostIrq,
+    Entering,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ExitState {
+    vcpu: usize,
+    info: ExitInfo,
+    start: Time,
+    stage: Stage,
+    timer_landed: bool,
+}
+
+/// Build errors.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The scenario names something that cannot be built.
+    #[error("scenario: {0}")]
+    Scenario(String),
+}
+
+/// A built, runnable simulation.
+pub struct World {
+    q: EventQueue<Ev>,
+    m: Machine,
+    hv: HvState,
+    scheme: Box<dyn Scheme>,
+    guests: Vec<Kernel>,
+    /// The invariant checker.
+    pub checker: Checker,
+    costs: HvCosts,
+    exits: Vec<Option<ExitState>>,
+    bg_pending: Vec<u8>,
+    bg_rate: [f64; 2],
+    rng_bg: RngStream,
+    rng_exit: RngStream,
+    client: Option<UdpSender>,
+    msi_latency: Time,
+    vf_owner: Vec<(usize, u8)>,
+    timer_due: Vec<Option<Time>>,
+    /// Exits a guest timer expiry landed in, by reason (service times).
+    pub timer_exits: [Summary; 9],
+    /// MSIs blocked by the IOMMU.
+    pub msi_faults: u64,
+    /// Datagrams the NIC dropped for lack of descriptors (from counters).
+    measure_start: Time,
+    end: Time,
+    lost_grace: Time,
+    scenario: Scenario,
+    stop_on_task_exit: bool,
+    nic_base: crate::hw::x86::nic::VfCounters,
+}
+
+fn t_us(e: &crate::calibration::Entry) -> Time {
+    from_us(e.value)
+}
+fn t_ns(e: &crate::calibration::Entry) -> Time {
+    from_ns(e.value)
+}
+
+impl World {
+    /// Builds the world a scenario describes.
+    pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
+        let mut scheme = scheme::by_name(&s.scheme)
+            .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
+        let virtualized = scheme.virtualized();
+        let cores = s.machine.cores;
+        let vm_core = 1usize;
+        let bus_period_ps = (1e6 / cal.apic.bus_mhz.value).round() as u64;
+        let clocks = ApicClocks {
+            bus_period_ps,
+            tsc_hz: (cal.cpu.ghz.value * 1e9) as u64,
+        };
+        let apic_timer_period = bus_period_ps * 16;
+        let itr = ItrParams {
+            lowest_reg: cal.nic.itr_lowest_reg.value as u32,
+            low_reg: cal.nic.itr_low_reg.value as u32,
+            bulk_reg: cal.nic.itr_bulk_reg.value as u32,
+            low_threshold: cal.nic.itr_low_threshold_bytes_per_us.value as u64,
+            bulk_threshold: cal.nic.itr_bulk_threshold_bytes_per_us.value as u64,
+        };
+        let itr_unit_ps = from_us(cal.nic.itr_unit_us.value);
+        let initial_eitr = match s.nic.itr {
+            ItrMode::Dynamic => itr.low_reg,
+            ItrMode::Off => 0,
+            ItrMode::Fixed => {
+                ((s.nic.itr_interval_us * 1e6 / itr_unit_ps as f64).round() as u32).max(1) << 3
+            }
+        };
+        let requester_id = 0x0110u16;
+        let nic = Nic::new(
+            NicConfig {
+                vfs: 1,
+                rx_ring_size: cal.nic.rx_ring_size.value as u16,
+                vectors_per_vf: 2,
+                itr_unit_ps,
+                initial_eitr,
+            },
+            &[requester_id],
+        )
+        .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        let link = Link {
+            bits_per_sec: (cal.nic.link_gbps.value * 1e9) as u64,
+            propagation_ps: 500_000,
+        };
+        let mut m = Machine::new(cores, 1, clocks, nic, link);
+        let has_vf = s.workload.udp.is_some();
+        let vf = has_vf.then_some(VfAssignment {
+            vf: 0,
+            irte: 0,
+            guest_vector: s.guest.vf_vector,
+            host_vector: HOST_DEVICE_VECTOR_BASE,
+            requester_id,
+        });
+        if has_vf {
+            m.nic
+                .program_msix(0, 0, 0)
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        }
+        let costs = HvCosts {
+            roundtrip: t_us(&cal.vmx.exit_entry_roundtrip_us),
+            external_interrupt: t_us(&cal.exit.external_interrupt_us),
+            msr_write_eoi: t_us(&cal.exit.msr_write_eoi_us),
+            msr_write_tmict: t_us(&cal.exit.msr_write_tmict_us),
+            msr_write_other: t_us(&cal.exit.msr_write_other_us),
+            io_instruction_mean: t_us(&cal.exit.io_instruction_us),
+            ept_violation_mean: t_us(&cal.exit.ept_violation_us),
+            pending_interrupt: t_us(&cal.exit.pending_interrupt_us),
+            nmi: t_us(&cal.exit.nmi_us),
+            tick_handler: t_us(&cal.host.tick_handler_us),
+            hrtimer_interrupt: t_us(&cal.host.hrtimer_interrupt_us),
+            kvm_timer_fn: t_us(&cal.host.kvm_timer_fn_us),
+            irq_handler: t_us(&cal.host.irq_handler_us),
+            ipi_latency: t_us(&cal.host.ipi_latency_us),
+            self_ipi: t_us(&cal.host.self_ipi_us),
+            irt_update: t_us(&cal.host.irt_update_us),
+            apic_timer_period,
+        };
+        let hz = cal.host.hz.value.max(1.0);
+        let mut hv = HvState {
+            vms: vec![VmState {
+                vcpus: vec![0],
+                vf,
+                stats: Default::default(),
+            }],
+            vcpus: vec![VcpuState {
+                vm: 0,
+                core: vm_core,
+                vlapic: Lapic::new(0, clocks),
+                loaded: false,
+            }],
+            host: HostKernel::new(cores, (SEC as f64 / hz) as Time),
+            designated_core: 0,
+        };
+
+        // The guest kernel and its tasks.
+        let g = &cal.guest;
+        let gcfg = GuestConfig {
+            timer_vector: s.guest.timer_vector,
+            vf_vector: s.guest.vf_vector,
+            vf: has_vf.then_some(0),
+            hz: s.guest.hz,
+            tick: s.guest.tick,
+            irq_nesting: s.guest.irq_nesting,
+            apic_timer_period,
+            rcvbuf_packets: s.guest.rcvbuf_packets,
+            napi_weight: s
+                .guest
+                .napi_weight
+                .unwrap_or(cal.nic.napi_weight.value as u32),
+            refill_batch: cal.nic.rx_refill_batch.value as u16,
+            itr,
+            costs: GuestCosts {
+                irq_entry: t_ns(&g.irq_entry_ns),
+                irq_exit: t_ns(&g.irq_exit_ns),
+                hrtimer_interrupt: t_ns(&g.hrtimer_interrupt_ns),
+                tick_handler: t_ns(&g.tick_handler_ns),
+                vf_irq_handler: t_ns(&g.vf_irq_handler_ns),
+                napi_poll_base: t_ns(&g.napi_poll_base_ns),
+                rx_per_packet: t_ns(&g.rx_per_packet_ns),
+                itr_update: t_ns(&g.itr_update_ns),
+                context_switch: t_ns(&g.context_switch_ns),
+                syscall: t_ns(&g.syscall_ns),
+            },
+        };
+        let mut kernel = Kernel::new(gcfg);
+        if let Some(c) = &s.workload.cyclictest {
+            kernel.spawn(
+                Box::new(Cyclictest::new(
+                    from_us(c.interval_us),
+                    t_ns(&g.syscall_ns),
+                    t_ns(&g.cyclictest_loop_ns),
+                )),
+                99,
+                false,
+            );
+        }
+        if let Some(w) = &s.workload.whileloop {
+            kernel.spawn(
+                Box::new(WhileLoop::new(
+                    w.iterations,
+                    g.whileloop_cycles_per_iter.value,
+                    cal.cpu.ghz.value,
+                )),
+                0,
+                false,
+            );
+        }
+        if s.workload.udp.is_some() {
+            // "sender and receiver at the lowest priority" (§5.2).
+            kernel.spawn(
+                Box::new(UdpReceiver::new(t_ns(&g.udp_recv_per_packet_ns))),
+                -20,
+                true,
+            );
+        }
+        let guests = vec![kernel];
+
+        let mut q = EventQueue::with_capacity(4096);
+        let mut checker = Checker::new(1);
+        checker.early_tolerance = apic_timer_period * 2;
+
+        // Host boot: LAPIC timers of every core serve host hrtimers; the
+        // scheduler tick runs where a vCPU thread runs.
+        {
+            let mut cx = HvCx {
+                now: 0,
+                m: &mut m,
+                hv: &mut hv,
+                q: &mut q,
+                guests: &guests,
+                costs: &costs,
+                charged: 0,
+            };
+            if virtualized {
+                for c in 0..cores {
+                    cx.apic_write(c, msr::LVT_TIMER, HOST_TIMER_VECTOR as u64);
+                    cx.apic_write(c, msr::TDCR, 0b0011);
+                }
+                let p = cx.hv.host.tick_period;
+                cx.host_timer_start(vm_core, p, HostTimer::Tick { core: vm_core });
+            }
+            scheme.setup_vm(&mut cx, 0);
+            scheme.vcpu_load(&mut cx, 0);
+        }
+        m.cores[vm_core].mode = if virtualized {
+            CoreMode::Guest { vcpu: 0 }
+        } else {
+            CoreMode::Native { kernel: 0 }
+        };
+
+        let client = s
+            .workload
+            .udp
+            .as_ref()
+            .map(|u| UdpSender::new(u.rate_pps, u.payload_bytes));
+        if client.is_some() {
+            q.schedule(0, Ev::ClientTx);
+        }
+        let bg_on = virtualized && s.background.enabled;
+        let bg_rate = if bg_on {
+            [
+                cal.background.io_instruction_per_s.value,
+                cal.background.ept_violation_per_s.value,
+            ]
+        } else {
+            [0.0, 0.0]
+        };
+        let mut rng_bg = RngStream::new(s.seed, "background");
+        for (k, r) in bg_rate.iter().enumerate() {
+            if *r > 0.0 {
+                let dt = from_s(rng_bg.exponential(1.0 / r));
+                q.schedule(
+                    dt,
+                    Ev::Background {
+                        vcpu: 0,
+                        kind: k as u8,
+                    },
+                );
+            }
+        }
+        let warm = from_s(s.warmup_s);
+        q.schedule(warm, Ev::WarmupEnd);
+        let mut w = World {
+            q,
+            m,
+            hv,
+            scheme,
+            guests,
+            checker,
+            exits: vec![None; cores],
+            bg_pending: vec![0; 1],
+            bg_rate,
+            rng_bg,
+            rng_exit: RngStream::new(s.seed, "exit-service"),
+            client,
+            msi_latency: t_us(&cal.nic.msi_latency_us),
+            vf_owner: vec![(0, s.guest.vf_vector)],
+            timer_due: vec![None],
+            timer_exits: Default::default(),
+            msi_faults: 0,
+            measure_start: warm,
+            end: warm + from_s(s.duration_s),
+            lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
+            costs,
+            scenario: s.clone(),
+            stop_on_task_exit: s.workload.whileloop.is_some(),
+            nic_base: Default::default(),
+        };
+        w.guest_run(vm_core);
+        Ok(w)
+    }
+
+    /// Runs to the end of the measured interval. `progress` is called about
+    /// every simulated 100 ms with the fraction done.
+    pub fn run(&mut self, mut progress: impl FnMut(f64)) {
+        let step = 100 * MS;
+        let mut next_report = step;
+        while let Some((now, ev)) = self.q.pop_until(self.end) {
+            self.dispatch(ev, now);
+            if self.stop_on_task_exit && self.guests[0].counters.tasks_exited > 0 {
+                // A finite workload (WhileLoop) is done: the run ends here.
+                self.end = now;
+                break;
+            }
+            if now >= next_report {
+                next_report += step;
+                progress(now as f64 / self.end as f64);
+            }
+        }
+        self.q.advance_to(self.end);
+        // Close open guest-mode stretches for time in guest.
+        for c in 0..self.m.cores.len() {
+            if let CoreMode::Guest { vcpu } = self.m.cores[c].mode {
+                let vm = self.hv.vcpus[vcpu].vm;
+                let since = self.m.cores[c].guest_since.max(self.measure_start);
+                self.hv.vms[vm].stats.guest_time += self.end.saturating_sub(since);
+            }
+        }
+        self.checker.finish(self.end, self.lost_grace);
+    }
+
+    /// Events processed so far.
+    pub fn events(&self) -> u64 {
+        self.q.popped()
+    }
+
+    fn dispatch(&mut self, ev: Ev, now: Time) {
+        match ev {
+            Ev::Segment { core, gen } => {
+                let core = core as usize;
+                let start = self.m.cores[core].seg.start;
+                if !self.m.cores[core].complete(gen) {
+                    return;
+                }
+                match self.m.cores[core].mode {
+                    CoreMode::Guest { .. } | CoreMode::Native { .. } => {
+                        let k = self.kernel_of(core);
+                        self.guests[k].charge(now - start);
+                        self.guest_run(core);
+                    }
+                    CoreMode::Host { .. } => self.exit_stage_done(core),
+                    CoreMode::Idle => {}
+                }
+            }
+            Ev::LapicTimer { core, gen } => {
+                let core = core as usize;
+                if self.m.lapics[core]
+                    .timer_expired(now, gen)
+                    .is_some_and(|e| {
+                        if let Some((d, g)) = e.rearmed {
+                            self.q.schedule(
+                                d,
+                                Ev::LapicTimer {
+                                    core: core as u16,
+                                    gen: g,
+                                },
+                            );
+                        }
+                        e.vector.is_some()
+                    })
+                {
+                    self.note_timer_landing(core, now);
+                    self.poke(core);
+                }
+            }
+            Ev::ApicArrive { core, vector, mode } => {
+                let core = core as usize;
+                match mode {
+                    DeliveryMode::Nmi => {
+                        self.m.lapics[core].accept_nmi();
+                    }
+                    DeliveryMode::Fixed | DeliveryMode::LowestPriority => {
+                        self.m.lapics[core].accept_fixed(vector);
+                    }
+                }
+                self.poke(core);
+            }
+            Ev::Msi {
+                handle,
+                requester_id,
+            } => {
+                let msi = crate::hw::x86::iommu::RemappableMsi {
+                    handle,
+                    requester_id,
+                };
+                match self.m.irt.remap(msi) {
+                    Ok(r) => match self.m.core_of_apic(r.dest_apic_id) {
+                        Some(core) => self.dispatch(
+                            Ev::ApicArrive {
+                                core: core as u16,
+                                vector: r.vector,
+                                mode: r.mode,
+                            },
+                            now,
+                        ),
+                        None => self.msi_faults += 1,
+                    },
+                    Err(_) => self.msi_faults += 1,
+                }
+            }
+            Ev::NicItr { vf, vector, gen } => {
+                if let Ok(a) = self.m.nic.itr_check(vf, vector, gen, now) {
+                    self.nic_action(a);
+                }
+            }
+            Ev::WireRx { vf, len, sent, seq } => {
+                let pkt = RxPacket {
+                    len,
+                    arrived: sent,
+                    flow: 0,
+                    seq,
+                };
+                if let Ok((_, a)) = self.m.nic.receive(vf, pkt, now) {
+                    self.nic_action(a);
+                }
+            }
+            Ev::ClientTx => {
+                if let Some(c) = &mut self.client {
+                    let frame = c.frame_bytes;
+                    let seq = c.sent;
+                    let next = c.advance();
+                    let arrive = now + self.m.link.delivery_time(frame);
+                    self.q.schedule(
+                        arrive,
+                        Ev::WireRx {
+                            vf: 0,
+                            len: frame,
+                            sent: now,
+                            seq,
+                        },
+                    );
+                    self.q.schedule(next, Ev::ClientTx);
+                }
+            }
+            Ev::Background { vcpu, kind } => {
+                let vcpu = vcpu as usize;
+                let r = self.bg_rate[kind as usize];
+                let dt = from_s(self.rng_bg.exponential(1.0 / r));
+                self.q.schedule_in(
+                    dt.max(1),
+                    Ev::Background {
+                        vcpu: vcpu as u16,
+                        kind,
+                    },
+                );
+                self.bg_pending[vcpu] |= 1 << kind;
+                let core = self.hv.vcpus[vcpu].core;
+                if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+                    self.pause_guest(core);
+                    self.guest_run(core);
+                }
+            }
+            Ev::WarmupEnd => self.reset_stats(now),
+        }
+    }
+
+    fn reset_stats(&mut self, now: Time) {
+        for vm in &mut self.hv.vms {
+            vm.stats = Default::default();
+        }
+        for c in &mut self.m.cores {
+            c.guest_since = c.guest_since.max(now);
+        }
+        for g in &mut self.guests {
+            g.reset_metrics();
+        }
+        self.timer_exits = Default::default();
+        self.nic_base = self.m.nic.counters(0).unwrap_or_default();
+        self.measure_start = now;
+    }
+
+    fn kernel_of(&self, core: usize) -> usize {
+        match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu } | CoreMode::Host { vcpu } => vcpu,
+            CoreMode::Native { kernel } => kernel,
+            CoreMode::Idle => 0,
+        }
+    }
+
+    fn vm_of_kernel(&self, k: usize) -> usize {
+        self.hv.vcpus[k].vm
+    }
+
+    fn nic_action(&mut self, a: IrqAction) {
+        match a {
+            IrqAction::None => {}
+            IrqAction::Fire { vf, vector, msi } => {
+                if vector == 0 {
+                    if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
+                        let now = self.q.now();
+                        self.checker.raised(vm, v, now);
+                    }
+                }
+                self.q.schedule_in(
+                    self.msi_latency,
+                    Ev::Msi {
+                        handle: msi.handle,
+                        requester_id: msi.requester_id,
+                    },
+                );
+            }
+            IrqAction::CheckAt {
+                vf,
+                vector,
+                at,
+                gen,
+            } => self.q.schedule(at, Ev::NicItr { vf, vector, gen }),
+        }
+    }
+
+    /// The guest's LAPIC timer expired while its core was in host mode: the
+    /// exit it landed in is noted (DID §5.4's breakdown).
+    fn note_timer_landing(&mut self, core: usize, now: Time) {
+        if let CoreMode::Host { vcpu } = self.m.cores[core].mode {
+            if self.timer_due[vcpu].is_some_and(|d| d <= now) {
+                self.timer_due[vcpu] = None;
+                if let Some(e) = &mut self.exits[core] {
+                    e.timer_landed = true;
+                }
+            }
+        }
+    }
+
+    /// Something changed in `core`'s LAPIC: let the core react.
+    fn poke(&mut self, core: usize) {
+        match self.m.cores[core].mode {
+            CoreMode::Guest { .. } | CoreMode::Native { .. } => {
+                self.pause_guest(core);
+                self.guest_run(core);
+            }
+            // Host code takes interrupts between exit-handling steps.
+            CoreMode::Host { .. } => {}
+            CoreMode::Idle => self.idle_host_interrupts(core),
+        }
+    }
+
+    fn cx(&mut self) -> (HvCx<'_>, &mut Box<dyn Scheme>) {
+        let now = self.q.now();
+        (
+            HvCx {
+                now,
+                m: &mut self.m,
+                hv: &mut self.hv,
+                q: &mut self.q,
+                guests: &self.guests,
+                costs: &self.costs,
+                charged: 0,
+            },
+            &mut self.scheme,
+        )
+    }
+
+    /// A host-only idle core handles interrupts at once (its own time is
+    /// not modelled: nothing else runs there).
+    fn idle_host_interrupts(&mut self, core: usize) {
+        let (mut cx, scheme) = self.cx();
+        if cx.m.lapics[core].take_nmi() {
+            scheme.host_nmi(&mut cx, core);
+        }
+        while let Some(v) = cx.m.lapics[core].ack() {
+            scheme.host_interrupt(&mut cx, core, v);
+            cx.m.lapics[core].eoi();
+        }
+    }
+
+    fn pause_guest(&mut self, core: usize) {
+        let now = self.q.now();
+        let ran = self.m.cores[core].preempt(now);
+        if ran > 0 {
+            let k = self.kernel_of(core);
+            self.guests[k].charge(ran);
+        }
+    }
+
+    /// What the core must do now about pending events, in guest mode: an
+    /// exit, a delivery through the guest IDT, or nothing.
+    fn interrupt_decision(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+        let mode = self.m.cores[core].mode;
+        let k = self.kernel_of(core);
+        let if_on = self.guests[k].interrupts_enabled();
+        let lapic = &mut self.m.lapics[core];
+        match mode {
+            CoreMode::Native { .. } => {
+                if lapic.deliverable().is_some() && if_on {
+                    return lapic.ack().map(Err);
+                }
+                None
+            }
+            CoreMode::Guest { vcpu } => {
+                if self.bg_pending[vcpu] != 0 {
+                    let kind = self.bg_pending[vcpu].trailing_zeros();
+                    self.bg_pending[vcpu] &= !(1 << kind);
+                    return Some(Ok(if kind == 0 {
+                        ExitInfo::IoInstruction
+                    } else {
+                        ExitInfo::EptViolation
+                    }));
+                }
+                let vmcs = &self.m.vmcs[vcpu];
+                if lapic.nmi_pending() && vmcs.nmi_exits() {
+                    lapic.take_nmi();
+                    return Some(Ok(ExitInfo::Nmi));
+                }
+                if lapic.deliverable().is_some() {
+                    if vmcs.external_interrupt_exits() {
+                        // Acknowledge interrupt on exit.
+                        let v = lapic.ack()?;
+                        return Some(Ok(ExitInfo::ExternalInterrupt { vector: v }));
+                    }
+                    if if_on {
+                        return lapic.ack().map(Err);
+                    }
+                }
+                if vmcs.proc.interrupt_window_exiting && if_on {
+                    return Some(Ok(ExitInfo::PendingInterrupt));
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn deliver(&mut self, core: usize, vector: u8) {
+        let k = self.kernel_of(core);
+        let vm = self.vm_of_kernel(k);
+        let now = self.q.now();
+        self.checker.handler_entered(vm, vector, now);
+        self.guests[k].take_interrupt(vector);
+    }
+
+    /// Runs the guest on `core` until it computes, spins, or exits.
+    fn guest_run(&mut self, core: usize) {
+        loop {
+            match self.interrupt_decision(core) {
+                Some(Ok(info)) => return self.vm_exit(core, info, None),
+                Some(Err(v)) => {
+                    self.deliver(core, v);
+                    continue;
+                }
+                None => {}
+            }
+            let k = self.kernel_of(core);
+            let now = self.q.now();
+            match self.guests[k].next(now, &mut self.m.nic) {
+                Action::Compute(d) => {
+                    let (end, gen) = self.m.cores[core].start(now, d.min(MAX_SEGMENT));
+                    self.q.schedule(
+                        end,
+                        Ev::Segment {
+                            core: core as u16,
+                            gen,
+                        },
+                    );
+                    return;
+                }
+                Action::Spin => return,
+                Action::Returned(v) => {
+                    let vm = self.vm_of_kernel(k);
+                    self.checker.handler_returned(vm, v);
+                }
+                Action::Instr(i) => {
+                    if let Some((info, eoi)) = self.execute(core, k, i) {
+                        return self.vm_exit(core, info, eoi);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Executes a guest instruction. Returns the exit it causes, if any
+    /// (with the vector an exiting EOI completes).
+    fn execute(&mut self, core: usize, k: usize, i: Instr) -> Option<(ExitInfo, Option<u8>)> {
+        let now = self.q.now();
+        let vm = self.vm_of_kernel(k);
+        let vmcs = match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu } => Some(vcpu),
+            _ => None,
+        };
+        let exits = |m: &Machine, reg: u32| vmcs.is_some_and(|v| m.vmcs[v].msr_write_exits(reg));
+        let (reg, value, eoi) = match i {
+            Instr::Eoi { vector } => (msr::EOI, 0, Some(vector)),
+            Instr::ArmTimer {
+                count,
+                deadline,
+                vector,
+            } => {
+                self.checker.timer_programmed(vm, vector, deadline, now);
+                self.timer_due[k] = deadline;
+                (msr::TMICT, count as u64, None)
+            }
+            Instr::WrMsr { msr: r, value } => (r, value, None),
+            Instr::VfWrite { vf, reg } => {
+                // The VF's BAR is mapped into the guest: MMIO goes straight
+                // to the device in every scheme.
+                match reg {
+                    VfReg::Eitr(vec, v) => {
+                        if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
+                            self.nic_action(a);
+                        }
+                    }
+                    VfReg::Eims(bits) => {
+                        if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
+                            for a in acts {
+                                self.nic_action(a);
+                            }
+                        }
+                    }
+                }
+                return None;
+            }
+        };
+        if exits(&self.m, reg) {
+            return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
+        }
+        let eff = self.m.lapics[core].write_msr(reg, value, now);
+        if let Ok(eff) = eff {
+            let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_latency);
+            if let (Some(expected), Some(cleared)) = (eoi, r) {
+                self.checker.eoi(vm, expected, cleared, now);
+            }
+        }
+        None
+    }
+
+    fn exit_cost(&mut self, info: ExitInfo) -> Time {
+        let c = &self.costs;
+        let rt = c.roundtrip;
+        let mut sample = |mean: Time| {
+            rt + from_s(
+                self.rng_exit
+                    .exponential(mean.saturating_sub(rt) as f64 / SEC as f64),
+            )
+        };
+        match info {
+            // The measured 1.97 µs covers the host IRQ handler, charged apart.
+            ExitInfo::ExternalInterrupt { .. } => {
+                c.external_interrupt.saturating_sub(c.irq_handler)
+            }
+            ExitInfo::MsrWrite { msr: msr::EOI, .. } => c.msr_write_eoi,
+            ExitInfo::MsrWrite {
+                msr: msr::TMICT, ..
+            } => c.msr_write_tmict,
+            ExitInfo::MsrWrite { .. } => c.msr_write_other,
+            ExitInfo::IoInstruction => sample(self.costs.io_instruction_mean),
+            ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
+            ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
+            ExitInfo::Nmi => c.nmi,
+        }
+    }
+
+    fn vm_exit(&mut self, core: usize, info: ExitInfo, eoi_expect: Option<u8>) {
+        let now = self.q.now();
+        self.pause_guest(core);
+        let CoreMode::Guest { vcpu } = self.m.cores[core].mode else {
+            return;
+        };
+        let vm = self.hv.vcpus[vcpu].vm;
+        let since = self.m.cores[core].guest_since.max(self.measure_start);
+        self.hv.vms[vm].stats.guest_time += now.saturating_sub(since);
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.exits[core] = Some(ExitState {
+            vcpu,
+            info,
+            start: now,
+            stage: Stage::Handler,
+            timer_landed: false,
+        });
+        let base = self.exit_cost(info);
+        let (mut cx, scheme) = self.cx();
+        let out = scheme.handle_exit(&mut cx, vcpu, info);
+        if matches!(info, ExitInfo::ExternalInterrupt { .. }) {
+            // The host's handler EOIs the vector acknowledged on exit.
+            cx.m.lapics[core].eoi();
+        }
+        let charged = cx.charged;
+        if let (Some(expected), Some(cleared)) = (eoi_expect, out.eoi_cleared) {
+            self.checker.eoi(vm, expected, cleared, now);
+        }
+        let (end, gen) = self.m.cores[core].start(now, base + charged);
+        self.q.schedule(
+            end,
+            Ev::Segment {
+                core: core as u16,
+                gen,
+            },
+        );
+    }
+
+    fn exit_stage_done(&mut self, core: usize) {
+        let Some(mut e) = self.exits[core] else {
+            return;
+        };
+        let now = self.q.now();
+        if e.stage != Stage::Entering {
+            // Host interrupts are enabled between handler steps.
+            let (mut cx, scheme) = self.cx();
+            let mut took = false;
+            if cx.m.lapics[core].take_nmi() {
+                scheme.host_nmi(&mut cx, core);
+                took = true;
+            } else if let Some(v) = cx.m.lapics[core].ack() {
+                scheme.host_interrupt(&mut cx, core, v);
+                cx.m.lapics[core].eoi();
+                took = true;
+            }
+            if took {
+                let charged = cx.charged.max(1);
+                e.stage = Stage::HostIrq;
+                self.exits[core] = Some(e);
+                let (end, gen) = self.m.cores[core].start(now, charged);
+                self.q.schedule(
+                    end,
+                    Ev::Segment {
+                        core: core as u16,
+                        gen,
+                    },
+                );
+                return;
+            }
+            scheme.prepare_entry(&mut cx, e.vcpu);
+            let charged = cx.charged;
+            e.stage = Stage::Entering;
+            self.exits[core] = Some(e);
+            if charged > 0 {
+                let (end, gen) = self.m.cores[core].start(now, charged);
+                self.q.schedule(
+                    end,
+                    Ev::Segment {
+                        core: core as u16,
+                        gen,
+                    },
+                );
+                return;
+            }
+        }
+        self.vm_entry(core);
+    }
+
+    fn vm_entry(&mut self, core: usize) {
+        let Some(e) = self.exits[core].take() else {
+            return;
+        };
+        let now = self.q.now();
+        let vcpu = e.vcpu;
+        let vm = self.hv.vcpus[vcpu].vm;
+        let service = now - e.start;
+        let reason = e.info.reason();
+        if e.start >= self.measure_start {
+            self.hv.vms[vm].stats.record(reason, service);
+            if e.timer_landed {
+                self.timer_exits[reason.index()].record(service);
+            }
+        }
+        self.m.cores[core].mode = CoreMode::Guest { vcpu };
+        self.m.cores[core].guest_since = now;
+        if let Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) =
+            self.m.vmcs[vcpu].entry_event.take()
+        {
+            self.deliver(core, v);
+        }
+        let guest_isr = {
+            let (cx, scheme) = self.cx();
+            scheme.guest_isr(&cx, vcpu)
+        };
+        let in_service = self.guests[vcpu].in_service();
+        self.checker.isr_at_entry(vm, in_service, guest_isr, now);
+        self.guest_run(core);
+    }
+
+    /// The run's results.
+    pub fn report(&self) -> crate::report::RunReport {
+        crate::report::RunReport::from_world(self.snapshot())
+    }
+
+    fn snapshot(&self) -> crate::report::Snapshot<'_> {
+        let mut metrics = Metrics::new();
+        for g in &self.guests {
+            g.metrics(&mut metrics);
+        }
+        let nic = self.m.nic.counters(0).unwrap_or_default();
+        let gc = self.guests[0].counters;
+        let dur = (self.end - self.measure_start) as f64 / SEC as f64;
+        metrics.insert(
+            "nic.rx_packets".into(),
+            (nic.rx_packets - self.nic_base.rx_packets) as f64,
+        );
+        metrics.insert(
+            "nic.rx_missed".into(),
+            (nic.rx_missed - self.nic_base.rx_missed) as f64,
+        );
+        metrics.insert(
+            "nic.interrupts_per_s".into(),
+            (nic.interrupts - self.nic_base.interrupts) as f64 / dur,
+        );
+        metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        metrics.insert("guest.rx_packets".into(), gc.rx_packets as f64);
+        metrics.insert("guest.socket_drops".into(), gc.socket_drops as f64);
+        metrics.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);
+        crate::report::Snapshot {
+            scenario: &self.scenario,
+            scheme: self.scheme.name(),
+            duration: self.end - self.measure_start,
+            vms: &self.hv.vms,
+            metrics,
+            checker: &self.checker,
+            timer_exits: &self.timer_exits,
+            msi_faults: self.msi_faults,
+        }
+    }
+}
