@@ -161,7 +161,7 @@ mod tests {
         }
         assert_eq!(h.count(), 1000);
         let p99 = h.percentile(99.0);
-        assert!(p99 >= 989 * US && p99 <= 991 * US, "{p99}");
+        assert!((989 * US..=991 * US).contains(&p99), "{p99}");
         assert_eq!(h.mean(), 500 * US + US / 2);
         assert_eq!(h.max(), 1000 * US);
     }

@@ -111,9 +111,9 @@ pub trait Scheme {
 /// Builds a scheme by name.
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
     Some(match name {
-        "kvm" => Box::new(super::kvm::Kvm::default()),
+        "kvm" => Box::new(super::kvm::Kvm),
         "did" => Box::new(super::did::Did::default()),
-        "naive" => Box::new(super::naive::Naive::default()),
+        "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
         _ => return None,
     })

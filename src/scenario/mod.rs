@@ -437,7 +437,7 @@ impl Scenario {
                 );
             }
         }
-        if !(self.check.lost_grace_ms > 0.0) {
+        if self.check.lost_grace_ms.is_nan() || self.check.lost_grace_ms <= 0.0 {
             return bad("check.lost_grace_ms", "must be > 0".into());
         }
         Ok(())
