@@ -129,6 +129,9 @@ pub enum Action {
     Returned(u8),
     /// Nothing to run: the idle loop spins (idle=poll) until interrupted.
     Spin,
+    /// RFLAGS.IF just went from 0 to 1 (sti, iret, popf): the hardware
+    /// must look at pending interrupts before the guest goes on; ask again.
+    InterruptsEnabled,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +193,7 @@ pub struct Kernel {
     if_flag: bool,
     frames: Vec<Frame>,
     in_service: ApicBitmap,
+    if_rose: bool,
     net_rx: bool,
     in_softirq: bool,
     tasks: Vec<Task>,
@@ -222,6 +226,7 @@ impl Kernel {
                 v
             },
             in_service: ApicBitmap::default(),
+            if_rose: false,
             net_rx: false,
             in_softirq: false,
             tasks: Vec::new(),
@@ -444,6 +449,14 @@ impl Kernel {
         }
     }
 
+    /// Sets RFLAGS.IF, noting a rising edge for the hardware.
+    fn set_if(&mut self, on: bool) {
+        if on && !self.if_flag {
+            self.if_rose = true;
+        }
+        self.if_flag = on;
+    }
+
     fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
         self.frames.push(Frame {
             kind,
@@ -451,12 +464,12 @@ impl Kernel {
             compute,
             saved_if: self.if_flag,
         });
-        self.if_flag = if_flag;
+        self.set_if(if_flag);
     }
 
     fn pop(&mut self) {
         if let Some(f) = self.frames.pop() {
-            self.if_flag = f.saved_if;
+            self.set_if(f.saved_if);
         }
     }
 
@@ -464,6 +477,9 @@ impl Kernel {
     /// driver sees it through its mapped BAR and DMA rings.
     pub fn next(&mut self, now: Time, nic: &mut Nic) -> Action {
         loop {
+            if std::mem::take(&mut self.if_rose) {
+                return Action::InterruptsEnabled;
+            }
             let Some(top) = self.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
                     return a;
@@ -505,7 +521,7 @@ impl Kernel {
                 }
                 _ => {
                     self.pop();
-                    self.if_flag = true;
+                    self.set_if(true);
                     if self.cfg.tick == TickMode::Periodic {
                         self.start_tick(now);
                     }
@@ -565,7 +581,7 @@ impl Kernel {
             0 => {
                 self.set_stage(top, 1, 0);
                 if nest {
-                    self.if_flag = true;
+                    self.set_if(true);
                     return None;
                 }
                 self.in_service.clear(vector);

@@ -709,6 +709,7 @@ impl World {
                     return;
                 }
                 Action::Spin => return,
+                Action::InterruptsEnabled => {}
                 Action::Returned(v) => {
                     let vm = self.vm_of_kernel(k);
                     self.checker.handler_returned(vm, v);
