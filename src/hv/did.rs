@@ -38,6 +38,9 @@ pub struct Did {
     /// Per VM: the VF's interrupt count when it was descheduled, to find
     /// the source of an NMI (§4.5: the hypervisor identifies the device).
     vf_fires_at_put: Vec<u64>,
+    /// Per core: host vectors sent to it as NMIs (the software mailbox of
+    /// §7.3: an NMI carries no vector, so the sender leaves it here).
+    mailbox: Vec<Vec<u8>>,
     /// Guest writes DID does not pass through but cannot serve directly
     /// either (TSC-deadline mode, not covered by the paper; §7.7).
     pub uncovered_writes: u64,
@@ -69,6 +72,7 @@ impl Scheme for Did {
         self.vf_fires_at_put.resize(cx.hv.vms.len(), 0);
         self.pending
             .resize(cx.hv.vcpus.len(), ApicBitmap::default());
+        self.mailbox.resize(cx.m.cores.len(), Vec::new());
         let designated = cx.hv.designated_core;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // §4.1: EIE = 0, NMI exiting = 1, EOI and TMICT pass through.
@@ -196,10 +200,29 @@ impl Scheme for Did {
         }
     }
 
-    /// §4.5: an NMI on a core. Find which descheduled VMs' VFs fired at it
-    /// (their interrupt counters moved) and queue their vectors.
+    /// §4.5: host IPIs to a core that runs a VM travel as NMIs (a fixed IPI
+    /// would enter the guest through its IDT); the vector goes in the
+    /// target core's mailbox first.
+    fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
+        if cx.hv.vcpu_on(to).is_some() && to != cx.hv.designated_core {
+            self.mailbox[to].push(vector);
+            cx.send_ipi(from, to, 2, DeliveryMode::Nmi);
+        } else {
+            cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
+        }
+    }
+
+    /// §4.5: an NMI on a core: run the host handlers of the vectors in its
+    /// mailbox, then find which descheduled VMs' VFs fired at it (their
+    /// interrupt counters moved) and queue their vectors.
     fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
         cx.charge(cx.costs.irq_handler);
+        let mut mb = std::mem::take(&mut self.mailbox[core]);
+        for &v in &mb {
+            self.host_idt(cx, core, v);
+        }
+        mb.clear();
+        self.mailbox[core] = mb;
         for vm in 0..cx.hv.vms.len() {
             let Some(a) = cx.hv.vms[vm].vf else { continue };
             let vcpu = cx.hv.vms[vm].vcpus[0];

@@ -51,6 +51,12 @@ pub trait Scheme {
         self.host_idt(cx, core, vector);
     }
 
+    /// The host needs `vector` (reschedule, TLB shootdown) handled on core
+    /// `to`: send it. Stock Linux sends a fixed IPI.
+    fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
+        cx.send_ipi(from, to, vector, crate::hw::x86::lapic::DeliveryMode::Fixed);
+    }
+
     /// An NMI reached host code on `core`.
     fn host_nmi(&mut self, _cx: &mut HvCx, _core: usize) {}
 

@@ -44,6 +44,12 @@ pub struct Scenario {
     /// Invariant checking.
     #[serde(default)]
     pub check: CheckSpec,
+    /// Host activity aimed at the VM's core.
+    #[serde(default)]
+    pub host: HostSpec,
+    /// Windows in which the host deschedules the VM's vCPU.
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
     /// Named configuration assumptions (DESIGN.md: a configuration the paper
     /// does not state, chosen with its reason), shown in reports.
     #[serde(default)]
@@ -209,6 +215,25 @@ pub struct CyclictestSpec {
 
 fn interval() -> f64 {
     1000.0
+}
+
+/// Host activity aimed at the VM's core.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostSpec {
+    /// Host IPIs (reschedule, TLB shootdown) sent to the VM's core per
+    /// second, from the host core (Poisson).
+    pub ipi_per_s: f64,
+}
+
+/// The host takes the VM's core away for a while (vCPU schedule-out/in).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preemption {
+    /// When, in ms from the start of the run.
+    pub at_ms: f64,
+    /// How long the vCPU stays descheduled, ms.
+    pub for_ms: f64,
 }
 
 /// Invariant checking.
@@ -434,6 +459,23 @@ impl Scenario {
                 return bad(
                     "workload.cyclictest.interval_us",
                     format!("{} must be in [10, 1e6]", c.interval_us),
+                );
+            }
+        }
+        if !(self.host.ipi_per_s >= 0.0 && self.host.ipi_per_s <= 1e6) {
+            return bad(
+                "host.ipi_per_s",
+                format!("{} must be in [0, 1e6]", self.host.ipi_per_s),
+            );
+        }
+        for (i, p) in self.preemptions.iter().enumerate() {
+            if !(p.at_ms >= 0.0 && p.for_ms > 0.0 && p.at_ms.is_finite() && p.for_ms.is_finite()) {
+                return bad(
+                    &format!("preemptions[{i}]"),
+                    format!(
+                        "at_ms = {} must be >= 0 and for_ms = {} > 0",
+                        p.at_ms, p.for_ms
+                    ),
                 );
             }
         }

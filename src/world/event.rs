@@ -67,6 +67,21 @@ pub enum Ev {
     },
     /// End of warm-up: statistics restart.
     WarmupEnd,
+    /// The host sends an IPI to a VM's core (Poisson source).
+    HostIpi {
+        /// Destination core.
+        core: u16,
+    },
+    /// The host deschedules a vCPU (schedule-out).
+    Deschedule {
+        /// vCPU.
+        vcpu: u16,
+    },
+    /// The host schedules the vCPU back in.
+    Reschedule {
+        /// vCPU.
+        vcpu: u16,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

@@ -43,6 +43,8 @@ struct ExitState {
     start: Time,
     stage: Stage,
     timer_landed: bool,
+    /// False for the pseudo-exit that resumes a rescheduled vCPU.
+    record: bool,
 }
 
 /// Build errors.
@@ -82,6 +84,8 @@ pub struct World {
     lost_grace: Time,
     scenario: Scenario,
     stop_on_task_exit: bool,
+    deschedule_pending: Vec<bool>,
+    rng_host: RngStream,
     nic_base: crate::hw::x86::nic::VfCounters,
 }
 
@@ -315,6 +319,21 @@ impl World {
         }
         let warm = from_s(s.warmup_s);
         q.schedule(warm, Ev::WarmupEnd);
+        if virtualized {
+            for p in &s.preemptions {
+                let at = from_us(p.at_ms * 1000.0);
+                q.schedule(at, Ev::Deschedule { vcpu: 0 });
+                q.schedule(at + from_us(p.for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
+            }
+        }
+        if virtualized && s.host.ipi_per_s > 0.0 {
+            q.schedule(
+                0,
+                Ev::HostIpi {
+                    core: vm_core as u16,
+                },
+            );
+        }
         let mut w = World {
             q,
             m,
@@ -339,6 +358,8 @@ impl World {
             costs,
             scenario: s.clone(),
             stop_on_task_exit: s.workload.whileloop.is_some(),
+            deschedule_pending: vec![false; 1],
+            rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: Default::default(),
         };
         w.guest_run(vm_core);
@@ -506,7 +527,75 @@ impl World {
                 }
             }
             Ev::WarmupEnd => self.reset_stats(now),
+            Ev::HostIpi { core } => {
+                let rate = self.scenario.host.ipi_per_s;
+                let dt = from_s(self.rng_host.exponential(1.0 / rate));
+                self.q.schedule_in(dt.max(1), Ev::HostIpi { core });
+                if now > 0 {
+                    let (mut cx, scheme) = self.cx();
+                    let from = cx.hv.designated_core;
+                    scheme.send_host_ipi(
+                        &mut cx,
+                        from,
+                        core as usize,
+                        crate::hv::host::RESCHEDULE_VECTOR,
+                    );
+                }
+            }
+            Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
+            Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
         }
+    }
+
+    /// Schedule-out: the host takes `vcpu`'s core (deferred to the end of an
+    /// exit in progress).
+    fn deschedule(&mut self, vcpu: usize) {
+        let core = self.hv.vcpus[vcpu].core;
+        match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu: v } if v == vcpu => {
+                let now = self.q.now();
+                self.pause_guest(core);
+                let vm = self.hv.vcpus[vcpu].vm;
+                let since = self.m.cores[core].guest_since.max(self.measure_start);
+                self.hv.vms[vm].stats.guest_time += now.saturating_sub(since);
+                self.put(core, vcpu);
+            }
+            CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
+            _ => {}
+        }
+    }
+
+    fn put(&mut self, core: usize, vcpu: usize) {
+        self.m.cores[core].mode = CoreMode::Idle;
+        let (mut cx, scheme) = self.cx();
+        scheme.vcpu_put(&mut cx, vcpu);
+        self.idle_host_interrupts(core);
+    }
+
+    /// Schedule-in: load `vcpu` and enter it.
+    fn reschedule(&mut self, vcpu: usize) {
+        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+            return;
+        }
+        let core = self.hv.vcpus[vcpu].core;
+        if self.m.cores[core].mode != CoreMode::Idle {
+            return;
+        }
+        let now = self.q.now();
+        {
+            let (mut cx, scheme) = self.cx();
+            scheme.vcpu_load(&mut cx, vcpu);
+        }
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.exits[core] = Some(ExitState {
+            vcpu,
+            info: ExitInfo::PreemptionTimer,
+            start: now,
+            stage: Stage::HostIrq,
+            timer_landed: false,
+            record: false,
+        });
+        self.exit_stage_done(core);
     }
 
     fn reset_stats(&mut self, now: Time) {
@@ -820,6 +909,7 @@ impl World {
             start: now,
             stage: Stage::Handler,
             timer_landed: false,
+            record: true,
         });
         let base = self.exit_cost(info);
         let (mut cx, scheme) = self.cx();
@@ -901,7 +991,11 @@ impl World {
         let vm = self.hv.vcpus[vcpu].vm;
         let service = now - e.start;
         let reason = e.info.reason();
-        if e.start >= self.measure_start {
+        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+            self.put(core, vcpu);
+            return;
+        }
+        if e.record && e.start >= self.measure_start {
             self.hv.vms[vm].stats.record(reason, service);
             if e.timer_landed {
                 self.timer_exits[reason.index()].record(service);
