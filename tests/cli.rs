@@ -1,0 +1,110 @@
+//! The command line: run, JSON schema, errors that name the key.
+
+use std::process::Command;
+
+fn exitless(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+#[test]
+fn run_json_has_the_documented_fields() {
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.05",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["invariants"]["violations"].as_array().unwrap().is_empty());
+    assert!(v["vms"][0]["exits_per_s"].as_f64().is_some());
+    assert!(v["vms"][0]["tig_pct"].as_f64().unwrap() > 90.0);
+}
+
+#[test]
+fn run_text_is_a_perf_kvm_stat_table() {
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.05",
+        "--set",
+        "scheme=kvm",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("VM-EXIT    Samples  Samples%    Time%"),
+        "{out}"
+    );
+    assert!(
+        out.contains("EXTERNAL_INTERRUPT") && out.contains("MSR_WRITE"),
+        "{out}"
+    );
+    assert!(out.contains("Total Samples:"), "{out}");
+}
+
+#[test]
+fn bad_input_names_the_key_and_fails() {
+    for (set, needle) in [
+        ("rate_pps=-1", "workload.udp.rate_pps"),
+        ("scheme=vmware", "scheme"),
+        ("guest.tick=sometimes", "tick"),
+        ("duration_s=0", "duration_s"),
+    ] {
+        let o = exitless(&["-q", "run", "validation/did/fig4.toml", "--set", set]);
+        assert_eq!(o.status.code(), Some(2), "{set}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{set}: {err}");
+    }
+    let o = exitless(&["-q", "run", "no/such/file.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no/such/file.toml"));
+}
+
+#[test]
+fn reproduce_json_rows_have_the_documented_fields() {
+    let o = exitless(&[
+        "-q",
+        "reproduce",
+        "did",
+        "--only",
+        "cyclictest",
+        "--set",
+        "duration_s=0.2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!rows.is_empty());
+    for r in &rows {
+        for f in [
+            "experiment",
+            "config",
+            "params",
+            "metric",
+            "unit",
+            "model",
+            "paper",
+            "tolerance",
+            "within",
+        ] {
+            assert!(r.get(f).is_some(), "row lacks {f}: {r}");
+        }
+        assert_eq!(r["experiment"], "did.cyclictest");
+    }
+    let did_mean = rows
+        .iter()
+        .find(|r| r["config"] == "did" && r["metric"] == "latency_mean_us")
+        .unwrap();
+    assert_eq!(did_mean["paper"].as_f64(), Some(2.9));
+    assert!(did_mean["within"].is_boolean());
+    let o = exitless(&["-q", "reproduce", "nosuchpaper"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -1,0 +1,50 @@
+//! Helpers shared by the scenario tests.
+
+use exitless::calibration::Calibration;
+use exitless::report::RunReport;
+use exitless::scenario::Scenario;
+use exitless::world::World;
+use std::path::PathBuf;
+
+/// Path of a validation scenario.
+pub fn scenario_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("validation/did")
+        .join(name)
+}
+
+/// Runs a validation scenario with overrides.
+pub fn run_file(name: &str, sets: &[&str]) -> RunReport {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let s = Scenario::load(&scenario_path(name), &sets).expect("scenario loads");
+    run(&s)
+}
+
+/// Runs scenario text with overrides.
+pub fn run_text(text: &str, sets: &[&str]) -> RunReport {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let s = Scenario::parse(text, &sets).expect("scenario parses");
+    run(&s)
+}
+
+fn run(s: &Scenario) -> RunReport {
+    let mut w = World::build(s, &Calibration::default_host()).expect("world builds");
+    w.run(|_| {});
+    w.report()
+}
+
+/// Exits per second of one reason in VM 0.
+pub fn rate(r: &RunReport, reason: &str) -> f64 {
+    r.vms[0]
+        .exits_per_s_by_reason
+        .get(reason)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// A workload metric.
+pub fn metric(r: &RunReport, name: &str) -> f64 {
+    *r.metrics
+        .get(name)
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}

@@ -1,0 +1,78 @@
+//! DID's mechanisms seen from the outside: which exits disappear, and that
+//! the guest-side path then matches bare metal.
+
+mod common;
+use common::*;
+
+#[test]
+fn did_removes_interrupt_and_eoi_exits_that_kvm_takes() {
+    let kvm = run_file("fig4.toml", &["scheme=kvm", "duration_s=0.2"]);
+    let did = run_file("fig4.toml", &["scheme=did", "duration_s=0.2"]);
+    let nic_irqs = metric(&kvm, "nic.interrupts_per_s");
+    assert!(nic_irqs > 1000.0);
+    // KVM: every VF interrupt exits on delivery and again on its EOI.
+    assert!(rate(&kvm, "EXTERNAL_INTERRUPT") >= nic_irqs);
+    assert!(rate(&kvm, "MSR_WRITE") >= nic_irqs);
+    // DID: neither; only the background I/O-instruction and EPT exits remain.
+    assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
+    assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
+    assert_eq!(rate(&did, "PENDING_INTERRUPT"), 0.0);
+    assert!(
+        did.vms[0].exits_per_s < 1000.0,
+        "{}",
+        did.vms[0].exits_per_s
+    );
+    assert!(did.vms[0].tig_pct > kvm.vms[0].tig_pct);
+    // Same packets reach the application either way.
+    let got = |r: &exitless::report::RunReport| metric(r, "udp.received");
+    assert!((got(&kvm) - got(&did)).abs() / got(&did) < 0.02);
+}
+
+#[test]
+fn timer_path_exits_under_kvm_only() {
+    let kvm = run_file("cyclictest.toml", &["scheme=kvm", "duration_s=1"]);
+    let did = run_file("cyclictest.toml", &["scheme=did", "duration_s=1"]);
+    let bm = run_file("cyclictest.toml", &["scheme=bare-metal", "duration_s=1"]);
+    // One timer per ms: KVM takes at least three exits per timer event
+    // (TMICT write, delivery, EOI) - DID §5.4.
+    let per_timer = (rate(&kvm, "MSR_WRITE") + rate(&kvm, "EXTERNAL_INTERRUPT")) / 1000.0;
+    assert!(per_timer >= 3.0, "{per_timer}");
+    assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
+    assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
+    let lat = |r: &exitless::report::RunReport| metric(r, "latency_mean_us");
+    assert!(
+        lat(&bm) <= lat(&did) + 0.05,
+        "bm {} did {}",
+        lat(&bm),
+        lat(&did)
+    );
+    assert!(
+        lat(&did) + 2.0 < lat(&kvm),
+        "did {} kvm {}",
+        lat(&did),
+        lat(&kvm)
+    );
+    assert_eq!(bm.vms[0].total_samples, 0, "bare metal has no exits");
+}
+
+#[test]
+fn whileloop_is_slowest_under_kvm() {
+    let sets = |s: &str| {
+        [
+            format!("scheme={s}"),
+            "iterations=3.4e8".into(),
+            "rate_pps=250000".into(),
+        ]
+    };
+    let el = |s: &str| {
+        let v = sets(s);
+        let r = run_file("whileloop.toml", &[&v[0], &v[1], &v[2]]);
+        metric(&r, "elapsed_s")
+    };
+    let (bm, kvm, did) = (el("bare-metal"), el("kvm"), el("did"));
+    // 3.4e8 iterations at 3.4 GHz = 0.1 s of pure work.
+    assert!(
+        bm > 0.1 && did >= bm && kvm > did,
+        "bm {bm} did {did} kvm {kvm}"
+    );
+}
