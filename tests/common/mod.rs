@@ -1,4 +1,5 @@
-//! Helpers shared by the scenario tests.
+//! Helpers shared by the scenario tests (each test crate uses a subset).
+#![allow(dead_code)]
 
 use exitless::calibration::Calibration;
 use exitless::report::RunReport;
