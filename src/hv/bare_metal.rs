@@ -4,7 +4,6 @@
 use super::exits::ExitInfo;
 use super::scheme::{ExitOutcome, Scheme};
 use super::HvCx;
-use crate::hw::x86::iommu::{Irte, SourceCheck};
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 
 /// The `bare-metal` scheme.
@@ -23,14 +22,11 @@ impl Scheme for BareMetal {
         // The native OS's IRQ setup: its own vector, aimed at its core.
         if let Some(a) = cx.hv.vms[vm].vf {
             let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
-            let irte = Irte {
-                present: true,
-                dest_apic_id: cx.m.cores[core].apic_id,
-                vector: a.guest_vector,
-                mode: DeliveryMode::Fixed,
-                level_triggered: false,
-                source_check: SourceCheck::RequesterId(a.requester_id),
-            };
+            let irte = a.irte(
+                cx.m.cores[core].apic_id,
+                a.guest_vector,
+                DeliveryMode::Fixed,
+            );
             cx.irt_update(a.irte, irte);
         }
     }

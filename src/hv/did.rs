@@ -25,7 +25,7 @@ use super::host::HostTimer;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
-use crate::hw::x86::iommu::{Irte, SourceCheck};
+use crate::hw::x86::iommu::Irte;
 use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
 
@@ -51,14 +51,7 @@ impl Did {
         let a = cx.hv.vms[vm].vf?;
         Some((
             a.irte,
-            Irte {
-                present: true,
-                dest_apic_id: cx.m.cores[core].apic_id,
-                vector: a.guest_vector,
-                mode,
-                level_triggered: false,
-                source_check: SourceCheck::RequesterId(a.requester_id),
-            },
+            a.irte(cx.m.cores[core].apic_id, a.guest_vector, mode),
         ))
     }
 }

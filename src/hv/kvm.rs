@@ -8,7 +8,6 @@ use super::host::RESCHEDULE_VECTOR;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
-use crate::hw::x86::iommu::{Irte, SourceCheck};
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
 
@@ -26,14 +25,7 @@ impl Kvm {
             // The VF's MSI-X is a host IRQ aimed at the VM's core; its
             // handler injects the guest's vector.
             let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
-            let irte = Irte {
-                present: true,
-                dest_apic_id: cx.m.cores[core].apic_id,
-                vector: a.host_vector,
-                mode: DeliveryMode::Fixed,
-                level_triggered: false,
-                source_check: SourceCheck::RequesterId(a.requester_id),
-            };
+            let irte = a.irte(cx.m.cores[core].apic_id, a.host_vector, DeliveryMode::Fixed);
             cx.irt_update(a.irte, irte);
         }
     }

@@ -62,6 +62,21 @@ pub struct VfAssignment {
     pub requester_id: u16,
 }
 
+impl VfAssignment {
+    /// A remappable IRT entry for this VF's queue vector, checked against
+    /// its requester id.
+    pub fn irte(&self, dest_apic_id: u32, vector: u8, mode: DeliveryMode) -> Irte {
+        Irte {
+            present: true,
+            dest_apic_id,
+            vector,
+            mode,
+            level_triggered: false,
+            source_check: crate::hw::x86::iommu::SourceCheck::RequesterId(self.requester_id),
+        }
+    }
+}
+
 /// One VM.
 #[derive(Clone, Debug)]
 pub struct VmState {

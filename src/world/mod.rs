@@ -707,6 +707,19 @@ impl World {
         }
     }
 
+    /// Starts a work segment of `len` on `core` and schedules its end.
+    fn start_segment(&mut self, core: usize, len: Time) {
+        let now = self.q.now();
+        let (end, gen) = self.m.cores[core].start(now, len);
+        self.q.schedule(
+            end,
+            Ev::Segment {
+                core: core as u16,
+                gen,
+            },
+        );
+    }
+
     fn pause_guest(&mut self, core: usize) {
         let now = self.q.now();
         let ran = self.m.cores[core].preempt(now);
@@ -787,14 +800,7 @@ impl World {
             let now = self.q.now();
             match self.guests[k].next(now, &mut self.m.nic) {
                 Action::Compute(d) => {
-                    let (end, gen) = self.m.cores[core].start(now, d.min(MAX_SEGMENT));
-                    self.q.schedule(
-                        end,
-                        Ev::Segment {
-                            core: core as u16,
-                            gen,
-                        },
-                    );
+                    self.start_segment(core, d.min(MAX_SEGMENT));
                     return;
                 }
                 Action::Spin => return,
@@ -922,21 +928,13 @@ impl World {
         if let (Some(expected), Some(cleared)) = (eoi_expect, out.eoi_cleared) {
             self.checker.eoi(vm, expected, cleared, now);
         }
-        let (end, gen) = self.m.cores[core].start(now, base + charged);
-        self.q.schedule(
-            end,
-            Ev::Segment {
-                core: core as u16,
-                gen,
-            },
-        );
+        self.start_segment(core, base + charged);
     }
 
     fn exit_stage_done(&mut self, core: usize) {
         let Some(mut e) = self.exits[core] else {
             return;
         };
-        let now = self.q.now();
         if e.stage != Stage::Entering {
             // Host interrupts are enabled between handler steps.
             let (mut cx, scheme) = self.cx();
@@ -953,14 +951,7 @@ impl World {
                 let charged = cx.charged.max(1);
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
-                let (end, gen) = self.m.cores[core].start(now, charged);
-                self.q.schedule(
-                    end,
-                    Ev::Segment {
-                        core: core as u16,
-                        gen,
-                    },
-                );
+                self.start_segment(core, charged);
                 return;
             }
             scheme.prepare_entry(&mut cx, e.vcpu);
@@ -968,14 +959,7 @@ impl World {
             e.stage = Stage::Entering;
             self.exits[core] = Some(e);
             if charged > 0 {
-                let (end, gen) = self.m.cores[core].start(now, charged);
-                self.q.schedule(
-                    end,
-                    Ev::Segment {
-                        core: core as u16,
-                        gen,
-                    },
-                );
+                self.start_segment(core, charged);
                 return;
             }
         }

@@ -738,11 +738,23 @@ impl Nic {
     /// in ascending order. Returns every resulting action. Bits beyond the
     /// VF's vectors are an error, and then nothing changes.
     pub fn write_eims(&mut self, vf: u16, bits: u32, now: Time) -> Result<IrqActions, NicError> {
+        self.per_vector(vf, bits, now, Nic::enable_vector)
+    }
+
+    /// Applies a single-vector register operation to every vector whose bit
+    /// is set in `bits`, in ascending order, collecting the actions.
+    fn per_vector(
+        &mut self,
+        vf: u16,
+        bits: u32,
+        now: Time,
+        op: fn(&mut Nic, u16, u8, Time) -> Result<IrqAction, NicError>,
+    ) -> Result<IrqActions, NicError> {
         self.check_bits(vf, bits)?;
         let mut out = IrqActions::new();
         for vector in 0..self.cfg.vectors_per_vf {
             if bits & (1 << vector) != 0 {
-                out.push(self.enable_vector(vf, vector, now)?);
+                out.push(op(self, vf, vector, now)?);
             }
         }
         Ok(out)
@@ -778,14 +790,7 @@ impl Nic {
     /// order. Bits beyond the VF's vectors are an error, and then nothing
     /// changes.
     pub fn write_eics(&mut self, vf: u16, bits: u32, now: Time) -> Result<IrqActions, NicError> {
-        self.check_bits(vf, bits)?;
-        let mut out = IrqActions::new();
-        for vector in 0..self.cfg.vectors_per_vf {
-            if bits & (1 << vector) != 0 {
-                out.push(self.trigger_vector(vf, vector, now)?);
-            }
-        }
-        Ok(out)
+        self.per_vector(vf, bits, now, Nic::trigger_vector)
     }
 
     /// Writes `VTEIAM`: vectors in `bits` auto-mask (drop their `VTEIMS`
