@@ -7,7 +7,28 @@ use exitless::calibration::Calibration;
 use exitless::engine::{EventQueue, RngStream};
 use exitless::scenario::Scenario;
 use exitless::world::World;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+/// Counts heap allocations, to show the event loop does not allocate.
+struct Counting;
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn hold(pending: usize, ops: u64) -> f64 {
     let mut q: EventQueue<u64> = EventQueue::with_capacity(pending + 1);
@@ -48,12 +69,14 @@ fn main() {
         )
         .expect("fig4 scenario loads");
         let mut w = World::build(&s, &cal).expect("builds");
+        let a0 = ALLOCS.load(Ordering::Relaxed);
         let t0 = Instant::now();
         w.run(|_| {});
         let dt = t0.elapsed().as_secs_f64();
+        let allocs = ALLOCS.load(Ordering::Relaxed) - a0;
         let sim = s.duration_s + s.warmup_s;
         println!(
-            "platform, {scheme} 600 kpps: {:.0} events in {dt:.3} s = {:.2} M events/s; {:.3} s wall per simulated s",
+            "platform, {scheme} 600 kpps: {:.0} events in {dt:.3} s = {:.2} M events/s; {:.3} s wall per simulated s; {allocs} heap allocations during the run",
             w.events() as f64,
             w.events() as f64 / dt / 1e6,
             dt / sim

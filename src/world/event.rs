@@ -44,6 +44,13 @@ pub enum Ev {
         /// Countdown generation.
         gen: u64,
     },
+    /// A core's VMX-preemption timer reached zero (stale if `gen` moved on).
+    PreemptionTimer {
+        /// Core.
+        core: u16,
+        /// Arming generation.
+        gen: u64,
+    },
     /// A frame finished arriving at the NIC from the wire.
     WireRx {
         /// Target VF.

@@ -86,6 +86,8 @@ pub struct World {
     stop_on_task_exit: bool,
     deschedule_pending: Vec<bool>,
     rng_host: RngStream,
+    ptimer_gen: Vec<u64>,
+    tsc_hz: u64,
     nic_base: crate::hw::x86::nic::VfCounters,
 }
 
@@ -99,8 +101,19 @@ fn t_ns(e: &crate::calibration::Entry) -> Time {
 impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
-        let mut scheme = scheme::by_name(&s.scheme)
+        let scheme = scheme::by_name(&s.scheme)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
+        Self::build_with(s, cal, scheme)
+    }
+
+    /// Builds the world a scenario describes with a scheme of the caller's
+    /// (a design under study, written outside this crate); the scenario's
+    /// `scheme` key only has to name a known scheme.
+    pub fn build_with(
+        s: &Scenario,
+        cal: &Calibration,
+        mut scheme: Box<dyn Scheme>,
+    ) -> Result<World, BuildError> {
         let virtualized = scheme.virtualized();
         let cores = s.machine.cores;
         let vm_core = 1usize;
@@ -359,9 +372,14 @@ impl World {
             scenario: s.clone(),
             stop_on_task_exit: s.workload.whileloop.is_some(),
             deschedule_pending: vec![false; 1],
+            ptimer_gen: vec![0; cores],
+            tsc_hz: clocks.tsc_hz,
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: Default::default(),
         };
+        if virtualized {
+            w.arm_preemption_timer(vm_core, 0);
+        }
         w.guest_run(vm_core);
         Ok(w)
     }
@@ -542,6 +560,14 @@ impl World {
                     );
                 }
             }
+            Ev::PreemptionTimer { core, gen } => {
+                let core = core as usize;
+                if self.ptimer_gen[core] == gen
+                    && matches!(self.m.cores[core].mode, CoreMode::Guest { .. })
+                {
+                    self.vm_exit(core, ExitInfo::PreemptionTimer, None);
+                }
+            }
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
         }
@@ -705,6 +731,27 @@ impl World {
             scheme.host_interrupt(&mut cx, core, v);
             cx.m.lapics[core].eoi();
         }
+    }
+
+    /// VM entry with the "activate VMX-preemption timer" control set: the
+    /// timer starts from the VMCS value and counts down at TSC >> rate.
+    fn arm_preemption_timer(&mut self, core: usize, vcpu: usize) {
+        let vmcs = &self.m.vmcs[vcpu];
+        if !vmcs.pin.preemption_timer {
+            return;
+        }
+        let ticks =
+            (vmcs.preemption_timer_value as u128) << crate::hw::x86::vmcs::PREEMPTION_TIMER_RATE;
+        let ps = (ticks * SEC as u128 / self.tsc_hz.max(1) as u128) as Time;
+        self.ptimer_gen[core] += 1;
+        let gen = self.ptimer_gen[core];
+        self.q.schedule_in(
+            ps,
+            Ev::PreemptionTimer {
+                core: core as u16,
+                gen,
+            },
+        );
     }
 
     /// Starts a work segment of `len` on `core` and schedules its end.
@@ -908,6 +955,8 @@ impl World {
         let vm = self.hv.vcpus[vcpu].vm;
         let since = self.m.cores[core].guest_since.max(self.measure_start);
         self.hv.vms[vm].stats.guest_time += now.saturating_sub(since);
+        // The preemption timer counts only in guest mode.
+        self.ptimer_gen[core] += 1;
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
             vcpu,
@@ -987,6 +1036,7 @@ impl World {
         }
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;
+        self.arm_preemption_timer(core, vcpu);
         if let Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) =
             self.m.vmcs[vcpu].entry_event.take()
         {

@@ -11,6 +11,10 @@
 
 use crate::hw::x86::lapic::{msr as apic_msr, ApicBitmap};
 
+/// IA32_VMX_MISC[4:0] of the modelled CPU: the VMX-preemption timer counts
+/// down by one every 2^5 TSC ticks (SDM 25.5.1).
+pub const PREEMPTION_TIMER_RATE: u32 = 5;
+
 /// Pin-based VM-execution controls (SDM 24.6.1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PinControls {
