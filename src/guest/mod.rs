@@ -386,24 +386,18 @@ impl Kernel {
             return None;
         }
         self.programmed = next;
+        // With no timer left Linux does not touch the device
+        // (hrtimer_force_reprogram skips KTIME_MAX): an armed one-shot may
+        // still fire and finds nothing expired.
+        let t = next?;
         self.counters.tmict_writes += 1;
-        let vector = self.cfg.timer_vector;
-        Some(match next {
-            None => Instr::ArmTimer {
-                count: 0,
-                deadline: None,
-                vector,
-            },
-            Some(t) => {
-                let p = self.cfg.apic_timer_period.max(1);
-                // Linux's min_delta for the LAPIC clockevent is 0xF ticks.
-                let count = (t.saturating_sub(now).div_ceil(p)).clamp(0xF, u32::MAX as u64) as u32;
-                Instr::ArmTimer {
-                    count,
-                    deadline: Some(now + count as Time * p),
-                    vector,
-                }
-            }
+        let p = self.cfg.apic_timer_period.max(1);
+        // Linux's min_delta for the LAPIC clockevent is 0xF ticks.
+        let count = (t.saturating_sub(now).div_ceil(p)).clamp(0xF, u32::MAX as u64) as u32;
+        Some(Instr::ArmTimer {
+            count,
+            deadline: Some(now + count as Time * p),
+            vector: self.cfg.timer_vector,
         })
     }
 
@@ -538,7 +532,17 @@ impl Kernel {
                     self.set_stage(top, 1, 0);
                     if self.cfg.tick == TickMode::NohzIdle {
                         if to.is_none() && from.is_some() {
-                            self.stop_tick();
+                            // tick_nohz_stop_sched_tick keeps the tick when
+                            // the next timer is at most one jiffy away.
+                            let next = self
+                                .hrtimers
+                                .iter()
+                                .filter(|h| h.1 != HrKind::Tick)
+                                .map(|h| h.0)
+                                .min();
+                            if next.is_none_or(|t| t > now + self.tick_period()) {
+                                self.stop_tick();
+                            }
                         } else if to.is_some() && from.is_none() {
                             self.start_tick(now);
                         }

@@ -179,7 +179,10 @@ impl Scheme for Did {
                 return ExitOutcome { eoi_cleared: out };
             }
             ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
-            ExitInfo::IoInstruction | ExitInfo::EptViolation | ExitInfo::PreemptionTimer => {}
+            ExitInfo::IoInstruction
+            | ExitInfo::EptViolation
+            | ExitInfo::PreemptionTimer
+            | ExitInfo::EoiInduced { .. } => {}
         }
         ExitOutcome::default()
     }

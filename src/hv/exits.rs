@@ -22,6 +22,8 @@ pub enum ExitReason {
     MSR_READ,
     /// 32: WRMSR of an intercepted MSR.
     MSR_WRITE,
+    /// 45: EOI virtualization of a vector set in the EOI-exit bitmap.
+    EOI_INDUCED,
     /// 48: guest-physical access not allowed by EPT.
     EPT_VIOLATION,
     /// 52: the VMX preemption timer counted down to zero.
@@ -30,7 +32,7 @@ pub enum ExitReason {
 
 impl ExitReason {
     /// Every reason, in report order.
-    pub const ALL: [ExitReason; 9] = [
+    pub const ALL: [ExitReason; ExitReason::COUNT] = [
         ExitReason::EXCEPTION_NMI,
         ExitReason::EXTERNAL_INTERRUPT,
         ExitReason::PENDING_INTERRUPT,
@@ -38,9 +40,13 @@ impl ExitReason {
         ExitReason::IO_INSTRUCTION,
         ExitReason::MSR_READ,
         ExitReason::MSR_WRITE,
+        ExitReason::EOI_INDUCED,
         ExitReason::EPT_VIOLATION,
         ExitReason::PREEMPTION_TIMER,
     ];
+
+    /// Number of reasons modelled.
+    pub const COUNT: usize = 10;
 
     /// KVM's name for the reason.
     pub fn name(self) -> &'static str {
@@ -52,6 +58,7 @@ impl ExitReason {
             ExitReason::IO_INSTRUCTION => "IO_INSTRUCTION",
             ExitReason::MSR_READ => "MSR_READ",
             ExitReason::MSR_WRITE => "MSR_WRITE",
+            ExitReason::EOI_INDUCED => "EOI_INDUCED",
             ExitReason::EPT_VIOLATION => "EPT_VIOLATION",
             ExitReason::PREEMPTION_TIMER => "PREEMPTION_TIMER",
         }
@@ -89,6 +96,11 @@ pub enum ExitInfo {
     EptViolation,
     /// Preemption timer.
     PreemptionTimer,
+    /// EOI-induced exit after EOI virtualization cleared `vector`.
+    EoiInduced {
+        /// The vector whose EOI-exit-bitmap bit is set.
+        vector: u8,
+    },
 }
 
 impl ExitInfo {
@@ -102,6 +114,7 @@ impl ExitInfo {
             ExitInfo::IoInstruction => ExitReason::IO_INSTRUCTION,
             ExitInfo::EptViolation => ExitReason::EPT_VIOLATION,
             ExitInfo::PreemptionTimer => ExitReason::PREEMPTION_TIMER,
+            ExitInfo::EoiInduced { .. } => ExitReason::EOI_INDUCED,
         }
     }
 }
@@ -111,7 +124,7 @@ impl ExitInfo {
 #[derive(Clone, Debug, Default)]
 pub struct ExitStats {
     /// Per-reason service-time summaries, indexed by `ExitReason::index`.
-    pub by_reason: [Summary; 9],
+    pub by_reason: [Summary; ExitReason::COUNT],
     /// Total time in guest mode (VM entry to the next exit).
     pub guest_time: Time,
 }

@@ -53,8 +53,12 @@ impl Kvm {
             }
             // The window is open: prepare_entry injects.
             ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
-            // QEMU device emulation and EPT fault handling: cost only.
-            ExitInfo::IoInstruction | ExitInfo::EptViolation | ExitInfo::PreemptionTimer => {}
+            // QEMU device emulation, EPT fault handling, the EOI-induced
+            // exit's ack notifiers (level-triggered only): cost only.
+            ExitInfo::IoInstruction
+            | ExitInfo::EptViolation
+            | ExitInfo::PreemptionTimer
+            | ExitInfo::EoiInduced { .. } => {}
         }
         ExitOutcome::default()
     }

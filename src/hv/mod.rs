@@ -4,6 +4,7 @@
 //! [`scheme::Scheme`]. Hypervisor code touches the platform only through
 //! [`HvCx`]: LAPIC registers, VMCS fields, IRT entries, device registers.
 
+pub mod apicv;
 pub mod bare_metal;
 pub mod did;
 pub mod exits;

@@ -121,9 +121,10 @@ pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
         "did" => Box::new(super::did::Did::default()),
         "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
+        "apicv" => Box::new(super::apicv::Apicv),
         _ => return None,
     })
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 4] = ["bare-metal", "kvm", "did", "naive"];
+pub const SCHEMES: [&str; 5] = ["bare-metal", "kvm", "apicv", "did", "naive"];

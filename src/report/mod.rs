@@ -26,7 +26,7 @@ pub struct Snapshot<'a> {
     /// Invariant checker.
     pub checker: &'a Checker,
     /// Exits guest timer expiries landed in.
-    pub timer_exits: &'a [Summary; 9],
+    pub timer_exits: &'a [Summary; crate::hv::exits::ExitReason::COUNT],
     /// MSIs the IOMMU blocked.
     pub msi_faults: u64,
 }

@@ -16,6 +16,7 @@ enum Stage {
 /// The measuring thread.
 pub struct Cyclictest {
     interval: Time,
+    phase: Time,
     user_cost: Time,
     loop_cost: Time,
     next: Time,
@@ -26,9 +27,13 @@ pub struct Cyclictest {
 impl Cyclictest {
     /// One thread, `interval` apart; `user_cost` = return to user and
     /// clock_gettime; `loop_cost` = bookkeeping before the next sleep.
-    pub fn new(interval: Time, user_cost: Time, loop_cost: Time) -> Self {
+    /// `phase`: the first deadline is one interval plus `phase` after start
+    /// (cyclictest starts at an arbitrary moment relative to the kernel's
+    /// tick, and keeps that phase for the whole run).
+    pub fn new(interval: Time, phase: Time, user_cost: Time, loop_cost: Time) -> Self {
         Cyclictest {
             interval,
+            phase,
             user_cost,
             loop_cost,
             next: 0,
@@ -42,7 +47,7 @@ impl App for Cyclictest {
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
         match self.stage {
             Stage::Start => {
-                self.next = sys.now + self.interval;
+                self.next = sys.now + self.interval + self.phase;
                 self.stage = Stage::Woken;
                 TaskStep::SleepUntil(self.next)
             }
@@ -87,7 +92,7 @@ mod tests {
 
     #[test]
     fn measures_lateness_against_absolute_deadlines() {
-        let mut c = Cyclictest::new(1000 * US, 200_000, 100_000);
+        let mut c = Cyclictest::new(1000 * US, 0, 200_000, 100_000);
         let mut q: VecDeque<crate::guest::app::Datagram> = VecDeque::new();
         let mut sys = Sys {
             now: 0,

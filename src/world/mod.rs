@@ -75,7 +75,7 @@ pub struct World {
     vf_owner: Vec<(usize, u8)>,
     timer_due: Vec<Option<Time>>,
     /// Exits a guest timer expiry landed in, by reason (service times).
-    pub timer_exits: [Summary; 9],
+    pub timer_exits: [Summary; crate::hv::exits::ExitReason::COUNT],
     /// MSIs blocked by the IOMMU.
     pub msi_faults: u64,
     /// Datagrams the NIC dropped for lack of descriptors (from counters).
@@ -239,6 +239,9 @@ impl World {
             kernel.spawn(
                 Box::new(Cyclictest::new(
                     from_us(c.interval_us),
+                    from_s(
+                        RngStream::new(s.seed, "cyclictest-phase").uniform() * c.interval_us * 1e-6,
+                    ),
                     t_ns(&g.syscall_ns),
                     t_ns(&g.cyclictest_loop_ns),
                 )),
@@ -805,7 +808,17 @@ impl World {
                     lapic.take_nmi();
                     return Some(Ok(ExitInfo::Nmi));
                 }
-                if lapic.deliverable().is_some() {
+                if let Some(v) = lapic.deliverable() {
+                    if vmcs.posted_notification_absorbed(v) {
+                        // Posted-interrupt processing (SDM 29.6): the CPU
+                        // acknowledges and EOIs the notification, moves PIR
+                        // into the virtual IRR and clears ON; no exit.
+                        lapic.ack();
+                        lapic.eoi();
+                        let pir = self.m.pi_desc[vcpu].take();
+                        self.m.vapic[vcpu].sync_pir(pir);
+                        return self.interrupt_decision(core);
+                    }
                     if vmcs.external_interrupt_exits() {
                         // Acknowledge interrupt on exit.
                         let v = lapic.ack()?;
@@ -815,6 +828,13 @@ impl World {
                         return lapic.ack().map(Err);
                     }
                 }
+                if vmcs.proc2.virtual_interrupt_delivery && if_on {
+                    // Virtual-interrupt delivery (SDM 29.2): RVI above VPPR.
+                    if let Some(v) = self.m.vapic[vcpu].deliver() {
+                        return Some(Err(v));
+                    }
+                }
+                let vmcs = &self.m.vmcs[vcpu];
                 if vmcs.proc.interrupt_window_exiting && if_on {
                     return Some(Ok(ExitInfo::PendingInterrupt));
                 }
@@ -910,6 +930,20 @@ impl World {
         if exits(&self.m, reg) {
             return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
         }
+        if let (Some(vcpu), Some(expected)) = (vmcs, eoi) {
+            if self.m.vmcs[vcpu].proc2.virtual_interrupt_delivery {
+                // EOI virtualization (SDM 29.1.2): the virtual-APIC page takes
+                // the EOI; an EOI-exit-bitmap vector then exits.
+                let cleared = self.m.vapic[vcpu].eoi();
+                self.checker.eoi(vm, expected, cleared, now);
+                return match cleared {
+                    Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
+                        Some((ExitInfo::EoiInduced { vector: v }, None))
+                    }
+                    _ => None,
+                };
+            }
+        }
         let eff = self.m.lapics[core].write_msr(reg, value, now);
         if let Ok(eff) = eff {
             let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_latency);
@@ -934,7 +968,9 @@ impl World {
             ExitInfo::ExternalInterrupt { .. } => {
                 c.external_interrupt.saturating_sub(c.irq_handler)
             }
-            ExitInfo::MsrWrite { msr: msr::EOI, .. } => c.msr_write_eoi,
+            ExitInfo::MsrWrite { msr: msr::EOI, .. } | ExitInfo::EoiInduced { .. } => {
+                c.msr_write_eoi
+            }
             ExitInfo::MsrWrite {
                 msr: msr::TMICT, ..
             } => c.msr_write_tmict,

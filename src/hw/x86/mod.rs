@@ -3,6 +3,7 @@
 //! a state machine that returns effects (an IPI to send, a timer to arm, an
 //! MSI to deliver); the platform turns effects into events.
 
+pub mod apicv;
 pub mod core;
 pub mod iommu;
 pub mod lapic;
@@ -23,6 +24,10 @@ pub struct Machine {
     pub lapics: Vec<Lapic>,
     /// One VMCS per vCPU.
     pub vmcs: Vec<Vmcs>,
+    /// One virtual-APIC page per vCPU (used with virtual-interrupt delivery).
+    pub vapic: Vec<apicv::VirtualApic>,
+    /// One posted-interrupt descriptor per vCPU.
+    pub pi_desc: Vec<apicv::PostedInterruptDescriptor>,
     /// Interrupt-remapping table.
     pub irt: InterruptRemappingTable,
     /// The SR-IOV NIC.
@@ -38,6 +43,8 @@ impl Machine {
             cores: (0..cores).map(|i| core::Core::new(i as u32)).collect(),
             lapics: (0..cores).map(|i| Lapic::new(i as u32, clocks)).collect(),
             vmcs: (0..vcpus).map(|_| Vmcs::kvm_default()).collect(),
+            vapic: vec![Default::default(); vcpus],
+            pi_desc: vec![Default::default(); vcpus],
             irt: InterruptRemappingTable::new(256),
             nic,
             link,

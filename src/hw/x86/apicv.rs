@@ -1,0 +1,148 @@
+//! APIC virtualization state that lives in memory the VMCS points to: the
+//! posted-interrupt descriptor (SDM 29.6) and the virtual-APIC page with the
+//! guest-interrupt status RVI/SVI (SDM 29.1-29.2). The processor, not the
+//! hypervisor, runs the rules here while the vCPU is in guest mode.
+
+use super::lapic::ApicBitmap;
+
+/// Posted-interrupt descriptor: 256 posted-interrupt requests, the
+/// outstanding-notification bit, suppress-notification, notification vector
+/// and destination.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PostedInterruptDescriptor {
+    /// PIR: vectors posted and not yet moved to the virtual IRR.
+    pub pir: ApicBitmap,
+    /// ON: a notification is outstanding.
+    pub on: bool,
+    /// SN: suppress notifications (the vCPU is preempted).
+    pub sn: bool,
+    /// NV: notification vector.
+    pub nv: u8,
+    /// NDST: x2APIC id of the core to notify.
+    pub ndst: u32,
+}
+
+impl PostedInterruptDescriptor {
+    /// Posts `vector` (a locked bit set on PIR). Returns true when the
+    /// poster must send a notification: ON was clear and SN is clear, so ON
+    /// is set now (`pi_test_and_set_on`).
+    pub fn post(&mut self, vector: u8) -> bool {
+        self.pir.set(vector);
+        if self.on || self.sn {
+            return false;
+        }
+        self.on = true;
+        true
+    }
+
+    /// Takes the posted requests and clears ON (posted-interrupt processing
+    /// by the CPU, or `vmx_sync_pir_to_irr` by KVM before entry).
+    pub fn take(&mut self) -> ApicBitmap {
+        self.on = false;
+        std::mem::take(&mut self.pir)
+    }
+}
+
+/// The virtual-APIC page's interrupt state plus RVI/SVI.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VirtualApic {
+    /// Virtual IRR.
+    pub virr: ApicBitmap,
+    /// Virtual ISR.
+    pub visr: ApicBitmap,
+    /// Virtual TPR.
+    pub vtpr: u8,
+    /// Requesting virtual interrupt (highest vIRR).
+    pub rvi: u8,
+    /// Servicing virtual interrupt (highest vISR).
+    pub svi: u8,
+}
+
+impl VirtualApic {
+    /// Merges posted requests into vIRR and updates RVI.
+    pub fn sync_pir(&mut self, pir: ApicBitmap) {
+        for v in pir.iter() {
+            self.virr.set(v);
+        }
+        self.rvi = self.virr.highest().unwrap_or(0);
+    }
+
+    /// Virtual PPR (SDM 29.1.3): VTPR if its class is at least SVI's class,
+    /// else SVI's class.
+    pub fn vppr(&self) -> u8 {
+        if self.vtpr >> 4 >= self.svi >> 4 {
+            self.vtpr
+        } else {
+            self.svi & 0xF0
+        }
+    }
+
+    /// The vector virtual-interrupt delivery would deliver now, if any
+    /// (RVI's class above VPPR's class; SDM 29.2.1).
+    pub fn deliverable(&self) -> Option<u8> {
+        (self.rvi >> 4 > self.vppr() >> 4 && self.virr.test(self.rvi)).then_some(self.rvi)
+    }
+
+    /// Virtual-interrupt delivery (SDM 29.2.2): vIRR → vISR, SVI := vector,
+    /// RVI := next highest vIRR.
+    pub fn deliver(&mut self) -> Option<u8> {
+        let v = self.deliverable()?;
+        self.virr.clear(v);
+        self.visr.set(v);
+        self.svi = v;
+        self.rvi = self.virr.highest().unwrap_or(0);
+        Some(v)
+    }
+
+    /// EOI virtualization (SDM 29.1.2): clears the highest vISR bit (SVI),
+    /// SVI := next highest. Returns the vector cleared (None: vISR empty).
+    pub fn eoi(&mut self) -> Option<u8> {
+        let v = self.visr.highest()?;
+        self.visr.clear(v);
+        self.svi = self.visr.highest().unwrap_or(0);
+        Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn post_notifies_once_until_taken_and_never_when_suppressed() {
+        let mut pi = PostedInterruptDescriptor::default();
+        assert!(pi.post(0x41));
+        assert!(!pi.post(0xef), "ON already set: no second notification");
+        let pir = pi.take();
+        assert!(pir.test(0x41) && pir.test(0xef) && !pi.on && pi.pir.is_empty());
+        pi.sn = true;
+        assert!(!pi.post(0x41), "SN suppresses the notification");
+        assert!(pi.pir.test(0x41), "but the request is kept");
+    }
+
+    #[test]
+    fn delivery_follows_priority_and_eoi_virtualization_clears_svi() {
+        let mut va = VirtualApic::default();
+        let mut pir = ApicBitmap::default();
+        pir.set(0x41);
+        pir.set(0xef);
+        va.sync_pir(pir);
+        assert_eq!(va.rvi, 0xef);
+        assert_eq!(va.deliver(), Some(0xef));
+        assert_eq!(va.svi, 0xef);
+        // 0x41's class is below the in-service 0xef: not deliverable.
+        assert_eq!(va.deliverable(), None);
+        assert_eq!(va.eoi(), Some(0xef));
+        assert_eq!(va.deliver(), Some(0x41));
+        assert_eq!(va.eoi(), Some(0x41));
+        assert_eq!(va.eoi(), None, "vISR empty");
+        // VTPR masks a class.
+        va.vtpr = 0x50;
+        let mut p = ApicBitmap::default();
+        p.set(0x45);
+        va.sync_pir(p);
+        assert_eq!(va.deliverable(), None);
+        va.vtpr = 0x30;
+        assert_eq!(va.deliverable(), Some(0x45));
+    }
+}
