@@ -1,13 +1,12 @@
 //! A scheme written outside the crate plugs in through the trait alone:
 //! here stock KVM plus the VMX-preemption timer (ELI's protection against a
-//! guest that keeps interrupts off), built with `World::build_with`.
+//! guest that keeps interrupts off), built with `World::build_with`. The
+//! trait's default hooks are stock KVM, so only the setup differs.
 
 use exitless::calibration::Calibration;
-use exitless::hv::exits::ExitInfo;
-use exitless::hv::kvm::Kvm;
-use exitless::hv::scheme::{ExitOutcome, Scheme};
-use exitless::hv::{vlapic, HvCx};
-use exitless::hw::x86::lapic::ApicBitmap;
+use exitless::hv::kvm;
+use exitless::hv::scheme::Scheme;
+use exitless::hv::HvCx;
 use exitless::scenario::Scenario;
 use exitless::world::World;
 
@@ -20,23 +19,11 @@ impl Scheme for KvmWithPreemptionTimer {
         "kvm+ptimer"
     }
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
-        Kvm::setup(cx, vm);
+        kvm::setup(cx, vm);
         for &v in &cx.hv.vms[vm].vcpus.clone() {
             cx.m.vmcs[v].pin.preemption_timer = true;
             cx.m.vmcs[v].preemption_timer_value = self.value;
         }
-    }
-    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
-        Kvm::exit(self, cx, vcpu, info)
-    }
-    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
-        Kvm::raise(cx, vcpu, vector);
-    }
-    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
-        vlapic::inject_pending(cx, vcpu);
-    }
-    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
-        cx.hv.vcpus[vcpu].vlapic.isr
     }
 }
 

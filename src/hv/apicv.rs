@@ -8,9 +8,8 @@
 //! trap. A preempted vCPU's descriptor gets SN set, so posts wait until it
 //! is loaded again (upstream `vmx_vcpu_pi_put`).
 
-use super::exits::ExitInfo;
-use super::kvm::Kvm;
-use super::scheme::{ExitOutcome, Scheme};
+use super::kvm;
+use super::scheme::Scheme;
 use super::HvCx;
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
@@ -25,7 +24,7 @@ impl Scheme for Apicv {
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         // The VF's MSI-X stays a host IRQ, as in stock KVM.
-        Kvm::setup(cx, vm);
+        kvm::setup(cx, vm);
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             let vmcs = Vmcs::kvm_apicv();
             let nv = vmcs.posted_intr_nv;
@@ -49,10 +48,6 @@ impl Scheme for Apicv {
         // vmx_vcpu_pi_put for a preempted vCPU: suppress notifications.
         cx.m.pi_desc[vcpu].sn = true;
         cx.hv.vcpus[vcpu].loaded = false;
-    }
-
-    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
-        Kvm::exit(self, cx, vcpu, info)
     }
 
     /// `vmx_deliver_posted_interrupt`: post, and notify the core if the vCPU

@@ -2,76 +2,77 @@
 //! exiting on, every x2APIC write trapped (EOI and TMICT included), virtual
 //! interrupts kept in the emulated LAPIC and injected through the VMCS at VM
 //! entry, an interrupt-window exit when the guest is not interruptible.
+//! These are the [`Scheme`] trait's default hooks; the functions here are
+//! what they call, for other schemes to reuse.
 
 use super::exits::ExitInfo;
 use super::host::RESCHEDULE_VECTOR;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
-use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
+use crate::hw::x86::lapic::DeliveryMode;
 use crate::hw::x86::vmcs::Vmcs;
 
-/// The `kvm` scheme.
+/// The `kvm` scheme: the trait's default hooks are stock KVM, so this is
+/// only the VM setup.
 #[derive(Default)]
 pub struct Kvm;
 
-impl Kvm {
-    /// VMCS and IRT as stock KVM programs them for a VM with an assigned VF.
-    pub fn setup(cx: &mut HvCx, vm: usize) {
-        for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
-            cx.m.vmcs[vcpu] = Vmcs::kvm_default();
-        }
-        if let Some(a) = cx.hv.vms[vm].vf {
-            // The VF's MSI-X is a host IRQ aimed at the VM's core; its
-            // handler injects the guest's vector.
-            let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
-            let irte = a.irte(cx.m.cores[core].apic_id, a.host_vector, DeliveryMode::Fixed);
-            cx.irt_update(a.irte, irte);
-        }
+/// VMCS and IRT as stock KVM programs them for a VM with an assigned VF.
+pub fn setup(cx: &mut HvCx, vm: usize) {
+    for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
+        cx.m.vmcs[vcpu] = Vmcs::kvm_default();
     }
-
-    /// Exit handling shared with schemes built on the emulated LAPIC.
-    pub fn exit(
-        scheme: &mut dyn Scheme,
-        cx: &mut HvCx,
-        vcpu: usize,
-        info: ExitInfo,
-    ) -> ExitOutcome {
-        match info {
-            ExitInfo::ExternalInterrupt { vector } => {
-                let core = cx.hv.vcpus[vcpu].core;
-                scheme.host_interrupt(cx, core, vector);
-            }
-            ExitInfo::MsrWrite { msr, value } => {
-                return ExitOutcome {
-                    eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),
-                };
-            }
-            ExitInfo::Nmi => {
-                let core = cx.hv.vcpus[vcpu].core;
-                scheme.host_nmi(cx, core);
-            }
-            // The window is open: prepare_entry injects.
-            ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
-            // QEMU device emulation, EPT fault handling, the EOI-induced
-            // exit's ack notifiers (level-triggered only): cost only.
-            ExitInfo::IoInstruction
-            | ExitInfo::EptViolation
-            | ExitInfo::PreemptionTimer
-            | ExitInfo::EoiInduced { .. } => {}
-        }
-        ExitOutcome::default()
+    if let Some(a) = cx.hv.vms[vm].vf {
+        // The VF's MSI-X is a host IRQ aimed at the VM's core; its handler
+        // injects the guest's vector.
+        let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
+        let irte = a.irte(cx.m.cores[core].apic_id, a.host_vector, DeliveryMode::Fixed);
+        cx.irt_update(a.irte, irte);
     }
+}
 
-    /// `kvm_set_irq` → `kvm_apic_set_irq`: latch in the emulated IRR, and kick
-    /// the vCPU if it is in guest mode (its core must exit to inject).
-    pub fn raise(cx: &mut HvCx, vcpu: usize, vector: u8) {
-        cx.hv.vcpus[vcpu].vlapic.accept_fixed(vector);
-        if cx.in_guest_mode(vcpu) {
+/// KVM's `handle_exit` for the reasons the model produces.
+pub fn exit<S: Scheme + ?Sized>(
+    scheme: &mut S,
+    cx: &mut HvCx,
+    vcpu: usize,
+    info: ExitInfo,
+) -> ExitOutcome {
+    match info {
+        ExitInfo::ExternalInterrupt { vector } => {
             let core = cx.hv.vcpus[vcpu].core;
-            let from = cx.hv.designated_core;
-            cx.send_ipi(from, core, RESCHEDULE_VECTOR, DeliveryMode::Fixed);
+            scheme.host_interrupt(cx, core, vector);
         }
+        ExitInfo::MsrWrite { msr, value } => {
+            return ExitOutcome {
+                eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),
+            };
+        }
+        ExitInfo::Nmi => {
+            let core = cx.hv.vcpus[vcpu].core;
+            scheme.host_nmi(cx, core);
+        }
+        // The window is open: prepare_entry injects.
+        ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
+        // QEMU device emulation, EPT fault handling, the EOI-induced exit's
+        // ack notifiers (level-triggered only): cost only.
+        ExitInfo::IoInstruction
+        | ExitInfo::EptViolation
+        | ExitInfo::PreemptionTimer
+        | ExitInfo::EoiInduced { .. } => {}
+    }
+    ExitOutcome::default()
+}
+
+/// `kvm_set_irq` → `kvm_apic_set_irq`: latch in the emulated IRR, and kick
+/// the vCPU if it is in guest mode (its core must exit to inject).
+pub fn raise(cx: &mut HvCx, vcpu: usize, vector: u8) {
+    cx.hv.vcpus[vcpu].vlapic.accept_fixed(vector);
+    if cx.in_guest_mode(vcpu) {
+        let core = cx.hv.vcpus[vcpu].core;
+        let from = cx.hv.designated_core;
+        cx.send_ipi(from, core, RESCHEDULE_VECTOR, DeliveryMode::Fixed);
     }
 }
 
@@ -81,22 +82,6 @@ impl Scheme for Kvm {
     }
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
-        Kvm::setup(cx, vm);
-    }
-
-    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
-        Kvm::exit(self, cx, vcpu, info)
-    }
-
-    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
-        Kvm::raise(cx, vcpu, vector);
-    }
-
-    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
-        vlapic::inject_pending(cx, vcpu);
-    }
-
-    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
-        cx.hv.vcpus[vcpu].vlapic.isr
+        setup(cx, vm);
     }
 }

@@ -42,7 +42,10 @@ pub trait Scheme {
 
     /// Handles an exit's reason-specific work (the generic path has already
     /// acknowledged an external interrupt and will EOI it afterwards).
-    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome;
+    /// Default: stock KVM.
+    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
+        super::kvm::exit(self, cx, vcpu, info)
+    }
 
     /// A maskable interrupt `vector` was accepted by host code on `core`
     /// (in an EXTERNAL_INTERRUPT exit, between exit handlers, or on an idle
@@ -61,15 +64,24 @@ pub trait Scheme {
     fn host_nmi(&mut self, _cx: &mut HvCx, _core: usize) {}
 
     /// Raise virtual interrupt `vector` for `vcpu` (from the emulated timer,
-    /// a back end, or a device interrupt taken by the host).
-    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8);
+    /// a back end, or a device interrupt taken by the host). Default: KVM's
+    /// emulated LAPIC, kicking the vCPU out of guest mode.
+    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
+        super::kvm::raise(cx, vcpu, vector);
+    }
 
     /// Last step before VM entry of `vcpu` (host interrupts are off).
-    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize);
+    /// Default: KVM's `inject_pending_event`.
+    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
+        vlapic::inject_pending(cx, vcpu);
+    }
 
     /// The ISR that the guest's EOI writes act on, as this scheme keeps it:
     /// the invariant checker compares it with what the guest has in service.
-    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap;
+    /// Default: the emulated LAPIC's.
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
+        cx.hv.vcpus[vcpu].vlapic.isr
+    }
 
     /// A host hrtimer expired.
     fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
