@@ -22,6 +22,7 @@
 
 use super::exits::ExitInfo;
 use super::host::HostTimer;
+use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
@@ -161,30 +162,23 @@ impl Scheme for Did {
     }
 
     fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
-        let core = cx.hv.vcpus[vcpu].core;
-        match info {
-            ExitInfo::Nmi => self.host_nmi(cx, core),
-            ExitInfo::ExternalInterrupt { vector } => self.host_interrupt(cx, core, vector),
-            ExitInfo::MsrWrite { msr: reg, value } => {
-                // Trapped APIC writes (LVT, TDCR, ICR, ...) are kept in the
-                // shadow register file and, for the timer registers, mirrored
-                // onto the real LAPIC the guest owns while it runs.
-                if reg == msr::TSC_DEADLINE {
-                    self.uncovered_writes += 1;
-                }
-                let out = vlapic::emulate_write(cx, vcpu, reg, value);
-                if matches!(reg, msr::LVT_TIMER | msr::TDCR) && cx.hv.vcpus[vcpu].loaded {
-                    cx.apic_write(core, reg, value);
-                }
-                return ExitOutcome { eoi_cleared: out };
-            }
-            ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
-            ExitInfo::IoInstruction
-            | ExitInfo::EptViolation
-            | ExitInfo::PreemptionTimer
-            | ExitInfo::EoiInduced { .. } => {}
+        let ExitInfo::MsrWrite { msr: reg, value } = info else {
+            // NMI, external-interrupt and the rest as KVM, through DID's
+            // host_nmi / host_interrupt.
+            return kvm::exit(self, cx, vcpu, info);
+        };
+        // Trapped APIC writes (LVT, TDCR, ICR, ...) are kept in the shadow
+        // register file and, for the timer registers, mirrored onto the real
+        // LAPIC the guest owns while it runs.
+        if reg == msr::TSC_DEADLINE {
+            self.uncovered_writes += 1;
         }
-        ExitOutcome::default()
+        let out = vlapic::emulate_write(cx, vcpu, reg, value);
+        if matches!(reg, msr::LVT_TIMER | msr::TDCR) && cx.hv.vcpus[vcpu].loaded {
+            let core = cx.hv.vcpus[vcpu].core;
+            cx.apic_write(core, reg, value);
+        }
+        ExitOutcome { eoi_cleared: out }
     }
 
     /// §4.2/§4.4: a fixed interrupt taken in host mode on a VM's core is the
