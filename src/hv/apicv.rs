@@ -15,7 +15,13 @@ use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
 
 /// The `apicv` scheme.
-pub struct Apicv;
+#[derive(Default)]
+pub struct Apicv {
+    /// VT-d posted interrupts for the VF (`hv.vtd_posted_interrupts`): its
+    /// IRTE is in posted format, so its interrupts reach a running guest
+    /// without an exit.
+    pub vtd_posted_interrupts: bool,
+}
 
 impl Scheme for Apicv {
     fn name(&self) -> &'static str {
@@ -23,7 +29,8 @@ impl Scheme for Apicv {
     }
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
-        // The VF's MSI-X stays a host IRQ, as in stock KVM.
+        // The VF's MSI-X is a host IRQ, as in stock KVM, unless VT-d posted
+        // interrupts are on (below).
         kvm::setup(cx, vm);
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             let vmcs = Vmcs::kvm_apicv();
@@ -33,6 +40,16 @@ impl Scheme for Apicv {
             let pi = &mut cx.m.pi_desc[vcpu];
             pi.nv = nv;
             pi.ndst = cx.m.cores[core].apic_id;
+        }
+        if let (true, Some(a)) = (self.vtd_posted_interrupts, cx.hv.vms[vm].vf) {
+            // vmx_update_pi_irte: posted format, the guest's vector, the
+            // vCPU's descriptor.
+            let vcpu = cx.hv.vms[vm].vcpus[0];
+            let irte = a.irte(0, a.guest_vector, DeliveryMode::Fixed);
+            if cx.m.irt.write_posted(a.irte, irte, vcpu as u16).is_ok() {
+                cx.m.irt.invalidate(a.irte);
+            }
+            cx.charge(cx.costs.irt_update);
         }
     }
 

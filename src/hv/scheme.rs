@@ -126,14 +126,30 @@ pub trait Scheme {
     }
 }
 
-/// Builds a scheme by name.
+/// Builds a scheme by name with default options.
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
+    by_name_with(name, &SchemeOptions::default())
+}
+
+/// Per-scenario options of the schemes (`[hv]` in a scenario).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchemeOptions {
+    /// `apicv`: deliver the VF's interrupts as VT-d posted interrupts
+    /// (posted-format IRTEs) instead of host IRQs that exit.
+    pub vtd_posted_interrupts: bool,
+}
+
+/// Builds a scheme by name with the scenario's options.
+pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>> {
     Some(match name {
         "kvm" => Box::new(super::kvm::Kvm),
         "did" => Box::new(super::did::Did::default()),
         "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
-        "apicv" => Box::new(super::apicv::Apicv),
+        "apicv" => Box::new(super::apicv::Apicv {
+            vtd_posted_interrupts: opts.vtd_posted_interrupts,
+        }),
         _ => return None,
     })
 }

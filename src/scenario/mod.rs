@@ -47,6 +47,9 @@ pub struct Scenario {
     /// Host activity aimed at the VM's core.
     #[serde(default)]
     pub host: HostSpec,
+    /// Scheme options.
+    #[serde(default)]
+    pub hv: crate::hv::scheme::SchemeOptions,
     /// Windows in which the host deschedules the VM's vCPU.
     #[serde(default)]
     pub preemptions: Vec<Preemption>,

@@ -16,6 +16,7 @@ use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER
 use crate::hv::scheme::{self, Scheme};
 use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
 use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
@@ -101,7 +102,7 @@ fn t_ns(e: &crate::calibration::Entry) -> Time {
 impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
-        let scheme = scheme::by_name(&s.scheme)
+        let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
         Self::build_with(s, cal, scheme)
     }
@@ -480,18 +481,23 @@ impl World {
                     handle,
                     requester_id,
                 };
-                match self.m.irt.remap(msi) {
-                    Ok(r) => match self.m.core_of_apic(r.dest_apic_id) {
-                        Some(core) => self.dispatch(
-                            Ev::ApicArrive {
-                                core: core as u16,
-                                vector: r.vector,
-                                mode: r.mode,
-                            },
-                            now,
-                        ),
-                        None => self.msi_faults += 1,
-                    },
+                match self.m.irt.remap_any(msi) {
+                    Ok(Remapped::Interrupt(r)) => {
+                        self.deliver_msi(r.dest_apic_id, r.vector, r.mode, now)
+                    }
+                    // VT-d posted interrupt: post to the descriptor; notify
+                    // NDST with NV if ON was clear and SN is clear.
+                    Ok(Remapped::Posted { descriptor, vector }) => {
+                        match self.m.pi_desc.get_mut(descriptor as usize) {
+                            Some(pi) => {
+                                if pi.post(vector) {
+                                    let (nv, ndst) = (pi.nv, pi.ndst);
+                                    self.deliver_msi(ndst, nv, DeliveryMode::Fixed, now);
+                                }
+                            }
+                            None => self.msi_faults += 1,
+                        }
+                    }
                     Err(_) => self.msi_faults += 1,
                 }
             }
@@ -625,6 +631,21 @@ impl World {
             record: false,
         });
         self.exit_stage_done(core);
+    }
+
+    /// An interrupt message from the IOMMU reaches the LAPIC `dest_apic_id`.
+    fn deliver_msi(&mut self, dest_apic_id: u32, vector: u8, mode: DeliveryMode, now: Time) {
+        match self.m.core_of_apic(dest_apic_id) {
+            Some(core) => self.dispatch(
+                Ev::ApicArrive {
+                    core: core as u16,
+                    vector,
+                    mode,
+                },
+                now,
+            ),
+            None => self.msi_faults += 1,
+        }
     }
 
     fn reset_stats(&mut self, now: Time) {

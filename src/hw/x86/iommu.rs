@@ -66,6 +66,21 @@ impl Irte {
     }
 }
 
+/// What remapping an MSI produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remapped {
+    /// Remappable format: an interrupt for a LAPIC.
+    Interrupt(RemappedInterrupt),
+    /// Posted format: post `vector` to posted-interrupt descriptor
+    /// `descriptor` (and notify per its ON/SN/NV/NDST).
+    Posted {
+        /// Descriptor index.
+        descriptor: u16,
+        /// Vector to post.
+        vector: u8,
+    },
+}
+
 /// A remappable-format MSI as a device emits it: the handle that indexes the IRT and the device's requester id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemappableMsi {
@@ -126,6 +141,10 @@ pub struct IrtCounters {
 #[derive(Clone, Debug)]
 pub struct InterruptRemappingTable {
     entries: Vec<Irte>,
+    /// Per entry: `Some(descriptor)` when the entry is in posted format
+    /// (VT-d posted interrupts): a matching MSI is posted to that
+    /// posted-interrupt descriptor with the entry's vector.
+    posted: Vec<Option<u16>>,
     /// Entries written since their last invalidation.
     uninvalidated: Vec<bool>,
     counters: IrtCounters,
@@ -138,6 +157,7 @@ impl InterruptRemappingTable {
         let n = entries.min(MAX_IRT_ENTRIES);
         InterruptRemappingTable {
             entries: vec![Irte::NOT_PRESENT; n],
+            posted: vec![None; n],
             uninvalidated: vec![false; n],
             counters: IrtCounters::default(),
         }
@@ -174,9 +194,38 @@ impl InterruptRemappingTable {
             .get_mut(i)
             .ok_or(RemapFault::OutOfRange(index))?;
         *slot = irte;
+        self.posted[i] = None;
         self.uninvalidated[i] = true;
         self.counters.writes += 1;
         Ok(())
+    }
+
+    /// Writes a posted-format entry: MSIs that pass the entry's checks are
+    /// posted to descriptor `descriptor` with `irte.vector` (destination and
+    /// mode then come from the descriptor's NDST and NV).
+    pub fn write_posted(
+        &mut self,
+        index: u16,
+        irte: Irte,
+        descriptor: u16,
+    ) -> Result<(), RemapFault> {
+        self.write(index, irte)?;
+        self.posted[usize::from(index)] = Some(descriptor);
+        Ok(())
+    }
+
+    /// Remaps an MSI through an entry of either format.
+    pub fn remap_any(&mut self, msi: RemappableMsi) -> Result<Remapped, RemapFault> {
+        let r = self.remap(msi)?;
+        Ok(
+            match self.posted.get(usize::from(msi.handle)).copied().flatten() {
+                Some(descriptor) => Remapped::Posted {
+                    descriptor,
+                    vector: r.vector,
+                },
+                None => Remapped::Interrupt(r),
+            },
+        )
     }
 
     /// Invalidates the interrupt-entry cache for `index`. An index past the
@@ -247,6 +296,34 @@ impl InterruptRemappingTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn posted_format_entries_post_and_a_rewrite_makes_them_remappable_again() {
+        let mut t = InterruptRemappingTable::new(4);
+        let msi = RemappableMsi {
+            handle: 1,
+            requester_id: 7,
+        };
+        let mut e = Irte::fixed(3, 0x41);
+        e.source_check = SourceCheck::RequesterId(7);
+        t.write_posted(1, e, 5).unwrap();
+        assert_eq!(
+            t.remap_any(msi),
+            Ok(Remapped::Posted {
+                descriptor: 5,
+                vector: 0x41
+            })
+        );
+        // A posted entry still checks the requester id.
+        assert!(t
+            .remap_any(RemappableMsi {
+                handle: 1,
+                requester_id: 8
+            })
+            .is_err());
+        t.write(1, e).unwrap();
+        assert!(matches!(t.remap_any(msi), Ok(Remapped::Interrupt(r)) if r.dest_apic_id == 3));
+    }
     use proptest::prelude::*;
 
     fn msi(handle: u16, requester_id: u16) -> RemappableMsi {
