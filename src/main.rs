@@ -77,6 +77,18 @@ fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
     }
 }
 
+/// Writes to stdout; a closed pipe (`exitless ... | head`) ends output
+/// quietly instead of panicking.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("exitless: error: writing output: {e}");
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
@@ -124,12 +136,10 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
                 );
             }
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
-                );
+                let j = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
+                emit(&format!("{j}\n"));
             } else {
-                print!("{}", rep.to_text());
+                emit(&rep.to_text());
             }
             if fail_on_violation && rep.violations() > 0 {
                 return Ok(ExitCode::from(3));
@@ -155,32 +165,30 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             })
             .map_err(|e| e.to_string())?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
-                );
+                let j = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+                emit(&format!("{j}\n"));
             } else {
-                print!("{}", validation::to_text(&rows));
+                emit(&validation::to_text(&rows));
             }
         }
         Cmd::Schemes => {
-            for s in exitless::hv::scheme::SCHEMES {
-                println!("{s}");
-            }
+            emit(&format!("{}\n", exitless::hv::scheme::SCHEMES.join("\n")));
         }
         Cmd::Calibration => {
             let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;
+            let mut text = String::new();
             if let Some(t) = v.as_table() {
                 for (sec, entries) in t {
                     if let Some(e) = entries.as_table() {
                         for (k, x) in e {
                             let val = x.get("value").map(|v| v.to_string()).unwrap_or_default();
                             let src = x.get("source").and_then(|v| v.as_str()).unwrap_or("");
-                            println!("{sec}.{k:<34} {val:>10}  {src}");
+                            text.push_str(&format!("{sec}.{k:<34} {val:>10}  {src}\n"));
                         }
                     }
                 }
             }
+            emit(&text);
         }
     }
     Ok(ExitCode::SUCCESS)
