@@ -52,8 +52,4 @@ pub trait App {
     fn reset_metrics(&mut self) {}
     /// Adds this program's metrics to `out`.
     fn metrics(&self, out: &mut Metrics);
-    /// Latency samples, if the program measures any (for percentiles).
-    fn latency(&self) -> Option<&crate::engine::LatencyHistogram> {
-        None
-    }
 }

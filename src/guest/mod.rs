@@ -284,11 +284,6 @@ impl Kernel {
         }
     }
 
-    /// Latency histograms of the tasks that measure one.
-    pub fn latency(&self) -> Option<&crate::engine::LatencyHistogram> {
-        self.tasks.iter().find_map(|t| t.app.latency())
-    }
-
     /// Start of the measured interval.
     pub fn reset_metrics(&mut self) {
         for t in &mut self.tasks {

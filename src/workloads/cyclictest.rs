@@ -78,10 +78,6 @@ impl App for Cyclictest {
         out.insert("latency_max_us".into(), as_us(self.hist.max()));
         out.insert("cyclictest.samples".into(), self.hist.count() as f64);
     }
-
-    fn latency(&self) -> Option<&LatencyHistogram> {
-        Some(&self.hist)
-    }
 }
 
 #[cfg(test)]

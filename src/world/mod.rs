@@ -409,9 +409,7 @@ impl World {
         // Close open guest-mode stretches for time in guest.
         for c in 0..self.m.cores.len() {
             if let CoreMode::Guest { vcpu } = self.m.cores[c].mode {
-                let vm = self.hv.vcpus[vcpu].vm;
-                let since = self.m.cores[c].guest_since.max(self.measure_start);
-                self.hv.vms[vm].stats.guest_time += self.end.saturating_sub(since);
+                self.account_guest_time(c, vcpu, self.end);
             }
         }
         self.checker.finish(self.end, self.lost_grace);
@@ -590,9 +588,7 @@ impl World {
             CoreMode::Guest { vcpu: v } if v == vcpu => {
                 let now = self.q.now();
                 self.pause_guest(core);
-                let vm = self.hv.vcpus[vcpu].vm;
-                let since = self.m.cores[core].guest_since.max(self.measure_start);
-                self.hv.vms[vm].stats.guest_time += now.saturating_sub(since);
+                self.account_guest_time(core, vcpu, now);
                 self.put(core, vcpu);
             }
             CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
@@ -631,6 +627,14 @@ impl World {
             record: false,
         });
         self.exit_stage_done(core);
+    }
+
+    /// Ends a guest-mode stretch of `vcpu` on `core` at `until`: adds the
+    /// part inside the measured interval to its VM's time in guest.
+    fn account_guest_time(&mut self, core: usize, vcpu: usize, until: Time) {
+        let vm = self.hv.vcpus[vcpu].vm;
+        let since = self.m.cores[core].guest_since.max(self.measure_start);
+        self.hv.vms[vm].stats.guest_time += until.saturating_sub(since);
     }
 
     /// An interrupt message from the IOMMU reaches the LAPIC `dest_apic_id`.
@@ -1009,9 +1013,8 @@ impl World {
         let CoreMode::Guest { vcpu } = self.m.cores[core].mode else {
             return;
         };
+        self.account_guest_time(core, vcpu, now);
         let vm = self.hv.vcpus[vcpu].vm;
-        let since = self.m.cores[core].guest_since.max(self.measure_start);
-        self.hv.vms[vm].stats.guest_time += now.saturating_sub(since);
         // The preemption timer counts only in guest mode.
         self.ptimer_gen[core] += 1;
         self.m.cores[core].mode = CoreMode::Host { vcpu };
