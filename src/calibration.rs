@@ -36,6 +36,7 @@ section!(Exit {
     io_instruction_us,
     ept_violation_us,
     pending_interrupt_us,
+    exception_np_us,
     nmi_us,
 });
 section!(Host {
@@ -197,7 +198,7 @@ mod tests {
 
     #[test]
     fn negative_values_and_unknown_keys_are_rejected() {
-        let bad = DEFAULT_TOML.replace("value = 1.97", "value = -1.97");
+        let bad = DEFAULT_TOML.replacen("value = 1.97", "value = -1.97", 1);
         let e = Calibration::from_toml(&bad).unwrap_err().to_string();
         assert!(e.contains("exit.external_interrupt_us"), "{e}");
         let unknown = format!("{DEFAULT_TOML}\n[extra]\nx = {{ value = 1, source = \"s\" }}\n");

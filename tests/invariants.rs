@@ -18,7 +18,7 @@ fn naive_design_is_caught_on_the_figure3_scenario() {
 
 #[test]
 fn kvm_did_and_bare_metal_are_clean_on_figure3() {
-    for scheme in ["kvm", "apicv", "did", "bare-metal"] {
+    for scheme in ["kvm", "apicv", "eli", "did", "bare-metal"] {
         let r = run_file("figure3.toml", &[&format!("scheme={scheme}")]);
         assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
         // and they actually delivered both kinds of interrupt
@@ -52,7 +52,7 @@ fn nesting_guest_with_late_eoi_is_clean_under_kvm_and_did() {
 #[test]
 fn every_validation_scenario_is_clean_under_kvm_and_did() {
     for file in ["fig4.toml", "cyclictest.toml", "whileloop.toml"] {
-        for scheme in ["kvm", "apicv", "did", "bare-metal"] {
+        for scheme in ["kvm", "apicv", "eli", "did", "bare-metal"] {
             let mut sets = vec![format!("scheme={scheme}"), "duration_s=0.1".to_string()];
             if file == "whileloop.toml" {
                 sets.push("iterations=1e8".into());

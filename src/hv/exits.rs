@@ -96,6 +96,14 @@ pub enum ExitInfo {
     EptViolation,
     /// Preemption timer.
     PreemptionTimer,
+    /// An exception in the exception bitmap, raised while delivering an
+    /// event (IDT-vectoring information holds the interrupt being delivered).
+    Exception {
+        /// The exception vector (#NP = 11).
+        vector: u8,
+        /// The external interrupt whose delivery faulted, if any.
+        idt_vectoring: Option<u8>,
+    },
     /// EOI-induced exit after EOI virtualization cleared `vector`.
     EoiInduced {
         /// The vector whose EOI-exit-bitmap bit is set.
@@ -107,7 +115,7 @@ impl ExitInfo {
     /// The basic exit reason.
     pub fn reason(&self) -> ExitReason {
         match self {
-            ExitInfo::Nmi => ExitReason::EXCEPTION_NMI,
+            ExitInfo::Nmi | ExitInfo::Exception { .. } => ExitReason::EXCEPTION_NMI,
             ExitInfo::ExternalInterrupt { .. } => ExitReason::EXTERNAL_INTERRUPT,
             ExitInfo::PendingInterrupt => ExitReason::PENDING_INTERRUPT,
             ExitInfo::MsrWrite { .. } => ExitReason::MSR_WRITE,

@@ -61,6 +61,9 @@ pub fn exit<S: Scheme + ?Sized>(
         | ExitInfo::EptViolation
         | ExitInfo::PreemptionTimer
         | ExitInfo::EoiInduced { .. } => {}
+        // Stock KVM traps no exception an interrupt's delivery can raise;
+        // a scheme that traps #NP (ELI) handles it in its own hook.
+        ExitInfo::Exception { .. } => {}
     }
     ExitOutcome::default()
 }

@@ -7,6 +7,7 @@
 pub mod apicv;
 pub mod bare_metal;
 pub mod did;
+pub mod eli;
 pub mod exits;
 pub mod host;
 pub mod kvm;
@@ -36,6 +37,7 @@ pub struct HvCosts {
     pub io_instruction_mean: Time,
     pub ept_violation_mean: Time,
     pub pending_interrupt: Time,
+    pub exception_np: Time,
     pub nmi: Time,
     pub tick_handler: Time,
     pub hrtimer_interrupt: Time,

@@ -147,6 +147,7 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "did" => Box::new(super::did::Did::default()),
         "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
+        "eli" => Box::new(super::eli::Eli::default()),
         "apicv" => Box::new(super::apicv::Apicv {
             vtd_posted_interrupts: opts.vtd_posted_interrupts,
         }),
@@ -155,4 +156,4 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 5] = ["bare-metal", "kvm", "apicv", "did", "naive"];
+pub const SCHEMES: [&str; 6] = ["bare-metal", "kvm", "apicv", "eli", "did", "naive"];

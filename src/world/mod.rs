@@ -16,6 +16,7 @@ use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER
 use crate::hv::scheme::{self, Scheme};
 use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
 use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
@@ -178,6 +179,7 @@ impl World {
             io_instruction_mean: t_us(&cal.exit.io_instruction_us),
             ept_violation_mean: t_us(&cal.exit.ept_violation_us),
             pending_interrupt: t_us(&cal.exit.pending_interrupt_us),
+            exception_np: t_us(&cal.exit.exception_np_us),
             nmi: t_us(&cal.exit.nmi_us),
             tick_handler: t_us(&cal.host.tick_handler_us),
             hrtimer_interrupt: t_us(&cal.host.hrtimer_interrupt_us),
@@ -850,13 +852,14 @@ impl World {
                         return Some(Ok(ExitInfo::ExternalInterrupt { vector: v }));
                     }
                     if if_on {
-                        return lapic.ack().map(Err);
+                        let v = lapic.ack()?;
+                        return Some(self.through_idt(vcpu, v));
                     }
                 }
                 if vmcs.proc2.virtual_interrupt_delivery && if_on {
                     // Virtual-interrupt delivery (SDM 29.2): RVI above VPPR.
                     if let Some(v) = self.m.vapic[vcpu].deliver() {
-                        return Some(Err(v));
+                        return Some(self.through_idt(vcpu, v));
                     }
                 }
                 let vmcs = &self.m.vmcs[vcpu];
@@ -866,6 +869,22 @@ impl World {
                 None
             }
             _ => None,
+        }
+    }
+
+    /// Event delivery through the IDT the guest-state IDTR points at: the
+    /// gate's handler runs, or a not-present gate raises #NP, which exits if
+    /// the exception bitmap says so (ELI's bounce of host vectors).
+    fn through_idt(&self, vcpu: usize, vector: u8) -> Result<ExitInfo, u8> {
+        match self.m.idt_gate(vcpu, vector) {
+            Some(g) => Err(g),
+            None if self.m.vmcs[vcpu].exception_exits(NP_VECTOR) => Ok(ExitInfo::Exception {
+                vector: NP_VECTOR,
+                idt_vectoring: Some(vector),
+            }),
+            // The guest's own #NP handler would run: the interrupt never
+            // reaches a handler for it, which the checker reports as lost.
+            None => Err(vector),
         }
     }
 
@@ -973,6 +992,12 @@ impl World {
         if let Ok(eff) = eff {
             let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_latency);
             if let (Some(expected), Some(cleared)) = (eoi, r) {
+                // The guest completes the handler the IDT ran for the
+                // physical vector (they differ under a remapping shadow IDT).
+                let cleared = match vmcs {
+                    Some(v) => cleared.map(|c| self.m.idt_gate(v, c).unwrap_or(c)),
+                    None => cleared,
+                };
                 self.checker.eoi(vm, expected, cleared, now);
             }
         }
@@ -1004,6 +1029,8 @@ impl World {
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
             ExitInfo::Nmi => c.nmi,
+            // Like EXTERNAL_INTERRUPT, the host handler is charged apart.
+            ExitInfo::Exception { .. } => c.exception_np.saturating_sub(c.irq_handler),
         }
     }
 
@@ -1100,7 +1127,10 @@ impl World {
         if let Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) =
             self.m.vmcs[vcpu].entry_event.take()
         {
-            self.deliver(core, v);
+            match self.through_idt(vcpu, v) {
+                Err(g) => self.deliver(core, g),
+                Ok(info) => return self.vm_exit(core, info, None),
+            }
         }
         let guest_isr = {
             let (cx, scheme) = self.cx();

@@ -5,6 +5,7 @@
 
 pub mod apicv;
 pub mod core;
+pub mod idt;
 pub mod iommu;
 pub mod lapic;
 pub mod nic;
@@ -28,6 +29,9 @@ pub struct Machine {
     pub vapic: Vec<apicv::VirtualApic>,
     /// One posted-interrupt descriptor per vCPU.
     pub pi_desc: Vec<apicv::PostedInterruptDescriptor>,
+    /// One shadow IDT per vCPU, in guest memory (used when the VMCS's
+    /// guest IDTR points at it).
+    pub shadow_idt: Vec<idt::ShadowIdt>,
     /// Interrupt-remapping table.
     pub irt: InterruptRemappingTable,
     /// The SR-IOV NIC.
@@ -45,10 +49,17 @@ impl Machine {
             vmcs: (0..vcpus).map(|_| Vmcs::kvm_default()).collect(),
             vapic: vec![Default::default(); vcpus],
             pi_desc: vec![Default::default(); vcpus],
+            shadow_idt: vec![Default::default(); vcpus],
             irt: InterruptRemappingTable::new(256),
             nic,
             link,
         }
+    }
+
+    /// The guest handler that delivering `vector` on `vcpu` runs, through
+    /// the IDT its VMCS's IDTR points at (None: the gate is not present).
+    pub fn idt_gate(&self, vcpu: usize, vector: u8) -> Option<u8> {
+        idt::gate(self.vmcs[vcpu].guest_idtr, &self.shadow_idt[vcpu], vector)
     }
 
     /// The core whose LAPIC has x2APIC id `apic_id`.

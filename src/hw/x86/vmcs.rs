@@ -244,6 +244,8 @@ pub struct Vmcs {
     pub rvi: u8,
     /// SVI: the highest virtual interrupt in service.
     pub svi: u8,
+    /// Guest-state IDTR: the guest's own IDT or the hypervisor's shadow copy.
+    pub guest_idtr: super::idt::Idtr,
 }
 
 impl Vmcs {
