@@ -34,6 +34,7 @@ section!(Exit {
     msr_write_tmict_us,
     msr_write_other_us,
     io_instruction_us,
+    io_instruction_ioeventfd_us,
     ept_violation_us,
     pending_interrupt_us,
     exception_np_us,
@@ -63,6 +64,9 @@ section!(Guest {
     udp_recv_per_packet_ns,
     context_switch_ns,
     syscall_ns,
+    tcp_rx_segment_ns,
+    tcp_tx_segment_ns,
+    virtio_xmit_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
 });
@@ -85,6 +89,19 @@ section!(Nic {
     link_gbps,
 });
 section!(Apic { bus_mhz });
+section!(Vhost {
+    wakeup_us,
+    tx_per_frame_ns,
+    rx_per_frame_ns,
+    signal_ns,
+    tap_queue_frames,
+});
+section!(Peer {
+    rx_segment_ns,
+    tx_segment_ns,
+    wakeup_us,
+    bridge_ns,
+});
 
 /// The whole calibration.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -99,6 +116,8 @@ pub struct Calibration {
     pub background: Background,
     pub nic: Nic,
     pub apic: Apic,
+    pub vhost: Vhost,
+    pub peer: Peer,
 }
 
 /// The calibration shipped with exitless.

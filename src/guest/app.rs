@@ -32,12 +32,29 @@ pub struct Sys<'a> {
     pub now: Time,
     /// The task's UDP socket receive queue, if it has one.
     pub socket: Option<&'a mut std::collections::VecDeque<Datagram>>,
+    /// The task's connected TCP socket, if it has one.
+    pub tcp: Option<&'a mut super::tcp::Tcp>,
 }
 
 impl Sys<'_> {
     /// recv(): pops one datagram if the socket holds one.
     pub fn recv(&mut self) -> Option<Datagram> {
         self.socket.as_mut().and_then(|s| s.pop_front())
+    }
+
+    /// Bytes the TCP socket can return to recv() now.
+    pub fn tcp_readable(&self) -> u32 {
+        self.tcp.as_ref().map_or(0, |t| t.readable())
+    }
+
+    /// recv() on the TCP socket: up to `max` bytes.
+    pub fn tcp_recv(&mut self, max: u32) -> u32 {
+        self.tcp.as_mut().map_or(0, |t| t.recv(max))
+    }
+
+    /// send() on the TCP socket: bytes accepted into the send buffer.
+    pub fn tcp_send(&mut self, bytes: u32) -> u32 {
+        self.tcp.as_mut().map_or(0, |t| t.send(bytes))
     }
 }
 

@@ -7,12 +7,15 @@
 
 pub mod app;
 pub mod itr;
+pub mod net;
+pub mod tcp;
 
 use crate::engine::{Time, NS};
+use crate::hw::wire::Frame as WireFrame;
 use crate::hw::x86::lapic::{msr, ApicBitmap};
-use crate::hw::x86::nic::Nic;
 use app::{App, Datagram, Metrics, Sys, TaskStep};
 use itr::{DynamicItr, ItrParams};
+use net::{Devices, NetCounters, TcpSock, VirtioNetGuest};
 use std::collections::VecDeque;
 
 /// How the guest runs its periodic scheduler tick.
@@ -42,6 +45,9 @@ pub struct GuestCosts {
     pub itr_update: Time,
     pub context_switch: Time,
     pub syscall: Time,
+    pub tcp_rx_segment: Time,
+    pub tcp_tx_segment: Time,
+    pub virtio_xmit: Time,
 }
 
 /// Static configuration of one guest kernel.
@@ -53,6 +59,8 @@ pub struct GuestConfig {
     pub vf_vector: u8,
     /// The VF this guest drives, if any.
     pub vf: Option<u16>,
+    /// The virtio-net device this guest drives, if any.
+    pub virtio_net: Option<VirtioNetGuest>,
     /// CONFIG_HZ.
     pub hz: u32,
     /// Tick behaviour.
@@ -92,6 +100,13 @@ pub enum Instr {
         deadline: Option<Time>,
         /// Timer vector (for the checker).
         vector: u8,
+    },
+    /// OUT to an I/O port (a virtio queue notify).
+    PioWrite {
+        /// Port.
+        port: u16,
+        /// Value written (the queue index for QUEUE_NOTIFY).
+        value: u32,
     },
     /// Any other WRMSR.
     WrMsr {
@@ -148,12 +163,14 @@ struct Task {
     state: TaskState,
     compute: Time,
     socket: Option<usize>,
+    tcp: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum HrKind {
     Tick,
     Wake(usize),
+    Tcp(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -161,6 +178,8 @@ enum FrameKind {
     Boot,
     Irq { vector: u8 },
     Softirq { round: u32 },
+    VirtioPoll { round: u32 },
+    NetTx,
     Switch { to: Option<usize> },
     Nanosleep { task: usize, until: Time },
 }
@@ -205,6 +224,13 @@ pub struct Kernel {
     tick_on: bool,
     itr: DynamicItr,
     cleaned_unrefilled: u16,
+    tcp_socks: Vec<TcpSock>,
+    tx_pending: bool,
+    tx_backlog: VecDeque<WireFrame>,
+    tx_stopped: bool,
+    tx_rr: usize,
+    napi_virtio: bool,
+    net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
 }
@@ -238,6 +264,13 @@ impl Kernel {
             tick_on: false,
             itr,
             cleaned_unrefilled: 0,
+            tcp_socks: Vec::new(),
+            tx_pending: false,
+            tx_backlog: VecDeque::with_capacity(256),
+            tx_stopped: false,
+            tx_rr: 0,
+            napi_virtio: false,
+            net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
         }
@@ -262,6 +295,7 @@ impl Kernel {
             state: TaskState::Runnable,
             compute: 0,
             socket,
+            tcp: None,
         });
         self.need_resched = true;
         self.tasks.len() - 1
@@ -282,6 +316,7 @@ impl Kernel {
         for t in &self.tasks {
             t.app.metrics(out);
         }
+        self.net_metrics(out);
     }
 
     /// Start of the measured interval.
@@ -293,6 +328,7 @@ impl Kernel {
             tasks_exited: self.counters.tasks_exited,
             ..Default::default()
         };
+        self.net = NetCounters::default();
     }
 
     /// The interrupt gate for `vector` is taken: IF is cleared and the
@@ -414,6 +450,7 @@ impl Kernel {
                         self.hrtimers.push((n, HrKind::Tick));
                     }
                     HrKind::Wake(task) => self.wake(task),
+                    HrKind::Tcp(s) => self.tcp_timer_fired(s, now),
                 }
             } else {
                 i += 1;
@@ -462,9 +499,9 @@ impl Kernel {
         }
     }
 
-    /// The guest's next action at `now`. `nic` is the VF's device as the
-    /// driver sees it through its mapped BAR and DMA rings.
-    pub fn next(&mut self, now: Time, nic: &mut Nic) -> Action {
+    /// The guest's next action at `now`. `dev` is the device memory its
+    /// drivers see (the VF's BAR and DMA rings, the virtqueues).
+    pub fn next(&mut self, now: Time, dev: &mut Devices) -> Action {
         loop {
             if std::mem::take(&mut self.if_rose) {
                 return Action::InterruptsEnabled;
@@ -479,7 +516,7 @@ impl Kernel {
             if f.compute > 0 {
                 return Action::Compute(f.compute);
             }
-            if let Some(a) = self.frame_step(top, f, now, nic) {
+            if let Some(a) = self.frame_step(top, f, now, dev) {
                 return a;
             }
         }
@@ -490,7 +527,7 @@ impl Kernel {
         self.frames[top].compute = compute;
     }
 
-    fn frame_step(&mut self, top: usize, f: Frame, now: Time, nic: &mut Nic) -> Option<Action> {
+    fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
         match f.kind {
             FrameKind::Boot => match f.stage {
                 0 => {
@@ -517,8 +554,18 @@ impl Kernel {
                     self.reprogram(now).map(Action::Instr)
                 }
             },
-            FrameKind::Irq { vector } => self.irq_step(top, f, vector, now),
-            FrameKind::Softirq { round } => self.softirq_step(top, f, round, nic),
+            FrameKind::Irq { vector } => self.irq_step(top, f, vector, now, dev),
+            FrameKind::Softirq { round } => self.softirq_step(top, f, round, dev.nic),
+            FrameKind::VirtioPoll { round } => {
+                if f.stage == 0 && self.tx_ready() {
+                    // TCP output the received segments caused (ACKs)
+                    // leaves inline, from this softirq.
+                    self.push(FrameKind::NetTx, 0, true);
+                    return None;
+                }
+                self.virtio_poll_step(top, f.stage, round, now, dev)
+            }
+            FrameKind::NetTx => self.net_tx_step(top, f.stage, now, dev),
             FrameKind::Switch { to } => match f.stage {
                 0 => {
                     self.counters.context_switches += 1;
@@ -570,7 +617,14 @@ impl Kernel {
         }
     }
 
-    fn irq_step(&mut self, top: usize, f: Frame, vector: u8, now: Time) -> Option<Action> {
+    fn irq_step(
+        &mut self,
+        top: usize,
+        f: Frame,
+        vector: u8,
+        now: Time,
+        dev: &mut Devices,
+    ) -> Option<Action> {
         let c = self.cfg.costs;
         let nest = self.cfg.irq_nesting;
         let is_timer = vector == self.cfg.timer_vector;
@@ -597,6 +651,9 @@ impl Kernel {
                     self.counters.vf_irqs += 1;
                     self.net_rx = true;
                     c.vf_irq_handler
+                } else if self.is_virtio_vector(vector) {
+                    self.virtio_irq(vector, dev);
+                    c.vf_irq_handler
                 } else {
                     0
                 };
@@ -622,16 +679,19 @@ impl Kernel {
             _ => {
                 self.pop();
                 // irq_exit: pending softirqs run on the way out, IF on.
-                if self.net_rx && !self.in_softirq {
-                    self.in_softirq = true;
-                    self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
-                }
+                self.raise_softirq();
                 Some(Action::Returned(vector))
             }
         }
     }
 
-    fn softirq_step(&mut self, top: usize, f: Frame, round: u32, nic: &mut Nic) -> Option<Action> {
+    fn softirq_step(
+        &mut self,
+        top: usize,
+        f: Frame,
+        round: u32,
+        nic: &mut crate::hw::x86::nic::Nic,
+    ) -> Option<Action> {
         let c = self.cfg.costs;
         let Some(vf) = self.cfg.vf else {
             self.net_rx = false;
@@ -692,12 +752,41 @@ impl Kernel {
             _ => {
                 self.in_softirq = false;
                 self.pop();
+                self.raise_softirq();
                 None
             }
         }
     }
 
+    /// Whether TCP output waits and the transmit queue is not stopped.
+    fn tx_ready(&self) -> bool {
+        self.tx_pending && !self.tx_stopped
+    }
+
+    /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
+    /// the VF or virtio-net, else NET_TX for pending TCP output.
+    fn raise_softirq(&mut self) {
+        if self.in_softirq {
+            return;
+        }
+        let c = self.cfg.costs;
+        if self.net_rx {
+            self.in_softirq = true;
+            self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
+        } else if self.napi_virtio {
+            self.in_softirq = true;
+            self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
+        } else if self.tx_ready() {
+            self.push(FrameKind::NetTx, 0, true);
+        }
+    }
+
     fn task_context(&mut self, now: Time) -> Option<Action> {
+        if self.tx_ready() {
+            // Output a send() queued leaves before the task goes on.
+            self.push(FrameKind::NetTx, 0, true);
+            return None;
+        }
         if self.need_resched {
             self.need_resched = false;
             let next = self.pick();
@@ -724,8 +813,15 @@ impl Kernel {
         let mut sys = Sys {
             now,
             socket: task.socket.map(|s| &mut self.sockets[s]),
+            tcp: task.tcp.map(|s| &mut self.tcp_socks[s].tcp),
         };
-        match task.app.step(&mut sys) {
+        let step = task.app.step(&mut sys);
+        if let Some(s) = self.tasks[t].tcp {
+            // send()/recv() may have queued data or a window update.
+            self.tx_pending = true;
+            self.tcp_timer_sync(s, now);
+        }
+        match step {
             TaskStep::Compute(d) => {
                 self.tasks[t].compute = d.max(NS / 1000);
                 Some(Action::Compute(self.tasks[t].compute))
@@ -737,6 +833,9 @@ impl Kernel {
                 if self.tasks[t]
                     .socket
                     .is_some_and(|s| !self.sockets[s].is_empty())
+                    || self.tasks[t]
+                        .tcp
+                        .is_some_and(|s| self.tcp_socks[s].tcp.readable() > 0)
                 {
                     self.tasks[t].state = TaskState::Runnable;
                     return None;

@@ -90,8 +90,11 @@ pub enum ExitInfo {
         /// EDX:EAX.
         value: u64,
     },
-    /// IN/OUT (the guest's own device emulation traffic).
-    IoInstruction,
+    /// IN/OUT: the exit qualification names the port.
+    IoInstruction {
+        /// I/O port.
+        port: u16,
+    },
     /// EPT violation.
     EptViolation,
     /// Preemption timer.
@@ -119,7 +122,7 @@ impl ExitInfo {
             ExitInfo::ExternalInterrupt { .. } => ExitReason::EXTERNAL_INTERRUPT,
             ExitInfo::PendingInterrupt => ExitReason::PENDING_INTERRUPT,
             ExitInfo::MsrWrite { .. } => ExitReason::MSR_WRITE,
-            ExitInfo::IoInstruction => ExitReason::IO_INSTRUCTION,
+            ExitInfo::IoInstruction { .. } => ExitReason::IO_INSTRUCTION,
             ExitInfo::EptViolation => ExitReason::EPT_VIOLATION,
             ExitInfo::PreemptionTimer => ExitReason::PREEMPTION_TIMER,
             ExitInfo::EoiInduced { .. } => ExitReason::EOI_INDUCED,

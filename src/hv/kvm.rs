@@ -55,12 +55,16 @@ pub fn exit<S: Scheme + ?Sized>(
         }
         // The window is open: prepare_entry injects.
         ExitInfo::PendingInterrupt => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
-        // QEMU device emulation, EPT fault handling, the EOI-induced exit's
-        // ack notifiers (level-triggered only): cost only.
-        ExitInfo::IoInstruction
-        | ExitInfo::EptViolation
-        | ExitInfo::PreemptionTimer
-        | ExitInfo::EoiInduced { .. } => {}
+        // A write to a port with an ioeventfd: kvm_io_bus_write signals the
+        // eventfd, which wakes its waiter (a vhost worker).
+        ExitInfo::IoInstruction { port } => {
+            if let Some(fd) = cx.hv.ioeventfd(port) {
+                cx.q.schedule_in(0, crate::world::event::Ev::Eventfd { fd });
+            }
+        }
+        // EPT fault handling, the EOI-induced exit's ack notifiers
+        // (level-triggered only): cost only.
+        ExitInfo::EptViolation | ExitInfo::PreemptionTimer | ExitInfo::EoiInduced { .. } => {}
         // Stock KVM traps no exception an interrupt's delivery can raise;
         // a scheme that traps #NP (ELI) handles it in its own hook.
         ExitInfo::Exception { .. } => {}

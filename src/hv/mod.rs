@@ -13,6 +13,7 @@ pub mod host;
 pub mod kvm;
 pub mod naive;
 pub mod scheme;
+pub mod vhost;
 pub mod vlapic;
 
 use crate::engine::{EventQueue, Time};
@@ -35,6 +36,7 @@ pub struct HvCosts {
     pub msr_write_tmict: Time,
     pub msr_write_other: Time,
     pub io_instruction_mean: Time,
+    pub io_instruction_ioeventfd: Time,
     pub ept_violation_mean: Time,
     pub pending_interrupt: Time,
     pub exception_np: Time,
@@ -114,12 +116,23 @@ pub struct HvState {
     pub host: HostKernel,
     /// DID's designated timer core (a host-only core).
     pub designated_core: usize,
+    /// KVM_IOEVENTFD registrations: a guest write to `port` signals eventfd
+    /// `fd` instead of going to QEMU.
+    pub ioeventfds: Vec<(u16, u16)>,
 }
 
 impl HvState {
     /// The vCPU loaded on `core`, if any.
     pub fn vcpu_on(&self, core: usize) -> Option<usize> {
         self.vcpus.iter().position(|v| v.loaded && v.core == core)
+    }
+
+    /// The eventfd registered for guest writes to `port`, if any.
+    pub fn ioeventfd(&self, port: u16) -> Option<u16> {
+        self.ioeventfds
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map(|&(_, fd)| fd)
     }
 
     /// The VM and assignment owning host vector `v`, if it is a VF's.

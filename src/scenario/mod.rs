@@ -16,8 +16,15 @@ pub struct Scenario {
     /// What it is for.
     #[serde(default)]
     pub description: String,
-    /// Delivery scheme: bare-metal, kvm, did, naive.
+    /// Delivery scheme (see `exitless schemes`). May be left out when
+    /// `config` names one of DID's evaluation configurations.
+    #[serde(default)]
     pub scheme: String,
+    /// One of DID's evaluation configurations (§5.1): `bare-metal` /
+    /// `sriov-bm`, `sriov`, `sriov-did`, `pv`, `pv-did`. It sets `scheme`
+    /// and `net.device`.
+    #[serde(default)]
+    pub config: Option<String>,
     /// RNG seed.
     #[serde(default = "one")]
     pub seed: u64,
@@ -35,6 +42,9 @@ pub struct Scenario {
     /// NIC settings.
     #[serde(default)]
     pub nic: NicSpec,
+    /// The VM's network device.
+    #[serde(default)]
+    pub net: NetSpec,
     /// The VM's background exits.
     #[serde(default)]
     pub background: BackgroundSpec,
@@ -158,6 +168,60 @@ impl Default for NicSpec {
     }
 }
 
+/// Which network device carries the VM's TCP traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetDevice {
+    /// The SR-IOV VF, to and from the external load generator.
+    Vf,
+    /// virtio-net with vhost, through a bridge to a process on the host.
+    Virtio,
+}
+
+/// The VM's network device.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetSpec {
+    /// The device.
+    pub device: NetDevice,
+    /// VIRTIO_RING_F_EVENT_IDX negotiated (Linux 3.6 guests and vhost do).
+    pub event_idx: bool,
+    /// Virtqueue size.
+    pub queue_size: u16,
+}
+
+impl Default for NetSpec {
+    fn default() -> Self {
+        NetSpec {
+            device: NetDevice::Vf,
+            event_idx: true,
+            queue_size: 256,
+        }
+    }
+}
+
+/// A configuration of DID's evaluation: its scheme and network device.
+pub fn config_of(name: &str) -> Option<(&'static str, NetDevice)> {
+    Some(match name {
+        "bare-metal" | "sriov-bm" => ("bare-metal", NetDevice::Vf),
+        "sriov" => ("kvm", NetDevice::Vf),
+        "sriov-did" => ("did", NetDevice::Vf),
+        "pv" => ("kvm", NetDevice::Virtio),
+        "pv-did" => ("did", NetDevice::Virtio),
+        _ => return None,
+    })
+}
+
+/// Every name `config` accepts.
+pub const CONFIGS: [&str; 6] = [
+    "bare-metal",
+    "sriov-bm",
+    "sriov",
+    "sriov-did",
+    "pv",
+    "pv-did",
+];
+
 /// Background exits of the VM.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -182,6 +246,16 @@ pub struct WorkloadSpec {
     pub whileloop: Option<WhileLoopSpec>,
     /// cyclictest.
     pub cyclictest: Option<CyclictestSpec>,
+    /// NetPIPE TCP ping-pong with the peer host.
+    pub netpipe: Option<NetpipeSpec>,
+}
+
+/// NetPIPE.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetpipeSpec {
+    /// Message size, bytes (the paper: 32 to 1024).
+    pub msg_bytes: u32,
 }
 
 /// UDP PacketGen.
@@ -290,6 +364,7 @@ fn alias(key: &str) -> &str {
         "iterations" => "workload.whileloop.iterations",
         "interval_us" => "workload.cyclictest.interval_us",
         "itr" => "nic.itr",
+        "msg_bytes" => "workload.netpipe.msg_bytes",
         k => k,
     }
 }
@@ -356,11 +431,44 @@ impl Scenario {
         for s in sets {
             apply_set(&mut tree, s)?;
         }
-        let s: Scenario = toml::Value::Table(tree)
+        let mut s: Scenario = toml::Value::Table(tree)
             .try_into()
             .map_err(|e: toml::de::Error| ScenarioError::Parse(e.to_string()))?;
+        s.resolve_config()?;
         s.validate()?;
         Ok(s)
+    }
+
+    /// Expands `config` into `scheme` and `net.device`.
+    fn resolve_config(&mut self) -> Result<(), ScenarioError> {
+        let Some(c) = &self.config else {
+            if self.scheme.is_empty() {
+                return Err(ScenarioError::Invalid {
+                    key: "scheme".into(),
+                    problem: "missing: give `scheme` or `config`".into(),
+                });
+            }
+            return Ok(());
+        };
+        let (scheme, device) = config_of(c).ok_or_else(|| ScenarioError::Invalid {
+            key: "config".into(),
+            problem: format!(
+                "unknown configuration `{c}` (known: {})",
+                CONFIGS.join(", ")
+            ),
+        })?;
+        if !self.scheme.is_empty() && self.scheme != scheme {
+            return Err(ScenarioError::Invalid {
+                key: "config".into(),
+                problem: format!(
+                    "`{c}` runs scheme `{scheme}` but the scenario also says scheme = `{}`; give one",
+                    self.scheme
+                ),
+            });
+        }
+        self.scheme = scheme.into();
+        self.net.device = device;
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ScenarioError> {
@@ -448,6 +556,41 @@ impl Scenario {
                     format!("{} must be 18..=1472", u.payload_bytes),
                 );
             }
+        }
+        if let Some(n) = &self.workload.netpipe {
+            if !(1..=65536).contains(&n.msg_bytes) {
+                return bad(
+                    "workload.netpipe.msg_bytes",
+                    format!("{} must be 1..=65536", n.msg_bytes),
+                );
+            }
+            if self.scheme == "bare-metal" && self.net.device == NetDevice::Virtio {
+                return bad(
+                    "net.device",
+                    "virtio needs a hypervisor: bare metal has no vhost".into(),
+                );
+            }
+            if self.net.device == NetDevice::Vf {
+                return bad(
+                    "net.device",
+                    "netpipe over the VF (sriov configurations) needs the VF transmit path, not modelled yet; use pv or pv-did".into(),
+                );
+            }
+            if self.workload.udp.is_some() {
+                return bad(
+                    "workload.netpipe",
+                    "cannot be combined with workload.udp yet".into(),
+                );
+            }
+        }
+        if !self.net.queue_size.is_power_of_two() || !(16..=4096).contains(&self.net.queue_size) {
+            return bad(
+                "net.queue_size",
+                format!(
+                    "{} must be a power of two in 16..=4096",
+                    self.net.queue_size
+                ),
+            );
         }
         if let Some(w) = &self.workload.whileloop {
             if !(w.iterations >= 1.0 && w.iterations < 1e15) {

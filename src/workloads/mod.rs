@@ -2,5 +2,7 @@
 //! the external client host's traffic generator.
 
 pub mod cyclictest;
+pub mod netpipe;
+pub mod peer;
 pub mod udp;
 pub mod whileloop;

@@ -72,6 +72,26 @@ pub enum Ev {
         /// 0 = IO_INSTRUCTION, 1 = EPT_VIOLATION.
         kind: u8,
     },
+    /// An eventfd was signalled (ioeventfd kick, or a host thread's notify).
+    Eventfd {
+        /// Eventfd id.
+        fd: u16,
+    },
+    /// The vhost worker of a virtio-net device finished a unit of work or
+    /// woke up.
+    VhostStep {
+        /// Device.
+        dev: u16,
+    },
+    /// The next frame from the guest side of the bridge reaches the peer.
+    BridgeToPeer,
+    /// The next frame from the peer reaches the tap device.
+    BridgeToGuest,
+    /// The peer process's timer (stale if `gen` moved on).
+    PeerTimer {
+        /// Arming generation.
+        gen: u64,
+    },
     /// End of warm-up: statistics restart.
     WarmupEnd,
     /// The host sends an IPI to a VM's core (Poisson source).

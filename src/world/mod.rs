@@ -4,28 +4,56 @@
 //! controls and LAPIC state, whether a guest action or an interrupt exits.
 
 pub mod event;
+mod pv;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
 use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream, Summary, Time, MS, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::itr::ItrParams;
+use crate::guest::net::{Devices, VirtioNetGuest};
+use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::{Action, GuestConfig, GuestCosts, Instr, Kernel, VfReg};
 use crate::hv::exits::ExitInfo;
 use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER_VECTOR};
 use crate::hv::scheme::{self, Scheme};
+use crate::hv::vhost::{VhostCosts, VhostNet};
 use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
+use crate::hw::virtio_net::VirtioNetDev;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
-use crate::scenario::{ItrMode, Scenario};
+use crate::scenario::{ItrMode, NetDevice, Scenario};
 use crate::workloads::cyclictest::Cyclictest;
+use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
+use crate::workloads::peer::{PeerCosts, PeerHost};
 use crate::workloads::udp::{UdpReceiver, UdpSender};
 use crate::workloads::whileloop::WhileLoop;
 use event::{schedule_apic_effect, Ev};
+
+/// The port the background device-emulation exits write: a device QEMU
+/// emulates in user space (no ioeventfd behind it).
+pub const EMULATED_DEVICE_PORT: u16 = 0x0CF8;
+
+/// The guest's MSI-X vectors for its virtio-net RX and TX queues.
+pub const VIRTIO_NET_VECTORS: [u8; 2] = [0x51, 0x52];
+
+/// The virtio-net device's notify port (queue q at port + q).
+pub const VIRTIO_NOTIFY_PORT: u16 = 0xC050;
+
+/// The NetPIPE connection's flow id.
+const NETPIPE_FLOW: u16 = 1;
+
+/// TCP as NetPIPE opens it: TCP_NODELAY.
+fn nodelay_tcp() -> TcpConfig {
+    TcpConfig {
+        nagle: false,
+        ..TcpConfig::default()
+    }
+}
 
 /// Longest single work segment: long computations are cut into chunks so a
 /// preempted chunk leaves at most one stale completion event this far ahead.
@@ -91,6 +119,8 @@ pub struct World {
     ptimer_gen: Vec<u64>,
     tsc_hz: u64,
     nic_base: crate::hw::x86::nic::VfCounters,
+    /// The paravirtual path (vhost, bridge, peer), if the VM has virtio-net.
+    pv: Option<pv::PvPath>,
 }
 
 fn t_us(e: &crate::calibration::Entry) -> Time {
@@ -158,6 +188,8 @@ impl World {
         };
         let mut m = Machine::new(cores, 1, clocks, nic, link);
         let has_vf = s.workload.udp.is_some();
+        let has_virtio =
+            virtualized && s.net.device == NetDevice::Virtio && s.workload.netpipe.is_some();
         let vf = has_vf.then_some(VfAssignment {
             vf: 0,
             irte: 0,
@@ -177,6 +209,7 @@ impl World {
             msr_write_tmict: t_us(&cal.exit.msr_write_tmict_us),
             msr_write_other: t_us(&cal.exit.msr_write_other_us),
             io_instruction_mean: t_us(&cal.exit.io_instruction_us),
+            io_instruction_ioeventfd: t_us(&cal.exit.io_instruction_ioeventfd_us),
             ept_violation_mean: t_us(&cal.exit.ept_violation_us),
             pending_interrupt: t_us(&cal.exit.pending_interrupt_us),
             exception_np: t_us(&cal.exit.exception_np_us),
@@ -205,6 +238,7 @@ impl World {
             }],
             host: HostKernel::new(cores, (SEC as f64 / hz) as Time),
             designated_core: 0,
+            ioeventfds: Vec::new(),
         };
 
         // The guest kernel and its tasks.
@@ -235,7 +269,15 @@ impl World {
                 itr_update: t_ns(&g.itr_update_ns),
                 context_switch: t_ns(&g.context_switch_ns),
                 syscall: t_ns(&g.syscall_ns),
+                tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
+                tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
+                virtio_xmit: t_ns(&g.virtio_xmit_ns),
             },
+            virtio_net: has_virtio.then_some(VirtioNetGuest {
+                rx_vector: VIRTIO_NET_VECTORS[0],
+                tx_vector: VIRTIO_NET_VECTORS[1],
+                notify_port: VIRTIO_NOTIFY_PORT,
+            }),
         };
         let mut kernel = Kernel::new(gcfg);
         if let Some(c) = &s.workload.cyclictest {
@@ -262,6 +304,24 @@ impl World {
                 0,
                 false,
             );
+        }
+        if let Some(n) = &s.workload.netpipe {
+            let t = kernel.spawn(
+                Box::new(NetpipeEcho::new(n.msg_bytes, t_ns(&g.syscall_ns))),
+                0,
+                false,
+            );
+            kernel.tcp_open(NETPIPE_FLOW, nodelay_tcp(), Some(t));
+        }
+        if has_virtio {
+            let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            m.virtio_net.push(dev);
+            // virtnet_probe: fill the RX ring, TX interrupts off.
+            kernel.virtio_net_probe(&mut m.virtio_net[0]);
+            // KVM_IOEVENTFD for each queue's notify port.
+            hv.ioeventfds.push((VIRTIO_NOTIFY_PORT, 0));
+            hv.ioeventfds.push((VIRTIO_NOTIFY_PORT + 1, 1));
         }
         if s.workload.udp.is_some() {
             // "sender and receiver at the lowest priority" (§5.2).
@@ -353,6 +413,39 @@ impl World {
                 },
             );
         }
+        let pv = match (&s.workload.netpipe, has_virtio) {
+            (Some(n), true) => {
+                let p = &cal.peer;
+                let tcp =
+                    Tcp::new(nodelay_tcp()).map_err(|e| BuildError::Scenario(e.to_string()))?;
+                let peer = PeerHost::new(
+                    tcp,
+                    NETPIPE_FLOW,
+                    Box::new(NetpipeTransmitter::new(n.msg_bytes, t_ns(&g.syscall_ns))),
+                    PeerCosts {
+                        rx_segment: t_ns(&p.rx_segment_ns),
+                        tx_segment: t_ns(&p.tx_segment_ns),
+                        wakeup: t_us(&p.wakeup_us),
+                    },
+                );
+                let v = &cal.vhost;
+                // The worker is pinned to a host core of its own.
+                let vhost_core = if cores > 2 { 2 } else { 0 };
+                Some(pv::PvPath::new(
+                    VhostNet::new(0, 0, vhost_core, [0, 1], v.tap_queue_frames.value as usize),
+                    VhostCosts {
+                        wakeup: t_us(&v.wakeup_us),
+                        tx_per_frame: t_ns(&v.tx_per_frame_ns),
+                        rx_per_frame: t_ns(&v.rx_per_frame_ns),
+                        signal: t_ns(&v.signal_ns),
+                    },
+                    VIRTIO_NET_VECTORS,
+                    peer,
+                    t_ns(&p.bridge_ns),
+                ))
+            }
+            _ => None,
+        };
         let mut w = World {
             q,
             m,
@@ -382,9 +475,15 @@ impl World {
             tsc_hz: clocks.tsc_hz,
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: Default::default(),
+            pv,
         };
         if virtualized {
             w.arm_preemption_timer(vm_core, 0);
+        }
+        if let Some(pv) = &w.pv {
+            if let Some(t) = pv.peer.next_timer() {
+                w.q.schedule(t, Ev::PeerTimer { gen: 0 });
+            }
         }
         w.guest_run(vm_core);
         Ok(w)
@@ -553,6 +652,11 @@ impl World {
                     self.guest_run(core);
                 }
             }
+            Ev::Eventfd { fd } => self.pv_eventfd(fd),
+            Ev::VhostStep { .. } => self.pv_vhost_step(),
+            Ev::BridgeToPeer => self.pv_bridge_to_peer(),
+            Ev::BridgeToGuest => self.pv_bridge_to_guest(),
+            Ev::PeerTimer { gen } => self.pv_peer_timer(gen),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {
                 let rate = self.scenario.host.ipi_per_s;
@@ -665,6 +769,10 @@ impl World {
             g.reset_metrics();
         }
         self.timer_exits = Default::default();
+        if let Some(pv) = &mut self.pv {
+            pv.peer.reset_metrics();
+            pv.vhost.counters = Default::default();
+        }
         self.nic_base = self.m.nic.counters(0).unwrap_or_default();
         self.measure_start = now;
     }
@@ -825,7 +933,9 @@ impl World {
                     let kind = self.bg_pending[vcpu].trailing_zeros();
                     self.bg_pending[vcpu] &= !(1 << kind);
                     return Some(Ok(if kind == 0 {
-                        ExitInfo::IoInstruction
+                        ExitInfo::IoInstruction {
+                            port: EMULATED_DEVICE_PORT,
+                        }
                     } else {
                         ExitInfo::EptViolation
                     }));
@@ -909,7 +1019,11 @@ impl World {
             }
             let k = self.kernel_of(core);
             let now = self.q.now();
-            match self.guests[k].next(now, &mut self.m.nic) {
+            let mut dev = Devices {
+                nic: &mut self.m.nic,
+                virtio_net: self.m.virtio_net.get_mut(k),
+            };
+            match self.guests[k].next(now, &mut dev) {
                 Action::Compute(d) => {
                     self.start_segment(core, d.min(MAX_SEGMENT));
                     return;
@@ -951,6 +1065,12 @@ impl World {
                 (msr::TMICT, count as u64, None)
             }
             Instr::WrMsr { msr: r, value } => (r, value, None),
+            Instr::PioWrite { port, .. } => {
+                // KVM exits on every IN/OUT; on bare metal there is no
+                // virtio device behind the port.
+                let exits = vmcs.is_some_and(|v| self.m.vmcs[v].proc.unconditional_io_exiting);
+                return exits.then_some((ExitInfo::IoInstruction { port }, None));
+            }
             Instr::VfWrite { vf, reg } => {
                 // The VF's BAR is mapped into the guest: MMIO goes straight
                 // to the device in every scheme.
@@ -1025,7 +1145,10 @@ impl World {
                 msr: msr::TMICT, ..
             } => c.msr_write_tmict,
             ExitInfo::MsrWrite { .. } => c.msr_write_other,
-            ExitInfo::IoInstruction => sample(self.costs.io_instruction_mean),
+            ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(port) {
+                Some(_) => c.io_instruction_ioeventfd,
+                None => sample(self.costs.io_instruction_mean),
+            },
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
             ExitInfo::Nmi => c.nmi,
@@ -1167,6 +1290,21 @@ impl World {
             (nic.interrupts - self.nic_base.interrupts) as f64 / dur,
         );
         metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        if let Some(pv) = &self.pv {
+            pv.peer.metrics(&mut metrics);
+            let v = &pv.vhost.counters;
+            for (k, n) in [
+                ("vhost.kicks", v.kicks),
+                ("vhost.wakeups", v.wakeups),
+                ("vhost.tx_frames", v.tx_frames),
+                ("vhost.rx_frames", v.rx_frames),
+                ("vhost.signals", v.signals),
+                ("vhost.signals_suppressed", v.signals_suppressed),
+                ("vhost.tap_drops", v.tap_drops),
+            ] {
+                metrics.insert(k.into(), n as f64);
+            }
+        }
         metrics.insert("guest.rx_packets".into(), gc.rx_packets as f64);
         metrics.insert("guest.socket_drops".into(), gc.socket_drops as f64);
         metrics.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);

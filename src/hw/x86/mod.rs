@@ -32,6 +32,8 @@ pub struct Machine {
     /// One shadow IDT per vCPU, in guest memory (used when the VMCS's
     /// guest IDTR points at it).
     pub shadow_idt: Vec<idt::ShadowIdt>,
+    /// virtio-net devices (their virtqueues live in guest memory), one per VM.
+    pub virtio_net: Vec<crate::hw::virtio_net::VirtioNetDev>,
     /// Interrupt-remapping table.
     pub irt: InterruptRemappingTable,
     /// The SR-IOV NIC.
@@ -50,6 +52,7 @@ impl Machine {
             vapic: vec![Default::default(); vcpus],
             pi_desc: vec![Default::default(); vcpus],
             shadow_idt: vec![Default::default(); vcpus],
+            virtio_net: Vec::new(),
             irt: InterruptRemappingTable::new(256),
             nic,
             link,

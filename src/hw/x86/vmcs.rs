@@ -42,6 +42,8 @@ pub struct ProcControls {
     pub nmi_window_exiting: bool,
     /// MSR bitmaps decide which RDMSR/WRMSR exit; without them all do.
     pub use_msr_bitmaps: bool,
+    /// Every IN/OUT exits (KVM does not use I/O bitmaps).
+    pub unconditional_io_exiting: bool,
     /// A virtual-APIC page shadows the TPR (prerequisite of APIC virtualization).
     pub use_tpr_shadow: bool,
 }
@@ -271,6 +273,7 @@ impl Vmcs {
             proc: ProcControls {
                 hlt_exiting: true,
                 use_msr_bitmaps: true,
+                unconditional_io_exiting: true,
                 ..ProcControls::default()
             },
             exit: ExitControls {

@@ -1,0 +1,364 @@
+//! The guest's network stack above its devices: TCP sockets, and the
+//! virtio-net front-end driver as Linux 3.6's `virtio_net.c` runs it:
+//!
+//! * transmit (`start_xmit`): reclaim used TX buffers, add the frame to the
+//!   TX virtqueue, and kick (a PIO write to the notify port) only when
+//!   `virtqueue_kick_prepare` says the device asked for it (ring flags or
+//!   EVENT_IDX); TX completion interrupts stay off unless the ring fills;
+//! * receive: the RX vector's handler disables RX callbacks and schedules
+//!   NAPI; the poll takes used buffers up to the budget, refills the ring
+//!   when it is half empty (kicking if asked), and re-enables callbacks
+//!   with `virtqueue_enable_cb`, polling again if buffers slipped in.
+//!
+//! TCP output (data, ACKs, retransmissions) leaves through the same
+//! transmit path, from process context after a send and from softirq
+//! context after a receive or a TCP timer.
+
+use super::app::Metrics;
+use super::tcp::{Tcp, TcpConfig};
+use super::{Action, FrameKind, HrKind, Instr, Kernel};
+use crate::engine::Time;
+use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
+use crate::hw::wire::{Frame, Transport};
+
+/// The guest's view of its virtio-net device (from PCI config space).
+#[derive(Clone, Copy, Debug)]
+pub struct VirtioNetGuest {
+    /// MSI-X vector of the RX queue.
+    pub rx_vector: u8,
+    /// MSI-X vector of the TX queue.
+    pub tx_vector: u8,
+    /// The legacy virtio-pci QUEUE_NOTIFY port.
+    pub notify_port: u16,
+}
+
+/// A connected TCP socket.
+pub(super) struct TcpSock {
+    pub(super) tcp: Tcp,
+    pub(super) flow: u16,
+    pub(super) task: Option<usize>,
+    /// The deadline of its hrtimer (delayed ACK / RTO), if armed.
+    pub(super) timer: Option<Time>,
+}
+
+/// Counters of the guest's network stack.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct NetCounters {
+    pub virtio_irqs: u64,
+    pub virtio_rx_frames: u64,
+    pub virtio_tx_frames: u64,
+    pub kicks: u64,
+    pub kicks_suppressed: u64,
+    pub tx_ring_full: u64,
+    pub unknown_flow: u64,
+}
+
+/// Guest-visible device memory the driver works on: the VF's BAR and DMA
+/// rings, and the virtio-net device's virtqueues.
+pub struct Devices<'a> {
+    /// The SR-IOV NIC (its VF).
+    pub nic: &'a mut crate::hw::x86::nic::Nic,
+    /// The virtio-net device, if the VM has one.
+    pub virtio_net: Option<&'a mut VirtioNetDev>,
+}
+
+impl Kernel {
+    /// Opens a connected TCP socket for flow `flow`, owned by task `task`.
+    pub fn tcp_open(&mut self, flow: u16, cfg: TcpConfig, task: Option<usize>) -> usize {
+        // A configuration error would have been caught when the scenario
+        // was built; fall back to Linux defaults rather than abort.
+        let tcp = Tcp::new(cfg).unwrap_or_else(|_| Tcp::new(TcpConfig::default()).unwrap());
+        self.tcp_socks.push(TcpSock {
+            tcp,
+            flow,
+            task,
+            timer: None,
+        });
+        let s = self.tcp_socks.len() - 1;
+        if let Some(t) = task {
+            self.tasks[t].tcp = Some(s);
+        }
+        s
+    }
+
+    /// `virtnet_probe`: fill the RX ring and publish it; TX completion
+    /// interrupts stay off (buffers are reclaimed on the next transmit).
+    pub fn virtio_net_probe(&mut self, vn: &mut VirtioNetDev) {
+        while vn.rx_add_buffer() {}
+        // The device is not running yet: the probe's notify is not a kick
+        // the model needs to deliver.
+        let _ = vn.rx_kick_prepare();
+        vn.tx_disable_cb();
+    }
+
+    /// TCP metrics of every socket.
+    pub(super) fn net_metrics(&self, out: &mut Metrics) {
+        let n = &self.net;
+        out.insert("guest.virtio_irqs".into(), n.virtio_irqs as f64);
+        out.insert("guest.virtio_rx_frames".into(), n.virtio_rx_frames as f64);
+        out.insert("guest.virtio_tx_frames".into(), n.virtio_tx_frames as f64);
+        out.insert("guest.virtio_kicks".into(), n.kicks as f64);
+        out.insert(
+            "guest.virtio_kicks_suppressed".into(),
+            n.kicks_suppressed as f64,
+        );
+        let rexmit: u64 = self
+            .tcp_socks
+            .iter()
+            .map(|s| s.tcp.counters().retransmits)
+            .sum();
+        if !self.tcp_socks.is_empty() {
+            out.insert("guest.tcp_retransmits".into(), rexmit as f64);
+        }
+    }
+
+    /// A frame came up from a device (NAPI): hand it to its socket.
+    /// Returns the transport processing cost.
+    pub(super) fn netif_receive(&mut self, f: Frame, now: Time) -> Time {
+        match f.transport {
+            Transport::Udp { len, .. } => {
+                self.socket_enqueue(super::app::Datagram { len, sent: f.sent });
+                0
+            }
+            Transport::Tcp(seg) => {
+                let Some(s) = self.tcp_socks.iter().position(|s| s.flow == f.flow) else {
+                    self.net.unknown_flow += 1;
+                    return 0;
+                };
+                self.tcp_socks[s].tcp.on_segment(seg, now);
+                self.tcp_timer_sync(s, now);
+                self.tx_pending = true;
+                if let Some(t) = self.tcp_socks[s].task {
+                    self.wake(t);
+                }
+                self.cfg.costs.tcp_rx_segment
+            }
+        }
+    }
+
+    /// Keeps socket `s`'s hrtimer at its TCP endpoint's next deadline.
+    pub(super) fn tcp_timer_sync(&mut self, s: usize, _now: Time) {
+        let next = self.tcp_socks[s].tcp.next_timer();
+        if next == self.tcp_socks[s].timer {
+            return;
+        }
+        self.hrtimers.retain(|h| h.1 != HrKind::Tcp(s));
+        if let Some(t) = next {
+            // TCP's timers live on the jiffy timer wheel (sk_reset_timer →
+            // mod_timer), not on hrtimers: they expire with the tick after
+            // their deadline and never reprogram the clockevent themselves.
+            let p = self.tick_period();
+            self.hrtimers.push((t.div_ceil(p) * p, HrKind::Tcp(s)));
+        }
+        self.tcp_socks[s].timer = next;
+    }
+
+    /// A TCP hrtimer expired.
+    pub(super) fn tcp_timer_fired(&mut self, s: usize, now: Time) {
+        self.tcp_socks[s].timer = None;
+        self.tcp_socks[s].tcp.on_timer(now);
+        self.tcp_timer_sync(s, now);
+        self.tx_pending = true;
+    }
+
+    /// `tick_nohz_irq_exit`: leaving network processing on a CPU that
+    /// stays idle re-evaluates the next timer event (TCP's wheel timers
+    /// included); a CPU about to run a woken task restarts its tick on the
+    /// switch instead.
+    fn irq_exit_nohz(&mut self, now: Time) -> Option<Action> {
+        if self.current.is_some() || self.need_resched {
+            return None;
+        }
+        self.reprogram(now).map(Action::Instr)
+    }
+
+    /// The next frame any socket wants to send, round robin.
+    fn pull_output(&mut self, now: Time) -> Option<Frame> {
+        let n = self.tcp_socks.len();
+        for i in 0..n {
+            let s = (self.tx_rr + i) % n;
+            if let Some(seg) = self.tcp_socks[s].tcp.poll_output(now) {
+                self.tx_rr = (s + 1) % n;
+                self.tcp_timer_sync(s, now);
+                return Some(Frame::tcp(self.tcp_socks[s].flow, seg, now));
+            }
+        }
+        None
+    }
+
+    /// One step of the transmit frame: `dev_queue_xmit` → `start_xmit` for
+    /// the next pending frame, then the kick decision.
+    pub(super) fn net_tx_step(
+        &mut self,
+        top: usize,
+        stage: u8,
+        now: Time,
+        dev: &mut Devices,
+    ) -> Option<Action> {
+        let Some(vn) = dev.virtio_net.as_deref_mut() else {
+            // No device to send on: the output is dropped (an SR-IOV TCP
+            // path is not modelled).
+            while self.pull_output(now).is_some() {}
+            self.tx_pending = false;
+            self.pop();
+            return self.irq_exit_nohz(now);
+        };
+        let Some(cfg) = self.cfg.virtio_net else {
+            self.pop();
+            return None;
+        };
+        match stage {
+            0 => {
+                let next = self
+                    .tx_backlog
+                    .pop_front()
+                    .or_else(|| self.pull_output(now));
+                let Some(frame) = next else {
+                    self.tx_pending = false;
+                    self.pop();
+                    return self.irq_exit_nohz(now);
+                };
+                // free_old_xmit_skbs, then add the frame.
+                vn.tx_reclaim();
+                if !vn.tx_add(frame) {
+                    // Ring full: netif_stop_queue and ask for a TX
+                    // interrupt once most of it is used.
+                    self.net.tx_ring_full += 1;
+                    self.tx_backlog.push_front(frame);
+                    self.tx_stopped = true;
+                    self.tx_pending = false;
+                    if !vn.tx_enable_cb_delayed() {
+                        // Already enough used: go on at once.
+                        vn.tx_disable_cb();
+                        self.tx_stopped = false;
+                        return None;
+                    }
+                    self.pop();
+                    return self.irq_exit_nohz(now);
+                }
+                self.net.virtio_tx_frames += 1;
+                let cost = self.cfg.costs.tcp_tx_segment + self.cfg.costs.virtio_xmit;
+                self.set_stage(top, 1, cost);
+                None
+            }
+            _ => {
+                self.set_stage(top, 0, 0);
+                if vn.tx_kick_prepare() {
+                    self.net.kicks += 1;
+                    return Some(Action::Instr(Instr::PioWrite {
+                        port: cfg.notify_port + TX_QUEUE,
+                        value: TX_QUEUE as u32,
+                    }));
+                }
+                self.net.kicks_suppressed += 1;
+                None
+            }
+        }
+    }
+
+    /// `vring_interrupt` for the virtio-net vectors: RX disables callbacks
+    /// and schedules NAPI; TX (only enabled while the queue is stopped)
+    /// wakes the queue.
+    pub(super) fn virtio_irq(&mut self, vector: u8, dev: &mut Devices) {
+        let (Some(cfg), Some(vn)) = (self.cfg.virtio_net, dev.virtio_net.as_deref_mut()) else {
+            return;
+        };
+        self.net.virtio_irqs += 1;
+        if vector == cfg.rx_vector {
+            vn.rx_disable_cb();
+            self.napi_virtio = true;
+        } else if vector == cfg.tx_vector {
+            vn.tx_disable_cb();
+            if self.tx_stopped {
+                self.tx_stopped = false;
+                self.tx_pending = true;
+            }
+            let _ = vn;
+        }
+    }
+
+    /// Whether `vector` is one of the virtio-net device's.
+    pub(super) fn is_virtio_vector(&self, vector: u8) -> bool {
+        self.cfg
+            .virtio_net
+            .is_some_and(|c| vector == c.rx_vector || vector == c.tx_vector)
+    }
+
+    /// One step of `virtnet_poll`.
+    pub(super) fn virtio_poll_step(
+        &mut self,
+        top: usize,
+        stage: u8,
+        round: u32,
+        now: Time,
+        dev: &mut Devices,
+    ) -> Option<Action> {
+        let (Some(cfg), Some(vn)) = (self.cfg.virtio_net, dev.virtio_net.as_deref_mut()) else {
+            self.napi_virtio = false;
+            self.in_softirq = false;
+            self.pop();
+            return None;
+        };
+        let c = self.cfg.costs;
+        match stage {
+            // receive_buf for each used buffer, up to the budget.
+            0 => {
+                if round < self.cfg.napi_weight {
+                    if let Some(f) = vn.rx_get() {
+                        self.net.virtio_rx_frames += 1;
+                        self.counters.rx_packets += 1;
+                        let extra = self.netif_receive(f, now);
+                        self.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
+                        self.frames[top].compute = c.rx_per_packet + extra;
+                        return None;
+                    }
+                }
+                // Refill when half the ring is used (try_fill_recv).
+                self.set_stage(top, 1, 0);
+                if vn.rx_outstanding() < vn.queue_size() / 2 {
+                    let mut added = 0;
+                    while vn.rx_add_buffer() {
+                        added += 1;
+                    }
+                    if added > 0 {
+                        self.frames[top].compute = c.napi_poll_base;
+                        if vn.rx_kick_prepare() {
+                            self.net.kicks += 1;
+                            return Some(Action::Instr(Instr::PioWrite {
+                                port: cfg.notify_port + RX_QUEUE,
+                                value: RX_QUEUE as u32,
+                            }));
+                        }
+                        self.net.kicks_suppressed += 1;
+                    }
+                }
+                None
+            }
+            // Budget used: stay scheduled. Otherwise napi_complete and
+            // re-enable callbacks; poll again if buffers slipped in.
+            1 => {
+                if round >= self.cfg.napi_weight {
+                    self.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.set_stage(top, 0, c.napi_poll_base);
+                    return None;
+                }
+                if !vn.rx_enable_cb() {
+                    vn.rx_disable_cb();
+                    self.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.set_stage(top, 0, 0);
+                    return None;
+                }
+                self.napi_virtio = false;
+                self.set_stage(top, 2, 0);
+                None
+            }
+            _ => {
+                self.in_softirq = false;
+                self.pop();
+                self.raise_softirq();
+                self.irq_exit_nohz(now)
+            }
+        }
+    }
+}
