@@ -41,6 +41,32 @@ pub struct Experiment {
     /// Published values.
     #[serde(default)]
     pub expected: Vec<Expected>,
+    /// Published differences between two configs.
+    #[serde(default)]
+    pub differences: Vec<Difference>,
+}
+
+/// A published difference: `config` minus `minus` on one metric ("SRIOV is
+/// 2.44 µs above SRIOV-BM"), for every parameter value unless `params`
+/// narrows it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Difference {
+    /// The config whose value comes first.
+    pub config: String,
+    /// The config subtracted.
+    pub minus: String,
+    /// Parameter values this applies to (empty = every value).
+    #[serde(default)]
+    pub params: BTreeMap<String, toml::Value>,
+    /// Metric.
+    pub metric: String,
+    /// The paper's value of the difference.
+    pub paper: f64,
+    /// Tolerance.
+    pub tolerance: Tolerance,
+    /// Where in the paper.
+    pub source: String,
 }
 
 /// A metric and its unit.
@@ -312,6 +338,42 @@ pub fn reproduce(
                 within: exp.map(|x| within(model, x.paper, x.tolerance)),
                 violations: rep.violations(),
             });
+        }
+    }
+    for e in &exps {
+        for d in &e.differences {
+            let mut extra = Vec::new();
+            for a in rows.iter().filter(|r| {
+                r.experiment == e.id
+                    && r.config == d.config
+                    && r.metric == d.metric
+                    && d.params
+                        .iter()
+                        .all(|(k, v)| r.params.get(k) == Some(&to_json(v)))
+            }) {
+                let Some(b) = rows.iter().find(|r| {
+                    r.experiment == e.id
+                        && r.config == d.minus
+                        && r.metric == d.metric
+                        && r.params == a.params
+                }) else {
+                    continue;
+                };
+                let model = a.model - b.model;
+                extra.push(Row {
+                    experiment: e.id.clone(),
+                    config: format!("{}-minus-{}", d.config, d.minus),
+                    params: a.params.clone(),
+                    metric: d.metric.clone(),
+                    unit: a.unit.clone(),
+                    model,
+                    paper: Some(d.paper),
+                    tolerance: Some(d.tolerance),
+                    within: Some(within(model, d.paper, d.tolerance)),
+                    violations: a.violations.max(b.violations),
+                });
+            }
+            rows.extend(extra);
         }
     }
     Ok(rows)

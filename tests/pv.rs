@@ -1,0 +1,96 @@
+//! The paravirtual path (virtio-net, ioeventfd, vhost, irqfd) under each
+//! scheme: which exits remain on a NetPIPE ping-pong, and that every
+//! virtual interrupt is delivered.
+
+mod common;
+use common::*;
+use exitless::scenario::Scenario;
+
+fn netpipe(scheme: &str) -> exitless::report::RunReport {
+    run_file(
+        "netpipe.toml",
+        &[
+            &format!("scheme={scheme}"),
+            "duration_s=0.1",
+            "msg_bytes=64",
+        ],
+    )
+}
+
+#[test]
+fn pv_round_trip_exits_per_scheme() {
+    let kvm = netpipe("kvm");
+    let apicv = netpipe("apicv");
+    let did = netpipe("did");
+    for (name, r) in [("kvm", &kvm), ("apicv", &apicv), ("did", &did)] {
+        assert_eq!(r.violations(), 0, "{name}: {:?}", r.invariants.violations);
+        let rt = metric(r, "netpipe.round_trips");
+        assert!(rt > 500.0, "{name}: {rt} round trips");
+        // Every echo leaves with one kick (the ring is idle in between),
+        // an ioeventfd IO_INSTRUCTION exit in every scheme.
+        let kicks = rate(r, "IO_INSTRUCTION") * 0.1;
+        assert!(
+            kicks >= 0.95 * rt,
+            "{name}: {kicks} kicks for {rt} round trips"
+        );
+        // The back end's signal reaches the guest once per message.
+        let irqs = metric(r, "guest.virtio_irqs");
+        assert!((irqs - rt).abs() <= 2.0, "{name}: {irqs} irqs for {rt}");
+    }
+    let per_rt = |r: &exitless::report::RunReport, reason: &str| {
+        rate(r, reason) * 0.1 / metric(r, "netpipe.round_trips")
+    };
+    // KVM: the irqfd kicks the vCPU out (EXTINT) and the EOI traps.
+    assert!(per_rt(&kvm, "EXTERNAL_INTERRUPT") >= 0.95);
+    assert!(per_rt(&kvm, "MSR_WRITE") >= 1.0);
+    // APICv posts the interrupt and virtualizes the EOI; the NO_HZ
+    // guest's TMICT writes still trap.
+    assert!(per_rt(&apicv, "EXTERNAL_INTERRUPT") < 0.1);
+    assert!(per_rt(&apicv, "MSR_WRITE") < per_rt(&kvm, "MSR_WRITE"));
+    // DID: the back end's IPI lands in the guest; EOI and TMICT pass through.
+    assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
+    assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
+    let lat = |r: &exitless::report::RunReport| metric(r, "netpipe.half_rtt_us");
+    assert!(lat(&did) < lat(&apicv) && lat(&apicv) < lat(&kvm));
+}
+
+#[test]
+fn pv_is_clean_under_preemption_and_eli() {
+    // Back-end signals while the vCPU is descheduled must wait and arrive.
+    let text = std::fs::read_to_string(scenario_path("netpipe.toml")).unwrap();
+    let text = format!("{text}\n[[preemptions]]\nat_ms = 30\nfor_ms = 2\n[[preemptions]]\nat_ms = 60\nfor_ms = 5\n");
+    for scheme in ["kvm", "apicv", "eli", "did"] {
+        let r = run_text(&text, &[&format!("scheme={scheme}"), "duration_s=0.1"]);
+        assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
+        assert!(metric(&r, "netpipe.round_trips") > 500.0, "{scheme}");
+    }
+}
+
+#[test]
+fn config_names_select_scheme_and_device() {
+    let base = "duration_s = 0.01\n[workload.netpipe]\nmsg_bytes = 64\n";
+    let s = Scenario::parse(&format!("config = \"pv-did\"\n{base}"), &[]).unwrap();
+    assert_eq!(s.scheme, "did");
+    assert_eq!(s.net.device, exitless::scenario::NetDevice::Virtio);
+    let e = Scenario::parse(&format!("config = \"pv\"\nscheme = \"did\"\n{base}"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config"), "{e}");
+    let e = Scenario::parse(&format!("config = \"pv-turbo\"\n{base}"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pv-turbo") && e.contains("sriov-did"), "{e}");
+    let e = Scenario::parse(base, &[]).unwrap_err().to_string();
+    assert!(e.contains("scheme"), "{e}");
+}
+
+#[test]
+fn event_idx_off_uses_ring_flags_and_still_delivers() {
+    let flags = run_file(
+        "netpipe.toml",
+        &["scheme=kvm", "duration_s=0.05", "net.event_idx=false"],
+    );
+    assert_eq!(flags.violations(), 0);
+    assert!(metric(&flags, "netpipe.round_trips") > 300.0);
+    assert!(metric(&flags, "vhost.signals") > 300.0);
+}
