@@ -67,6 +67,7 @@ section!(Guest {
     tcp_rx_segment_ns,
     tcp_tx_segment_ns,
     virtio_xmit_ns,
+    vf_xmit_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
 });
@@ -86,6 +87,7 @@ section!(Nic {
     napi_weight,
     netdev_budget,
     msi_latency_us,
+    tx_fetch_us,
     link_gbps,
 });
 section!(Apic { bus_mhz });

@@ -94,3 +94,32 @@ fn event_idx_off_uses_ring_flags_and_still_delivers() {
     assert!(metric(&flags, "netpipe.round_trips") > 300.0);
     assert!(metric(&flags, "vhost.signals") > 300.0);
 }
+
+#[test]
+fn sriov_netpipe_round_trips_through_the_vf() {
+    let run = |scheme: &str| {
+        run_file(
+            "netpipe.toml",
+            &[&format!("scheme={scheme}"), "net.device=vf", "duration_s=0.05"],
+        )
+    };
+    let bm = run("bare-metal");
+    let kvm = run("kvm");
+    let did = run("did");
+    for (name, r) in [("bm", &bm), ("kvm", &kvm), ("did", &did)] {
+        assert_eq!(r.violations(), 0, "{name}: {:?}", r.invariants.violations);
+        let rt = metric(r, "netpipe.round_trips");
+        assert!(rt > 300.0, "{name}: {rt}");
+        // Request in, echo out: the VF moved both.
+        assert!(metric(r, "guest.rx_packets") >= rt, "{name}");
+        assert!(metric(r, "guest.tx_frames") >= rt, "{name}");
+    }
+    // KVM takes the VF's interrupts (RX and TX completion share a vector)
+    // as exits and traps their EOIs; DID takes neither.
+    let nic = metric(&kvm, "nic.interrupts_per_s");
+    assert!(rate(&kvm, "EXTERNAL_INTERRUPT") >= 0.9 * nic);
+    assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
+    assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
+    let lat = |r: &exitless::report::RunReport| metric(r, "netpipe.half_rtt_us");
+    assert!((lat(&did) - lat(&bm)).abs() < 0.3, "{} {}", lat(&did), lat(&bm));
+}

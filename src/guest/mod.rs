@@ -48,6 +48,7 @@ pub struct GuestCosts {
     pub tcp_rx_segment: Time,
     pub tcp_tx_segment: Time,
     pub virtio_xmit: Time,
+    pub vf_xmit: Time,
 }
 
 /// Static configuration of one guest kernel.
@@ -131,6 +132,8 @@ pub enum VfReg {
     Eitr(u8, u32),
     /// VTEIMS := bits (re-enable after napi_complete).
     Eims(u32),
+    /// VFTDT(0): the TX tail doorbell after writing descriptors.
+    Tdt,
 }
 
 /// The guest's next action.
@@ -555,7 +558,14 @@ impl Kernel {
                 }
             },
             FrameKind::Irq { vector } => self.irq_step(top, f, vector, now, dev),
-            FrameKind::Softirq { round } => self.softirq_step(top, f, round, dev.nic),
+            FrameKind::Softirq { round } => {
+                if f.stage == 0 && self.tx_ready() {
+                    // TCP output (ACKs) leaves inline from the poll.
+                    self.push(FrameKind::NetTx, 0, true);
+                    return None;
+                }
+                self.softirq_step(top, f, round, now, dev.nic)
+            }
             FrameKind::VirtioPoll { round } => {
                 if f.stage == 0 && self.tx_ready() {
                     // TCP output the received segments caused (ACKs)
@@ -690,6 +700,7 @@ impl Kernel {
         top: usize,
         f: Frame,
         round: u32,
+        now: Time,
         nic: &mut crate::hw::x86::nic::Nic,
     ) -> Option<Action> {
         let c = self.cfg.costs;
@@ -701,16 +712,18 @@ impl Kernel {
         };
         match f.stage {
             0 => {
+                if round == 0 && nic.tx_clean(vf).unwrap_or(0) > 0 && self.tx_stopped {
+                    // ixgbevf_clean_tx_irq: descriptors are free again.
+                    self.tx_stopped = false;
+                    self.tx_pending = true;
+                }
                 if round < self.cfg.napi_weight {
                     if let Ok(Some(p)) = nic.rx_poll(vf) {
                         self.frames[top].kind = FrameKind::Softirq { round: round + 1 };
-                        self.frames[top].compute = c.rx_per_packet;
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
-                        self.socket_enqueue(Datagram {
-                            len: p.len,
-                            sent: p.arrived,
-                        });
+                        let extra = self.netif_receive(p.frame, now);
+                        self.frames[top].compute = c.rx_per_packet + extra;
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);

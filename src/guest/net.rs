@@ -47,7 +47,7 @@ pub(super) struct TcpSock {
 pub struct NetCounters {
     pub virtio_irqs: u64,
     pub virtio_rx_frames: u64,
-    pub virtio_tx_frames: u64,
+    pub tx_frames: u64,
     pub kicks: u64,
     pub kicks_suppressed: u64,
     pub tx_ring_full: u64,
@@ -97,7 +97,7 @@ impl Kernel {
         let n = &self.net;
         out.insert("guest.virtio_irqs".into(), n.virtio_irqs as f64);
         out.insert("guest.virtio_rx_frames".into(), n.virtio_rx_frames as f64);
-        out.insert("guest.virtio_tx_frames".into(), n.virtio_tx_frames as f64);
+        out.insert("guest.tx_frames".into(), n.tx_frames as f64);
         out.insert("guest.virtio_kicks".into(), n.kicks as f64);
         out.insert(
             "guest.virtio_kicks_suppressed".into(),
@@ -187,8 +187,11 @@ impl Kernel {
         None
     }
 
-    /// One step of the transmit frame: `dev_queue_xmit` → `start_xmit` for
-    /// the next pending frame, then the kick decision.
+    /// One step of the transmit frame: `dev_queue_xmit` → the driver's
+    /// `start_xmit` for the next pending frame (virtio-net: add to the TX
+    /// virtqueue; ixgbevf: write a TX descriptor), then its notification
+    /// (virtio: a kick if the device asked; VF: the TDT doorbell, an MMIO
+    /// write to the mapped BAR).
     pub(super) fn net_tx_step(
         &mut self,
         top: usize,
@@ -196,18 +199,15 @@ impl Kernel {
         now: Time,
         dev: &mut Devices,
     ) -> Option<Action> {
-        let Some(vn) = dev.virtio_net.as_deref_mut() else {
-            // No device to send on: the output is dropped (an SR-IOV TCP
-            // path is not modelled).
+        let virtio = self.cfg.virtio_net;
+        let vf = self.cfg.vf;
+        if virtio.is_none() && vf.is_none() {
+            // No device to send on: the output is dropped.
             while self.pull_output(now).is_some() {}
             self.tx_pending = false;
             self.pop();
-            return self.irq_exit_nohz(now);
-        };
-        let Some(cfg) = self.cfg.virtio_net else {
-            self.pop();
             return None;
-        };
+        }
         match stage {
             0 => {
                 let next = self
@@ -219,40 +219,61 @@ impl Kernel {
                     self.pop();
                     return self.irq_exit_nohz(now);
                 };
-                // free_old_xmit_skbs, then add the frame.
-                vn.tx_reclaim();
-                if !vn.tx_add(frame) {
-                    // Ring full: netif_stop_queue and ask for a TX
-                    // interrupt once most of it is used.
+                let (added, xmit) = match (dev.virtio_net.as_deref_mut(), vf) {
+                    (Some(vn), _) if virtio.is_some() => {
+                        // free_old_xmit_skbs, then add the frame.
+                        vn.tx_reclaim();
+                        (vn.tx_add(frame), self.cfg.costs.virtio_xmit)
+                    }
+                    (_, Some(vf)) => (
+                        dev.nic.tx_enqueue(vf, frame).unwrap_or(false),
+                        self.cfg.costs.vf_xmit,
+                    ),
+                    _ => (false, 0),
+                };
+                if !added {
+                    // Ring full: netif_stop_queue until completions free it.
                     self.net.tx_ring_full += 1;
                     self.tx_backlog.push_front(frame);
                     self.tx_stopped = true;
                     self.tx_pending = false;
-                    if !vn.tx_enable_cb_delayed() {
-                        // Already enough used: go on at once.
-                        vn.tx_disable_cb();
-                        self.tx_stopped = false;
-                        return None;
+                    if let (Some(_), Some(vn)) = (virtio, dev.virtio_net.as_deref_mut()) {
+                        // Ask for a TX interrupt once most of it is used.
+                        if !vn.tx_enable_cb_delayed() {
+                            vn.tx_disable_cb();
+                            self.tx_stopped = false;
+                            self.tx_pending = true;
+                            return None;
+                        }
                     }
                     self.pop();
                     return self.irq_exit_nohz(now);
                 }
-                self.net.virtio_tx_frames += 1;
-                let cost = self.cfg.costs.tcp_tx_segment + self.cfg.costs.virtio_xmit;
+                self.net.tx_frames += 1;
+                let cost = self.cfg.costs.tcp_tx_segment + xmit;
                 self.set_stage(top, 1, cost);
                 None
             }
             _ => {
                 self.set_stage(top, 0, 0);
-                if vn.tx_kick_prepare() {
-                    self.net.kicks += 1;
-                    return Some(Action::Instr(Instr::PioWrite {
-                        port: cfg.notify_port + TX_QUEUE,
-                        value: TX_QUEUE as u32,
-                    }));
+                match (virtio, dev.virtio_net.as_deref_mut(), vf) {
+                    (Some(cfg), Some(vn), _) => {
+                        if vn.tx_kick_prepare() {
+                            self.net.kicks += 1;
+                            return Some(Action::Instr(Instr::PioWrite {
+                                port: cfg.notify_port + TX_QUEUE,
+                                value: TX_QUEUE as u32,
+                            }));
+                        }
+                        self.net.kicks_suppressed += 1;
+                        None
+                    }
+                    (_, _, Some(vf)) => Some(Action::Instr(Instr::VfWrite {
+                        vf,
+                        reg: super::VfReg::Tdt,
+                    })),
+                    _ => None,
                 }
-                self.net.kicks_suppressed += 1;
-                None
             }
         }
     }

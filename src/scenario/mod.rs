@@ -570,12 +570,6 @@ impl Scenario {
                     "virtio needs a hypervisor: bare metal has no vhost".into(),
                 );
             }
-            if self.net.device == NetDevice::Vf {
-                return bad(
-                    "net.device",
-                    "netpipe over the VF (sriov configurations) needs the VF transmit path, not modelled yet; use pv or pv-did".into(),
-                );
-            }
             if self.workload.udp.is_some() {
                 return bad(
                     "workload.netpipe",

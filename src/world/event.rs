@@ -83,10 +83,16 @@ pub enum Ev {
         /// Device.
         dev: u16,
     },
-    /// The next frame from the guest side of the bridge reaches the peer.
-    BridgeToPeer,
-    /// The next frame from the peer reaches the tap device.
-    BridgeToGuest,
+    /// The next frame from the guest reaches the peer host.
+    ToPeer,
+    /// The next frame from the peer host reaches the guest's side (the tap
+    /// device, or the VF).
+    ToGuest,
+    /// The VF's head TX frame has left the wire.
+    VfTxDone {
+        /// VF.
+        vf: u16,
+    },
     /// The peer process's timer (stale if `gen` moved on).
     PeerTimer {
         /// Arming generation.

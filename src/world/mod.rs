@@ -4,7 +4,7 @@
 //! controls and LAPIC state, whether a guest action or an interrupt exits.
 
 pub mod event;
-mod pv;
+mod net;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
@@ -119,8 +119,12 @@ pub struct World {
     ptimer_gen: Vec<u64>,
     tsc_hz: u64,
     nic_base: crate::hw::x86::nic::VfCounters,
-    /// The paravirtual path (vhost, bridge, peer), if the VM has virtio-net.
-    pv: Option<pv::PvPath>,
+    /// The vhost side of the VM's virtio-net device, if it has one.
+    pv: Option<net::PvPath>,
+    /// The peer host of the VM's TCP connection, if any.
+    peer: Option<net::PeerLink>,
+    /// VF transmit: the doorbell-to-fetch delay.
+    tx_fetch: Time,
 }
 
 fn t_us(e: &crate::calibration::Entry) -> Time {
@@ -187,7 +191,8 @@ impl World {
             propagation_ps: 500_000,
         };
         let mut m = Machine::new(cores, 1, clocks, nic, link);
-        let has_vf = s.workload.udp.is_some();
+        let has_vf = s.workload.udp.is_some()
+            || (s.workload.netpipe.is_some() && s.net.device == NetDevice::Vf);
         let has_virtio =
             virtualized && s.net.device == NetDevice::Virtio && s.workload.netpipe.is_some();
         let vf = has_vf.then_some(VfAssignment {
@@ -272,6 +277,7 @@ impl World {
                 tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
                 tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
                 virtio_xmit: t_ns(&g.virtio_xmit_ns),
+                vf_xmit: t_ns(&g.vf_xmit_ns),
             },
             virtio_net: has_virtio.then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
@@ -413,12 +419,12 @@ impl World {
                 },
             );
         }
-        let pv = match (&s.workload.netpipe, has_virtio) {
-            (Some(n), true) => {
+        let peer = match &s.workload.netpipe {
+            Some(n) => {
                 let p = &cal.peer;
                 let tcp =
                     Tcp::new(nodelay_tcp()).map_err(|e| BuildError::Scenario(e.to_string()))?;
-                let peer = PeerHost::new(
+                let host = PeerHost::new(
                     tcp,
                     NETPIPE_FLOW,
                     Box::new(NetpipeTransmitter::new(n.msg_bytes, t_ns(&g.syscall_ns))),
@@ -428,24 +434,32 @@ impl World {
                         wakeup: t_us(&p.wakeup_us),
                     },
                 );
-                let v = &cal.vhost;
-                // The worker is pinned to a host core of its own.
-                let vhost_core = if cores > 2 { 2 } else { 0 };
-                Some(pv::PvPath::new(
-                    VhostNet::new(0, 0, vhost_core, [0, 1], v.tap_queue_frames.value as usize),
-                    VhostCosts {
-                        wakeup: t_us(&v.wakeup_us),
-                        tx_per_frame: t_ns(&v.tx_per_frame_ns),
-                        rx_per_frame: t_ns(&v.rx_per_frame_ns),
-                        signal: t_ns(&v.signal_ns),
-                    },
-                    VIRTIO_NET_VECTORS,
-                    peer,
-                    t_ns(&p.bridge_ns),
-                ))
+                let attach = if has_virtio {
+                    net::Attach::Bridge {
+                        delay: t_ns(&p.bridge_ns),
+                    }
+                } else {
+                    net::Attach::Wire { vf: 0 }
+                };
+                Some(net::PeerLink::new(host, attach))
             }
             _ => None,
         };
+        let pv = has_virtio.then(|| {
+            let v = &cal.vhost;
+            // The worker is pinned to a host core of its own.
+            let vhost_core = if cores > 2 { 2 } else { 0 };
+            net::PvPath {
+                vhost: VhostNet::new(0, 0, vhost_core, [0, 1], v.tap_queue_frames.value as usize),
+                costs: VhostCosts {
+                    wakeup: t_us(&v.wakeup_us),
+                    tx_per_frame: t_ns(&v.tx_per_frame_ns),
+                    rx_per_frame: t_ns(&v.rx_per_frame_ns),
+                    signal: t_ns(&v.signal_ns),
+                },
+                vectors: VIRTIO_NET_VECTORS,
+            }
+        });
         let mut w = World {
             q,
             m,
@@ -476,15 +490,13 @@ impl World {
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: Default::default(),
             pv,
+            peer,
+            tx_fetch: t_us(&cal.nic.tx_fetch_us),
         };
         if virtualized {
             w.arm_preemption_timer(vm_core, 0);
         }
-        if let Some(pv) = &w.pv {
-            if let Some(t) = pv.peer.next_timer() {
-                w.q.schedule(t, Ev::PeerTimer { gen: 0 });
-            }
-        }
+        w.peer_sent();
         w.guest_run(vm_core);
         Ok(w)
     }
@@ -608,9 +620,15 @@ impl World {
             Ev::WireRx { vf, len, sent, seq } => {
                 let pkt = RxPacket {
                     len,
-                    arrived: sent,
-                    flow: 0,
-                    seq,
+                    arrived: now,
+                    frame: crate::hw::wire::Frame {
+                        flow: 0,
+                        transport: crate::hw::wire::Transport::Udp {
+                            len: len.saturating_sub(crate::hw::wire::UDP_HEADERS),
+                            seq,
+                        },
+                        sent,
+                    },
                 };
                 if let Ok((_, a)) = self.m.nic.receive(vf, pkt, now) {
                     self.nic_action(a);
@@ -654,9 +672,10 @@ impl World {
             }
             Ev::Eventfd { fd } => self.pv_eventfd(fd),
             Ev::VhostStep { .. } => self.pv_vhost_step(),
-            Ev::BridgeToPeer => self.pv_bridge_to_peer(),
-            Ev::BridgeToGuest => self.pv_bridge_to_guest(),
-            Ev::PeerTimer { gen } => self.pv_peer_timer(gen),
+            Ev::ToPeer => self.peer_receive(),
+            Ev::ToGuest => self.peer_frame_arrives(),
+            Ev::PeerTimer { gen } => self.peer_timer(gen),
+            Ev::VfTxDone { vf } => self.vf_tx_done(vf),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {
                 let rate = self.scenario.host.ipi_per_s;
@@ -770,8 +789,10 @@ impl World {
         }
         self.timer_exits = Default::default();
         if let Some(pv) = &mut self.pv {
-            pv.peer.reset_metrics();
             pv.vhost.counters = Default::default();
+        }
+        if let Some(link) = &mut self.peer {
+            link.peer.reset_metrics();
         }
         self.nic_base = self.m.nic.counters(0).unwrap_or_default();
         self.measure_start = now;
@@ -1080,6 +1101,12 @@ impl World {
                             self.nic_action(a);
                         }
                     }
+                    VfReg::Tdt => {
+                        let fetch = self.tx_fetch;
+                        if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
+                            self.q.schedule(t, Ev::VfTxDone { vf });
+                        }
+                    }
                     VfReg::Eims(bits) => {
                         if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
                             for a in acts {
@@ -1290,8 +1317,10 @@ impl World {
             (nic.interrupts - self.nic_base.interrupts) as f64 / dur,
         );
         metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        if let Some(link) = &self.peer {
+            link.peer.metrics(&mut metrics);
+        }
         if let Some(pv) = &self.pv {
-            pv.peer.metrics(&mut metrics);
             let v = &pv.vhost.counters;
             for (k, n) in [
                 ("vhost.kicks", v.kicks),

@@ -30,7 +30,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Time, SEC};
+use crate::hw::wire::Frame;
 use crate::hw::x86::iommu::RemappableMsi;
+use std::collections::VecDeque;
 
 /// Largest MSI-X table a VF can have. The 82599 VF exposes three MSI-X
 /// vectors (two queue vectors and the mailbox vector), which is also why the
@@ -220,10 +222,8 @@ pub struct RxPacket {
     pub len: u32,
     /// When the frame finished arriving at the NIC.
     pub arrived: Time,
-    /// Workload flow identifier.
-    pub flow: u32,
-    /// Workload sequence number.
-    pub seq: u64,
+    /// The frame's headers (its flow and transport).
+    pub frame: Frame,
 }
 
 impl RxPacket {
@@ -231,8 +231,11 @@ impl RxPacket {
     const EMPTY: RxPacket = RxPacket {
         len: 0,
         arrived: 0,
-        flow: 0,
-        seq: 0,
+        frame: Frame {
+            flow: 0,
+            transport: crate::hw::wire::Transport::Udp { len: 0, seq: 0 },
+            sent: 0,
+        },
     };
 }
 
@@ -332,6 +335,44 @@ pub struct VfCounters {
     /// Times a vector met every firing condition but had no MSI-X entry
     /// programmed, so no message could be sent.
     pub unprogrammed: u64,
+    /// Frames transmitted from the TX ring.
+    pub tx_packets: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+}
+
+/// TX queue 0 of a VF: descriptors the driver wrote (software-owned until
+/// the TDT doorbell), descriptors the hardware owns (each leaves the wire
+/// in order after the one before), and written-back descriptors waiting
+/// for the driver's clean-up. Its write-back raises [`RX_QUEUE_VECTOR`]'s
+/// cause: ixgbevf maps the queue pair to one vector.
+#[derive(Clone, Debug)]
+struct TxRing {
+    size: u16,
+    /// Written by the driver, tail not yet bumped.
+    staged: VecDeque<Frame>,
+    /// Hardware-owned: (departure of its last bit, frame).
+    hw: VecDeque<(Time, Frame)>,
+    /// Written back, not yet cleaned by the driver.
+    done: u16,
+    /// When the MAC finishes the frame it is sending.
+    wire_free: Time,
+}
+
+impl TxRing {
+    fn new(size: u16) -> Self {
+        TxRing {
+            size,
+            staged: VecDeque::with_capacity(size as usize),
+            hw: VecDeque::with_capacity(size as usize),
+            done: 0,
+            wire_free: 0,
+        }
+    }
+
+    fn used(&self) -> usize {
+        self.staged.len() + self.hw.len() + self.done as usize
+    }
 }
 
 /// Interrupt state of one MSI-X vector.
@@ -432,6 +473,7 @@ impl Ring {
 struct Vf {
     requester_id: u16,
     ring: Ring,
+    tx: TxRing,
     vectors: [Vector; MAX_VECTORS_PER_VF as usize],
     counters: VfCounters,
 }
@@ -540,6 +582,7 @@ impl Nic {
             .map(|&requester_id| Vf {
                 requester_id,
                 ring: Ring::new(cfg.rx_ring_size),
+                tx: TxRing::new(cfg.rx_ring_size),
                 vectors: [Vector::reset(eitr); MAX_VECTORS_PER_VF as usize],
                 counters: VfCounters::default(),
             })
@@ -671,6 +714,72 @@ impl Nic {
         state.counters.rx_bytes += u64::from(pkt.len);
         state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
         Ok((RxOutcome::Queued, self.evaluate(vf, RX_QUEUE_VECTOR, now)))
+    }
+
+    /// The driver writes a TX descriptor for `frame` (in DMA memory: no
+    /// doorbell yet). False when the ring has no free descriptor (one
+    /// always stays with software, as on RX).
+    pub fn tx_enqueue(&mut self, vf: u16, frame: Frame) -> Result<bool, NicError> {
+        let t = &mut self.vf_mut(vf)?.tx;
+        if t.used() + 1 >= t.size as usize {
+            return Ok(false);
+        }
+        t.staged.push_back(frame);
+        Ok(true)
+    }
+
+    /// The driver's TDT write: staged descriptors pass to the hardware,
+    /// which fetches each (`fetch` after the doorbell) and sends it on
+    /// `link` when the wire is free, back to back. Returns the departure
+    /// time of the head frame if the hardware queue was idle, i.e. when the
+    /// platform must next call [`tx_complete`](Self::tx_complete).
+    pub fn tx_doorbell(
+        &mut self,
+        vf: u16,
+        now: Time,
+        fetch: Time,
+        link: &Link,
+    ) -> Result<Option<Time>, NicError> {
+        let t = &mut self.vf_mut(vf)?.tx;
+        let was_idle = t.hw.is_empty();
+        while let Some(f) = t.staged.pop_front() {
+            let start = t.wire_free.max(now + fetch);
+            let end = start.saturating_add(link.wire_time(f.len()));
+            t.wire_free = end;
+            t.hw.push_back((end, f));
+        }
+        Ok(if was_idle {
+            t.hw.front().map(|h| h.0)
+        } else {
+            None
+        })
+    }
+
+    /// The head TX frame has left the wire: its descriptor is written back
+    /// and the queue's cause is raised. Returns the frame, the interrupt
+    /// decision and the next frame's departure time.
+    pub fn tx_complete(
+        &mut self,
+        vf: u16,
+        now: Time,
+    ) -> Result<(Option<Frame>, IrqAction, Option<Time>), NicError> {
+        let state = self.vf_mut(vf)?;
+        let Some((_, f)) = state.tx.hw.pop_front() else {
+            return Ok((None, IrqAction::None, None));
+        };
+        state.tx.done += 1;
+        state.counters.tx_packets += 1;
+        state.counters.tx_bytes += u64::from(f.len());
+        state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
+        let next = state.tx.hw.front().map(|h| h.0);
+        Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next))
+    }
+
+    /// The driver's TX clean-up (`ixgbevf_clean_tx_irq`): reclaims
+    /// written-back descriptors; returns how many.
+    pub fn tx_clean(&mut self, vf: u16) -> Result<u16, NicError> {
+        let t = &mut self.vf_mut(vf)?.tx;
+        Ok(std::mem::take(&mut t.done))
     }
 
     /// The platform's event for an armed ITR countdown. A `gen` other than
@@ -958,8 +1067,18 @@ mod tests {
         RxPacket {
             len: 1514,
             arrived: now,
-            flow: 7,
-            seq,
+            frame: Frame {
+                flow: 7,
+                transport: crate::hw::wire::Transport::Udp { len: 1472, seq },
+                sent: now,
+            },
+        }
+    }
+
+    fn seq_of(p: RxPacket) -> u64 {
+        match p.frame.transport {
+            crate::hw::wire::Transport::Udp { seq, .. } => seq,
+            crate::hw::wire::Transport::Tcp(s) => s.seq,
         }
     }
 
@@ -1253,16 +1372,16 @@ mod tests {
         assert_eq!(n.rx_ring_pointers(0).unwrap(), (3, 3));
         let (out, act) = n.receive(0, pkt(3, 0), 0).unwrap();
         assert_eq!((out, act), (RxOutcome::Dropped, IrqAction::None));
-        assert_eq!(n.rx_poll(0).unwrap().map(|p| p.seq), Some(0));
-        assert_eq!(n.rx_poll(0).unwrap().map(|p| p.seq), Some(1));
+        assert_eq!(n.rx_poll(0).unwrap().map(seq_of), Some(0));
+        assert_eq!(n.rx_poll(0).unwrap().map(seq_of), Some(1));
         // Cleaned but not returned: still no room.
         assert_eq!(n.receive(0, pkt(4, 0), 0).unwrap().0, RxOutcome::Dropped);
         n.rx_refill(0, 2).unwrap();
         assert_eq!(n.rx_free_descriptors(0).unwrap(), 2);
         assert_eq!(n.rx_ring_pointers(0).unwrap(), (3, 1));
         assert_eq!(n.receive(0, pkt(5, 0), 0).unwrap().0, RxOutcome::Queued);
-        assert_eq!(n.rx_poll(0).unwrap().map(|p| p.seq), Some(2));
-        assert_eq!(n.rx_poll(0).unwrap().map(|p| p.seq), Some(5));
+        assert_eq!(n.rx_poll(0).unwrap().map(seq_of), Some(2));
+        assert_eq!(n.rx_poll(0).unwrap().map(seq_of), Some(5));
         assert_eq!(n.rx_poll(0).unwrap(), None);
         let c = n.counters(0).unwrap();
         assert_eq!(c.rx_missed, 2);
@@ -1651,7 +1770,7 @@ mod tests {
                     Op::Arrive { gap, len } => {
                         h.advance(h.now + gap)?;
                         offered += 1;
-                        let p = RxPacket { len, arrived: h.now, flow: 1, seq };
+                        let p = RxPacket { len, arrived: h.now, frame: Frame { flow: 1, transport: crate::hw::wire::Transport::Udp { len, seq }, sent: h.now } };
                         seq += 1;
                         let (_, a) = h.nic.receive(0, p, h.now).unwrap();
                         h.handle(a)?;
