@@ -111,8 +111,8 @@ fn sriov_netpipe_round_trips_through_the_vf() {
         let rt = metric(r, "netpipe.round_trips");
         assert!(rt > 300.0, "{name}: {rt}");
         // Request in, echo out: the VF moved both.
-        assert!(metric(r, "guest.rx_packets") >= rt, "{name}");
-        assert!(metric(r, "guest.tx_frames") >= rt, "{name}");
+        assert!(metric(r, "guest.rx_packets") >= rt - 2.0, "{name}");
+        assert!(metric(r, "guest.tx_frames") >= rt - 2.0, "{name}");
     }
     // KVM takes the VF's interrupts (RX and TX completion share a vector)
     // as exits and traps their EOIs; DID takes neither.
