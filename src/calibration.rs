@@ -68,6 +68,7 @@ section!(Guest {
     tcp_tx_segment_ns,
     virtio_xmit_ns,
     vf_xmit_ns,
+    copy_per_kib_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
 });

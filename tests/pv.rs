@@ -100,7 +100,11 @@ fn sriov_netpipe_round_trips_through_the_vf() {
     let run = |scheme: &str| {
         run_file(
             "netpipe.toml",
-            &[&format!("scheme={scheme}"), "net.device=vf", "duration_s=0.05"],
+            &[
+                &format!("scheme={scheme}"),
+                "net.device=vf",
+                "duration_s=0.05",
+            ],
         )
     };
     let bm = run("bare-metal");
@@ -121,5 +125,10 @@ fn sriov_netpipe_round_trips_through_the_vf() {
     assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
     assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
     let lat = |r: &exitless::report::RunReport| metric(r, "netpipe.half_rtt_us");
-    assert!((lat(&did) - lat(&bm)).abs() < 0.3, "{} {}", lat(&did), lat(&bm));
+    assert!(
+        (lat(&did) - lat(&bm)).abs() < 0.3,
+        "{} {}",
+        lat(&did),
+        lat(&bm)
+    );
 }

@@ -75,6 +75,9 @@ pub struct GuestConfig {
     pub rcvbuf_packets: usize,
     /// NAPI weight.
     pub napi_weight: u32,
+    /// net_rx_action's packet budget per softirq run before it defers to
+    /// ksoftirqd.
+    pub netdev_budget: u32,
     /// RX buffers returned to the NIC in batches of this many.
     pub refill_batch: u16,
     /// Dynamic ITR parameters.
@@ -233,6 +236,9 @@ pub struct Kernel {
     tx_stopped: bool,
     tx_rr: usize,
     napi_virtio: bool,
+    softirq_done: u32,
+    ksoftirqd: bool,
+    task_stepped: bool,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -273,6 +279,9 @@ impl Kernel {
             tx_stopped: false,
             tx_rr: 0,
             napi_virtio: false,
+            softirq_done: 0,
+            ksoftirqd: false,
+            task_stepped: false,
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
@@ -734,8 +743,9 @@ impl Kernel {
                 }
                 if round >= self.cfg.napi_weight {
                     // Budget used: stay in polling mode, vector still masked.
-                    // (net_rx_action would defer to ksoftirqd after 300
-                    // packets; polling on in place is the same CPU work.)
+                    if self.softirq_budget_spent() {
+                        return None;
+                    }
                     self.frames[top].kind = FrameKind::Softirq { round: 0 };
                     self.frames[top].compute = c.napi_poll_base;
                     return None;
@@ -771,6 +781,22 @@ impl Kernel {
         }
     }
 
+    /// A NAPI poll used its weight: count it against `netdev_budget`. Once
+    /// the budget is spent, net_rx_action stops and NET_RX continues in
+    /// ksoftirqd, a thread that takes turns with the running task (the
+    /// poll stays scheduled, the vector masked). Returns true if the
+    /// softirq frame was left for that reason.
+    fn softirq_budget_spent(&mut self) -> bool {
+        self.softirq_done += self.cfg.napi_weight;
+        if self.softirq_done < self.cfg.netdev_budget {
+            return false;
+        }
+        self.ksoftirqd = true;
+        self.in_softirq = false;
+        self.pop();
+        true
+    }
+
     /// Whether TCP output waits and the transmit queue is not stopped.
     fn tx_ready(&self) -> bool {
         self.tx_pending && !self.tx_stopped
@@ -779,10 +805,11 @@ impl Kernel {
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
     /// the VF or virtio-net, else NET_TX for pending TCP output.
     fn raise_softirq(&mut self) {
-        if self.in_softirq {
+        if self.in_softirq || self.ksoftirqd {
             return;
         }
         let c = self.cfg.costs;
+        self.softirq_done = 0;
         if self.net_rx {
             self.in_softirq = true;
             self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
@@ -812,6 +839,21 @@ impl Kernel {
                 return None;
             }
         }
+        if self.ksoftirqd && (self.current.is_none() || self.task_stepped) {
+            // ksoftirqd's turn: the deferred NET_RX poll goes on.
+            self.ksoftirqd = false;
+            self.task_stepped = false;
+            self.softirq_done = 0;
+            self.in_softirq = true;
+            let c = self.cfg.costs;
+            let kind = if self.net_rx {
+                FrameKind::Softirq { round: 0 }
+            } else {
+                FrameKind::VirtioPoll { round: 0 }
+            };
+            self.push(kind, c.napi_poll_base + c.context_switch, true);
+            return None;
+        }
         let Some(t) = self.current else {
             return Some(Action::Spin);
         };
@@ -829,6 +871,7 @@ impl Kernel {
             tcp: task.tcp.map(|s| &mut self.tcp_socks[s].tcp),
         };
         let step = task.app.step(&mut sys);
+        self.task_stepped = true;
         if let Some(s) = self.tasks[t].tcp {
             // send()/recv() may have queued data or a window update.
             self.tx_pending = true;

@@ -48,7 +48,8 @@ pub struct NetCounters {
     pub virtio_irqs: u64,
     pub virtio_rx_frames: u64,
     pub tx_frames: u64,
-    pub kicks: u64,
+    pub kicks_tx: u64,
+    pub kicks_rx: u64,
     pub kicks_suppressed: u64,
     pub tx_ring_full: u64,
     pub unknown_flow: u64,
@@ -98,7 +99,8 @@ impl Kernel {
         out.insert("guest.virtio_irqs".into(), n.virtio_irqs as f64);
         out.insert("guest.virtio_rx_frames".into(), n.virtio_rx_frames as f64);
         out.insert("guest.tx_frames".into(), n.tx_frames as f64);
-        out.insert("guest.virtio_kicks".into(), n.kicks as f64);
+        out.insert("guest.virtio_kicks_tx".into(), n.kicks_tx as f64);
+        out.insert("guest.virtio_kicks_rx".into(), n.kicks_rx as f64);
         out.insert(
             "guest.virtio_kicks_suppressed".into(),
             n.kicks_suppressed as f64,
@@ -259,7 +261,7 @@ impl Kernel {
                 match (virtio, dev.virtio_net.as_deref_mut(), vf) {
                     (Some(cfg), Some(vn), _) => {
                         if vn.tx_kick_prepare() {
-                            self.net.kicks += 1;
+                            self.net.kicks_tx += 1;
                             return Some(Action::Instr(Instr::PioWrite {
                                 port: cfg.notify_port + TX_QUEUE,
                                 value: TX_QUEUE as u32,
@@ -345,7 +347,7 @@ impl Kernel {
                     if added > 0 {
                         self.frames[top].compute = c.napi_poll_base;
                         if vn.rx_kick_prepare() {
-                            self.net.kicks += 1;
+                            self.net.kicks_rx += 1;
                             return Some(Action::Instr(Instr::PioWrite {
                                 port: cfg.notify_port + RX_QUEUE,
                                 value: RX_QUEUE as u32,
@@ -360,6 +362,9 @@ impl Kernel {
             // re-enable callbacks; poll again if buffers slipped in.
             1 => {
                 if round >= self.cfg.napi_weight {
+                    if self.softirq_budget_spent() {
+                        return None;
+                    }
                     self.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
                     self.set_stage(top, 0, c.napi_poll_base);
                     return None;

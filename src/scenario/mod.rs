@@ -248,6 +248,44 @@ pub struct WorkloadSpec {
     pub cyclictest: Option<CyclictestSpec>,
     /// NetPIPE TCP ping-pong with the peer host.
     pub netpipe: Option<NetpipeSpec>,
+    /// iperf TCP stream with the peer host.
+    pub iperf: Option<IperfSpec>,
+}
+
+/// Which way an iperf stream flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IperfDirection {
+    /// The peer host sends, the VM receives.
+    ToVm,
+    /// The VM sends, the peer host receives.
+    FromVm,
+}
+
+/// iperf.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IperfSpec {
+    /// Direction of the stream.
+    #[serde(default = "to_vm")]
+    pub direction: IperfDirection,
+    /// Bytes per read()/write() call (iperf's default buffer: 128 KiB).
+    #[serde(default = "iperf_len")]
+    pub len_bytes: u32,
+}
+
+fn to_vm() -> IperfDirection {
+    IperfDirection::ToVm
+}
+fn iperf_len() -> u32 {
+    128 * 1024
+}
+
+impl WorkloadSpec {
+    /// Whether a TCP workload (talking to the peer host) is configured.
+    pub fn tcp(&self) -> bool {
+        self.netpipe.is_some() || self.iperf.is_some()
+    }
 }
 
 /// NetPIPE.
@@ -557,6 +595,20 @@ impl Scenario {
                 );
             }
         }
+        if let Some(i) = &self.workload.iperf {
+            if !(1..=(1 << 24)).contains(&i.len_bytes) {
+                return bad(
+                    "workload.iperf.len_bytes",
+                    format!("{} must be 1..=16777216", i.len_bytes),
+                );
+            }
+            if self.workload.netpipe.is_some() {
+                return bad(
+                    "workload.iperf",
+                    "one TCP workload per scenario: drop workload.netpipe".into(),
+                );
+            }
+        }
         if let Some(n) = &self.workload.netpipe {
             if !(1..=65536).contains(&n.msg_bytes) {
                 return bad(
@@ -564,6 +616,8 @@ impl Scenario {
                     format!("{} must be 1..=65536", n.msg_bytes),
                 );
             }
+        }
+        if self.workload.tcp() {
             if self.scheme == "bare-metal" && self.net.device == NetDevice::Virtio {
                 return bad(
                     "net.device",
@@ -572,8 +626,8 @@ impl Scenario {
             }
             if self.workload.udp.is_some() {
                 return bad(
-                    "workload.netpipe",
-                    "cannot be combined with workload.udp yet".into(),
+                    "workload.udp",
+                    "cannot be combined with a TCP workload (netpipe, iperf) yet".into(),
                 );
             }
         }

@@ -26,10 +26,11 @@ use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
-use crate::scenario::{ItrMode, NetDevice, Scenario};
+use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
 use crate::workloads::cyclictest::Cyclictest;
+use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
 use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
-use crate::workloads::peer::{PeerCosts, PeerHost};
+use crate::workloads::peer::{PeerApp, PeerCosts, PeerHost};
 use crate::workloads::udp::{UdpReceiver, UdpSender};
 use crate::workloads::whileloop::WhileLoop;
 use event::{schedule_apic_effect, Ev};
@@ -44,15 +45,53 @@ pub const VIRTIO_NET_VECTORS: [u8; 2] = [0x51, 0x52];
 /// The virtio-net device's notify port (queue q at port + q).
 pub const VIRTIO_NOTIFY_PORT: u16 = 0xC050;
 
-/// The NetPIPE connection's flow id.
-const NETPIPE_FLOW: u16 = 1;
+/// Linux 3.x `tcp_rmem[1]`: a socket's initial receive buffer.
+const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
 
-/// TCP as NetPIPE opens it: TCP_NODELAY.
-fn nodelay_tcp() -> TcpConfig {
-    TcpConfig {
-        nagle: false,
-        ..TcpConfig::default()
+/// The TCP workload's connection id.
+const TCP_FLOW: u16 = 1;
+
+/// The scenario's TCP workload: the guest's program, the peer host's, and
+/// the socket options both open the connection with.
+fn tcp_workload(
+    s: &Scenario,
+    cal: &Calibration,
+) -> Option<(Box<dyn crate::guest::app::App>, Box<dyn PeerApp>, TcpConfig)> {
+    let g = &cal.guest;
+    let syscall = t_ns(&g.syscall_ns);
+    if let Some(n) = &s.workload.netpipe {
+        // NetPIPE sets TCP_NODELAY.
+        let tcp = TcpConfig {
+            nagle: false,
+            ..TcpConfig::default()
+        };
+        return Some((
+            Box::new(NetpipeEcho::new(n.msg_bytes, syscall)),
+            Box::new(NetpipeTransmitter::new(n.msg_bytes, syscall)),
+            tcp,
+        ));
     }
+    if let Some(i) = &s.workload.iperf {
+        let costs = IperfCosts {
+            syscall,
+            copy_per_kib: t_ns(&g.copy_per_kib_ns),
+        };
+        let to_vm = i.direction == IperfDirection::ToVm;
+        // Receive-buffer autotuning is not modelled: both ends keep
+        // tcp_rmem's default (87380 bytes), which covers the path's
+        // bandwidth-delay product, so the window, not the NIC ring, holds
+        // the sender back.
+        let tcp = TcpConfig {
+            rcvbuf: TCP_RMEM_DEFAULT,
+            ..TcpConfig::default()
+        };
+        return Some((
+            Box::new(IperfGuest::new(!to_vm, i.len_bytes, costs)),
+            Box::new(IperfPeer::new(to_vm, i.len_bytes, costs)),
+            tcp,
+        ));
+    }
+    None
 }
 
 /// Longest single work segment: long computations are cut into chunks so a
@@ -191,10 +230,9 @@ impl World {
             propagation_ps: 500_000,
         };
         let mut m = Machine::new(cores, 1, clocks, nic, link);
-        let has_vf = s.workload.udp.is_some()
-            || (s.workload.netpipe.is_some() && s.net.device == NetDevice::Vf);
-        let has_virtio =
-            virtualized && s.net.device == NetDevice::Virtio && s.workload.netpipe.is_some();
+        let has_vf =
+            s.workload.udp.is_some() || (s.workload.tcp() && s.net.device == NetDevice::Vf);
+        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.tcp();
         let vf = has_vf.then_some(VfAssignment {
             vf: 0,
             irte: 0,
@@ -262,6 +300,7 @@ impl World {
                 .napi_weight
                 .unwrap_or(cal.nic.napi_weight.value as u32),
             refill_batch: cal.nic.rx_refill_batch.value as u16,
+            netdev_budget: cal.nic.netdev_budget.value as u32,
             itr,
             costs: GuestCosts {
                 irq_entry: t_ns(&g.irq_entry_ns),
@@ -311,13 +350,11 @@ impl World {
                 false,
             );
         }
-        if let Some(n) = &s.workload.netpipe {
-            let t = kernel.spawn(
-                Box::new(NetpipeEcho::new(n.msg_bytes, t_ns(&g.syscall_ns))),
-                0,
-                false,
-            );
-            kernel.tcp_open(NETPIPE_FLOW, nodelay_tcp(), Some(t));
+        let mut peer_app = None;
+        if let Some((guest_app, app, tcp)) = tcp_workload(s, cal) {
+            let t = kernel.spawn(guest_app, 0, false);
+            kernel.tcp_open(TCP_FLOW, tcp, Some(t));
+            peer_app = Some((app, tcp));
         }
         if has_virtio {
             let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
@@ -419,15 +456,14 @@ impl World {
                 },
             );
         }
-        let peer = match &s.workload.netpipe {
-            Some(n) => {
+        let peer = match peer_app {
+            Some((app, tcp)) => {
                 let p = &cal.peer;
-                let tcp =
-                    Tcp::new(nodelay_tcp()).map_err(|e| BuildError::Scenario(e.to_string()))?;
+                let tcp = Tcp::new(tcp).map_err(|e| BuildError::Scenario(e.to_string()))?;
                 let host = PeerHost::new(
                     tcp,
-                    NETPIPE_FLOW,
-                    Box::new(NetpipeTransmitter::new(n.msg_bytes, t_ns(&g.syscall_ns))),
+                    TCP_FLOW,
+                    app,
                     PeerCosts {
                         rx_segment: t_ns(&p.rx_segment_ns),
                         tx_segment: t_ns(&p.tx_segment_ns),
