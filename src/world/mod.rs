@@ -51,12 +51,15 @@ const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
 /// The TCP workload's connection id.
 const TCP_FLOW: u16 = 1;
 
-/// The scenario's TCP workload: the guest's program, the peer host's, and
-/// the socket options both open the connection with.
+/// A TCP workload: the guest's program, the peer host's, and the socket
+/// options both open the connection with.
+type TcpWorkload = (Box<dyn crate::guest::app::App>, Box<dyn PeerApp>, TcpConfig);
+
+/// The scenario's TCP workload.
 fn tcp_workload(
     s: &Scenario,
     cal: &Calibration,
-) -> Option<(Box<dyn crate::guest::app::App>, Box<dyn PeerApp>, TcpConfig)> {
+) -> Option<TcpWorkload> {
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
     if let Some(n) = &s.workload.netpipe {
