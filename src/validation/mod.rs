@@ -46,16 +46,21 @@ pub struct Experiment {
     pub differences: Vec<Difference>,
 }
 
-/// A published difference: `config` minus `minus` on one metric ("SRIOV is
-/// 2.44 µs above SRIOV-BM"), for every parameter value unless `params`
-/// narrows it.
+/// A published comparison of two configs on one metric, for every
+/// parameter value unless `params` narrows it: a difference (`minus`:
+/// "SRIOV is 2.44 µs above SRIOV-BM") or a percentage (`percent_of`: "97%
+/// of bare metal"). Exactly one of the two is given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Difference {
     /// The config whose value comes first.
     pub config: String,
     /// The config subtracted.
-    pub minus: String,
+    #[serde(default)]
+    pub minus: Option<String>,
+    /// The config `config` is a percentage of.
+    #[serde(default)]
+    pub percent_of: Option<String>,
     /// Parameter values this applies to (empty = every value).
     #[serde(default)]
     pub params: BTreeMap<String, toml::Value>,
@@ -342,6 +347,16 @@ pub fn reproduce(
     }
     for e in &exps {
         for d in &e.differences {
+            let (other, percent) = match (&d.minus, &d.percent_of) {
+                (Some(m), None) => (m, false),
+                (None, Some(p)) => (p, true),
+                _ => {
+                    return Err(ReproduceError::Bad(format!(
+                        "{}: a difference needs exactly one of `minus` and `percent_of`",
+                        e.id
+                    )))
+                }
+            };
             let mut extra = Vec::new();
             for a in rows.iter().filter(|r| {
                 r.experiment == e.id
@@ -353,19 +368,32 @@ pub fn reproduce(
             }) {
                 let Some(b) = rows.iter().find(|r| {
                     r.experiment == e.id
-                        && r.config == d.minus
+                        && &r.config == other
                         && r.metric == d.metric
                         && r.params == a.params
                 }) else {
                     continue;
                 };
-                let model = a.model - b.model;
+                let (model, config, unit) = if percent {
+                    let pct = if b.model != 0.0 {
+                        100.0 * a.model / b.model
+                    } else {
+                        0.0
+                    };
+                    (pct, format!("{}-pct-of-{other}", d.config), "%".to_string())
+                } else {
+                    (
+                        a.model - b.model,
+                        format!("{}-minus-{other}", d.config),
+                        a.unit.clone(),
+                    )
+                };
                 extra.push(Row {
                     experiment: e.id.clone(),
-                    config: format!("{}-minus-{}", d.config, d.minus),
+                    config,
                     params: a.params.clone(),
                     metric: d.metric.clone(),
-                    unit: a.unit.clone(),
+                    unit,
                     model,
                     paper: Some(d.paper),
                     tolerance: Some(d.tolerance),

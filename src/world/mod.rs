@@ -56,10 +56,7 @@ const TCP_FLOW: u16 = 1;
 type TcpWorkload = (Box<dyn crate::guest::app::App>, Box<dyn PeerApp>, TcpConfig);
 
 /// The scenario's TCP workload.
-fn tcp_workload(
-    s: &Scenario,
-    cal: &Calibration,
-) -> Option<TcpWorkload> {
+fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
     if let Some(n) = &s.workload.netpipe {
