@@ -97,6 +97,7 @@ section!(Vhost {
     tx_per_frame_ns,
     rx_per_frame_ns,
     signal_ns,
+    poll_iteration_ns,
     tap_queue_frames,
 });
 section!(Peer {

@@ -132,3 +132,27 @@ fn sriov_netpipe_round_trips_through_the_vf() {
         lat(&bm)
     );
 }
+
+#[test]
+fn elvis_polls_instead_of_kicks_and_delivers_pv_interrupts_directly() {
+    let eli = netpipe("eli");
+    let elvis = netpipe("elvis");
+    for (n, r) in [("eli", &eli), ("elvis", &elvis)] {
+        assert_eq!(r.violations(), 0, "{n}: {:?}", r.invariants.violations);
+    }
+    let rt = metric(&elvis, "netpipe.round_trips");
+    assert!(rt > 500.0);
+    // The side core polls: the guest never kicks, so no kick exits.
+    assert_eq!(metric(&elvis, "guest.virtio_kicks_tx"), 0.0);
+    assert!(rate(&elvis, "IO_INSTRUCTION") * 0.1 < 0.05 * rt);
+    assert!(rate(&eli, "IO_INSTRUCTION") * 0.1 >= 0.95 * metric(&eli, "netpipe.round_trips"));
+    // Completions arrive as IPIs the shadow IDT gives to the guest: no
+    // per-message bounce or EOI exit as under plain ELI.
+    let per_rt = |r: &exitless::report::RunReport, reason: &str| {
+        rate(r, reason) * 0.1 / metric(r, "netpipe.round_trips")
+    };
+    assert!(per_rt(&eli, "EXCEPTION_NMI") > 0.9);
+    assert!(per_rt(&elvis, "EXCEPTION_NMI") < 0.1);
+    assert!(per_rt(&elvis, "MSR_WRITE") < 0.1);
+    assert!(metric(&elvis, "netpipe.half_rtt_us") < metric(&eli, "netpipe.half_rtt_us"));
+}

@@ -8,6 +8,7 @@ pub mod apicv;
 pub mod bare_metal;
 pub mod did;
 pub mod eli;
+pub mod elvis;
 pub mod exits;
 pub mod host;
 pub mod kvm;
@@ -89,6 +90,9 @@ pub struct VmState {
     pub vcpus: Vec<usize>,
     /// Its VF, if any.
     pub vf: Option<VfAssignment>,
+    /// The guest vectors of its paravirtual devices' queues (the irqfd
+    /// routes), e.g. virtio-net RX and TX.
+    pub pv_vectors: Vec<u8>,
     /// Exit accounting.
     pub stats: ExitStats,
 }

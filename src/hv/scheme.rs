@@ -83,6 +83,13 @@ pub trait Scheme {
         cx.hv.vcpus[vcpu].vlapic.isr
     }
 
+    /// Whether this VM's paravirtual back ends run on a dedicated host core
+    /// that polls their virtqueues (ELVIS) instead of sleeping until a
+    /// kick: the guest's kicks are then suppressed for good.
+    fn backend_polls(&self) -> bool {
+        false
+    }
+
     /// A host hrtimer expired.
     fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
         match t {
@@ -148,6 +155,7 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
         "eli" => Box::new(super::eli::Eli::default()),
+        "elvis" => Box::new(super::elvis::Elvis::default()),
         "apicv" => Box::new(super::apicv::Apicv {
             vtd_posted_interrupts: opts.vtd_posted_interrupts,
         }),
@@ -156,4 +164,4 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 6] = ["bare-metal", "kvm", "apicv", "eli", "did", "naive"];
+pub const SCHEMES: [&str; 7] = ["bare-metal", "kvm", "apicv", "eli", "elvis", "did", "naive"];

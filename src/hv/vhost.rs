@@ -41,6 +41,19 @@ pub struct VhostCosts {
     pub rx_per_frame: Time,
     /// `vhost_signal` → eventfd → irqfd injection request.
     pub signal: Time,
+    /// One iteration of a polling worker's loop: how soon it sees new work.
+    pub poll_iteration: Time,
+}
+
+impl VhostCosts {
+    /// How long new work waits before the worker acts on it.
+    pub fn start_latency(&self, polling: bool) -> Time {
+        if polling {
+            self.poll_iteration
+        } else {
+            self.wakeup
+        }
+    }
 }
 
 /// A unit of work the worker has started and finishes after its cost.
@@ -106,8 +119,15 @@ pub struct VhostNet {
     work: u8,
     /// Bytes moved in the current handler run.
     run_bytes: u64,
-    /// The worker is running (not asleep).
+    /// The worker is running (not asleep, or, when polling, not idle).
     pub running: bool,
+    /// ELVIS side-core mode: the worker polls the virtqueues from its
+    /// dedicated core; guest notifications stay disabled for good and the
+    /// platform tells the worker about new buffers after one poll
+    /// iteration.
+    pub polling: bool,
+    /// Avail index of each queue (RX, TX) when the poller last looked.
+    pub polled_avail: [u16; 2],
     /// The unit of work under way.
     inflight: Option<InFlight>,
     /// Counters.
@@ -130,9 +150,28 @@ impl VhostNet {
             work: 0,
             run_bytes: 0,
             running: false,
+            polling: false,
+            polled_avail: [0; 2],
             inflight: None,
             counters: VhostCounters::default(),
         }
+    }
+
+    /// The poller looked at the rings: new available buffers mean work.
+    /// Returns true if the worker must be started (it was idle).
+    pub fn poll_rings(&mut self, vq: &VirtioNetDev) -> bool {
+        let avail = [vq.rx_ring().avail_idx, vq.tx_ring().avail_idx];
+        if avail == self.polled_avail {
+            return false;
+        }
+        if avail[1] != self.polled_avail[1] {
+            self.work |= TX;
+        }
+        if avail[0] != self.polled_avail[0] && !self.tap.is_empty() {
+            self.work |= RX;
+        }
+        self.polled_avail = avail;
+        self.work != 0 && self.wake()
     }
 
     /// An eventfd fired. Returns true if it is one of this device's kicks
@@ -207,7 +246,8 @@ impl VhostNet {
                 }
                 // Empty: re-enable kicks, then look once more (a buffer
                 // may have been added before the guest saw the re-enable).
-                if vq.tx_enable_notify() {
+                // A polling worker keeps kicks off and just moves on.
+                if !self.polling && vq.tx_enable_notify() {
                     continue;
                 }
                 self.work &= !TX;
@@ -233,8 +273,9 @@ impl VhostNet {
                         return Some(c.rx_per_frame);
                     }
                 }
-                // No guest buffer: wait for the refill kick.
-                if vq.rx_enable_notify() {
+                // No guest buffer: wait for the refill kick (or, polling,
+                // for the poller to see the refill).
+                if !self.polling && vq.rx_enable_notify() {
                     continue;
                 }
                 self.counters.rx_no_buffer += 1;

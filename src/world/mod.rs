@@ -271,6 +271,11 @@ impl World {
             vms: vec![VmState {
                 vcpus: vec![0],
                 vf,
+                pv_vectors: if has_virtio {
+                    VIRTIO_NET_VECTORS.to_vec()
+                } else {
+                    Vec::new()
+                },
                 stats: Default::default(),
             }],
             vcpus: vec![VcpuState {
@@ -492,6 +497,7 @@ impl World {
                     tx_per_frame: t_ns(&v.tx_per_frame_ns),
                     rx_per_frame: t_ns(&v.rx_per_frame_ns),
                     signal: t_ns(&v.signal_ns),
+                    poll_iteration: t_ns(&v.poll_iteration_ns),
                 },
                 vectors: VIRTIO_NET_VECTORS,
             }
@@ -531,6 +537,13 @@ impl World {
         };
         if virtualized {
             w.arm_preemption_timer(vm_core, 0);
+        }
+        if let (Some(pv), true) = (&mut w.pv, w.scheme.backend_polls()) {
+            // vhost_vq_enable_vqpoll: the worker polls; kicks stay off.
+            pv.vhost.polling = true;
+            let vq = &mut w.m.virtio_net[pv.vhost.dev];
+            vq.tx_disable_notify();
+            vq.rx_disable_notify();
         }
         w.peer_sent();
         w.guest_run(vm_core);
@@ -1080,7 +1093,11 @@ impl World {
                 nic: &mut self.m.nic,
                 virtio_net: self.m.virtio_net.get_mut(k),
             };
-            match self.guests[k].next(now, &mut dev) {
+            let action = self.guests[k].next(now, &mut dev);
+            if self.pv.is_some() {
+                self.pv_poll_observe();
+            }
+            match action {
                 Action::Compute(d) => {
                     self.start_segment(core, d.min(MAX_SEGMENT));
                     return;

@@ -74,7 +74,7 @@ impl World {
     pub(super) fn pv_eventfd(&mut self, fd: u16) {
         let Some(pv) = &mut self.pv else { return };
         if pv.vhost.kick(fd) == Some(true) {
-            let w = pv.costs.wakeup;
+            let w = pv.costs.start_latency(pv.vhost.polling);
             self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
         }
     }
@@ -99,6 +99,20 @@ impl World {
         }
         if let Some(queue) = done.signal {
             self.irqfd(vm, vectors[queue]);
+        }
+    }
+
+    /// The polling worker (ELVIS) looks at the rings the guest may just
+    /// have published to.
+    pub(super) fn pv_poll_observe(&mut self) {
+        let Some(pv) = &mut self.pv else { return };
+        if !pv.vhost.polling {
+            return;
+        }
+        let vq = &self.m.virtio_net[pv.vhost.dev];
+        if pv.vhost.poll_rings(vq) {
+            let w = pv.costs.poll_iteration;
+            self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
         }
     }
 
@@ -198,7 +212,7 @@ impl World {
             Attach::Bridge { .. } => {
                 let Some(pv) = &mut self.pv else { return };
                 if pv.vhost.tap_receive(f) {
-                    let w = pv.costs.wakeup;
+                    let w = pv.costs.start_latency(pv.vhost.polling);
                     self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
                 }
             }

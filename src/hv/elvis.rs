@@ -1,0 +1,96 @@
+//! ELVIS — ELI for paravirtual I/O (IBM's vhost polling patches,
+//! `../shared/papers/eli-elvis-implementation.md` §4; DID Table 1: "ELVIS:
+//! guest modification yes").
+//!
+//! Two mechanisms on top of [`Eli`]:
+//! * **Side-core polling**: the vhost worker runs on a dedicated host core
+//!   and polls the guest's virtqueues (`vhost_vq_enable_vqpoll`): guest
+//!   notifications stay disabled, so the guest never kicks (no
+//!   IO_INSTRUCTION exits), and new buffers are seen within one poll
+//!   iteration.
+//! * **Exitless PV interrupts**: the back end's completion goes to the
+//!   guest's core as a physical IPI with the device's vector, which the
+//!   shadow IDT marks as the guest's own, so it is taken and completed
+//!   (direct EOI) in guest mode — IBM's PV posted interrupts deliver the
+//!   same way through a notification vector and a guest patch. When the
+//!   vCPU is not in direct mode (exited, descheduled, or injecting), the
+//!   interrupt is injected the ELI way.
+
+use super::eli::Eli;
+use super::exits::ExitInfo;
+use super::kvm;
+use super::scheme::{ExitOutcome, Scheme};
+use super::HvCx;
+use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
+
+/// The `elvis` scheme.
+#[derive(Default)]
+pub struct Elvis {
+    eli: Eli,
+}
+
+impl Elvis {
+    fn pv_vector(cx: &HvCx, vcpu: usize, vector: u8) -> bool {
+        let vm = cx.hv.vcpus[vcpu].vm;
+        cx.hv.vms[vm].pv_vectors.contains(&vector)
+    }
+}
+
+impl Scheme for Elvis {
+    fn name(&self) -> &'static str {
+        "elvis"
+    }
+
+    fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
+        self.eli.setup_vm(cx, vm);
+        // The paravirtual devices' vectors belong to the guest: present in
+        // the shadow IDT, so their IPIs reach its handlers.
+        let vectors = cx.hv.vms[vm].pv_vectors.clone();
+        for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
+            for &v in &vectors {
+                cx.m.shadow_idt[vcpu].copy_gate(v, v);
+            }
+        }
+    }
+
+    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
+        self.eli.handle_exit(cx, vcpu, info)
+    }
+
+    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
+        if Self::pv_vector(cx, vcpu, vector)
+            && cx.in_guest_mode(vcpu)
+            && !self.eli.in_injection_mode(vcpu)
+        {
+            let core = cx.hv.vcpus[vcpu].core;
+            let from = cx.hv.designated_core;
+            cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
+        } else {
+            kvm::raise(cx, vcpu, vector);
+        }
+    }
+
+    /// A PV IPI that reached the core after the vCPU left guest mode (or
+    /// while it injects) is taken by the host and injected.
+    fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        if let Some(vcpu) = cx.hv.vcpu_on(core) {
+            if Self::pv_vector(cx, vcpu, vector) {
+                kvm::raise(cx, vcpu, vector);
+                return;
+            }
+        }
+        self.host_idt(cx, core, vector);
+    }
+
+    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.eli.prepare_entry(cx, vcpu)
+    }
+
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
+        self.eli.guest_isr(cx, vcpu)
+    }
+
+    fn backend_polls(&self) -> bool {
+        true
+    }
+}
