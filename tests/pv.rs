@@ -59,7 +59,7 @@ fn pv_is_clean_under_preemption_and_eli() {
     // Back-end signals while the vCPU is descheduled must wait and arrive.
     let text = std::fs::read_to_string(scenario_path("netpipe.toml")).unwrap();
     let text = format!("{text}\n[[preemptions]]\nat_ms = 30\nfor_ms = 2\n[[preemptions]]\nat_ms = 60\nfor_ms = 5\n");
-    for scheme in ["kvm", "apicv", "eli", "did"] {
+    for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
         let r = run_text(&text, &[&format!("scheme={scheme}"), "duration_s=0.1"]);
         assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
         assert!(metric(&r, "netpipe.round_trips") > 500.0, "{scheme}");
