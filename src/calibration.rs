@@ -69,6 +69,8 @@ section!(Guest {
     virtio_xmit_ns,
     vf_xmit_ns,
     copy_per_kib_ns,
+    blk_submit_ns,
+    blk_complete_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
 });
@@ -100,6 +102,11 @@ section!(Vhost {
     poll_iteration_ns,
     tap_queue_frames,
 });
+section!(Blk {
+    wakeup_us,
+    request_us,
+    copy_per_kib_ns,
+});
 section!(Peer {
     rx_segment_ns,
     tx_segment_ns,
@@ -122,6 +129,7 @@ pub struct Calibration {
     pub apic: Apic,
     pub vhost: Vhost,
     pub peer: Peer,
+    pub blk: Blk,
 }
 
 /// The calibration shipped with exitless.

@@ -34,6 +34,8 @@ pub struct Sys<'a> {
     pub socket: Option<&'a mut std::collections::VecDeque<Datagram>>,
     /// The task's connected TCP socket, if it has one.
     pub tcp: Option<&'a mut super::tcp::Tcp>,
+    /// The task's block queue, if it does block I/O.
+    pub blk: Option<&'a mut super::blk::BlkQueue>,
 }
 
 impl Sys<'_> {

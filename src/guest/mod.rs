@@ -6,6 +6,7 @@
 //! hardware layer executes; whether it exits is not the guest's business.
 
 pub mod app;
+pub mod blk;
 pub mod itr;
 pub mod net;
 pub mod tcp;
@@ -49,6 +50,8 @@ pub struct GuestCosts {
     pub tcp_tx_segment: Time,
     pub virtio_xmit: Time,
     pub vf_xmit: Time,
+    pub blk_submit: Time,
+    pub blk_complete: Time,
 }
 
 /// Static configuration of one guest kernel.
@@ -62,6 +65,8 @@ pub struct GuestConfig {
     pub vf: Option<u16>,
     /// The virtio-net device this guest drives, if any.
     pub virtio_net: Option<VirtioNetGuest>,
+    /// The virtio-blk device this guest drives, if any.
+    pub virtio_blk: Option<blk::VirtioBlkGuest>,
     /// CONFIG_HZ.
     pub hz: u32,
     /// Tick behaviour.
@@ -177,6 +182,7 @@ enum HrKind {
     Tick,
     Wake(usize),
     Tcp(usize),
+    Guard,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -186,6 +192,7 @@ enum FrameKind {
     Softirq { round: u32 },
     VirtioPoll { round: u32 },
     NetTx,
+    BlkSubmit,
     Switch { to: Option<usize> },
     Nanosleep { task: usize, until: Time },
 }
@@ -231,6 +238,8 @@ pub struct Kernel {
     itr: DynamicItr,
     cleaned_unrefilled: u16,
     tcp_socks: Vec<TcpSock>,
+    blk: blk::BlkQueue,
+    blk_task: Option<usize>,
     tx_pending: bool,
     tx_backlog: VecDeque<WireFrame>,
     tx_stopped: bool,
@@ -274,6 +283,8 @@ impl Kernel {
             itr,
             cleaned_unrefilled: 0,
             tcp_socks: Vec::new(),
+            blk: blk::BlkQueue::default(),
+            blk_task: None,
             tx_pending: false,
             tx_backlog: VecDeque::with_capacity(256),
             tx_stopped: false,
@@ -286,6 +297,11 @@ impl Kernel {
             counters: GuestCounters::default(),
             cfg,
         }
+    }
+
+    /// Gives task `t` the block queue of the virtio-blk device.
+    pub fn attach_blk(&mut self, t: usize) {
+        self.blk_task = Some(t);
     }
 
     /// The configuration.
@@ -463,6 +479,8 @@ impl Kernel {
                     }
                     HrKind::Wake(task) => self.wake(task),
                     HrKind::Tcp(s) => self.tcp_timer_fired(s, now),
+                    // The guard expired before the request completed.
+                    HrKind::Guard => {}
                 }
             } else {
                 i += 1;
@@ -585,6 +603,10 @@ impl Kernel {
                 self.virtio_poll_step(top, f.stage, round, now, dev)
             }
             FrameKind::NetTx => self.net_tx_step(top, f.stage, now, dev),
+            FrameKind::BlkSubmit => {
+                let d = dev.virtio_blk.as_deref_mut();
+                self.blk_submit_step(top, f.stage, now, d)
+            }
             FrameKind::Switch { to } => match f.stage {
                 0 => {
                     self.counters.context_switches += 1;
@@ -673,6 +695,8 @@ impl Kernel {
                 } else if self.is_virtio_vector(vector) {
                     self.virtio_irq(vector, dev);
                     c.vf_irq_handler
+                } else if self.is_blk_vector(vector) {
+                    c.vf_irq_handler + self.blk_irq(now, dev.virtio_blk.as_deref_mut())
                 } else {
                     0
                 };
@@ -681,7 +705,8 @@ impl Kernel {
             }
             2 => {
                 self.set_stage(top, 3, 0);
-                if is_timer {
+                if is_timer || self.is_blk_vector(vector) {
+                    // A fired or cancelled first timer moves the clockevent.
                     return self.reprogram(now).map(Action::Instr);
                 }
                 None
@@ -822,6 +847,10 @@ impl Kernel {
     }
 
     fn task_context(&mut self, now: Time) -> Option<Action> {
+        if self.blk_pending() {
+            // submit_bio → the driver, before the task goes on.
+            return None;
+        }
         if self.tx_ready() {
             // Output a send() queued leaves before the task goes on.
             self.push(FrameKind::NetTx, 0, true);
@@ -869,6 +898,7 @@ impl Kernel {
             now,
             socket: task.socket.map(|s| &mut self.sockets[s]),
             tcp: task.tcp.map(|s| &mut self.tcp_socks[s].tcp),
+            blk: (self.blk_task == Some(t)).then_some(&mut self.blk),
         };
         let step = task.app.step(&mut sys);
         self.task_stepped = true;
@@ -892,6 +922,7 @@ impl Kernel {
                     || self.tasks[t]
                         .tcp
                         .is_some_and(|s| self.tcp_socks[s].tcp.readable() > 0)
+                    || (self.blk_task == Some(t) && !self.blk.done.is_empty())
                 {
                     self.tasks[t].state = TaskState::Runnable;
                     return None;

@@ -62,6 +62,8 @@ pub struct Devices<'a> {
     pub nic: &'a mut crate::hw::x86::nic::Nic,
     /// The virtio-net device, if the VM has one.
     pub virtio_net: Option<&'a mut VirtioNetDev>,
+    /// The virtio-blk device, if the VM has one.
+    pub virtio_blk: Option<&'a mut crate::hw::virtio_blk::VirtioBlkDev>,
 }
 
 impl Kernel {

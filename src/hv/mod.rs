@@ -6,6 +6,7 @@
 
 pub mod apicv;
 pub mod bare_metal;
+pub mod blk_backend;
 pub mod did;
 pub mod eli;
 pub mod elvis;

@@ -250,6 +250,39 @@ pub struct WorkloadSpec {
     pub netpipe: Option<NetpipeSpec>,
     /// iperf TCP stream with the peer host.
     pub iperf: Option<IperfSpec>,
+    /// Fio on a virtio-blk disk over a host RAM disk.
+    pub fio: Option<FioSpec>,
+}
+
+/// Fio.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FioSpec {
+    /// Request size, bytes (the paper: 4 KB).
+    #[serde(default = "fio_block")]
+    pub block_bytes: u32,
+    /// Share of reads, percent (the paper: random reads and writes).
+    #[serde(default = "fio_reads")]
+    pub read_pct: f64,
+    /// RAM-disk size, bytes (the paper: 1 GB).
+    #[serde(default = "fio_disk")]
+    pub disk_bytes: u64,
+    /// The guard timer Fio arms per request, ms (0: none).
+    #[serde(default = "fio_guard")]
+    pub guard_ms: f64,
+}
+
+fn fio_block() -> u32 {
+    4096
+}
+fn fio_reads() -> f64 {
+    50.0
+}
+fn fio_disk() -> u64 {
+    1 << 30
+}
+fn fio_guard() -> f64 {
+    10.0
 }
 
 /// Which way an iperf stream flows.
@@ -592,6 +625,41 @@ impl Scenario {
                 return bad(
                     "workload.udp.payload_bytes",
                     format!("{} must be 18..=1472", u.payload_bytes),
+                );
+            }
+        }
+        if let Some(f) = &self.workload.fio {
+            if !(512..=(1 << 20)).contains(&f.block_bytes) || f.block_bytes % 512 != 0 {
+                return bad(
+                    "workload.fio.block_bytes",
+                    format!(
+                        "{} must be a multiple of 512 in 512..=1048576",
+                        f.block_bytes
+                    ),
+                );
+            }
+            if !(0.0..=100.0).contains(&f.read_pct) {
+                return bad(
+                    "workload.fio.read_pct",
+                    format!("{} must be 0..=100", f.read_pct),
+                );
+            }
+            if f.disk_bytes < f.block_bytes as u64 {
+                return bad(
+                    "workload.fio.disk_bytes",
+                    "must hold at least one block".into(),
+                );
+            }
+            if !(0.0..=10_000.0).contains(&f.guard_ms) {
+                return bad(
+                    "workload.fio.guard_ms",
+                    format!("{} must be 0..=10000", f.guard_ms),
+                );
+            }
+            if self.scheme == "bare-metal" {
+                return bad(
+                    "workload.fio",
+                    "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
                 );
             }
         }

@@ -2,6 +2,7 @@
 //! the external client host's traffic generator.
 
 pub mod cyclictest;
+pub mod fio;
 pub mod iperf;
 pub mod netpipe;
 pub mod peer;

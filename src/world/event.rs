@@ -83,6 +83,8 @@ pub enum Ev {
         /// Device.
         dev: u16,
     },
+    /// The block back end's I/O thread finished a request or woke up.
+    BlkStep,
     /// The next frame from the guest reaches the peer host.
     ToPeer,
     /// The next frame from the peer host reaches the guest's side (the tap

@@ -3,6 +3,7 @@
 //! VM exits and VM entries. This is where the hardware decides, from VMCS
 //! controls and LAPIC state, whether a guest action or an interrupt exits.
 
+mod blk;
 pub mod event;
 mod net;
 
@@ -10,15 +11,18 @@ use crate::calibration::Calibration;
 use crate::check::Checker;
 use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream, Summary, Time, MS, SEC};
 use crate::guest::app::Metrics;
+use crate::guest::blk::VirtioBlkGuest;
 use crate::guest::itr::ItrParams;
 use crate::guest::net::{Devices, VirtioNetGuest};
 use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::{Action, GuestConfig, GuestCosts, Instr, Kernel, VfReg};
+use crate::hv::blk_backend::{BlkCosts, RamDiskBackend};
 use crate::hv::exits::ExitInfo;
 use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER_VECTOR};
 use crate::hv::scheme::{self, Scheme};
 use crate::hv::vhost::{VhostCosts, VhostNet};
 use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
+use crate::hw::virtio_blk::VirtioBlkDev;
 use crate::hw::virtio_net::VirtioNetDev;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
@@ -28,6 +32,7 @@ use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
 use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
 use crate::workloads::cyclictest::Cyclictest;
+use crate::workloads::fio::Fio;
 use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
 use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
 use crate::workloads::peer::{PeerApp, PeerCosts, PeerHost};
@@ -44,6 +49,15 @@ pub const VIRTIO_NET_VECTORS: [u8; 2] = [0x51, 0x52];
 
 /// The virtio-net device's notify port (queue q at port + q).
 pub const VIRTIO_NOTIFY_PORT: u16 = 0xC050;
+
+/// The guest's MSI-X vector for its virtio-blk request queue.
+pub const VIRTIO_BLK_VECTOR: u8 = 0x53;
+
+/// The virtio-blk device's notify port.
+pub const VIRTIO_BLK_NOTIFY_PORT: u16 = 0xC090;
+
+/// The ioeventfd of the virtio-blk queue (the net device's are 0 and 1).
+const BLK_KICK_FD: u16 = 2;
 
 /// Linux 3.x `tcp_rmem[1]`: a socket's initial receive buffer.
 const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
@@ -162,6 +176,8 @@ pub struct World {
     pv: Option<net::PvPath>,
     /// The peer host of the VM's TCP connection, if any.
     peer: Option<net::PeerLink>,
+    /// The host side of the VM's virtio-blk device, if any.
+    blk: Option<blk::BlkPath>,
     /// VF transmit: the doorbell-to-fetch delay.
     tx_fetch: Time,
 }
@@ -232,6 +248,7 @@ impl World {
         let mut m = Machine::new(cores, 1, clocks, nic, link);
         let has_vf =
             s.workload.udp.is_some() || (s.workload.tcp() && s.net.device == NetDevice::Vf);
+        let has_blk = virtualized && s.workload.fio.is_some();
         let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.tcp();
         let vf = has_vf.then_some(VfAssignment {
             vf: 0,
@@ -271,10 +288,15 @@ impl World {
             vms: vec![VmState {
                 vcpus: vec![0],
                 vf,
-                pv_vectors: if has_virtio {
-                    VIRTIO_NET_VECTORS.to_vec()
-                } else {
-                    Vec::new()
+                pv_vectors: {
+                    let mut v = Vec::new();
+                    if has_virtio {
+                        v.extend(VIRTIO_NET_VECTORS);
+                    }
+                    if has_blk {
+                        v.push(VIRTIO_BLK_VECTOR);
+                    }
+                    v
                 },
                 stats: Default::default(),
             }],
@@ -322,7 +344,19 @@ impl World {
                 tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
                 virtio_xmit: t_ns(&g.virtio_xmit_ns),
                 vf_xmit: t_ns(&g.vf_xmit_ns),
+                blk_submit: t_ns(&g.blk_submit_ns),
+                blk_complete: t_ns(&g.blk_complete_ns),
             },
+            virtio_blk: s
+                .workload
+                .fio
+                .as_ref()
+                .filter(|_| has_blk)
+                .map(|f| VirtioBlkGuest {
+                    vector: VIRTIO_BLK_VECTOR,
+                    notify_port: VIRTIO_BLK_NOTIFY_PORT,
+                    guard: from_us(f.guard_ms * 1000.0),
+                }),
             virtio_net: has_virtio.then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
                 tx_vector: VIRTIO_NET_VECTORS[1],
@@ -360,6 +394,24 @@ impl World {
             let t = kernel.spawn(guest_app, 0, false);
             kernel.tcp_open(TCP_FLOW, tcp, Some(t));
             peer_app = Some((app, tcp));
+        }
+        if let (Some(f), true) = (&s.workload.fio, has_blk) {
+            let t = kernel.spawn(
+                Box::new(Fio::new(
+                    s.seed,
+                    f.block_bytes,
+                    f.read_pct / 100.0,
+                    f.disk_bytes,
+                    t_ns(&g.syscall_ns),
+                )),
+                0,
+                false,
+            );
+            kernel.attach_blk(t);
+            let dev = VirtioBlkDev::new(128, s.net.event_idx, VIRTIO_BLK_NOTIFY_PORT)
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            m.virtio_blk.push(dev);
+            hv.ioeventfds.push((VIRTIO_BLK_NOTIFY_PORT, BLK_KICK_FD));
         }
         if has_virtio {
             let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
@@ -502,6 +554,18 @@ impl World {
                 vectors: VIRTIO_NET_VECTORS,
             }
         });
+        let blk = s.workload.fio.as_ref().filter(|_| has_blk).map(|f| {
+            let b = &cal.blk;
+            blk::BlkPath {
+                backend: RamDiskBackend::new(0, BLK_KICK_FD, VIRTIO_BLK_VECTOR, f.disk_bytes),
+                costs: BlkCosts {
+                    wakeup: t_us(&b.wakeup_us),
+                    request: t_us(&b.request_us),
+                    copy_per_kib: t_ns(&b.copy_per_kib_ns),
+                    signal: t_ns(&cal.vhost.signal_ns),
+                },
+            }
+        });
         let mut w = World {
             q,
             m,
@@ -533,6 +597,7 @@ impl World {
             nic_base: Default::default(),
             pv,
             peer,
+            blk,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
         };
         if virtualized {
@@ -719,7 +784,11 @@ impl World {
                     self.guest_run(core);
                 }
             }
-            Ev::Eventfd { fd } => self.pv_eventfd(fd),
+            Ev::Eventfd { fd } => {
+                self.pv_eventfd(fd);
+                self.blk_eventfd(fd);
+            }
+            Ev::BlkStep => self.blk_step(),
             Ev::VhostStep { .. } => self.pv_vhost_step(),
             Ev::ToPeer => self.peer_receive(),
             Ev::ToGuest => self.peer_frame_arrives(),
@@ -842,6 +911,9 @@ impl World {
         }
         if let Some(link) = &mut self.peer {
             link.peer.reset_metrics();
+        }
+        if let Some(b) = &mut self.blk {
+            b.backend.counters = Default::default();
         }
         self.nic_base = self.m.nic.counters(0).unwrap_or_default();
         self.measure_start = now;
@@ -1092,6 +1164,7 @@ impl World {
             let mut dev = Devices {
                 nic: &mut self.m.nic,
                 virtio_net: self.m.virtio_net.get_mut(k),
+                virtio_blk: self.m.virtio_blk.get_mut(k),
             };
             let action = self.guests[k].next(now, &mut dev);
             if self.pv.is_some() {
@@ -1372,6 +1445,13 @@ impl World {
         metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
         if let Some(link) = &self.peer {
             link.peer.metrics(&mut metrics);
+        }
+        if let Some(b) = &self.blk {
+            let c = &b.backend.counters;
+            metrics.insert("blk.kicks".into(), c.kicks as f64);
+            metrics.insert("blk.requests".into(), c.requests as f64);
+            metrics.insert("blk.signals".into(), c.signals as f64);
+            metrics.insert("blk.out_of_range".into(), b.backend.out_of_range as f64);
         }
         if let Some(pv) = &self.pv {
             let v = &pv.vhost.counters;

@@ -34,6 +34,8 @@ pub struct Machine {
     pub shadow_idt: Vec<idt::ShadowIdt>,
     /// virtio-net devices (their virtqueues live in guest memory), one per VM.
     pub virtio_net: Vec<crate::hw::virtio_net::VirtioNetDev>,
+    /// virtio-blk devices, one per VM that has one.
+    pub virtio_blk: Vec<crate::hw::virtio_blk::VirtioBlkDev>,
     /// Interrupt-remapping table.
     pub irt: InterruptRemappingTable,
     /// The SR-IOV NIC.
@@ -53,6 +55,7 @@ impl Machine {
             pi_desc: vec![Default::default(); vcpus],
             shadow_idt: vec![Default::default(); vcpus],
             virtio_net: Vec::new(),
+            virtio_blk: Vec::new(),
             irt: InterruptRemappingTable::new(256),
             nic,
             link,
