@@ -94,6 +94,7 @@ mod tests {
             now: 0,
             socket: Some(&mut q),
             tcp: None,
+            blk: None,
         };
         assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(1000 * US));
         sys.now = 1000 * US + 1_500_000; // woken 1.5 µs late
