@@ -69,6 +69,8 @@ section!(Guest {
     virtio_xmit_ns,
     vf_xmit_ns,
     copy_per_kib_ns,
+    memcached_get_ns,
+    memcached_set_ns,
     blk_submit_ns,
     blk_complete_ns,
     cyclictest_loop_ns,

@@ -34,6 +34,9 @@ pub struct Sys<'a> {
     pub socket: Option<&'a mut std::collections::VecDeque<Datagram>>,
     /// The task's connected TCP socket, if it has one.
     pub tcp: Option<&'a mut super::tcp::Tcp>,
+    /// Every TCP socket, for a task that serves many connections (it uses
+    /// those whose `task` is itself).
+    pub conns: Option<&'a mut [super::net::TcpSock]>,
     /// The task's block queue, if it does block I/O.
     pub blk: Option<&'a mut super::blk::BlkQueue>,
 }

@@ -175,6 +175,8 @@ struct Task {
     compute: Time,
     socket: Option<usize>,
     tcp: Option<usize>,
+    /// Serves many connections (epoll): sees every socket in `Sys::conns`.
+    multi_tcp: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,6 +326,7 @@ impl Kernel {
             compute: 0,
             socket,
             tcp: None,
+            multi_tcp: false,
         });
         self.need_resched = true;
         self.tasks.len() - 1
@@ -897,15 +900,29 @@ impl Kernel {
         let mut sys = Sys {
             now,
             socket: task.socket.map(|s| &mut self.sockets[s]),
-            tcp: task.tcp.map(|s| &mut self.tcp_socks[s].tcp),
+            tcp: None,
+            conns: None,
             blk: (self.blk_task == Some(t)).then_some(&mut self.blk),
         };
+        match (task.tcp, task.multi_tcp) {
+            (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
+            (None, true) => sys.conns = Some(&mut self.tcp_socks[..]),
+            _ => {}
+        }
         let step = task.app.step(&mut sys);
         self.task_stepped = true;
         if let Some(s) = self.tasks[t].tcp {
             // send()/recv() may have queued data or a window update.
             self.tx_pending = true;
             self.tcp_timer_sync(s, now);
+        }
+        if self.tasks[t].multi_tcp {
+            self.tx_pending = true;
+            for s in 0..self.tcp_socks.len() {
+                if self.tcp_socks[s].task == Some(t) {
+                    self.tcp_timer_sync(s, now);
+                }
+            }
         }
         match step {
             TaskStep::Compute(d) => {
@@ -919,9 +936,6 @@ impl Kernel {
                 if self.tasks[t]
                     .socket
                     .is_some_and(|s| !self.sockets[s].is_empty())
-                    || self.tasks[t]
-                        .tcp
-                        .is_some_and(|s| self.tcp_socks[s].tcp.readable() > 0)
                     || (self.blk_task == Some(t) && !self.blk.done.is_empty())
                 {
                     self.tasks[t].state = TaskState::Runnable;

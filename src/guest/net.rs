@@ -33,10 +33,13 @@ pub struct VirtioNetGuest {
 }
 
 /// A connected TCP socket.
-pub(super) struct TcpSock {
-    pub(super) tcp: Tcp,
-    pub(super) flow: u16,
-    pub(super) task: Option<usize>,
+pub struct TcpSock {
+    /// The connection.
+    pub tcp: Tcp,
+    /// Its flow id.
+    pub flow: u16,
+    /// The task that owns it (woken when it has news).
+    pub task: Option<usize>,
     /// The deadline of its hrtimer (delayed ACK / RTO), if armed.
     pub(super) timer: Option<Time>,
 }
@@ -93,6 +96,16 @@ impl Kernel {
         // the model needs to deliver.
         let _ = vn.rx_kick_prepare();
         vn.tx_disable_cb();
+    }
+
+    /// Opens connected sockets for flows `flows`, owned by task `task`,
+    /// which serves them all (an epoll loop) through `Sys::conns`.
+    pub fn tcp_open_many(&mut self, flows: impl Iterator<Item = u16>, cfg: TcpConfig, task: usize) {
+        for f in flows {
+            let s = self.tcp_open(f, cfg, None);
+            self.tcp_socks[s].task = Some(task);
+        }
+        self.tasks[task].multi_tcp = true;
     }
 
     /// TCP metrics of every socket.

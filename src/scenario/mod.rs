@@ -252,6 +252,47 @@ pub struct WorkloadSpec {
     pub iperf: Option<IperfSpec>,
     /// Fio on a virtio-blk disk over a host RAM disk.
     pub fio: Option<FioSpec>,
+    /// Memcached server in the VM, load generator at the peer.
+    pub memcached: Option<MemcachedSpec>,
+}
+
+/// Memcached.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemcachedSpec {
+    /// Offered load, requests/s.
+    pub rate_rps: f64,
+    /// TCP connections (the paper: 200).
+    #[serde(default = "mc_conns")]
+    pub connections: u16,
+    /// Server worker threads (the paper: 2).
+    #[serde(default = "mc_threads")]
+    pub threads: u16,
+    /// Load-generator threads, each on its own CPU (the paper: 8).
+    #[serde(default = "mc_client_threads")]
+    pub client_threads: u16,
+    /// Key bytes.
+    #[serde(default = "mc_key")]
+    pub key_bytes: u32,
+    /// Value bytes.
+    #[serde(default = "mc_value")]
+    pub value_bytes: u32,
+}
+
+fn mc_conns() -> u16 {
+    200
+}
+fn mc_threads() -> u16 {
+    2
+}
+fn mc_client_threads() -> u16 {
+    8
+}
+fn mc_key() -> u32 {
+    30
+}
+fn mc_value() -> u32 {
+    400
 }
 
 /// Fio.
@@ -317,7 +358,7 @@ fn iperf_len() -> u32 {
 impl WorkloadSpec {
     /// Whether a TCP workload (talking to the peer host) is configured.
     pub fn tcp(&self) -> bool {
-        self.netpipe.is_some() || self.iperf.is_some()
+        self.netpipe.is_some() || self.iperf.is_some() || self.memcached.is_some()
     }
 }
 
@@ -436,6 +477,7 @@ fn alias(key: &str) -> &str {
         "interval_us" => "workload.cyclictest.interval_us",
         "itr" => "nic.itr",
         "msg_bytes" => "workload.netpipe.msg_bytes",
+        "rate_rps" => "workload.memcached.rate_rps",
         k => k,
     }
 }
@@ -661,6 +703,42 @@ impl Scenario {
                     "workload.fio",
                     "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
                 );
+            }
+        }
+        if let Some(m) = &self.workload.memcached {
+            if !(m.rate_rps > 0.0 && m.rate_rps <= 1e7) {
+                return bad(
+                    "workload.memcached.rate_rps",
+                    format!("{} must be in (0, 1e7]", m.rate_rps),
+                );
+            }
+            if !(1..=4000).contains(&m.connections) {
+                return bad("workload.memcached.connections", "must be 1..=4000".into());
+            }
+            if m.threads == 0 || m.threads > m.connections {
+                return bad(
+                    "workload.memcached.threads",
+                    "must be at least 1 and at most the connections".into(),
+                );
+            }
+            if m.client_threads == 0 {
+                return bad(
+                    "workload.memcached.client_threads",
+                    "must be at least 1".into(),
+                );
+            }
+            if m.value_bytes == 0
+                || m.value_bytes > 1 << 20
+                || m.key_bytes == 0
+                || m.key_bytes > 250
+            {
+                return bad(
+                    "workload.memcached",
+                    "key_bytes must be 1..=250 and value_bytes 1..=1048576".into(),
+                );
+            }
+            if self.workload.netpipe.is_some() || self.workload.iperf.is_some() {
+                return bad("workload.memcached", "one TCP workload per scenario".into());
             }
         }
         if let Some(i) = &self.workload.iperf {

@@ -44,6 +44,41 @@ pub struct Experiment {
     /// Published differences between two configs.
     #[serde(default)]
     pub differences: Vec<Difference>,
+    /// Instead of one run per config: search for the highest value of a
+    /// parameter at which a metric still meets its bound. The peak is
+    /// reported as metric `search.peak`; the other metrics come from the
+    /// run at the peak.
+    #[serde(default)]
+    pub search: Option<Search>,
+}
+
+/// A bisection over one `--set` parameter (DID §5.7's "peak request rate
+/// at which 95% of requests finish within 10 ms").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Search {
+    /// The `--set` key searched.
+    pub param: String,
+    /// A value expected to meet the bound.
+    pub lo: f64,
+    /// A value expected to miss it.
+    pub hi: f64,
+    /// The metric judged.
+    pub metric: String,
+    /// It must be at most this...
+    #[serde(default)]
+    pub max: Option<f64>,
+    /// ...or at least this.
+    #[serde(default)]
+    pub min: Option<f64>,
+    /// Bisection steps (the answer is within (hi − lo) / 2^steps).
+    pub steps: u32,
+}
+
+impl Search {
+    fn ok(&self, v: f64) -> bool {
+        self.max.is_none_or(|m| v <= m) && self.min.is_none_or(|m| v >= m)
+    }
 }
 
 /// A published comparison of two configs on one metric, for every
@@ -204,6 +239,38 @@ pub fn validation_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("validation")
 }
 
+/// Bisection for `se`: returns the report at the highest passing value and
+/// that value (0 with the report at `lo` if even `lo` fails).
+fn search(
+    se: &Search,
+    path: &Path,
+    sets: &[String],
+    run: &dyn Fn(&Scenario) -> Option<RunReport>,
+) -> Option<(RunReport, Option<f64>)> {
+    let probe = |v: f64| -> Option<RunReport> {
+        let mut s = sets.to_vec();
+        s.push(format!("{}={v}", se.param));
+        let sc = Scenario::load(path, &s).ok()?;
+        run(&sc)
+    };
+    let first = probe(se.lo)?;
+    if !se.ok(metric_value(&first, &se.metric)) {
+        return Some((first, Some(0.0)));
+    }
+    let (mut lo, mut hi, mut best) = (se.lo, se.hi, first);
+    for _ in 0..se.steps {
+        let mid = ((lo + hi) / 2.0).round();
+        let r = probe(mid)?;
+        if se.ok(metric_value(&r, &se.metric)) {
+            lo = mid;
+            best = r;
+        } else {
+            hi = mid;
+        }
+    }
+    Some((best, Some(lo)))
+}
+
 struct Job {
     exp: usize,
     config: String,
@@ -269,7 +336,8 @@ pub fn reproduce(
             .map_err(|e| ReproduceError::Bad(e.to_string()))?;
         scenarios.push(s);
     }
-    let results: Vec<Mutex<Option<RunReport>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<(RunReport, Option<f64>)>>> =
+        jobs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {
@@ -279,12 +347,21 @@ pub fn reproduce(
                 if i >= jobs.len() {
                     break;
                 }
-                let rep = match World::build(&scenarios[i], cal) {
+                let run = |s: &Scenario| match World::build(s, cal) {
                     Ok(mut w) => {
                         w.run(|_| {});
                         Some(w.report())
                     }
                     Err(_) => None,
+                };
+                let rep = match &exps[jobs[i].exp].search {
+                    None => run(&scenarios[i]).map(|r| (r, None)),
+                    Some(se) => search(
+                        se,
+                        &dir.join(&exps[jobs[i].exp].scenario),
+                        &jobs[i].sets,
+                        &run,
+                    ),
                 };
                 if let Ok(mut slot) = results[i].lock() {
                     *slot = rep;
@@ -308,7 +385,7 @@ pub fn reproduce(
     for (i, j) in jobs.iter().enumerate() {
         let e = exps[j.exp];
         let rep = results[i].lock().ok().and_then(|mut g| g.take());
-        let Some(rep) = rep else {
+        let Some((rep, peak)) = rep else {
             return Err(ReproduceError::Bad(format!(
                 "{} {}: run failed to build",
                 e.id, j.config
@@ -323,7 +400,10 @@ pub fn reproduce(
             if !m.configs.is_empty() && !m.configs.contains(&j.config) {
                 continue;
             }
-            let model = metric_value(&rep, &m.name);
+            let model = match (m.name.as_str(), peak) {
+                ("search.peak", Some(p)) => p,
+                _ => metric_value(&rep, &m.name),
+            };
             let exp = e.expected.iter().find(|x| {
                 x.config == j.config
                     && x.metric == m.name

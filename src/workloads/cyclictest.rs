@@ -94,6 +94,7 @@ mod tests {
             now: 0,
             socket: Some(&mut q),
             tcp: None,
+            conns: None,
             blk: None,
         };
         assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(1000 * US));

@@ -123,7 +123,10 @@ impl IperfPeer {
 }
 
 impl PeerApp for IperfPeer {
-    fn poll(&mut self, tcp: &mut Tcp, now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>) {
+        let Some(tcp) = conns.first_mut() else {
+            return (0, None);
+        };
         let mut cost = 0;
         loop {
             let n = if self.send {

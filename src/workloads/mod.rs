@@ -4,6 +4,7 @@
 pub mod cyclictest;
 pub mod fio;
 pub mod iperf;
+pub mod memcached;
 pub mod netpipe;
 pub mod peer;
 pub mod udp;

@@ -34,7 +34,10 @@ impl NetpipeTransmitter {
 }
 
 impl PeerApp for NetpipeTransmitter {
-    fn poll(&mut self, tcp: &mut Tcp, now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>) {
+        let Some(tcp) = conns.first_mut() else {
+            return (0, None);
+        };
         let mut cost = 0;
         if let Some(t0) = self.sent_at {
             if tcp.readable() < self.msg {

@@ -22,27 +22,27 @@ pub struct PeerCosts {
     pub wakeup: Time,
 }
 
-/// What a peer application does when its connection changes.
+/// What a peer application does when its connections change.
 pub trait PeerApp {
     /// Called at start, when data or acknowledgements arrive, and at the
-    /// time it last asked for. Reads and writes through `tcp`; returns the
-    /// CPU time it used and when it wants to be called again, if ever.
-    fn poll(&mut self, tcp: &mut Tcp, now: Time) -> (Time, Option<Time>);
+    /// time it last asked for. Reads and writes through `conns`; returns
+    /// the CPU time it used and when it wants to be called again, if ever.
+    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>);
     /// The warm-up is over.
     fn reset_metrics(&mut self);
     /// Adds its metrics.
     fn metrics(&self, out: &mut Metrics);
 }
 
-/// One peer process with one connection.
+/// One peer process with its connections (flows `first_flow..`), running
+/// on `cpus` CPUs: connection i's segments are handled by CPU i mod cpus.
 pub struct PeerHost {
-    /// The connection.
-    pub tcp: Tcp,
-    /// Its flow id (as the guest's socket knows it).
-    pub flow: u16,
+    /// The connections.
+    pub conns: Vec<Tcp>,
+    first_flow: u16,
     app: Box<dyn PeerApp>,
     costs: PeerCosts,
-    busy_until: Time,
+    busy_until: Vec<Time>,
     app_timer: Option<Time>,
     /// Frames sent.
     pub frames_out: u64,
@@ -51,14 +51,21 @@ pub struct PeerHost {
 }
 
 impl PeerHost {
-    /// A peer running `app` on connection `flow`.
-    pub fn new(tcp: Tcp, flow: u16, app: Box<dyn PeerApp>, costs: PeerCosts) -> Self {
+    /// A peer running `app` on connections `conns` (flows from
+    /// `first_flow`) with `cpus` CPUs.
+    pub fn new(
+        conns: Vec<Tcp>,
+        first_flow: u16,
+        app: Box<dyn PeerApp>,
+        costs: PeerCosts,
+        cpus: usize,
+    ) -> Self {
         PeerHost {
-            tcp,
-            flow,
+            conns,
+            first_flow,
             app,
             costs,
-            busy_until: 0,
+            busy_until: vec![0; cpus.max(1)],
             app_timer: Some(0),
             frames_out: 0,
             frames_in: 0,
@@ -66,12 +73,17 @@ impl PeerHost {
     }
 
     /// The earliest time the peer must run without a frame arriving (its
-    /// application's or its TCP's timer).
+    /// application's or a connection's timer).
     pub fn next_timer(&self) -> Option<Time> {
-        match (self.app_timer, self.tcp.next_timer()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.conns
+            .iter()
+            .filter_map(|c| c.next_timer())
+            .chain(self.app_timer)
+            .min()
+    }
+
+    fn cpu_of(&self, conn: usize) -> usize {
+        conn % self.busy_until.len()
     }
 
     /// A frame reached the peer at `now`. Frames it sends in response are
@@ -80,44 +92,60 @@ impl PeerHost {
         let Transport::Tcp(seg) = f.transport else {
             return;
         };
-        if f.flow != self.flow {
+        let Some(i) = f.flow.checked_sub(self.first_flow).map(usize::from) else {
+            return;
+        };
+        if i >= self.conns.len() {
             return;
         }
         self.frames_in += 1;
-        let idle = self.busy_until <= now;
-        let mut t = self.busy_until.max(now) + self.costs.rx_segment;
-        self.tcp.on_segment(seg, t);
-        if self.tcp.readable() > 0 && idle {
+        let cpu = self.cpu_of(i);
+        let idle = self.busy_until[cpu] <= now;
+        let mut t = self.busy_until[cpu].max(now) + self.costs.rx_segment;
+        self.conns[i].on_segment(seg, t);
+        if self.conns[i].readable() > 0 && idle {
             t += self.costs.wakeup;
         }
-        self.busy_until = t;
-        self.run_app(out);
+        self.busy_until[cpu] = t;
+        self.run_app(cpu, out);
     }
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
-        let t = self.busy_until.max(now);
-        self.busy_until = t;
-        if self.tcp.next_timer().is_some_and(|d| d <= now) {
-            self.tcp.on_timer(now);
+        for c in &mut self.conns {
+            if c.next_timer().is_some_and(|d| d <= now) {
+                c.on_timer(now);
+            }
         }
         if self.app_timer.is_some_and(|d| d <= now) {
             self.app_timer = None;
         }
-        self.run_app(out);
+        // The application runs on the least busy CPU.
+        let cpu = (0..self.busy_until.len())
+            .min_by_key(|&c| self.busy_until[c])
+            .unwrap_or(0);
+        self.busy_until[cpu] = self.busy_until[cpu].max(now);
+        self.run_app(cpu, out);
     }
 
-    fn run_app(&mut self, out: &mut Vec<(Time, Frame)>) {
-        let (cost, wake) = self.app.poll(&mut self.tcp, self.busy_until);
-        self.busy_until += cost;
+    fn run_app(&mut self, cpu: usize, out: &mut Vec<(Time, Frame)>) {
+        let (cost, wake) = self.app.poll(&mut self.conns, self.busy_until[cpu]);
+        self.busy_until[cpu] += cost;
         if wake.is_some() {
             self.app_timer = wake;
         }
-        while let Some(seg) = self.tcp.poll_output(self.busy_until) {
-            self.busy_until += self.costs.tx_segment;
-            self.frames_out += 1;
-            out.push((self.busy_until, Frame::tcp(self.flow, seg, self.busy_until)));
+        for i in 0..self.conns.len() {
+            let c = self.cpu_of(i);
+            let start = self.busy_until[c].max(self.busy_until[cpu]);
+            self.busy_until[c] = start;
+            while let Some(seg) = self.conns[i].poll_output(self.busy_until[c]) {
+                self.busy_until[c] += self.costs.tx_segment;
+                self.frames_out += 1;
+                let t = self.busy_until[c];
+                out.push((t, Frame::tcp(self.first_flow + i as u16, seg, t)));
+            }
         }
+        out.sort_unstable_by_key(|x| x.0);
     }
 
     /// The warm-up is over.

@@ -34,6 +34,7 @@ use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
 use crate::workloads::cyclictest::Cyclictest;
 use crate::workloads::fio::Fio;
 use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
+use crate::workloads::memcached::{MemcachedClient, MemcachedShape, MemcachedWorker};
 use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
 use crate::workloads::peer::{PeerApp, PeerCosts, PeerHost};
 use crate::workloads::udp::{UdpReceiver, UdpSender};
@@ -65,9 +66,17 @@ const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
 /// The TCP workload's connection id.
 const TCP_FLOW: u16 = 1;
 
-/// A TCP workload: the guest's program, the peer host's, and the socket
-/// options both open the connection with.
-type TcpWorkload = (Box<dyn crate::guest::app::App>, Box<dyn PeerApp>, TcpConfig);
+/// A TCP workload: the guest's programs (each serving the connections
+/// whose index is its own modulo their number), the peer host's program,
+/// the socket options both ends open with, the number of connections and
+/// the peer's CPUs.
+struct TcpWorkload {
+    guest: Vec<Box<dyn crate::guest::app::App>>,
+    peer: Box<dyn PeerApp>,
+    tcp: TcpConfig,
+    conns: usize,
+    peer_cpus: usize,
+}
 
 /// The scenario's TCP workload.
 fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
@@ -79,11 +88,13 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             nagle: false,
             ..TcpConfig::default()
         };
-        return Some((
-            Box::new(NetpipeEcho::new(n.msg_bytes, syscall)),
-            Box::new(NetpipeTransmitter::new(n.msg_bytes, syscall)),
+        return Some(TcpWorkload {
+            guest: vec![Box::new(NetpipeEcho::new(n.msg_bytes, syscall))],
+            peer: Box::new(NetpipeTransmitter::new(n.msg_bytes, syscall)),
             tcp,
-        ));
+            conns: 1,
+            peer_cpus: 1,
+        });
     }
     if let Some(i) = &s.workload.iperf {
         let costs = IperfCosts {
@@ -91,19 +102,53 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             copy_per_kib: t_ns(&g.copy_per_kib_ns),
         };
         let to_vm = i.direction == IperfDirection::ToVm;
-        // Receive-buffer autotuning is not modelled: both ends keep
-        // tcp_rmem's default (87380 bytes), which covers the path's
-        // bandwidth-delay product, so the window, not the NIC ring, holds
-        // the sender back.
+        // Receive-buffer autotuning is not modelled (see iperf.toml).
         let tcp = TcpConfig {
             rcvbuf: TCP_RMEM_DEFAULT,
             ..TcpConfig::default()
         };
-        return Some((
-            Box::new(IperfGuest::new(!to_vm, i.len_bytes, costs)),
-            Box::new(IperfPeer::new(to_vm, i.len_bytes, costs)),
+        return Some(TcpWorkload {
+            guest: vec![Box::new(IperfGuest::new(!to_vm, i.len_bytes, costs))],
+            peer: Box::new(IperfPeer::new(to_vm, i.len_bytes, costs)),
             tcp,
-        ));
+            conns: 1,
+            peer_cpus: 1,
+        });
+    }
+    if let Some(m) = &s.workload.memcached {
+        let shape = MemcachedShape {
+            key: m.key_bytes,
+            value: m.value_bytes,
+            gets_per_set: 4,
+        };
+        let conns = m.connections as usize;
+        let threads = m.threads as usize;
+        let costs = (
+            t_ns(&g.memcached_get_ns),
+            t_ns(&g.memcached_set_ns),
+            syscall,
+        );
+        // The client sets TCP_NODELAY (the paper: Nagle off).
+        let tcp = TcpConfig {
+            nagle: false,
+            rcvbuf: TCP_RMEM_DEFAULT,
+            ..TcpConfig::default()
+        };
+        return Some(TcpWorkload {
+            guest: (0..threads)
+                .map(|t| {
+                    Box::new(MemcachedWorker::new(
+                        shape, s.seed, t, threads, conns, TCP_FLOW, costs,
+                    )) as Box<dyn crate::guest::app::App>
+                })
+                .collect(),
+            peer: Box::new(MemcachedClient::new(
+                shape, s.seed, conns, m.rate_rps, syscall,
+            )),
+            tcp,
+            conns,
+            peer_cpus: m.client_threads as usize,
+        });
     }
     None
 }
@@ -390,10 +435,23 @@ impl World {
             );
         }
         let mut peer_app = None;
-        if let Some((guest_app, app, tcp)) = tcp_workload(s, cal) {
-            let t = kernel.spawn(guest_app, 0, false);
-            kernel.tcp_open(TCP_FLOW, tcp, Some(t));
-            peer_app = Some((app, tcp));
+        if let Some(w) = tcp_workload(s, cal) {
+            let threads = w.guest.len();
+            if w.conns == 1 && threads == 1 {
+                for app in w.guest {
+                    let t = kernel.spawn(app, 0, false);
+                    kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
+                }
+            } else {
+                for (j, app) in w.guest.into_iter().enumerate() {
+                    let t = kernel.spawn(app, 0, false);
+                    let flows = (0..w.conns)
+                        .filter(|i| i % threads == j)
+                        .map(|i| TCP_FLOW + i as u16);
+                    kernel.tcp_open_many(flows, w.tcp, t);
+                }
+            }
+            peer_app = Some((w.peer, w.tcp, w.conns, w.peer_cpus));
         }
         if let (Some(f), true) = (&s.workload.fio, has_blk) {
             let t = kernel.spawn(
@@ -514,11 +572,14 @@ impl World {
             );
         }
         let peer = match peer_app {
-            Some((app, tcp)) => {
+            Some((app, tcp, conns, cpus)) => {
                 let p = &cal.peer;
-                let tcp = Tcp::new(tcp).map_err(|e| BuildError::Scenario(e.to_string()))?;
+                let conns = (0..conns)
+                    .map(|_| Tcp::new(tcp))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| BuildError::Scenario(e.to_string()))?;
                 let host = PeerHost::new(
-                    tcp,
+                    conns,
                     TCP_FLOW,
                     app,
                     PeerCosts {
@@ -526,6 +587,7 @@ impl World {
                         tx_segment: t_ns(&p.tx_segment_ns),
                         wakeup: t_us(&p.wakeup_us),
                     },
+                    cpus,
                 );
                 let attach = if has_virtio {
                     net::Attach::Bridge {

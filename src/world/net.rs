@@ -179,7 +179,12 @@ impl World {
             let (t, f) = link.out[i];
             link.to_guest.push_back(f);
             match link.attach {
-                Attach::Bridge { delay } => self.q.schedule(t + delay, Ev::ToGuest),
+                Attach::Bridge { delay } => {
+                    // One queue into the tap: frames keep their order.
+                    let at = (t + delay).max(link.wire_free);
+                    link.wire_free = at;
+                    self.q.schedule(at, Ev::ToGuest);
+                }
                 Attach::Wire { .. } => {
                     // The load generator's NIC serializes its frames.
                     let start = t.max(link.wire_free);

@@ -1,0 +1,58 @@
+//! Memcached with many connections: every request is answered, each
+//! worker thread serves its share of the connections, and DID removes the
+//! interrupt exits.
+
+mod common;
+use common::*;
+
+#[test]
+fn memcached_answers_every_request_over_200_connections() {
+    for (scheme, device) in [
+        ("kvm", "vf"),
+        ("did", "vf"),
+        ("kvm", "virtio"),
+        ("did", "virtio"),
+    ] {
+        let r = run_file(
+            "memcached.toml",
+            &[
+                &format!("scheme={scheme}"),
+                &format!("net.device={device}"),
+                "rate_rps=30000",
+                "duration_s=0.05",
+            ],
+        );
+        assert_eq!(
+            r.violations(),
+            0,
+            "{scheme}/{device}: {:?}",
+            r.invariants.violations
+        );
+        let done = metric(&r, "memcached.completed");
+        // 30K/s for 50 ms, give or take the Poisson count and the edges.
+        assert!(
+            (1300.0..=1700.0).contains(&done),
+            "{scheme}/{device}: {done}"
+        );
+        assert!(metric(&r, "memcached.within_10ms_pct") > 99.0);
+        // Both worker threads served (connections split between them).
+        let t0 = metric(&r, "memcached.served.thread0");
+        let t1 = metric(&r, "memcached.served.thread1");
+        assert!(t0 > 0.3 * done && t1 > 0.3 * done, "{t0} {t1}");
+        if scheme == "did" && device == "vf" {
+            assert_eq!(rate(&r, "EXTERNAL_INTERRUPT"), 0.0);
+        }
+    }
+}
+
+#[test]
+fn overload_misses_the_qos_bound() {
+    // Far beyond what one vCPU serves: the backlog grows and the share of
+    // requests within 10 ms collapses.
+    let r = run_file(
+        "memcached.toml",
+        &["scheme=kvm", "rate_rps=600000", "duration_s=0.05"],
+    );
+    assert!(metric(&r, "memcached.within_10ms_pct") < 95.0);
+    assert_eq!(r.violations(), 0);
+}
