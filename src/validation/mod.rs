@@ -246,7 +246,7 @@ fn search(
     path: &Path,
     sets: &[String],
     run: &dyn Fn(&Scenario) -> Option<RunReport>,
-) -> Option<(RunReport, Option<f64>)> {
+) -> Option<Outcome> {
     let probe = |v: f64| -> Option<RunReport> {
         let mut s = sets.to_vec();
         s.push(format!("{}={v}", se.param));
@@ -270,6 +270,9 @@ fn search(
     }
     Some((best, Some(lo)))
 }
+
+/// A job's report, and the peak a search found.
+type Outcome = (RunReport, Option<f64>);
 
 struct Job {
     exp: usize,
@@ -336,8 +339,7 @@ pub fn reproduce(
             .map_err(|e| ReproduceError::Bad(e.to_string()))?;
         scenarios.push(s);
     }
-    let results: Vec<Mutex<Option<(RunReport, Option<f64>)>>> =
-        jobs.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Outcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {

@@ -36,7 +36,7 @@ impl MemcachedShape {
         x ^= x >> 27;
         x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
         x ^= x >> 31;
-        x % u64::from(self.gets_per_set + 1) == 0
+        x.is_multiple_of(u64::from(self.gets_per_set + 1))
     }
 
     /// (request bytes, response bytes) of a get or a set (text protocol).
