@@ -57,17 +57,20 @@ fn main() {
         );
     }
     let cal = Calibration::default_host();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/validation/did/fig4.toml");
-    for scheme in ["did", "kvm"] {
-        let s = Scenario::load(
-            std::path::Path::new(path),
-            &[
-                format!("scheme={scheme}"),
-                "rate_pps=600000".into(),
-                "duration_s=1".into(),
-            ],
-        )
-        .expect("fig4 scenario loads");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/validation/did/");
+    let runs: [(&str, &str, &[&str]); 6] = [
+        ("did 600 kpps UDP", "fig4.toml", &["scheme=did", "rate_pps=600000"]),
+        ("kvm 600 kpps UDP", "fig4.toml", &["scheme=kvm", "rate_pps=600000"]),
+        ("pv-did netpipe", "netpipe.toml", &["scheme=did"]),
+        ("pv iperf", "iperf.toml", &["scheme=kvm"]),
+        ("sriov memcached 100K rps", "memcached.toml", &["scheme=kvm", "rate_rps=100000"]),
+        ("kvm fio", "fio.toml", &["scheme=kvm"]),
+    ];
+    for (label, file, sets) in runs {
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push("duration_s=1".into());
+        let path = format!("{dir}{file}");
+        let s = Scenario::load(std::path::Path::new(&path), &sets).expect("scenario loads");
         let mut w = World::build(&s, &cal).expect("builds");
         let a0 = ALLOCS.load(Ordering::Relaxed);
         let t0 = Instant::now();
@@ -76,7 +79,7 @@ fn main() {
         let allocs = ALLOCS.load(Ordering::Relaxed) - a0;
         let sim = s.duration_s + s.warmup_s;
         println!(
-            "platform, {scheme} 600 kpps: {:.0} events in {dt:.3} s = {:.2} M events/s; {:.3} s wall per simulated s; {allocs} heap allocations during the run",
+            "platform, {label}: {:.0} events in {dt:.3} s = {:.2} M events/s; {:.3} s wall per simulated s; {allocs} heap allocations during the run",
             w.events() as f64,
             w.events() as f64 / dt / 1e6,
             dt / sim
