@@ -59,11 +59,23 @@ fn main() {
     let cal = Calibration::default_host();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/validation/did/");
     let runs: [(&str, &str, &[&str]); 6] = [
-        ("did 600 kpps UDP", "fig4.toml", &["scheme=did", "rate_pps=600000"]),
-        ("kvm 600 kpps UDP", "fig4.toml", &["scheme=kvm", "rate_pps=600000"]),
+        (
+            "did 600 kpps UDP",
+            "fig4.toml",
+            &["scheme=did", "rate_pps=600000"],
+        ),
+        (
+            "kvm 600 kpps UDP",
+            "fig4.toml",
+            &["scheme=kvm", "rate_pps=600000"],
+        ),
         ("pv-did netpipe", "netpipe.toml", &["scheme=did"]),
         ("pv iperf", "iperf.toml", &["scheme=kvm"]),
-        ("sriov memcached 100K rps", "memcached.toml", &["scheme=kvm", "rate_rps=100000"]),
+        (
+            "sriov memcached 100K rps",
+            "memcached.toml",
+            &["scheme=kvm", "rate_rps=100000"],
+        ),
         ("kvm fio", "fio.toml", &["scheme=kvm"]),
     ];
     for (label, file, sets) in runs {

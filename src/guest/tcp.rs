@@ -986,6 +986,34 @@ mod tests {
 
     /// An application that writes `total` bytes on endpoint `from` as fast
     /// as the send buffer allows and reads everything on the other end.
+    /// A 1 Gb/s bulk transfer of `total` bytes from endpoint 0 in which
+    /// the first segment of endpoint 0 that `lose` picks is dropped. Checks
+    /// that everything arrives; returns the run and when it completed.
+    fn bulk_losing_once(
+        total: u64,
+        mut lose: impl FnMut(&Segment) -> bool + 'static,
+    ) -> (Sim, Option<Time>) {
+        let mut sim = Sim::default_pair(1, 50 * US);
+        let mut dropped = false;
+        sim.dropper = Box::new(move |from, s| {
+            if from == 0 && !dropped && lose(s) {
+                dropped = true;
+                return true;
+            }
+            false
+        });
+        let mut done_at = None;
+        let mut bulk = bulk_app(0, total);
+        sim.run(10 * SEC, &mut |ep, now, ev| {
+            bulk(ep, now, ev);
+            if ep[1].bytes_delivered() == total && done_at.is_none() {
+                done_at = Some(now);
+            }
+        });
+        assert_eq!(sim.ep[1].bytes_delivered(), total);
+        (sim, done_at)
+    }
+
     fn bulk_app(from: usize, total: u64) -> impl FnMut(&mut [Tcp; 2], Time, Ev) {
         move |ep, _, _| {
             let left = total - ep[from].bytes_written();
@@ -1239,24 +1267,7 @@ mod tests {
     fn lost_segment_is_fast_retransmitted() {
         let total = 2_000_000u64;
         let lost_seq = 100 * mss();
-        let mut sim = Sim::default_pair(1, 50 * US);
-        let mut dropped = false;
-        sim.dropper = Box::new(move |from, s| {
-            if from == 0 && s.seq == lost_seq && !dropped {
-                dropped = true;
-                return true;
-            }
-            false
-        });
-        let mut done_at = None;
-        let mut bulk = bulk_app(0, total);
-        sim.run(10 * SEC, &mut |ep, now, ev| {
-            bulk(ep, now, ev);
-            if ep[1].bytes_delivered() == total && done_at.is_none() {
-                done_at = Some(now);
-            }
-        });
-        assert_eq!(sim.ep[1].bytes_delivered(), total);
+        let (sim, done_at) = bulk_losing_once(total, move |s| s.seq == lost_seq);
         let c = sim.ep[0].counters();
         assert_eq!(c.fast_retransmits, 1);
         assert_eq!(c.rto_timeouts, 0);
@@ -1274,24 +1285,8 @@ mod tests {
     #[test]
     fn lost_last_segment_is_recovered_by_rto() {
         let total = 100_000u64;
-        let mut sim = Sim::default_pair(1, 50 * US);
-        let mut dropped = false;
-        sim.dropper = Box::new(move |from, s| {
-            if from == 0 && s.seq + s.len as u64 == total && s.len > 0 && !dropped {
-                dropped = true;
-                return true;
-            }
-            false
-        });
-        let mut done_at = None;
-        let mut bulk = bulk_app(0, total);
-        sim.run(10 * SEC, &mut |ep, now, ev| {
-            bulk(ep, now, ev);
-            if ep[1].bytes_delivered() == total && done_at.is_none() {
-                done_at = Some(now);
-            }
-        });
-        assert_eq!(sim.ep[1].bytes_delivered(), total);
+        let (sim, done_at) =
+            bulk_losing_once(total, move |s| s.seq + s.len as u64 == total && s.len > 0);
         let c = sim.ep[0].counters();
         assert_eq!(c.rto_timeouts, 1);
         assert_eq!(c.fast_retransmits, 0);
