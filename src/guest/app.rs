@@ -36,7 +36,7 @@ pub struct Sys<'a> {
     pub tcp: Option<&'a mut super::tcp::Tcp>,
     /// Every TCP socket, for a task that serves many connections (it uses
     /// those whose `task` is itself).
-    pub conns: Option<&'a mut [super::net::TcpSock]>,
+    pub conns: Option<Conns<'a, super::net::TcpSock>>,
     /// The task's block queue, if it does block I/O.
     pub blk: Option<&'a mut super::blk::BlkQueue>,
 }
@@ -60,6 +60,51 @@ impl Sys<'_> {
     /// send() on the TCP socket: bytes accepted into the send buffer.
     pub fn tcp_send(&mut self, bytes: u32) -> u32 {
         self.tcp.as_mut().map_or(0, |t| t.send(bytes))
+    }
+}
+
+/// A program's view of many connections (an epoll set): reading is free,
+/// and each connection it takes for writing or receiving is noted, so the
+/// stack only services (output, timers) the connections that changed.
+pub struct Conns<'a, T> {
+    items: &'a mut [T],
+    touched: &'a mut Vec<usize>,
+    seen: &'a mut [bool],
+}
+
+impl<'a, T> Conns<'a, T> {
+    /// A view of `items`; `touched` and `seen` (same length as `items`)
+    /// collect the connections taken with [`get`](Self::get).
+    pub fn new(items: &'a mut [T], touched: &'a mut Vec<usize>, seen: &'a mut [bool]) -> Self {
+        Conns {
+            items,
+            touched,
+            seen,
+        }
+    }
+
+    /// Number of connections.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Connection `i`, to look at.
+    pub fn peek(&self, i: usize) -> &T {
+        &self.items[i]
+    }
+
+    /// Connection `i`, to act on (noted as touched).
+    pub fn get(&mut self, i: usize) -> &mut T {
+        if !self.seen[i] {
+            self.seen[i] = true;
+            self.touched.push(i);
+        }
+        &mut self.items[i]
     }
 }
 

@@ -240,6 +240,12 @@ pub struct Kernel {
     itr: DynamicItr,
     cleaned_unrefilled: u16,
     tcp_socks: Vec<TcpSock>,
+    /// Sockets a many-connection task acted on in its last step.
+    touched: Vec<usize>,
+    touched_seen: Vec<bool>,
+    /// Sockets that may have output (the transmit path polls only these).
+    tx_dirty: Vec<usize>,
+    tx_dirty_seen: Vec<bool>,
     blk: blk::BlkQueue,
     blk_task: Option<usize>,
     tx_pending: bool,
@@ -285,6 +291,10 @@ impl Kernel {
             itr,
             cleaned_unrefilled: 0,
             tcp_socks: Vec::new(),
+            touched: Vec::new(),
+            touched_seen: Vec::new(),
+            tx_dirty: Vec::new(),
+            tx_dirty_seen: Vec::new(),
             blk: blk::BlkQueue::default(),
             blk_task: None,
             tx_pending: false,
@@ -906,22 +916,28 @@ impl Kernel {
         };
         match (task.tcp, task.multi_tcp) {
             (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
-            (None, true) => sys.conns = Some(&mut self.tcp_socks[..]),
+            (None, true) => {
+                sys.conns = Some(app::Conns::new(
+                    &mut self.tcp_socks[..],
+                    &mut self.touched,
+                    &mut self.touched_seen[..],
+                ))
+            }
             _ => {}
         }
         let step = task.app.step(&mut sys);
         self.task_stepped = true;
         if let Some(s) = self.tasks[t].tcp {
             // send()/recv() may have queued data or a window update.
-            self.tx_pending = true;
+            self.tx_mark(s);
             self.tcp_timer_sync(s, now);
         }
         if self.tasks[t].multi_tcp {
-            self.tx_pending = true;
-            for s in 0..self.tcp_socks.len() {
-                if self.tcp_socks[s].task == Some(t) {
-                    self.tcp_timer_sync(s, now);
-                }
+            // Only the connections the program acted on can have news.
+            while let Some(s) = self.touched.pop() {
+                self.touched_seen[s] = false;
+                self.tcp_timer_sync(s, now);
+                self.tx_mark(s);
             }
         }
         match step {

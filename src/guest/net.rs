@@ -81,6 +81,8 @@ impl Kernel {
             task,
             timer: None,
         });
+        self.touched_seen.push(false);
+        self.tx_dirty_seen.push(false);
         let s = self.tcp_socks.len() - 1;
         if let Some(t) = task {
             self.tasks[t].tcp = Some(s);
@@ -145,7 +147,7 @@ impl Kernel {
                 };
                 self.tcp_socks[s].tcp.on_segment(seg, now);
                 self.tcp_timer_sync(s, now);
-                self.tx_pending = true;
+                self.tx_mark(s);
                 if let Some(t) = self.tcp_socks[s].task {
                     self.wake(t);
                 }
@@ -176,7 +178,16 @@ impl Kernel {
         self.tcp_socks[s].timer = None;
         self.tcp_socks[s].tcp.on_timer(now);
         self.tcp_timer_sync(s, now);
+        self.tx_mark(s);
+    }
+
+    /// Socket `s` may have output: the transmit path will poll it.
+    pub(super) fn tx_mark(&mut self, s: usize) {
         self.tx_pending = true;
+        if !self.tx_dirty_seen[s] {
+            self.tx_dirty_seen[s] = true;
+            self.tx_dirty.push(s);
+        }
     }
 
     /// `tick_nohz_irq_exit`: leaving network processing on a CPU that
@@ -190,16 +201,20 @@ impl Kernel {
         self.reprogram(now).map(Action::Instr)
     }
 
-    /// The next frame any socket wants to send, round robin.
+    /// The next frame any socket with possible output wants to send,
+    /// taking the marked sockets in turn.
     fn pull_output(&mut self, now: Time) -> Option<Frame> {
-        let n = self.tcp_socks.len();
-        for i in 0..n {
-            let s = (self.tx_rr + i) % n;
+        while !self.tx_dirty.is_empty() {
+            let i = self.tx_rr % self.tx_dirty.len();
+            let s = self.tx_dirty[i];
             if let Some(seg) = self.tcp_socks[s].tcp.poll_output(now) {
-                self.tx_rr = (s + 1) % n;
+                self.tx_rr = i + 1;
                 self.tcp_timer_sync(s, now);
                 return Some(Frame::tcp(self.tcp_socks[s].flow, seg, now));
             }
+            // Nothing more from it until it is marked again.
+            self.tx_dirty.swap_remove(i);
+            self.tx_dirty_seen[s] = false;
         }
         None
     }

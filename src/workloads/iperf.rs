@@ -6,7 +6,7 @@
 
 use super::peer::PeerApp;
 use crate::engine::{Time, SEC};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 
 /// Costs of iperf's system calls.
@@ -123,10 +123,11 @@ impl IperfPeer {
 }
 
 impl PeerApp for IperfPeer {
-    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>) {
-        let Some(tcp) = conns.first_mut() else {
+    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
+        if conns.is_empty() {
             return (0, None);
-        };
+        }
+        let tcp = conns.get(0);
         let mut cost = 0;
         loop {
             let n = if self.send {

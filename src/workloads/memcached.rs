@@ -11,7 +11,7 @@
 
 use super::peer::PeerApp;
 use crate::engine::{LatencyHistogram, RngStream, Time, MS, SEC};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 use std::collections::VecDeque;
 
@@ -89,14 +89,14 @@ impl MemcachedClient {
 }
 
 impl PeerApp for MemcachedClient {
-    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
         let mut cost = 0;
-        for (i, c) in conns.iter_mut().enumerate() {
+        for i in 0..conns.len() {
             while let Some(&(sent, resp)) = self.outstanding[i].front() {
-                if c.readable() < resp {
+                if conns.peek(i).readable() < resp {
                     break;
                 }
-                c.recv(resp);
+                conns.get(i).recv(resp);
                 cost += self.syscall;
                 let lat = (now + cost).saturating_sub(sent);
                 self.latency.record(lat);
@@ -113,7 +113,7 @@ impl PeerApp for MemcachedClient {
             let n = self.sent_n[i];
             self.sent_n[i] += 1;
             let (req, resp) = self.shape.sizes(self.shape.is_set(self.seed, i, n));
-            conns[i].send(req);
+            conns.get(i).send(req);
             self.outstanding[i].push_back((self.next_send, resp));
             cost += self.syscall;
             let gap = self.rng.exponential(1.0 / self.rate);
@@ -199,8 +199,13 @@ impl App for MemcachedWorker {
         // One epoll_wait, then every ready connection's requests.
         let mut cost = self.syscall;
         let mut any = false;
-        for s in conns.iter_mut() {
-            let Some(i) = s.flow.checked_sub(self.first_flow).map(usize::from) else {
+        for k in 0..conns.len() {
+            let Some(i) = conns
+                .peek(k)
+                .flow
+                .checked_sub(self.first_flow)
+                .map(usize::from)
+            else {
                 continue;
             };
             if i >= self.served_n.len() || i % self.threads != self.thread {
@@ -209,9 +214,10 @@ impl App for MemcachedWorker {
             loop {
                 let set = self.shape.is_set(self.seed, i, self.served_n[i]);
                 let (req, resp) = self.shape.sizes(set);
-                if s.tcp.readable() < req {
+                if conns.peek(k).tcp.readable() < req {
                     break;
                 }
+                let s = conns.get(k);
                 s.tcp.recv(req);
                 s.tcp.send(resp);
                 self.served_n[i] += 1;

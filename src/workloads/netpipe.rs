@@ -5,7 +5,7 @@
 
 use super::peer::PeerApp;
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 
 /// The peer's transmitter: send a message, wait for the whole echo, record
@@ -34,10 +34,11 @@ impl NetpipeTransmitter {
 }
 
 impl PeerApp for NetpipeTransmitter {
-    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>) {
-        let Some(tcp) = conns.first_mut() else {
+    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
+        if conns.is_empty() {
             return (0, None);
-        };
+        }
+        let tcp = conns.get(0);
         let mut cost = 0;
         if let Some(t0) = self.sent_at {
             if tcp.readable() < self.msg {

@@ -7,7 +7,7 @@
 //! when the CPU reaches it.
 
 use crate::engine::Time;
-use crate::guest::app::Metrics;
+use crate::guest::app::{Conns, Metrics};
 use crate::guest::tcp::Tcp;
 use crate::hw::wire::{Frame, Transport};
 
@@ -27,7 +27,7 @@ pub trait PeerApp {
     /// Called at start, when data or acknowledgements arrive, and at the
     /// time it last asked for. Reads and writes through `conns`; returns
     /// the CPU time it used and when it wants to be called again, if ever.
-    fn poll(&mut self, conns: &mut [Tcp], now: Time) -> (Time, Option<Time>);
+    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>);
     /// The warm-up is over.
     fn reset_metrics(&mut self);
     /// Adds its metrics.
@@ -44,6 +44,10 @@ pub struct PeerHost {
     costs: PeerCosts,
     busy_until: Vec<Time>,
     app_timer: Option<Time>,
+    /// Each connection's next timer, as of when it was last touched.
+    timers: Vec<Option<Time>>,
+    touched: Vec<usize>,
+    seen: Vec<bool>,
     /// Frames sent.
     pub frames_out: u64,
     /// Frames received.
@@ -60,6 +64,7 @@ impl PeerHost {
         costs: PeerCosts,
         cpus: usize,
     ) -> Self {
+        let n = conns.len();
         PeerHost {
             conns,
             first_flow,
@@ -67,6 +72,9 @@ impl PeerHost {
             costs,
             busy_until: vec![0; cpus.max(1)],
             app_timer: Some(0),
+            timers: vec![None; n],
+            touched: Vec::with_capacity(n),
+            seen: vec![false; n],
             frames_out: 0,
             frames_in: 0,
         }
@@ -75,11 +83,19 @@ impl PeerHost {
     /// The earliest time the peer must run without a frame arriving (its
     /// application's or a connection's timer).
     pub fn next_timer(&self) -> Option<Time> {
-        self.conns
+        self.timers
             .iter()
-            .filter_map(|c| c.next_timer())
+            .flatten()
+            .copied()
             .chain(self.app_timer)
             .min()
+    }
+
+    fn touch(&mut self, i: usize) {
+        if !self.seen[i] {
+            self.seen[i] = true;
+            self.touched.push(i);
+        }
     }
 
     fn cpu_of(&self, conn: usize) -> usize {
@@ -107,14 +123,16 @@ impl PeerHost {
             t += self.costs.wakeup;
         }
         self.busy_until[cpu] = t;
+        self.touch(i);
         self.run_app(cpu, out);
     }
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
-        for c in &mut self.conns {
-            if c.next_timer().is_some_and(|d| d <= now) {
-                c.on_timer(now);
+        for i in 0..self.conns.len() {
+            if self.timers[i].is_some_and(|d| d <= now) {
+                self.conns[i].on_timer(now);
+                self.touch(i);
             }
         }
         if self.app_timer.is_some_and(|d| d <= now) {
@@ -129,12 +147,16 @@ impl PeerHost {
     }
 
     fn run_app(&mut self, cpu: usize, out: &mut Vec<(Time, Frame)>) {
-        let (cost, wake) = self.app.poll(&mut self.conns, self.busy_until[cpu]);
+        let mut view = Conns::new(&mut self.conns, &mut self.touched, &mut self.seen);
+        let (cost, wake) = self.app.poll(&mut view, self.busy_until[cpu]);
         self.busy_until[cpu] += cost;
         if wake.is_some() {
             self.app_timer = wake;
         }
-        for i in 0..self.conns.len() {
+        // Only connections that received, timed out or were acted on can
+        // have output or new timers.
+        while let Some(i) = self.touched.pop() {
+            self.seen[i] = false;
             let c = self.cpu_of(i);
             let start = self.busy_until[c].max(self.busy_until[cpu]);
             self.busy_until[c] = start;
@@ -144,6 +166,7 @@ impl PeerHost {
                 let t = self.busy_until[c];
                 out.push((t, Frame::tcp(self.first_flow + i as u16, seg, t)));
             }
+            self.timers[i] = self.conns[i].next_timer();
         }
         out.sort_unstable_by_key(|x| x.0);
     }
