@@ -66,11 +66,14 @@ section!(Guest {
     syscall_ns,
     tcp_rx_segment_ns,
     tcp_tx_segment_ns,
+    udp_tx_datagram_ns,
     virtio_xmit_ns,
     vf_xmit_ns,
     copy_per_kib_ns,
     memcached_get_ns,
     memcached_set_ns,
+    sip_message_ns,
+    sip_auth_ns,
     blk_submit_ns,
     blk_complete_ns,
     cyclictest_loop_ns,
@@ -93,6 +96,7 @@ section!(Nic {
     netdev_budget,
     msi_latency_us,
     tx_fetch_us,
+    veb_loopback_us,
     link_gbps,
 });
 section!(Apic { bus_mhz });
@@ -114,6 +118,9 @@ section!(Peer {
     tx_segment_ns,
     wakeup_us,
     bridge_ns,
+    udp_rx_datagram_ns,
+    udp_tx_datagram_ns,
+    sipp_message_ns,
 });
 
 /// The whole calibration.

@@ -13,18 +13,31 @@ pub enum TaskStep {
     Block,
     /// `clock_nanosleep(TIMER_ABSTIME)` until this time.
     SleepUntil(Time),
+    /// `epoll_wait` with a timeout: block until data arrives on the task's
+    /// socket or until this time, whichever comes first.
+    WaitUntil(Time),
     /// The task is finished.
     Exit,
 }
 
-/// A received datagram as the socket holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A datagram as a socket holds it (received) or a program hands it to
+/// `sendto` (sent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Datagram {
+    /// The flow (peer address and port) it came from or goes to.
+    pub flow: u16,
     /// Payload bytes.
     pub len: u32,
-    /// When the client sent it.
+    /// What the program reads of the payload: a sender's counter, or an
+    /// application's message identity (see [`crate::hw::wire::Transport`]).
+    pub seq: u64,
+    /// When the sender's stack took it.
     pub sent: Time,
 }
+
+/// Datagrams a UDP socket's send buffer holds before `sendto` fails
+/// (Linux `wmem_default` 208 KiB over ~1 KiB messages and their skbs).
+pub const UDP_SNDBUF_DATAGRAMS: usize = 256;
 
 /// Kernel services a task may use during a step.
 pub struct Sys<'a> {
@@ -39,12 +52,30 @@ pub struct Sys<'a> {
     pub conns: Option<Conns<'a, super::net::TcpSock>>,
     /// The task's block queue, if it does block I/O.
     pub blk: Option<&'a mut super::blk::BlkQueue>,
+    /// Datagrams the task sent with `sendto` and the stack has not yet
+    /// taken (present when the task has a UDP socket).
+    pub udp_tx: Option<&'a mut std::collections::VecDeque<Datagram>>,
 }
 
 impl Sys<'_> {
     /// recv(): pops one datagram if the socket holds one.
     pub fn recv(&mut self) -> Option<Datagram> {
         self.socket.as_mut().and_then(|s| s.pop_front())
+    }
+
+    /// sendto() on the UDP socket: queues `d` (its `sent` is set to now)
+    /// for the transmit path. False if the task has no UDP socket or its
+    /// send buffer is full (the datagram is dropped, as with `EAGAIN`).
+    pub fn udp_send(&mut self, mut d: Datagram) -> bool {
+        let now = self.now;
+        match self.udp_tx.as_mut() {
+            Some(q) if q.len() < UDP_SNDBUF_DATAGRAMS => {
+                d.sent = now;
+                q.push_back(d);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Bytes the TCP socket can return to recv() now.

@@ -48,6 +48,7 @@ pub struct GuestCosts {
     pub syscall: Time,
     pub tcp_rx_segment: Time,
     pub tcp_tx_segment: Time,
+    pub udp_tx_datagram: Time,
     pub virtio_xmit: Time,
     pub vf_xmit: Time,
     pub blk_submit: Time,
@@ -190,13 +191,27 @@ enum HrKind {
 #[derive(Clone, Copy, Debug)]
 enum FrameKind {
     Boot,
-    Irq { vector: u8 },
-    Softirq { round: u32 },
-    VirtioPoll { round: u32 },
+    Irq {
+        vector: u8,
+    },
+    Softirq {
+        round: u32,
+    },
+    VirtioPoll {
+        round: u32,
+    },
     NetTx,
     BlkSubmit,
-    Switch { to: Option<usize> },
-    Nanosleep { task: usize, until: Time },
+    Switch {
+        to: Option<usize>,
+    },
+    /// `clock_nanosleep`, or with `wait` an `epoll_wait` that data on the
+    /// task's socket ends early.
+    Nanosleep {
+        task: usize,
+        until: Time,
+        wait: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -234,6 +249,8 @@ pub struct Kernel {
     current: Option<usize>,
     need_resched: bool,
     sockets: Vec<VecDeque<Datagram>>,
+    /// Datagrams sent on UDP sockets, waiting for the transmit path.
+    udp_tx: VecDeque<Datagram>,
     hrtimers: Vec<(Time, HrKind)>,
     programmed: Option<Time>,
     tick_on: bool,
@@ -285,6 +302,7 @@ impl Kernel {
             current: None,
             need_resched: false,
             sockets: Vec::new(),
+            udp_tx: VecDeque::with_capacity(app::UDP_SNDBUF_DATAGRAMS),
             hrtimers: Vec::with_capacity(16),
             programmed: None,
             tick_on: false,
@@ -650,11 +668,18 @@ impl Kernel {
                     None
                 }
             },
-            FrameKind::Nanosleep { task, until } => match f.stage {
+            FrameKind::Nanosleep { task, until, wait } => match f.stage {
                 0 => {
                     self.set_stage(top, 1, 0);
-                    if until <= now {
-                        return None;
+                    // A task sleeps on one timer at a time (an earlier one
+                    // an early wake-up left armed is cancelled).
+                    self.hrtimers.retain(|h| h.1 != HrKind::Wake(task));
+                    let ready = wait
+                        && self.tasks[task]
+                            .socket
+                            .is_some_and(|s| !self.sockets[s].is_empty());
+                    if until <= now || ready {
+                        return self.reprogram(now).map(Action::Instr);
                     }
                     self.tasks[task].state = TaskState::Sleeping;
                     self.hrtimers.push((until, HrKind::Wake(task)));
@@ -907,12 +932,14 @@ impl Kernel {
             return Some(Action::Compute(self.tasks[t].compute));
         }
         let task = &mut self.tasks[t];
+        let has_socket = task.socket.is_some();
         let mut sys = Sys {
             now,
             socket: task.socket.map(|s| &mut self.sockets[s]),
             tcp: None,
             conns: None,
             blk: (self.blk_task == Some(t)).then_some(&mut self.blk),
+            udp_tx: has_socket.then_some(&mut self.udp_tx),
         };
         match (task.tcp, task.multi_tcp) {
             (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
@@ -927,6 +954,10 @@ impl Kernel {
         }
         let step = task.app.step(&mut sys);
         self.task_stepped = true;
+        if !self.udp_tx.is_empty() {
+            // sendto() → udp_sendmsg → dev_queue_xmit.
+            self.tx_pending = true;
+        }
         if let Some(s) = self.tasks[t].tcp {
             // send()/recv() may have queued data or a window update.
             self.tx_mark(s);
@@ -960,9 +991,14 @@ impl Kernel {
                 self.need_resched = true;
                 None
             }
-            TaskStep::SleepUntil(until) => {
+            TaskStep::SleepUntil(until) | TaskStep::WaitUntil(until) => {
+                let wait = matches!(step, TaskStep::WaitUntil(_));
                 self.push(
-                    FrameKind::Nanosleep { task: t, until },
+                    FrameKind::Nanosleep {
+                        task: t,
+                        until,
+                        wait,
+                    },
                     self.cfg.costs.syscall,
                     true,
                 );

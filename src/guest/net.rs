@@ -10,7 +10,8 @@
 //!   when it is half empty (kicking if asked), and re-enables callbacks
 //!   with `virtqueue_enable_cb`, polling again if buffers slipped in.
 //!
-//! TCP output (data, ACKs, retransmissions) leaves through the same
+//! UDP datagrams a task sent and TCP output (data, ACKs, retransmissions)
+//! leave through the same
 //! transmit path, from process context after a send and from softirq
 //! context after a receive or a TCP timer.
 
@@ -136,8 +137,13 @@ impl Kernel {
     /// Returns the transport processing cost.
     pub(super) fn netif_receive(&mut self, f: Frame, now: Time) -> Time {
         match f.transport {
-            Transport::Udp { len, .. } => {
-                self.socket_enqueue(super::app::Datagram { len, sent: f.sent });
+            Transport::Udp { len, seq } => {
+                self.socket_enqueue(super::app::Datagram {
+                    flow: f.flow,
+                    len,
+                    seq,
+                    sent: f.sent,
+                });
                 0
             }
             Transport::Tcp(seg) => {
@@ -204,6 +210,16 @@ impl Kernel {
     /// The next frame any socket with possible output wants to send,
     /// taking the marked sockets in turn.
     fn pull_output(&mut self, now: Time) -> Option<Frame> {
+        if let Some(d) = self.udp_tx.pop_front() {
+            return Some(Frame {
+                flow: d.flow,
+                transport: Transport::Udp {
+                    len: d.len,
+                    seq: d.seq,
+                },
+                sent: d.sent,
+            });
+        }
         while !self.tx_dirty.is_empty() {
             let i = self.tx_rr % self.tx_dirty.len();
             let s = self.tx_dirty[i];
@@ -282,7 +298,11 @@ impl Kernel {
                     return self.irq_exit_nohz(now);
                 }
                 self.net.tx_frames += 1;
-                let cost = self.cfg.costs.tcp_tx_segment + xmit;
+                let proto = match frame.transport {
+                    Transport::Tcp(_) => self.cfg.costs.tcp_tx_segment,
+                    Transport::Udp { .. } => self.cfg.costs.udp_tx_datagram,
+                };
+                let cost = proto + xmit;
                 self.set_stage(top, 1, cost);
                 None
             }

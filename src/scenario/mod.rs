@@ -254,6 +254,33 @@ pub struct WorkloadSpec {
     pub fio: Option<FioSpec>,
     /// Memcached server in the VM, load generator at the peer.
     pub memcached: Option<MemcachedSpec>,
+    /// SIP B2BUA in the VM between a SIPp-like client and server.
+    pub sip: Option<SipSpec>,
+}
+
+/// SIP (DID §5.8): SIPp's `-r rate_cps -d call_duration_s -m calls`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SipSpec {
+    /// New calls per second (the paper: 100).
+    #[serde(default = "sip_rate")]
+    pub rate_cps: f64,
+    /// Seconds an answered call lasts (the paper: 10).
+    #[serde(default = "sip_duration")]
+    pub call_duration_s: f64,
+    /// Calls to place (the paper: 10,000).
+    #[serde(default = "sip_calls")]
+    pub calls: u32,
+}
+
+fn sip_rate() -> f64 {
+    100.0
+}
+fn sip_duration() -> f64 {
+    10.0
+}
+fn sip_calls() -> u32 {
+    10_000
 }
 
 /// Memcached.
@@ -359,6 +386,11 @@ impl WorkloadSpec {
     /// Whether a TCP workload (talking to the peer host) is configured.
     pub fn tcp(&self) -> bool {
         self.netpipe.is_some() || self.iperf.is_some() || self.memcached.is_some()
+    }
+
+    /// Whether a workload talks to peer hosts (TCP workloads, SIP).
+    pub fn peers(&self) -> bool {
+        self.tcp() || self.sip.is_some()
     }
 }
 
@@ -763,7 +795,30 @@ impl Scenario {
                 );
             }
         }
-        if self.workload.tcp() {
+        if let Some(p) = &self.workload.sip {
+            if !(p.rate_cps > 0.0 && p.rate_cps <= 1e5) {
+                return bad(
+                    "workload.sip.rate_cps",
+                    format!("{} must be in (0, 100000]", p.rate_cps),
+                );
+            }
+            if !(p.call_duration_s >= 0.0 && p.call_duration_s <= 3600.0) {
+                return bad(
+                    "workload.sip.call_duration_s",
+                    format!("{} must be in [0, 3600]", p.call_duration_s),
+                );
+            }
+            if !(1..=1_000_000).contains(&p.calls) {
+                return bad("workload.sip.calls", "must be 1..=1000000".into());
+            }
+            if self.workload.tcp() {
+                return bad(
+                    "workload.sip",
+                    "cannot be combined with a TCP workload (netpipe, iperf, memcached)".into(),
+                );
+            }
+        }
+        if self.workload.peers() {
             if self.scheme == "bare-metal" && self.net.device == NetDevice::Virtio {
                 return bad(
                     "net.device",
@@ -773,7 +828,7 @@ impl Scenario {
             if self.workload.udp.is_some() {
                 return bad(
                     "workload.udp",
-                    "cannot be combined with a TCP workload (netpipe, iperf) yet".into(),
+                    "cannot be combined with a TCP or SIP workload yet".into(),
                 );
             }
         }

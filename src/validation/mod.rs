@@ -190,8 +190,10 @@ pub enum ReproduceError {
 }
 
 /// Reads a metric from a run report: `exits_per_s`, `exits_per_s.<REASON>`,
-/// `tig_pct`, `eht_pct`, or any workload metric by name (0 when the run
-/// produced none of it, e.g. a reason with no exits).
+/// `tig_pct`, `eht_pct`, or any workload metric by name, full
+/// (`sip.call_rate`) or bare (`call_rate`) when exactly one workload
+/// metric has that last component (0 when the run produced none of it,
+/// e.g. a reason with no exits).
 pub fn metric_value(r: &RunReport, name: &str) -> f64 {
     let vm = &r.vms[0];
     match name {
@@ -202,8 +204,23 @@ pub fn metric_value(r: &RunReport, name: &str) -> f64 {
             if let Some(reason) = n.strip_prefix("exits_per_s.") {
                 return vm.exits_per_s_by_reason.get(reason).copied().unwrap_or(0.0);
             }
-            r.metrics.get(n).copied().unwrap_or(0.0)
+            workload_metric(&r.metrics, n).unwrap_or(0.0)
         }
+    }
+}
+
+/// A workload metric by full name, or by bare last component when exactly
+/// one metric ends with it.
+fn workload_metric(metrics: &std::collections::BTreeMap<String, f64>, name: &str) -> Option<f64> {
+    if let Some(v) = metrics.get(name) {
+        return Some(*v);
+    }
+    let mut suffixed = metrics
+        .iter()
+        .filter(|(k, _)| k.rsplit_once('.').is_some_and(|(_, last)| last == name));
+    match (suffixed.next(), suffixed.next()) {
+        (Some((_, v)), None) => Some(*v),
+        _ => None,
     }
 }
 
@@ -534,4 +551,28 @@ pub fn to_text(rows: &[Row]) -> String {
         scored.len()
     );
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_metric_names_resolve_only_when_unique() {
+        let m: std::collections::BTreeMap<String, f64> = [
+            ("sip.call_rate", 99.0),
+            ("sip.invite_retrans", 2.0),
+            ("a.count", 1.0),
+            ("b.count", 3.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(workload_metric(&m, "sip.call_rate"), Some(99.0));
+        assert_eq!(workload_metric(&m, "call_rate"), Some(99.0));
+        assert_eq!(workload_metric(&m, "retrans"), None);
+        // Ambiguous: two workloads report a `count`.
+        assert_eq!(workload_metric(&m, "count"), None);
+        assert_eq!(workload_metric(&m, "a.count"), Some(1.0));
+    }
 }

@@ -4,10 +4,9 @@
 //! the peer host the sender (the VM takes the receive interrupts),
 //! `from-vm` the reverse.
 
-use super::peer::PeerApp;
+use super::peer::{PeerApp, PeerIo};
 use crate::engine::{Time, SEC};
-use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
-use crate::guest::tcp::Tcp;
+use crate::guest::app::{App, Metrics, Sys, TaskStep};
 
 /// Costs of iperf's system calls.
 #[derive(Clone, Copy, Debug)]
@@ -123,7 +122,8 @@ impl IperfPeer {
 }
 
 impl PeerApp for IperfPeer {
-    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
+        let conns = &mut io.conns;
         if conns.is_empty() {
             return (0, None);
         }

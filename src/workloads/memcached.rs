@@ -9,10 +9,9 @@
 //! number n on connection c is a get or a set by a hash of (seed, c, n),
 //! which the client uses to build it and the server to parse it.
 
-use super::peer::PeerApp;
+use super::peer::{PeerApp, PeerIo};
 use crate::engine::{LatencyHistogram, RngStream, Time, MS, SEC};
-use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
-use crate::guest::tcp::Tcp;
+use crate::guest::app::{App, Metrics, Sys, TaskStep};
 use std::collections::VecDeque;
 
 /// Request and object sizes.
@@ -89,7 +88,8 @@ impl MemcachedClient {
 }
 
 impl PeerApp for MemcachedClient {
-    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
+        let conns = &mut io.conns;
         let mut cost = 0;
         for i in 0..conns.len() {
             while let Some(&(sent, resp)) = self.outstanding[i].front() {

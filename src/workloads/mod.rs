@@ -7,5 +7,6 @@ pub mod iperf;
 pub mod memcached;
 pub mod netpipe;
 pub mod peer;
+pub mod sip;
 pub mod udp;
 pub mod whileloop;

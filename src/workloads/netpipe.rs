@@ -3,10 +3,9 @@
 //! (the external load generator, or a process on the VM's host behind the
 //! bridge) and the receiver echoes each message from inside the guest.
 
-use super::peer::PeerApp;
+use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
-use crate::guest::tcp::Tcp;
+use crate::guest::app::{App, Metrics, Sys, TaskStep};
 
 /// The peer's transmitter: send a message, wait for the whole echo, record
 /// half the round trip, repeat.
@@ -34,7 +33,8 @@ impl NetpipeTransmitter {
 }
 
 impl PeerApp for NetpipeTransmitter {
-    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>) {
+    fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
+        let conns = &mut io.conns;
         if conns.is_empty() {
             return (0, None);
         }

@@ -1,15 +1,16 @@
-//! A peer host process: the other end of a guest's TCP connection, either a
-//! process on the VM's host reached through the bridge and vhost (DID's PV
-//! configurations) or the load generator behind the 10 GbE link (the SR-IOV
-//! configurations). Its kernel stack and the process share one CPU, served
-//! in arrival order: each received segment, each sent segment and each
-//! wake-up of the process costs calibrated time, and a frame leaves only
-//! when the CPU reaches it.
+//! A peer host process: the other end of a guest's TCP connections or UDP
+//! flows, either a process on the VM's host reached through the bridge and
+//! vhost (DID's PV configurations) or the NIC's embedded switch (SR-IOV), or
+//! the load generator behind the 10 GbE link. Its kernel stack and the
+//! process share its CPUs, served in arrival order: each received segment
+//! or datagram, each sent one and each wake-up of the process costs
+//! calibrated time, and a frame leaves only when the CPU reaches it.
 
 use crate::engine::Time;
-use crate::guest::app::{Conns, Metrics};
+use crate::guest::app::{Conns, Datagram, Metrics};
 use crate::guest::tcp::Tcp;
 use crate::hw::wire::{Frame, Transport};
+use std::collections::VecDeque;
 
 /// Costs of the peer's stack (from the calibration file).
 #[derive(Clone, Copy, Debug, Default)]
@@ -20,14 +21,30 @@ pub struct PeerCosts {
     pub tx_segment: Time,
     /// Waking the blocked process and switching to it.
     pub wakeup: Time,
+    /// Receive path per UDP datagram (driver/bridge, IP, UDP, socket queue).
+    pub udp_rx: Time,
+    /// Transmit path per UDP datagram (sendto, IP, device).
+    pub udp_tx: Time,
+}
+
+/// What a peer program reaches through its sockets.
+pub struct PeerIo<'a> {
+    /// Its TCP connections.
+    pub conns: Conns<'a, Tcp>,
+    /// Datagrams received on its UDP socket, oldest first.
+    pub udp_rx: &'a mut VecDeque<Datagram>,
+    /// Datagrams it sends (`flow` says to whom); the stack takes them
+    /// after the call.
+    pub udp_tx: &'a mut Vec<Datagram>,
 }
 
 /// What a peer application does when its connections change.
 pub trait PeerApp {
-    /// Called at start, when data or acknowledgements arrive, and at the
-    /// time it last asked for. Reads and writes through `conns`; returns
-    /// the CPU time it used and when it wants to be called again, if ever.
-    fn poll(&mut self, conns: &mut Conns<Tcp>, now: Time) -> (Time, Option<Time>);
+    /// Called at start, when data, acknowledgements or datagrams arrive,
+    /// and at the time it last asked for. Reads and writes through `io`;
+    /// returns the CPU time it used and when it wants to be called again,
+    /// if ever.
+    fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>);
     /// The warm-up is over.
     fn reset_metrics(&mut self);
     /// Adds its metrics.
@@ -40,6 +57,10 @@ pub struct PeerHost {
     /// The connections.
     pub conns: Vec<Tcp>,
     first_flow: u16,
+    /// Flows it owns: its connections, or more for UDP.
+    flows: u16,
+    udp_rx: VecDeque<Datagram>,
+    udp_tx: Vec<Datagram>,
     app: Box<dyn PeerApp>,
     costs: PeerCosts,
     busy_until: Vec<Time>,
@@ -66,6 +87,9 @@ impl PeerHost {
     ) -> Self {
         let n = conns.len();
         PeerHost {
+            flows: n as u16,
+            udp_rx: VecDeque::with_capacity(256),
+            udp_tx: Vec::with_capacity(256),
             conns,
             first_flow,
             app,
@@ -78,6 +102,17 @@ impl PeerHost {
             frames_out: 0,
             frames_in: 0,
         }
+    }
+
+    /// The peer also owns UDP flows `first_flow..first_flow + flows`.
+    pub fn with_udp_flows(mut self, flows: u16) -> Self {
+        self.flows = self.flows.max(flows);
+        self
+    }
+
+    /// Whether frames of `flow` are this peer's.
+    pub fn owns(&self, flow: u16) -> bool {
+        flow >= self.first_flow && flow - self.first_flow < self.flows
     }
 
     /// The earliest time the peer must run without a frame arriving (its
@@ -105,11 +140,32 @@ impl PeerHost {
     /// A frame reached the peer at `now`. Frames it sends in response are
     /// appended to `out` with the time each leaves.
     pub fn receive(&mut self, f: Frame, now: Time, out: &mut Vec<(Time, Frame)>) {
-        let Transport::Tcp(seg) = f.transport else {
-            return;
-        };
         let Some(i) = f.flow.checked_sub(self.first_flow).map(usize::from) else {
             return;
+        };
+        let seg = match f.transport {
+            Transport::Tcp(seg) => seg,
+            Transport::Udp { len, seq } => {
+                if i >= usize::from(self.flows) {
+                    return;
+                }
+                self.frames_in += 1;
+                let cpu = i % self.busy_until.len();
+                let idle = self.busy_until[cpu] <= now && self.udp_rx.is_empty();
+                let mut t = self.busy_until[cpu].max(now) + self.costs.udp_rx;
+                if idle {
+                    t += self.costs.wakeup;
+                }
+                self.busy_until[cpu] = t;
+                self.udp_rx.push_back(Datagram {
+                    flow: f.flow,
+                    len,
+                    seq,
+                    sent: f.sent,
+                });
+                self.run_app(cpu, out);
+                return;
+            }
         };
         if i >= self.conns.len() {
             return;
@@ -147,11 +203,32 @@ impl PeerHost {
     }
 
     fn run_app(&mut self, cpu: usize, out: &mut Vec<(Time, Frame)>) {
-        let mut view = Conns::new(&mut self.conns, &mut self.touched, &mut self.seen);
-        let (cost, wake) = self.app.poll(&mut view, self.busy_until[cpu]);
+        let mut io = PeerIo {
+            conns: Conns::new(&mut self.conns, &mut self.touched, &mut self.seen),
+            udp_rx: &mut self.udp_rx,
+            udp_tx: &mut self.udp_tx,
+        };
+        let (cost, wake) = self.app.poll(&mut io, self.busy_until[cpu]);
         self.busy_until[cpu] += cost;
         if wake.is_some() {
             self.app_timer = wake;
+        }
+        for d in self.udp_tx.drain(..) {
+            self.busy_until[cpu] += self.costs.udp_tx;
+            self.frames_out += 1;
+            let t = self.busy_until[cpu];
+            let udp = Transport::Udp {
+                len: d.len,
+                seq: d.seq,
+            };
+            out.push((
+                t,
+                Frame {
+                    flow: d.flow,
+                    transport: udp,
+                    sent: t,
+                },
+            ));
         }
         // Only connections that received, timed out or were acted on can
         // have output or new timers.

@@ -85,18 +85,26 @@ pub enum Ev {
     },
     /// The block back end's I/O thread finished a request or woke up.
     BlkStep,
-    /// The next frame from the guest reaches the peer host.
-    ToPeer,
-    /// The next frame from the peer host reaches the guest's side (the tap
+    /// The next frame from the guest reaches a peer host.
+    ToPeer {
+        /// Which peer.
+        peer: u8,
+    },
+    /// The next frame from a peer host reaches the guest's side (the tap
     /// device, or the VF).
-    ToGuest,
+    ToGuest {
+        /// Which peer.
+        peer: u8,
+    },
     /// The VF's head TX frame has left the wire.
     VfTxDone {
         /// VF.
         vf: u16,
     },
-    /// The peer process's timer (stale if `gen` moved on).
+    /// A peer process's timer (stale if `gen` moved on).
     PeerTimer {
+        /// Which peer.
+        peer: u8,
         /// Arming generation.
         gen: u64,
     },

@@ -37,6 +37,7 @@ use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
 use crate::workloads::memcached::{MemcachedClient, MemcachedShape, MemcachedWorker};
 use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
 use crate::workloads::peer::{PeerApp, PeerCosts, PeerHost};
+use crate::workloads::sip::{B2buaCosts, CallPattern, SipB2bua, SipUac, SipUas};
 use crate::workloads::udp::{UdpReceiver, UdpSender};
 use crate::workloads::whileloop::WhileLoop;
 use event::{schedule_apic_effect, Ev};
@@ -65,6 +66,9 @@ const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
 
 /// The TCP workload's connection id.
 const TCP_FLOW: u16 = 1;
+/// The SIP B2BUA's flows to the client (UAC) and to the server (UAS).
+const SIP_UAC_FLOW: u16 = 1;
+const SIP_UAS_FLOW: u16 = 2;
 
 /// A TCP workload: the guest's programs (each serving the connections
 /// whose index is its own modulo their number), the peer host's program,
@@ -219,8 +223,8 @@ pub struct World {
     nic_base: crate::hw::x86::nic::VfCounters,
     /// The vhost side of the VM's virtio-net device, if it has one.
     pv: Option<net::PvPath>,
-    /// The peer host of the VM's TCP connection, if any.
-    peer: Option<net::PeerLink>,
+    /// The peer hosts of the VM's connections and flows.
+    peers: Vec<net::PeerLink>,
     /// The host side of the VM's virtio-blk device, if any.
     blk: Option<blk::BlkPath>,
     /// VF transmit: the doorbell-to-fetch delay.
@@ -292,9 +296,9 @@ impl World {
         };
         let mut m = Machine::new(cores, 1, clocks, nic, link);
         let has_vf =
-            s.workload.udp.is_some() || (s.workload.tcp() && s.net.device == NetDevice::Vf);
+            s.workload.udp.is_some() || (s.workload.peers() && s.net.device == NetDevice::Vf);
         let has_blk = virtualized && s.workload.fio.is_some();
-        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.tcp();
+        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.peers();
         let vf = has_vf.then_some(VfAssignment {
             vf: 0,
             irte: 0,
@@ -387,6 +391,7 @@ impl World {
                 syscall: t_ns(&g.syscall_ns),
                 tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
                 tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
+                udp_tx_datagram: t_ns(&g.udp_tx_datagram_ns),
                 virtio_xmit: t_ns(&g.virtio_xmit_ns),
                 vf_xmit: t_ns(&g.vf_xmit_ns),
                 blk_submit: t_ns(&g.blk_submit_ns),
@@ -481,6 +486,18 @@ impl World {
             hv.ioeventfds.push((VIRTIO_NOTIFY_PORT, 0));
             hv.ioeventfds.push((VIRTIO_NOTIFY_PORT + 1, 1));
         }
+        if let Some(sp) = &s.workload.sip {
+            let costs = B2buaCosts {
+                message: t_ns(&g.sip_message_ns),
+                auth: t_ns(&g.sip_auth_ns),
+                syscall: t_ns(&g.syscall_ns),
+            };
+            kernel.spawn(
+                Box::new(SipB2bua::new(SIP_UAC_FLOW, SIP_UAS_FLOW, sp.calls, costs)),
+                0,
+                true,
+            );
+        }
         if s.workload.udp.is_some() {
             // "sender and receiver at the lowest priority" (§5.2).
             kernel.spawn(
@@ -571,35 +588,69 @@ impl World {
                 },
             );
         }
-        let peer = match peer_app {
-            Some((app, tcp, conns, cpus)) => {
-                let p = &cal.peer;
-                let conns = (0..conns)
-                    .map(|_| Tcp::new(tcp))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| BuildError::Scenario(e.to_string()))?;
-                let host = PeerHost::new(
-                    conns,
-                    TCP_FLOW,
-                    app,
-                    PeerCosts {
-                        rx_segment: t_ns(&p.rx_segment_ns),
-                        tx_segment: t_ns(&p.tx_segment_ns),
-                        wakeup: t_us(&p.wakeup_us),
-                    },
-                    cpus,
-                );
-                let attach = if has_virtio {
-                    net::Attach::Bridge {
-                        delay: t_ns(&p.bridge_ns),
-                    }
-                } else {
-                    net::Attach::Wire { vf: 0 }
-                };
-                Some(net::PeerLink::new(host, attach))
-            }
-            _ => None,
+        let p = &cal.peer;
+        let peer_costs = PeerCosts {
+            rx_segment: t_ns(&p.rx_segment_ns),
+            tx_segment: t_ns(&p.tx_segment_ns),
+            wakeup: t_us(&p.wakeup_us),
+            udp_rx: t_ns(&p.udp_rx_datagram_ns),
+            udp_tx: t_ns(&p.udp_tx_datagram_ns),
         };
+        let bridge = t_ns(&p.bridge_ns);
+        let mut peers = Vec::new();
+        if let Some((app, tcp, conns, cpus)) = peer_app {
+            let conns = (0..conns)
+                .map(|_| Tcp::new(tcp))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            let host = PeerHost::new(conns, TCP_FLOW, app, peer_costs, cpus);
+            let attach = if has_virtio {
+                net::Attach::Bridge { delay: bridge }
+            } else {
+                net::Attach::Wire { vf: 0 }
+            };
+            peers.push(net::PeerLink::new(host, attach));
+        }
+        if let Some(sp) = &s.workload.sip {
+            // SIPp's UAC on the load generator, its UAS on the VM's host
+            // (DID §5.8), each a single-threaded process.
+            let msg = t_ns(&p.sipp_message_ns);
+            let pattern = CallPattern {
+                rate_cps: sp.rate_cps,
+                duration: from_s(sp.call_duration_s),
+                calls: sp.calls,
+            };
+            let uac = PeerHost::new(
+                vec![],
+                SIP_UAC_FLOW,
+                Box::new(SipUac::new(SIP_UAC_FLOW, pattern, msg)),
+                peer_costs,
+                1,
+            )
+            .with_udp_flows(1);
+            let uas = PeerHost::new(
+                vec![],
+                SIP_UAS_FLOW,
+                Box::new(SipUas::new(sp.calls, msg)),
+                peer_costs,
+                1,
+            )
+            .with_udp_flows(1);
+            let (uac_at, uas_at) = if has_virtio {
+                (
+                    net::Attach::Uplink { delay: bridge },
+                    net::Attach::Bridge { delay: bridge },
+                )
+            } else {
+                let delay = t_us(&cal.nic.veb_loopback_us);
+                (
+                    net::Attach::Wire { vf: 0 },
+                    net::Attach::Veb { vf: 0, delay },
+                )
+            };
+            peers.push(net::PeerLink::new(uac, uac_at));
+            peers.push(net::PeerLink::new(uas, uas_at));
+        }
         let pv = has_virtio.then(|| {
             let v = &cal.vhost;
             // The worker is pinned to a host core of its own.
@@ -658,7 +709,7 @@ impl World {
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: Default::default(),
             pv,
-            peer,
+            peers,
             blk,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
         };
@@ -672,7 +723,9 @@ impl World {
             vq.tx_disable_notify();
             vq.rx_disable_notify();
         }
-        w.peer_sent();
+        for p in 0..w.peers.len() {
+            w.peer_sent(p);
+        }
         w.guest_run(vm_core);
         Ok(w)
     }
@@ -852,9 +905,9 @@ impl World {
             }
             Ev::BlkStep => self.blk_step(),
             Ev::VhostStep { .. } => self.pv_vhost_step(),
-            Ev::ToPeer => self.peer_receive(),
-            Ev::ToGuest => self.peer_frame_arrives(),
-            Ev::PeerTimer { gen } => self.peer_timer(gen),
+            Ev::ToPeer { peer } => self.peer_receive(peer as usize),
+            Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
+            Ev::PeerTimer { peer, gen } => self.peer_timer(peer as usize, gen),
             Ev::VfTxDone { vf } => self.vf_tx_done(vf),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {
@@ -971,7 +1024,7 @@ impl World {
         if let Some(pv) = &mut self.pv {
             pv.vhost.counters = Default::default();
         }
-        if let Some(link) = &mut self.peer {
+        for link in &mut self.peers {
             link.peer.reset_metrics();
         }
         if let Some(b) = &mut self.blk {
@@ -1505,7 +1558,7 @@ impl World {
             (nic.interrupts - self.nic_base.interrupts) as f64 / dur,
         );
         metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
-        if let Some(link) = &self.peer {
+        for link in &self.peers {
             link.peer.metrics(&mut metrics);
         }
         if let Some(b) = &self.blk {

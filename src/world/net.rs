@@ -4,10 +4,13 @@
 //!   tap device and a peer process on the host, and the irqfd that turns
 //!   the worker's signal into the scheme's virtual interrupt.
 //! * **SR-IOV**: the VF's transmit queue puts frames on the 10 GbE link to
-//!   the load generator, whose frames come back into the VF's RX ring.
+//!   the load generator, whose frames come back into the VF's RX ring, or
+//!   through the NIC's embedded switch to a process on the host (the PF).
 //!
-//! Frames cross the bridge and the link in order with a fixed delay, so
-//! each direction is a FIFO and events carry no frames.
+//! A guest may talk to several peers (a SIP B2BUA talks to a client and a
+//! server); a frame goes to the peer that owns its flow. Frames cross the
+//! bridge, the switch and the link in order with a fixed delay, so each
+//! direction of each peer is a FIFO and events carry no frames.
 
 use super::event::Ev;
 use super::World;
@@ -26,11 +29,17 @@ pub(super) struct PvPath {
     pub(super) vectors: [u8; 2],
 }
 
-/// Where the peer host is attached.
+/// Where a peer host is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Attach {
     /// A process on the VM's host, behind the bridge and the tap device.
     Bridge {
+        /// Bridge forwarding delay.
+        delay: Time,
+    },
+    /// The load generator at the other end of the link, reached through
+    /// the host's own NIC and the bridge (a PV guest's external traffic).
+    Uplink {
         /// Bridge forwarding delay.
         delay: Time,
     },
@@ -39,9 +48,18 @@ pub(super) enum Attach {
         /// The VF.
         vf: u16,
     },
+    /// A process on the VM's host, reached from VF `vf` through the NIC's
+    /// embedded switch and the PF (no link crossing).
+    Veb {
+        /// The VF.
+        vf: u16,
+        /// Switch loopback delay.
+        delay: Time,
+    },
 }
 
-/// The peer host and the frames in flight to and from it.
+/// A peer host and the frames in flight to and from it. Each direction is
+/// a FIFO: frames cross the bridge, the switch and the link in order.
 pub(super) struct PeerLink {
     pub(super) peer: PeerHost,
     pub(super) attach: Attach,
@@ -50,8 +68,11 @@ pub(super) struct PeerLink {
     out: Vec<(Time, Frame)>,
     timer: Option<Time>,
     timer_gen: u64,
-    /// When the peer's own NIC finishes its current frame (wire attach).
+    /// When the last frame towards the guest is delivered (frames keep
+    /// their order) or, over the link, when the peer's NIC is free.
     wire_free: Time,
+    /// When the last frame towards the peer is delivered.
+    to_peer_last: Time,
 }
 
 impl PeerLink {
@@ -65,6 +86,7 @@ impl PeerLink {
             timer: None,
             timer_gen: 0,
             wire_free: 0,
+            to_peer_last: 0,
         }
     }
 }
@@ -91,11 +113,8 @@ impl World {
                 .schedule(now + done.extra + cost, Ev::VhostStep { dev: 0 });
         }
         let (vm, vectors) = (pv.vhost.vm, pv.vectors);
-        if let (Some(f), Some(link)) = (done.to_bridge, &mut self.peer) {
-            if let Attach::Bridge { delay } = link.attach {
-                link.to_peer.push_back(f);
-                self.q.schedule(now + delay, Ev::ToPeer);
-            }
+        if let Some(f) = done.to_bridge {
+            self.frame_to_peer(f, now);
         }
         if let Some(queue) = done.signal {
             self.irqfd(vm, vectors[queue]);
@@ -137,62 +156,92 @@ impl World {
             self.q.schedule(t, Ev::VfTxDone { vf });
         }
         self.nic_action(irq);
-        if let (Some(f), Some(link)) = (f, &mut self.peer) {
-            if matches!(link.attach, Attach::Wire { .. }) {
-                link.to_peer.push_back(f);
-                self.q
-                    .schedule(now + self.m.link.propagation_ps, Ev::ToPeer);
-            }
+        if let Some(f) = f {
+            self.frame_to_peer(f, now);
         }
     }
 
-    /// A frame from the guest reached the peer.
-    pub(super) fn peer_receive(&mut self) {
+    /// A frame the guest sent left its device (the tap, or the VF's TX
+    /// queue) at `now`: it travels to the peer that owns its flow.
+    fn frame_to_peer(&mut self, f: Frame, now: Time) {
+        let Some(p) = self.peers.iter().position(|l| l.peer.owns(f.flow)) else {
+            return;
+        };
+        let link = &mut self.peers[p];
+        let at = match link.attach {
+            Attach::Bridge { delay } | Attach::Veb { delay, .. } => now + delay,
+            // The host's NIC sends the bridged frame on the link.
+            Attach::Uplink { delay } => {
+                now + delay + self.m.link.wire_time(f.len()) + self.m.link.propagation_ps
+            }
+            Attach::Wire { .. } => now + self.m.link.propagation_ps,
+        };
+        let at = at.max(link.to_peer_last);
+        link.to_peer_last = at;
+        link.to_peer.push_back(f);
+        self.q.schedule(at, Ev::ToPeer { peer: p as u8 });
+    }
+
+    /// A frame from the guest reached peer `p`.
+    pub(super) fn peer_receive(&mut self, p: usize) {
         let now = self.q.now();
-        let Some(link) = &mut self.peer else { return };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         let Some(f) = link.to_peer.pop_front() else {
             return;
         };
         link.out.clear();
         link.peer.receive(f, now, &mut link.out);
-        self.peer_sent();
+        self.peer_sent(p);
     }
 
-    /// A peer timer came due.
-    pub(super) fn peer_timer(&mut self, gen: u64) {
+    /// A timer of peer `p` came due.
+    pub(super) fn peer_timer(&mut self, p: usize, gen: u64) {
         let now = self.q.now();
-        let Some(link) = &mut self.peer else { return };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         if gen != link.timer_gen {
             return;
         }
         link.timer = None;
         link.out.clear();
         link.peer.timer(now, &mut link.out);
-        self.peer_sent();
+        self.peer_sent(p);
     }
 
-    /// Puts what the peer just sent on its way and re-arms its timer.
-    pub(super) fn peer_sent(&mut self) {
+    /// Puts what peer `p` just sent on its way and re-arms its timer.
+    pub(super) fn peer_sent(&mut self, p: usize) {
         let now = self.q.now();
-        let Some(link) = &mut self.peer else { return };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
+        let ev = Ev::ToGuest { peer: p as u8 };
         for i in 0..link.out.len() {
             let (t, f) = link.out[i];
             link.to_guest.push_back(f);
-            match link.attach {
-                Attach::Bridge { delay } => {
-                    // One queue into the tap: frames keep their order.
-                    let at = (t + delay).max(link.wire_free);
-                    link.wire_free = at;
-                    self.q.schedule(at, Ev::ToGuest);
+            let at = match link.attach {
+                // One queue into the tap or the VF: frames keep their order.
+                Attach::Bridge { delay } | Attach::Veb { delay, .. } => {
+                    (t + delay).max(link.wire_free)
                 }
-                Attach::Wire { .. } => {
-                    // The load generator's NIC serializes its frames.
+                // The load generator's NIC serializes its frames.
+                Attach::Wire { .. } | Attach::Uplink { .. } => {
                     let start = t.max(link.wire_free);
-                    link.wire_free = start + self.m.link.wire_time(f.len());
-                    self.q
-                        .schedule(link.wire_free + self.m.link.propagation_ps, Ev::ToGuest);
+                    let wire = self.m.link.wire_time(f.len());
+                    link.wire_free = start + wire;
+                    let bridge = match link.attach {
+                        Attach::Uplink { delay } => delay,
+                        _ => 0,
+                    };
+                    start + wire + self.m.link.propagation_ps + bridge
                 }
+            };
+            if matches!(link.attach, Attach::Bridge { .. } | Attach::Veb { .. }) {
+                link.wire_free = at;
             }
+            self.q.schedule(at, ev);
         }
         let next = link.peer.next_timer();
         if next != link.timer {
@@ -200,28 +249,31 @@ impl World {
             link.timer_gen += 1;
             if let Some(t) = next {
                 let gen = link.timer_gen;
-                self.q.schedule(t.max(now), Ev::PeerTimer { gen });
+                let peer = p as u8;
+                self.q.schedule(t.max(now), Ev::PeerTimer { peer, gen });
             }
         }
     }
 
-    /// A frame from the peer reached the guest's side: the tap device
+    /// A frame from peer `p` reached the guest's side: the tap device
     /// (vhost's RX work) or the VF's RX ring.
-    pub(super) fn peer_frame_arrives(&mut self) {
+    pub(super) fn peer_frame_arrives(&mut self, p: usize) {
         let now = self.q.now();
-        let Some(link) = &mut self.peer else { return };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         let Some(f) = link.to_guest.pop_front() else {
             return;
         };
         match link.attach {
-            Attach::Bridge { .. } => {
+            Attach::Bridge { .. } | Attach::Uplink { .. } => {
                 let Some(pv) = &mut self.pv else { return };
                 if pv.vhost.tap_receive(f) {
                     let w = pv.costs.start_latency(pv.vhost.polling);
                     self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
                 }
             }
-            Attach::Wire { vf } => {
+            Attach::Wire { vf } | Attach::Veb { vf, .. } => {
                 let pkt = RxPacket {
                     len: f.len(),
                     arrived: now,
