@@ -108,3 +108,42 @@ fn reproduce_json_rows_have_the_documented_fields() {
     let o = exitless(&["-q", "reproduce", "nosuchpaper"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn did_apicv_runs_each_workload_with_its_own_metrics() {
+    let o = exitless(&[
+        "-q",
+        "reproduce",
+        "did",
+        "--only",
+        "did.apicv",
+        "--set",
+        "duration_s=0.05",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let of = |w: &str, m: &str| -> Vec<&serde_json::Value> {
+        rows.iter()
+            .filter(|r| r["params"]["workload"] == w && r["metric"] == m)
+            .collect()
+    };
+    for w in ["cyclictest", "iperf-pv", "iperf-sriov"] {
+        // kvm, apicv, did.
+        assert_eq!(of(w, "exits_per_s").len(), 3, "{w}");
+        assert!(of(w, "exits_per_s").iter().all(|r| r["paper"].is_null()));
+    }
+    // Workload-specific metrics appear only for their workloads.
+    assert_eq!(of("cyclictest", "latency_mean_us").len(), 3);
+    assert!(of("iperf-pv", "latency_mean_us").is_empty());
+    assert_eq!(of("iperf-sriov", "iperf.gbps").len(), 3);
+    // The PV variant really runs virtio (kicks exit), the SR-IOV one not.
+    let io = |w: &str| {
+        of(w, "exits_per_s.IO_INSTRUCTION")
+            .iter()
+            .map(|r| r["model"].as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    assert!(io("iperf-pv") > 1000.0);
+    assert!(of("iperf-sriov", "exits_per_s.IO_INSTRUCTION").is_empty());
+}

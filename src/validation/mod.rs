@@ -27,7 +27,9 @@ pub struct ExperimentFile {
 pub struct Experiment {
     /// Id, e.g. `did.fig4`.
     pub id: String,
-    /// Scenario file, relative to the experiment file.
+    /// Scenario file, relative to the experiment file (unless
+    /// `workloads` gives one per workload).
+    #[serde(default)]
     pub scenario: String,
     /// Config name → `--set` overrides.
     pub configs: BTreeMap<String, Vec<String>>,
@@ -36,6 +38,11 @@ pub struct Experiment {
     /// Parameter (a `--set` key) → values swept. At most one parameter.
     #[serde(default)]
     pub params: BTreeMap<String, Vec<toml::Value>>,
+    /// Instead of `params`: the experiment's `workload` parameter, each
+    /// value its own scenario file and overrides (DID §5.9 runs the same
+    /// configs on cyclictest, iperf-PV and iperf-SRIOV).
+    #[serde(default)]
+    pub workloads: Vec<WorkloadVariant>,
     /// Metrics reported: name → unit.
     pub metrics: Vec<MetricSpec>,
     /// Published values.
@@ -50,6 +57,19 @@ pub struct Experiment {
     /// run at the peak.
     #[serde(default)]
     pub search: Option<Search>,
+}
+
+/// One value of an experiment's `workload` parameter.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadVariant {
+    /// The parameter's value, e.g. `iperf-pv`.
+    pub name: String,
+    /// Scenario file, relative to the experiment file.
+    pub scenario: String,
+    /// `--set` overrides applied before the config's.
+    #[serde(default)]
+    pub set: Vec<String>,
 }
 
 /// A bisection over one `--set` parameter (DID §5.7's "peak request rate
@@ -120,6 +140,9 @@ pub struct MetricSpec {
     /// Only for these configs (all when empty).
     #[serde(default)]
     pub configs: Vec<String>,
+    /// Only for these values of the `workload` parameter (all when empty).
+    #[serde(default)]
+    pub workloads: Vec<String>,
 }
 
 /// How close the model must be.
@@ -295,6 +318,7 @@ struct Job {
     exp: usize,
     config: String,
     param: Option<(String, toml::Value)>,
+    scenario: PathBuf,
     sets: Vec<String>,
 }
 
@@ -329,6 +353,33 @@ pub fn reproduce(
                     e.id
                 )));
             };
+            if !e.workloads.is_empty() && (!e.params.is_empty() || e.search.is_some()) {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: `workloads` cannot be combined with `params` or `search`",
+                    e.id
+                )));
+            }
+            for w in &e.workloads {
+                let mut sets = w.set.clone();
+                sets.extend(base.iter().cloned());
+                sets.extend(extra_sets.iter().cloned());
+                jobs.push(Job {
+                    exp: ei,
+                    config: c.clone(),
+                    param: Some(("workload".into(), toml::Value::String(w.name.clone()))),
+                    scenario: dir.join(&w.scenario),
+                    sets,
+                });
+            }
+            if !e.workloads.is_empty() {
+                continue;
+            }
+            if e.scenario.is_empty() {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: needs a `scenario` (or `workloads`)",
+                    e.id
+                )));
+            }
             let mut sweep: Vec<Option<(String, toml::Value)>> = vec![None];
             if let Some((k, vals)) = e.params.iter().next() {
                 sweep = vals.iter().map(|v| Some((k.clone(), v.clone()))).collect();
@@ -343,6 +394,7 @@ pub fn reproduce(
                     exp: ei,
                     config: c.clone(),
                     param: p,
+                    scenario: dir.join(&e.scenario),
                     sets,
                 });
             }
@@ -351,9 +403,8 @@ pub fn reproduce(
     // Parse all scenarios up front so a bad file fails before any run.
     let mut scenarios = Vec::new();
     for j in &jobs {
-        let path: PathBuf = dir.join(&exps[j.exp].scenario);
-        let s = Scenario::load(Path::new(&path), &j.sets)
-            .map_err(|e| ReproduceError::Bad(e.to_string()))?;
+        let s =
+            Scenario::load(&j.scenario, &j.sets).map_err(|e| ReproduceError::Bad(e.to_string()))?;
         scenarios.push(s);
     }
     let results: Vec<Mutex<Option<Outcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
@@ -375,12 +426,7 @@ pub fn reproduce(
                 };
                 let rep = match &exps[jobs[i].exp].search {
                     None => run(&scenarios[i]).map(|r| (r, None)),
-                    Some(se) => search(
-                        se,
-                        &dir.join(&exps[jobs[i].exp].scenario),
-                        &jobs[i].sets,
-                        &run,
-                    ),
+                    Some(se) => search(se, &jobs[i].scenario, &jobs[i].sets, &run),
                 };
                 if let Ok(mut slot) = results[i].lock() {
                     *slot = rep;
@@ -417,6 +463,16 @@ pub fn reproduce(
             .collect();
         for m in &e.metrics {
             if !m.configs.is_empty() && !m.configs.contains(&j.config) {
+                continue;
+            }
+            let workload = j
+                .param
+                .as_ref()
+                .filter(|(k, _)| k == "workload" && !e.workloads.is_empty())
+                .and_then(|(_, v)| v.as_str());
+            if !m.workloads.is_empty()
+                && workload.is_none_or(|w| !m.workloads.iter().any(|x| x == w))
+            {
                 continue;
             }
             let model = match (m.name.as_str(), peak) {
@@ -516,7 +572,14 @@ pub fn to_text(rows: &[Row]) -> String {
         "experiment", "config", "params", "metric", "model", "paper", "tolerance", "within"
     );
     for r in rows {
-        let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let params: Vec<String> = r
+            .params
+            .iter()
+            .map(|(k, v)| match v.as_str() {
+                Some(s) => format!("{k}={s}"),
+                None => format!("{k}={v}"),
+            })
+            .collect();
         let tol = match r.tolerance {
             Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
             Some(Tolerance::Abs(x)) => format!("±{x}"),
