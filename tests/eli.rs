@@ -142,3 +142,36 @@ fn reproduce_eli_reports_percent_of_bare_metal() {
     assert!(eli > 95.0 && eli > sriov + 5.0, "{eli} vs {sriov}");
     assert!(rows.iter().all(|r| r.violations == 0));
 }
+
+#[test]
+fn critical_host_ipis_can_travel_as_nmis() {
+    // Protection 3 (eli.md §2.7): host IPIs to the ELI core either bounce
+    // through the shadow IDT's #NP or arrive as NMIs, which exit whatever
+    // the guest's IDT holds. The host's local timer always bounces.
+    let run = |critical: &str| {
+        run_file(
+            "fig4.toml",
+            &[
+                "scheme=eli",
+                "duration_s=0.2",
+                "host.ipi_per_s=2000",
+                &format!("hv.eli_critical={critical}"),
+            ],
+        )
+    };
+    let bounce = run("bounce");
+    let nmi = run("nmi");
+    for r in [&bounce, &nmi] {
+        assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    }
+    assert_eq!(metric(&bounce, "eli.critical_nmis"), 0.0);
+    let sent = metric(&nmi, "eli.critical_nmis");
+    // ~2000/s for 0.2 s.
+    assert!((300.0..=500.0).contains(&sent), "{sent}");
+    // Each NMI replaces a bounce one for one.
+    let fewer = metric(&bounce, "eli.bounces") - metric(&nmi, "eli.bounces");
+    assert!((fewer - sent).abs() <= 0.05 * sent, "{fewer} vs {sent}");
+    // Either way every host IPI exits: the exit count barely moves.
+    let np = |r: &exitless::report::RunReport| rate(r, "EXCEPTION_NMI");
+    assert!((np(&bounce) - np(&nmi)).abs() <= 0.05 * np(&bounce));
+}

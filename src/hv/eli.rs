@@ -21,8 +21,10 @@
 //! * **Protections** (eli.md §2.7): (1) the preemption timer regains the
 //!   core even if the guest keeps IF = 0; (2) a direct EOI with nothing in
 //!   service does nothing on the physical LAPIC; (3) host interrupts that
-//!   target the core bounce through #NP (IBM's code; the NMI and IDTR-limit
-//!   variants are not used there either).
+//!   target the core bounce through #NP ([`Critical::Bounce`], IBM's code),
+//!   or host IPIs travel as NMIs, which exit unconditionally, with their
+//!   vector left in a per-core mailbox ([`Critical::Nmi`], eli.md §7.5's
+//!   default). The IDTR-limit variant is not modelled.
 //!
 //! The timer stays emulated (DID Table 1: "timer indirect"): TMICT writes
 //! exit and every expiry is a virtual interrupt, i.e. an injection-mode
@@ -34,15 +36,35 @@ use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
 use crate::hw::x86::idt::{Idtr, ShadowIdt, NP_VECTOR};
-use crate::hw::x86::lapic::{msr, ApicBitmap};
+use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
 
 /// IBM's `preempt_timer` module parameter: 2.93e9 × 0.005 ticks ("5 ms at
 /// 2.93 GHz"; the timer counts TSC >> 5, so it is longer in practice).
 pub const DEFAULT_PREEMPTION_TIMER: u32 = 14_650_000;
 
+/// How host interrupts aimed at a core running an ELI guest reach the
+/// host (eli.md §2.7, protection 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Critical {
+    /// Delivered as fixed interrupts; the shadow IDT's not-present gate
+    /// turns each into a #NP exit (IBM's patch).
+    #[default]
+    Bounce,
+    /// Host IPIs sent as NMIs with the vector in a mailbox: an NMI exits
+    /// whatever the guest's IDT holds.
+    Nmi,
+}
+
 /// The `eli` scheme.
 #[derive(Clone, Debug)]
 pub struct Eli {
+    /// Protection 3's delivery of host interrupts.
+    pub critical: Critical,
+    /// Per core: host vectors sent to it as NMIs.
+    mailbox: Vec<Vec<u8>>,
+    /// Host IPIs sent as NMIs.
+    pub critical_nmis: u64,
     /// VMX-preemption timer value written before every direct-mode entry.
     pub preemption_timer_value: u32,
     /// Per vCPU: injection mode is on.
@@ -56,6 +78,9 @@ pub struct Eli {
 impl Default for Eli {
     fn default() -> Self {
         Eli {
+            critical: Critical::Bounce,
+            mailbox: Vec::new(),
+            critical_nmis: 0,
             preemption_timer_value: DEFAULT_PREEMPTION_TIMER,
             injection: Vec::new(),
             injection_episodes: 0,
@@ -65,6 +90,14 @@ impl Default for Eli {
 }
 
 impl Eli {
+    /// ELI with protection 3 done by `critical`.
+    pub fn new(critical: Critical) -> Self {
+        Eli {
+            critical,
+            ..Eli::default()
+        }
+    }
+
     /// Whether `vcpu` is in injection mode.
     pub fn in_injection_mode(&self, vcpu: usize) -> bool {
         self.injection.get(vcpu).copied().unwrap_or(false)
@@ -107,6 +140,7 @@ impl Scheme for Eli {
         // core: ELI leaves the IRTE alone and remaps through the IDT.
         kvm::setup(cx, vm);
         self.injection.resize(cx.hv.vcpus.len(), false);
+        self.mailbox.resize(cx.m.lapics.len(), Vec::new());
         let vf = cx.hv.vms[vm].vf;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // DI_INITIALIZE + DI_START: copy the guest's gates, clear the
@@ -160,6 +194,45 @@ impl Scheme for Eli {
             }
             _ => kvm::exit(self, cx, vcpu, info),
         }
+    }
+
+    /// Protection 3 with [`Critical::Nmi`]: a host IPI to a core that runs
+    /// an ELI guest leaves its vector in the core's mailbox and travels as
+    /// an NMI (NMI exiting is on in both modes, as in stock KVM).
+    fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
+        if self.critical == Critical::Nmi && cx.hv.vcpu_on(to).is_some() {
+            self.critical_nmis += 1;
+            self.mailbox[to].push(vector);
+            cx.send_ipi(from, to, 2, DeliveryMode::Nmi);
+        } else {
+            cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
+        }
+    }
+
+    /// The NMI handler runs the host handlers of the mailbox's vectors.
+    fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
+        cx.charge(cx.costs.irq_handler);
+        let mut mb = std::mem::take(&mut self.mailbox[core]);
+        for &v in &mb {
+            self.host_idt(cx, core, v);
+        }
+        mb.clear();
+        self.mailbox[core] = mb;
+    }
+
+    fn reset_metrics(&mut self) {
+        self.bounces = 0;
+        self.injection_episodes = 0;
+        self.critical_nmis = 0;
+    }
+
+    fn metrics(&self, out: &mut crate::guest::app::Metrics) {
+        out.insert("eli.bounces".into(), self.bounces as f64);
+        out.insert(
+            "eli.injection_episodes".into(),
+            self.injection_episodes as f64,
+        );
+        out.insert("eli.critical_nmis".into(), self.critical_nmis as f64);
     }
 
     /// KVM's injection, and the mode switch around it: inject, then run in

@@ -30,6 +30,13 @@ pub struct Elvis {
 }
 
 impl Elvis {
+    /// ELVIS on ELI with protection 3 done by `critical`.
+    pub fn new(critical: super::eli::Critical) -> Self {
+        Elvis {
+            eli: Eli::new(critical),
+        }
+    }
+
     fn pv_vector(cx: &HvCx, vcpu: usize, vector: u8) -> bool {
         let vm = cx.hv.vcpus[vcpu].vm;
         cx.hv.vms[vm].pv_vectors.contains(&vector)
@@ -92,5 +99,21 @@ impl Scheme for Elvis {
 
     fn backend_polls(&self) -> bool {
         true
+    }
+
+    fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
+        self.eli.send_host_ipi(cx, from, to, vector)
+    }
+
+    fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
+        self.eli.host_nmi(cx, core)
+    }
+
+    fn reset_metrics(&mut self) {
+        self.eli.reset_metrics()
+    }
+
+    fn metrics(&self, out: &mut crate::guest::app::Metrics) {
+        self.eli.metrics(out)
     }
 }

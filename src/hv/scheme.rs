@@ -76,6 +76,13 @@ pub trait Scheme {
         vlapic::inject_pending(cx, vcpu);
     }
 
+    /// The warm-up is over: counters restart.
+    fn reset_metrics(&mut self) {}
+
+    /// Adds the scheme's own counters (mechanism events: bounces, mode
+    /// switches) to a run's metrics, named `<scheme>.<counter>`.
+    fn metrics(&self, _out: &mut crate::guest::app::Metrics) {}
+
     /// The ISR that the guest's EOI writes act on, as this scheme keeps it:
     /// the invariant checker compares it with what the guest has in service.
     /// Default: the emulated LAPIC's.
@@ -145,6 +152,9 @@ pub struct SchemeOptions {
     /// `apicv`: deliver the VF's interrupts as VT-d posted interrupts
     /// (posted-format IRTEs) instead of host IRQs that exit.
     pub vtd_posted_interrupts: bool,
+    /// `eli`, `elvis`: how host interrupts aimed at a core that runs an
+    /// ELI guest reach the host (eli.md §2.7, protection 3).
+    pub eli_critical: super::eli::Critical,
 }
 
 /// Builds a scheme by name with the scenario's options.
@@ -154,8 +164,8 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "did" => Box::new(super::did::Did::default()),
         "naive" => Box::new(super::naive::Naive),
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
-        "eli" => Box::new(super::eli::Eli::default()),
-        "elvis" => Box::new(super::elvis::Elvis::default()),
+        "eli" => Box::new(super::eli::Eli::new(opts.eli_critical)),
+        "elvis" => Box::new(super::elvis::Elvis::new(opts.eli_critical)),
         "apicv" => Box::new(super::apicv::Apicv {
             vtd_posted_interrupts: opts.vtd_posted_interrupts,
         }),

@@ -1024,6 +1024,7 @@ impl World {
         if let Some(pv) = &mut self.pv {
             pv.vhost.counters = Default::default();
         }
+        self.scheme.reset_metrics();
         for link in &mut self.peers {
             link.peer.reset_metrics();
         }
@@ -1561,6 +1562,7 @@ impl World {
         for link in &self.peers {
             link.peer.metrics(&mut metrics);
         }
+        self.scheme.metrics(&mut metrics);
         if let Some(b) = &self.blk {
             let c = &b.backend.counters;
             metrics.insert("blk.kicks".into(), c.kicks as f64);
