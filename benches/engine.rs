@@ -58,7 +58,7 @@ fn main() {
     }
     let cal = Calibration::default_host();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/validation/did/");
-    let runs: [(&str, &str, &[&str]); 6] = [
+    let runs: [(&str, &str, &[&str]); 7] = [
         (
             "did 600 kpps UDP",
             "fig4.toml",
@@ -77,6 +77,16 @@ fn main() {
             &["scheme=kvm", "rate_rps=100000"],
         ),
         ("kvm fio", "fio.toml", &["scheme=kvm"]),
+        (
+            "pv-did sip 1000 cps",
+            "sip.toml",
+            &[
+                "scheme=did",
+                "net.device=virtio",
+                "workload.sip.rate_cps=1000",
+                "workload.sip.call_duration_s=0.2",
+            ],
+        ),
     ];
     for (label, file, sets) in runs {
         let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
