@@ -21,7 +21,7 @@
 //! * §4.5 host traffic to VM cores travels as NMIs, which always exit.
 
 use super::exits::ExitInfo;
-use super::host::HostTimer;
+use super::host::{HostTimer, NmiMailbox};
 use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
@@ -39,9 +39,8 @@ pub struct Did {
     /// Per VM: the VF's interrupt count when it was descheduled, to find
     /// the source of an NMI (§4.5: the hypervisor identifies the device).
     vf_fires_at_put: Vec<u64>,
-    /// Per core: host vectors sent to it as NMIs (the software mailbox of
-    /// §7.3: an NMI carries no vector, so the sender leaves it here).
-    mailbox: Vec<Vec<u8>>,
+    /// Per core: host vectors sent to it as NMIs (§7.3's mailbox).
+    mailbox: NmiMailbox,
     /// Guest writes DID does not pass through but cannot serve directly
     /// either (TSC-deadline mode, not covered by the paper; §7.7).
     pub uncovered_writes: u64,
@@ -66,7 +65,7 @@ impl Scheme for Did {
         self.vf_fires_at_put.resize(cx.hv.vms.len(), 0);
         self.pending
             .resize(cx.hv.vcpus.len(), ApicBitmap::default());
-        self.mailbox.resize(cx.m.cores.len(), Vec::new());
+        self.mailbox.resize(cx.m.cores.len());
         let designated = cx.hv.designated_core;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // §4.1: EIE = 0, NMI exiting = 1, EOI and TMICT pass through.
@@ -195,8 +194,7 @@ impl Scheme for Did {
     /// target core's mailbox first.
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
         if cx.hv.vcpu_on(to).is_some() && to != cx.hv.designated_core {
-            self.mailbox[to].push(vector);
-            cx.send_ipi(from, to, 2, DeliveryMode::Nmi);
+            self.mailbox.post(cx, from, to, vector);
         } else {
             cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
         }
@@ -207,12 +205,11 @@ impl Scheme for Did {
     /// interrupt counters moved) and queue their vectors.
     fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
         cx.charge(cx.costs.irq_handler);
-        let mut mb = std::mem::take(&mut self.mailbox[core]);
+        let mb = self.mailbox.take(core);
         for &v in &mb {
             self.host_idt(cx, core, v);
         }
-        mb.clear();
-        self.mailbox[core] = mb;
+        self.mailbox.give_back(core, mb);
         for vm in 0..cx.hv.vms.len() {
             let Some(a) = cx.hv.vms[vm].vf else { continue };
             let vcpu = cx.hv.vms[vm].vcpus[0];

@@ -31,6 +31,7 @@
 //! episode.
 
 use super::exits::ExitInfo;
+use super::host::NmiMailbox;
 use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
@@ -62,9 +63,7 @@ pub struct Eli {
     /// Protection 3's delivery of host interrupts.
     pub critical: Critical,
     /// Per core: host vectors sent to it as NMIs.
-    mailbox: Vec<Vec<u8>>,
-    /// Host IPIs sent as NMIs.
-    pub critical_nmis: u64,
+    mailbox: NmiMailbox,
     /// VMX-preemption timer value written before every direct-mode entry.
     pub preemption_timer_value: u32,
     /// Per vCPU: injection mode is on.
@@ -79,8 +78,7 @@ impl Default for Eli {
     fn default() -> Self {
         Eli {
             critical: Critical::Bounce,
-            mailbox: Vec::new(),
-            critical_nmis: 0,
+            mailbox: NmiMailbox::default(),
             preemption_timer_value: DEFAULT_PREEMPTION_TIMER,
             injection: Vec::new(),
             injection_episodes: 0,
@@ -140,7 +138,7 @@ impl Scheme for Eli {
         // core: ELI leaves the IRTE alone and remaps through the IDT.
         kvm::setup(cx, vm);
         self.injection.resize(cx.hv.vcpus.len(), false);
-        self.mailbox.resize(cx.m.lapics.len(), Vec::new());
+        self.mailbox.resize(cx.m.lapics.len());
         let vf = cx.hv.vms[vm].vf;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // DI_INITIALIZE + DI_START: copy the guest's gates, clear the
@@ -201,9 +199,7 @@ impl Scheme for Eli {
     /// an NMI (NMI exiting is on in both modes, as in stock KVM).
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
         if self.critical == Critical::Nmi && cx.hv.vcpu_on(to).is_some() {
-            self.critical_nmis += 1;
-            self.mailbox[to].push(vector);
-            cx.send_ipi(from, to, 2, DeliveryMode::Nmi);
+            self.mailbox.post(cx, from, to, vector);
         } else {
             cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
         }
@@ -212,18 +208,17 @@ impl Scheme for Eli {
     /// The NMI handler runs the host handlers of the mailbox's vectors.
     fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
         cx.charge(cx.costs.irq_handler);
-        let mut mb = std::mem::take(&mut self.mailbox[core]);
+        let mb = self.mailbox.take(core);
         for &v in &mb {
             self.host_idt(cx, core, v);
         }
-        mb.clear();
-        self.mailbox[core] = mb;
+        self.mailbox.give_back(core, mb);
     }
 
     fn reset_metrics(&mut self) {
         self.bounces = 0;
         self.injection_episodes = 0;
-        self.critical_nmis = 0;
+        self.mailbox.sent = 0;
     }
 
     fn metrics(&self, out: &mut crate::guest::app::Metrics) {
@@ -232,7 +227,7 @@ impl Scheme for Eli {
             "eli.injection_episodes".into(),
             self.injection_episodes as f64,
         );
-        out.insert("eli.critical_nmis".into(), self.critical_nmis as f64);
+        out.insert("eli.critical_nmis".into(), self.mailbox.sent as f64);
     }
 
     /// KVM's injection, and the mode switch around it: inject, then run in

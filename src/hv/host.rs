@@ -142,3 +142,61 @@ mod tests {
         assert_eq!(h.find(|_| true), None);
     }
 }
+
+/// Host vectors sent to cores as NMIs. An NMI carries no vector (it is
+/// always vector 2), so the sender leaves the vector in the target core's
+/// mailbox first (DID §4.5 with did.md §7.3's default; ELI's protection 3
+/// with eli.md §7.5's). NMIs coalesce in one latch: the handler runs every
+/// vector it finds.
+#[derive(Clone, Debug, Default)]
+pub struct NmiMailbox {
+    per_core: Vec<Vec<u8>>,
+    /// NMIs sent.
+    pub sent: u64,
+}
+
+impl NmiMailbox {
+    /// Room for `cores` cores.
+    pub fn resize(&mut self, cores: usize) {
+        self.per_core.resize(cores, Vec::new());
+    }
+
+    /// Leaves `vector` for core `to` and sends it an NMI from `from`.
+    pub fn post(&mut self, cx: &mut super::HvCx, from: usize, to: usize, vector: u8) {
+        self.sent += 1;
+        self.per_core[to].push(vector);
+        cx.send_ipi(from, to, 2, crate::hw::x86::lapic::DeliveryMode::Nmi);
+    }
+
+    /// Takes core `core`'s vectors for its NMI handler; give the buffer
+    /// back with [`give_back`](Self::give_back) so it is reused.
+    pub fn take(&mut self, core: usize) -> Vec<u8> {
+        std::mem::take(&mut self.per_core[core])
+    }
+
+    /// Returns a taken buffer, emptied.
+    pub fn give_back(&mut self, core: usize, mut v: Vec<u8>) {
+        v.clear();
+        self.per_core[core] = v;
+    }
+}
+
+#[cfg(test)]
+mod mailbox_tests {
+    use super::NmiMailbox;
+
+    #[test]
+    fn taken_vectors_come_out_in_order_and_the_buffer_is_reused() {
+        let mut m = NmiMailbox::default();
+        m.resize(2);
+        m.per_core[1].extend([0xFD, 0xEF]);
+        let v = m.take(1);
+        assert_eq!(v, [0xFD, 0xEF]);
+        assert!(m.take(1).is_empty());
+        let cap = v.capacity();
+        m.give_back(1, v);
+        let again = m.take(1);
+        assert!(again.is_empty());
+        assert_eq!(again.capacity(), cap);
+    }
+}
