@@ -1,5 +1,6 @@
 //! The invariant checker on whole runs: the naive design of DID Fig. 3 is
-//! caught; kvm, did and bare metal are clean on every validation scenario.
+//! caught; every other scheme is clean on every validation scenario, with
+//! either network device.
 
 mod common;
 use common::*;
@@ -118,4 +119,60 @@ fn kvm_and_apicv_survive_deschedules_and_host_ipis() {
         assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
         assert_eq!(rate(&r, "EXCEPTION_NMI"), 0.0);
     }
+}
+
+#[test]
+fn every_scheme_is_clean_on_every_validation_scenario() {
+    use exitless::calibration::Calibration;
+    use exitless::scenario::Scenario;
+    use exitless::world::World;
+    let cal = Calibration::default_host();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("validation");
+    let mut files: Vec<_> = ["did", "eli"]
+        .iter()
+        .flat_map(|p| std::fs::read_dir(root.join(p)).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .filter(|p| !p.ends_with("experiments.toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    let mut runs = 0;
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        for scheme in ["bare-metal", "kvm", "apicv", "eli", "elvis", "did"] {
+            for device in ["vf", "virtio"] {
+                let mut sets = vec![
+                    format!("scheme={scheme}"),
+                    format!("net.device={device}"),
+                    "duration_s=0.05".to_string(),
+                    "warmup_s=0.01".to_string(),
+                ];
+                if name == "sip.toml" {
+                    sets.push("workload.sip.calls=20".into());
+                }
+                let s = match Scenario::load(f, &sets) {
+                    Ok(s) => s,
+                    // Only combinations that need a hypervisor on bare
+                    // metal are refused, and with a reason.
+                    Err(e) => {
+                        assert_eq!(scheme, "bare-metal", "{name} {device}: {e}");
+                        assert!(e.to_string().contains("hypervisor"), "{e}");
+                        continue;
+                    }
+                };
+                let mut w = World::build(&s, &cal).expect("builds");
+                w.run(|_| {});
+                let r = w.report();
+                assert_eq!(
+                    r.violations(),
+                    0,
+                    "{name} {scheme} {device}: {:?}",
+                    r.invariants.violations
+                );
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs >= 100, "{runs}");
 }
