@@ -82,6 +82,16 @@ fn config_names_select_scheme_and_device() {
     assert!(e.contains("pv-turbo") && e.contains("sriov-did"), "{e}");
     let e = Scenario::parse(base, &[]).unwrap_err().to_string();
     assert!(e.contains("scheme"), "{e}");
+    // A `--set config` overrides the file's scheme and device...
+    let file = format!("scheme = \"kvm\"\n{base}");
+    let s = Scenario::parse(&file, &["config=sriov-did".into()]).unwrap();
+    assert_eq!(s.scheme, "did");
+    assert_eq!(s.net.device, exitless::scenario::NetDevice::Vf);
+    // ...but clashes with a `--set scheme` beside it.
+    let e = Scenario::parse(&file, &["config=pv".into(), "scheme=did".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config"), "{e}");
 }
 
 #[test]

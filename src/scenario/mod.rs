@@ -573,6 +573,15 @@ impl Scenario {
     pub fn parse(text: &str, sets: &[String]) -> Result<Self, ScenarioError> {
         let mut tree: toml::Table =
             toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        // `--set config=...` overrides the file's scheme as well (it sets
+        // both scheme and device); only a `--set scheme` beside it clashes.
+        let sets_key = |key: &str| {
+            sets.iter()
+                .any(|s| s.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+        };
+        if sets_key("config") && !sets_key("scheme") {
+            tree.remove("scheme");
+        }
         for s in sets {
             apply_set(&mut tree, s)?;
         }
