@@ -96,11 +96,15 @@ impl Sys<'_> {
 
 /// A program's view of many connections (an epoll set): reading is free,
 /// and each connection it takes for writing or receiving is noted, so the
-/// stack only services (output, timers) the connections that changed.
+/// stack only services (output, timers) the connections that changed. The
+/// ready list names, in ascending order, the connections that received
+/// since the program last looked (what an edge-triggered `epoll_wait`
+/// returns); a program need not look at the others.
 pub struct Conns<'a, T> {
     items: &'a mut [T],
     touched: &'a mut Vec<usize>,
     seen: &'a mut [bool],
+    ready: &'a [usize],
 }
 
 impl<'a, T> Conns<'a, T> {
@@ -111,7 +115,20 @@ impl<'a, T> Conns<'a, T> {
             items,
             touched,
             seen,
+            ready: &[],
         }
+    }
+
+    /// The same view with a ready list (ascending connection indices).
+    pub fn with_ready(mut self, ready: &'a [usize]) -> Self {
+        debug_assert!(ready.windows(2).all(|w| w[0] < w[1]));
+        self.ready = ready;
+        self
+    }
+
+    /// The connections that received since the program last looked.
+    pub fn ready(&self) -> &'a [usize] {
+        self.ready
     }
 
     /// Number of connections.

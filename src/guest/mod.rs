@@ -17,7 +17,8 @@ use crate::hw::x86::lapic::{msr, ApicBitmap};
 use app::{App, Datagram, Metrics, Sys, TaskStep};
 use itr::{DynamicItr, ItrParams};
 use net::{Devices, NetCounters, TcpSock, VirtioNetGuest};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// How the guest runs its periodic scheduler tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -178,13 +179,17 @@ struct Task {
     tcp: Option<usize>,
     /// Serves many connections (epoll): sees every socket in `Sys::conns`.
     multi_tcp: bool,
+    /// Its sockets that received since its last step (the epoll ready
+    /// list).
+    ready: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum HrKind {
     Tick,
     Wake(usize),
-    Tcp(usize),
+    /// The earliest TCP timer on the jiffy wheel.
+    TcpWheel,
     Guard,
 }
 
@@ -257,6 +262,12 @@ pub struct Kernel {
     itr: DynamicItr,
     cleaned_unrefilled: u16,
     tcp_socks: Vec<TcpSock>,
+    /// Flow → its TCP socket.
+    flow_sock: Vec<Option<usize>>,
+    /// TCP timers by expiry tick: (tick, socket, its timer generation).
+    tcp_wheel: BinaryHeap<Reverse<(Time, usize, u64)>>,
+    /// The tick of the TcpWheel hrtimer, if armed.
+    tcp_wheel_armed: Option<Time>,
     /// Sockets a many-connection task acted on in its last step.
     touched: Vec<usize>,
     touched_seen: Vec<bool>,
@@ -309,6 +320,9 @@ impl Kernel {
             itr,
             cleaned_unrefilled: 0,
             tcp_socks: Vec::new(),
+            flow_sock: Vec::new(),
+            tcp_wheel: BinaryHeap::with_capacity(64),
+            tcp_wheel_armed: None,
             touched: Vec::new(),
             touched_seen: Vec::new(),
             tx_dirty: Vec::new(),
@@ -355,6 +369,7 @@ impl Kernel {
             socket,
             tcp: None,
             multi_tcp: false,
+            ready: Vec::new(),
         });
         self.need_resched = true;
         self.tasks.len() - 1
@@ -509,7 +524,7 @@ impl Kernel {
                         self.hrtimers.push((n, HrKind::Tick));
                     }
                     HrKind::Wake(task) => self.wake(task),
-                    HrKind::Tcp(s) => self.tcp_timer_fired(s, now),
+                    HrKind::TcpWheel => self.tcp_wheel_run(now),
                     // The guard expired before the request completed.
                     HrKind::Guard => {}
                 }
@@ -944,11 +959,15 @@ impl Kernel {
         match (task.tcp, task.multi_tcp) {
             (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
             (None, true) => {
-                sys.conns = Some(app::Conns::new(
-                    &mut self.tcp_socks[..],
-                    &mut self.touched,
-                    &mut self.touched_seen[..],
-                ))
+                task.ready.sort_unstable();
+                sys.conns = Some(
+                    app::Conns::new(
+                        &mut self.tcp_socks[..],
+                        &mut self.touched,
+                        &mut self.touched_seen[..],
+                    )
+                    .with_ready(&task.ready),
+                )
             }
             _ => {}
         }
@@ -964,6 +983,12 @@ impl Kernel {
             self.tcp_timer_sync(s, now);
         }
         if self.tasks[t].multi_tcp {
+            // It has seen the ready list.
+            for i in 0..self.tasks[t].ready.len() {
+                let s = self.tasks[t].ready[i];
+                self.tcp_socks[s].ready = false;
+            }
+            self.tasks[t].ready.clear();
             // Only the connections the program acted on can have news.
             while let Some(s) = self.touched.pop() {
                 self.touched_seen[s] = false;

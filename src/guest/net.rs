@@ -21,6 +21,7 @@ use super::{Action, FrameKind, HrKind, Instr, Kernel};
 use crate::engine::Time;
 use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
 use crate::hw::wire::{Frame, Transport};
+use std::cmp::Reverse;
 
 /// The guest's view of its virtio-net device (from PCI config space).
 #[derive(Clone, Copy, Debug)]
@@ -41,8 +42,12 @@ pub struct TcpSock {
     pub flow: u16,
     /// The task that owns it (woken when it has news).
     pub task: Option<usize>,
-    /// The deadline of its hrtimer (delayed ACK / RTO), if armed.
+    /// The deadline of its timer (delayed ACK / RTO), if armed.
     pub(super) timer: Option<Time>,
+    /// Bumped whenever `timer` changes: older wheel entries are stale.
+    pub(super) timer_gen: u64,
+    /// On its task's ready list.
+    pub(super) ready: bool,
 }
 
 /// Counters of the guest's network stack.
@@ -81,10 +86,18 @@ impl Kernel {
             flow,
             task,
             timer: None,
+            timer_gen: 0,
+            ready: false,
         });
         self.touched_seen.push(false);
         self.tx_dirty_seen.push(false);
         let s = self.tcp_socks.len() - 1;
+        // The demultiplexing table (the 5-tuple hash's stand-in).
+        let f = usize::from(flow);
+        if self.flow_sock.len() <= f {
+            self.flow_sock.resize(f + 1, None);
+        }
+        self.flow_sock[f] = Some(s);
         if let Some(t) = task {
             self.tasks[t].tcp = Some(s);
         }
@@ -147,7 +160,7 @@ impl Kernel {
                 0
             }
             Transport::Tcp(seg) => {
-                let Some(s) = self.tcp_socks.iter().position(|s| s.flow == f.flow) else {
+                let Some(s) = self.flow_sock.get(usize::from(f.flow)).copied().flatten() else {
                     self.net.unknown_flow += 1;
                     return 0;
                 };
@@ -155,6 +168,10 @@ impl Kernel {
                 self.tcp_timer_sync(s, now);
                 self.tx_mark(s);
                 if let Some(t) = self.tcp_socks[s].task {
+                    if self.tasks[t].multi_tcp && !self.tcp_socks[s].ready {
+                        self.tcp_socks[s].ready = true;
+                        self.tasks[t].ready.push(s);
+                    }
                     self.wake(t);
                 }
                 self.cfg.costs.tcp_rx_segment
@@ -162,27 +179,69 @@ impl Kernel {
         }
     }
 
-    /// Keeps socket `s`'s hrtimer at its TCP endpoint's next deadline.
+    /// Keeps socket `s`'s wheel timer at its TCP endpoint's next deadline.
     pub(super) fn tcp_timer_sync(&mut self, s: usize, _now: Time) {
         let next = self.tcp_socks[s].tcp.next_timer();
-        if next == self.tcp_socks[s].timer {
+        let p = self.tick_period();
+        let sock = &mut self.tcp_socks[s];
+        if next == sock.timer {
             return;
         }
-        self.hrtimers.retain(|h| h.1 != HrKind::Tcp(s));
+        sock.timer = next;
+        sock.timer_gen += 1;
         if let Some(t) = next {
             // TCP's timers live on the jiffy timer wheel (sk_reset_timer →
             // mod_timer), not on hrtimers: they expire with the tick after
             // their deadline and never reprogram the clockevent themselves.
-            let p = self.tick_period();
-            self.hrtimers.push((t.div_ceil(p) * p, HrKind::Tcp(s)));
+            let gen = sock.timer_gen;
+            self.tcp_wheel.push(Reverse((t.div_ceil(p) * p, s, gen)));
         }
-        self.tcp_socks[s].timer = next;
+        self.tcp_wheel_sync();
     }
 
-    /// A TCP hrtimer expired.
-    pub(super) fn tcp_timer_fired(&mut self, s: usize, now: Time) {
-        self.tcp_socks[s].timer = None;
-        self.tcp_socks[s].tcp.on_timer(now);
+    /// Drops stale entries from the top of the wheel and keeps one hrtimer
+    /// at the earliest live one (the tick that will run the wheel).
+    fn tcp_wheel_sync(&mut self) {
+        while let Some(&Reverse((_, s, gen))) = self.tcp_wheel.peek() {
+            let sock = &self.tcp_socks[s];
+            if sock.timer.is_some() && sock.timer_gen == gen {
+                break;
+            }
+            self.tcp_wheel.pop();
+        }
+        let next = self.tcp_wheel.peek().map(|r| r.0 .0);
+        if next != self.tcp_wheel_armed {
+            self.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            if let Some(t) = next {
+                self.hrtimers.push((t, HrKind::TcpWheel));
+            }
+            self.tcp_wheel_armed = next;
+        }
+    }
+
+    /// The tick ran the timer wheel: every TCP timer due by `now` fires,
+    /// earliest first (socket order within one tick).
+    pub(super) fn tcp_wheel_run(&mut self, now: Time) {
+        self.tcp_wheel_armed = None;
+        while let Some(&Reverse((t, s, gen))) = self.tcp_wheel.peek() {
+            if t > now {
+                break;
+            }
+            self.tcp_wheel.pop();
+            let sock = &self.tcp_socks[s];
+            if sock.timer.is_some() && sock.timer_gen == gen {
+                self.tcp_timer_fired(s, now);
+            }
+        }
+        self.tcp_wheel_sync();
+    }
+
+    /// A TCP timer expired.
+    fn tcp_timer_fired(&mut self, s: usize, now: Time) {
+        let sock = &mut self.tcp_socks[s];
+        sock.timer = None;
+        sock.timer_gen += 1;
+        sock.tcp.on_timer(now);
         self.tcp_timer_sync(s, now);
         self.tx_mark(s);
     }

@@ -91,7 +91,7 @@ impl PeerApp for MemcachedClient {
     fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
         let conns = &mut io.conns;
         let mut cost = 0;
-        for i in 0..conns.len() {
+        for &i in conns.ready() {
             while let Some(&(sent, resp)) = self.outstanding[i].front() {
                 if conns.peek(i).readable() < resp {
                     break;
@@ -199,7 +199,7 @@ impl App for MemcachedWorker {
         // One epoll_wait, then every ready connection's requests.
         let mut cost = self.syscall;
         let mut any = false;
-        for k in 0..conns.len() {
+        for &k in conns.ready() {
             let Some(i) = conns
                 .peek(k)
                 .flow

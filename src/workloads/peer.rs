@@ -10,7 +10,8 @@ use crate::engine::Time;
 use crate::guest::app::{Conns, Datagram, Metrics};
 use crate::guest::tcp::Tcp;
 use crate::hw::wire::{Frame, Transport};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Costs of the peer's stack (from the calibration file).
 #[derive(Clone, Copy, Debug, Default)]
@@ -67,8 +68,14 @@ pub struct PeerHost {
     app_timer: Option<Time>,
     /// Each connection's next timer, as of when it was last touched.
     timers: Vec<Option<Time>>,
+    /// The same deadlines, earliest first; an entry whose connection's
+    /// deadline has moved is stale and skipped.
+    timer_heap: BinaryHeap<Reverse<(Time, usize)>>,
+    due: Vec<usize>,
     touched: Vec<usize>,
     seen: Vec<bool>,
+    /// The connections that received or timed out before the app's poll.
+    ready: Vec<usize>,
     /// Frames sent.
     pub frames_out: u64,
     /// Frames received.
@@ -97,7 +104,10 @@ impl PeerHost {
             busy_until: vec![0; cpus.max(1)],
             app_timer: Some(0),
             timers: vec![None; n],
+            timer_heap: BinaryHeap::with_capacity(2 * n),
+            due: Vec::with_capacity(n),
             touched: Vec::with_capacity(n),
+            ready: Vec::with_capacity(n),
             seen: vec![false; n],
             frames_out: 0,
             frames_in: 0,
@@ -117,13 +127,15 @@ impl PeerHost {
 
     /// The earliest time the peer must run without a frame arriving (its
     /// application's or a connection's timer).
-    pub fn next_timer(&self) -> Option<Time> {
-        self.timers
-            .iter()
-            .flatten()
-            .copied()
-            .chain(self.app_timer)
-            .min()
+    pub fn next_timer(&mut self) -> Option<Time> {
+        while let Some(&Reverse((t, i))) = self.timer_heap.peek() {
+            if self.timers[i] == Some(t) {
+                break;
+            }
+            self.timer_heap.pop();
+        }
+        let conn = self.timer_heap.peek().map(|r| r.0 .0);
+        conn.into_iter().chain(self.app_timer).min()
     }
 
     fn touch(&mut self, i: usize) {
@@ -185,12 +197,24 @@ impl PeerHost {
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
-        for i in 0..self.conns.len() {
-            if self.timers[i].is_some_and(|d| d <= now) {
-                self.conns[i].on_timer(now);
-                self.touch(i);
+        while let Some(&Reverse((t, i))) = self.timer_heap.peek() {
+            if t > now {
+                break;
+            }
+            self.timer_heap.pop();
+            if self.timers[i] == Some(t) {
+                self.timers[i] = None;
+                self.due.push(i);
             }
         }
+        // In connection order, as a scan of every connection would.
+        self.due.sort_unstable();
+        for k in 0..self.due.len() {
+            let i = self.due[k];
+            self.conns[i].on_timer(now);
+            self.touch(i);
+        }
+        self.due.clear();
         if self.app_timer.is_some_and(|d| d <= now) {
             self.app_timer = None;
         }
@@ -203,8 +227,13 @@ impl PeerHost {
     }
 
     fn run_app(&mut self, cpu: usize, out: &mut Vec<(Time, Frame)>) {
+        // What arrived or timed out since the last poll: its ready list.
+        self.ready.clear();
+        self.ready.extend_from_slice(&self.touched);
+        self.ready.sort_unstable();
         let mut io = PeerIo {
-            conns: Conns::new(&mut self.conns, &mut self.touched, &mut self.seen),
+            conns: Conns::new(&mut self.conns, &mut self.touched, &mut self.seen)
+                .with_ready(&self.ready),
             udp_rx: &mut self.udp_rx,
             udp_tx: &mut self.udp_tx,
         };
@@ -243,7 +272,13 @@ impl PeerHost {
                 let t = self.busy_until[c];
                 out.push((t, Frame::tcp(self.first_flow + i as u16, seg, t)));
             }
-            self.timers[i] = self.conns[i].next_timer();
+            let next = self.conns[i].next_timer();
+            if next != self.timers[i] {
+                self.timers[i] = next;
+                if let Some(t) = next {
+                    self.timer_heap.push(Reverse((t, i)));
+                }
+            }
         }
         out.sort_unstable_by_key(|x| x.0);
     }
