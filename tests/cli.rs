@@ -136,7 +136,7 @@ fn did_apicv_runs_each_workload_with_its_own_metrics() {
     // Workload-specific metrics appear only for their workloads.
     assert_eq!(of("cyclictest", "latency_mean_us").len(), 3);
     assert!(of("iperf-pv", "latency_mean_us").is_empty());
-    assert_eq!(of("iperf-sriov", "iperf.gbps").len(), 3);
+    assert_eq!(of("iperf-sriov", "throughput_gbps").len(), 3);
     // The PV variant really runs virtio (kicks exit), the SR-IOV one not.
     let io = |w: &str| {
         of(w, "exits_per_s.IO_INSTRUCTION")

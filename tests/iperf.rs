@@ -24,9 +24,9 @@ fn sriov_stream_exit_structure() {
     for (n, r) in [("kvm", &kvm), ("apicv", &apicv), ("did", &did)] {
         assert_eq!(r.violations(), 0, "{n}: {:?}", r.invariants.violations);
         assert!(
-            metric(r, "iperf.gbps") > 1.0,
+            metric(r, "iperf.throughput_gbps") > 1.0,
             "{n}: {}",
-            metric(r, "iperf.gbps")
+            metric(r, "iperf.throughput_gbps")
         );
         assert_eq!(metric(r, "guest.tcp_retransmits"), 0.0, "{n}");
     }
@@ -47,7 +47,7 @@ fn sriov_stream_exit_structure() {
 fn pv_stream_kicks_are_suppressed_while_vhost_works() {
     let kvm = iperf("kvm", "virtio");
     assert_eq!(kvm.violations(), 0);
-    assert!(metric(&kvm, "iperf.gbps") > 1.0);
+    assert!(metric(&kvm, "iperf.throughput_gbps") > 1.0);
     // vhost signals far fewer interrupts than it fills buffers: EVENT_IDX
     // suppression while the guest polls (NAPI) and batches the ring.
     let filled = metric(&kvm, "vhost.rx_frames");

@@ -53,7 +53,8 @@ pub struct Experiment {
     pub differences: Vec<Difference>,
     /// Instead of one run per config: search for the highest value of a
     /// parameter at which a metric still meets its bound. The peak is
-    /// reported as metric `search.peak`; the other metrics come from the
+    /// reported as metric `search.peak` (or the search's `name`); the other
+    /// metrics come from the
     /// run at the peak.
     #[serde(default)]
     pub search: Option<Search>,
@@ -93,6 +94,13 @@ pub struct Search {
     pub min: Option<f64>,
     /// Bisection steps (the answer is within (hi − lo) / 2^steps).
     pub steps: u32,
+    /// The metric name the peak is reported as.
+    #[serde(default = "search_peak")]
+    pub name: String,
+}
+
+fn search_peak() -> String {
+    "search.peak".into()
 }
 
 impl Search {
@@ -121,6 +129,12 @@ pub struct Difference {
     pub params: BTreeMap<String, toml::Value>,
     /// Metric.
     pub metric: String,
+    /// The row's metric name; with it the row keeps `config` as its
+    /// config (`pct_of_bare_metal` for config `eli`). Without it the row is
+    /// config `<config>-minus-<other>` / `<config>-pct-of-<other>` with
+    /// metric `metric`.
+    #[serde(default)]
+    pub name: Option<String>,
     /// The paper's value of the difference.
     pub paper: f64,
     /// Tolerance.
@@ -475,8 +489,9 @@ pub fn reproduce(
             {
                 continue;
             }
-            let model = match (m.name.as_str(), peak) {
-                ("search.peak", Some(p)) => p,
+            let search_name = e.search.as_ref().map(|s| s.name.as_str());
+            let model = match peak {
+                Some(p) if search_name == Some(m.name.as_str()) => p,
                 _ => metric_value(&rep, &m.name),
             };
             let exp = e.expected.iter().find(|x| {
@@ -543,11 +558,15 @@ pub fn reproduce(
                         a.unit.clone(),
                     )
                 };
+                let (config, metric) = match &d.name {
+                    Some(n) => (d.config.clone(), n.clone()),
+                    None => (config, d.metric.clone()),
+                };
                 extra.push(Row {
                     experiment: e.id.clone(),
                     config,
                     params: a.params.clone(),
-                    metric: d.metric.clone(),
+                    metric,
                     unit,
                     model,
                     paper: Some(d.paper),

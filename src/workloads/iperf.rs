@@ -48,7 +48,7 @@ impl Meter {
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        out.insert("iperf.gbps".into(), self.gbps());
+        out.insert("iperf.throughput_gbps".into(), self.gbps());
         out.insert("iperf.bytes".into(), self.bytes as f64);
     }
 }
