@@ -28,6 +28,11 @@ pub struct ItrParams {
     pub low_threshold: u64,
     /// low → bulk above this many bytes per µs.
     pub bulk_threshold: u64,
+    /// Dynamic mode (`rx_itr_setting == 1`, the 3.6 VF driver's only
+    /// mode). Off: the interval stays what was configured (`ethtool -C
+    /// rx-usecs`, which later drivers accept) and the driver never writes
+    /// EITR.
+    pub dynamic: bool,
 }
 
 /// Per-vector state the driver keeps (q_vector->itr plus the RX container).
@@ -63,6 +68,9 @@ impl DynamicItr {
     /// Runs after `napi_complete`. Returns the new EITR value when it
     /// changed (the driver then writes the register).
     pub fn update(&mut self, p: &ItrParams) -> Option<u32> {
+        if !p.dynamic {
+            return None;
+        }
         if self.packets != 0 {
             // The denominator is the programmed interval, not elapsed time.
             let interval_us = (self.eitr as u64 >> 2).max(1);
@@ -106,6 +114,7 @@ mod tests {
             bulk_reg: 500,
             low_threshold: 10,
             bulk_threshold: 20,
+            dynamic: true,
         }
     }
 

@@ -269,6 +269,7 @@ impl World {
             bulk_reg: cal.nic.itr_bulk_reg.value as u32,
             low_threshold: cal.nic.itr_low_threshold_bytes_per_us.value as u64,
             bulk_threshold: cal.nic.itr_bulk_threshold_bytes_per_us.value as u64,
+            dynamic: s.nic.itr == ItrMode::Dynamic,
         };
         let itr_unit_ps = from_us(cal.nic.itr_unit_us.value);
         let initial_eitr = match s.nic.itr {
