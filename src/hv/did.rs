@@ -193,11 +193,8 @@ impl Scheme for Did {
     /// would enter the guest through its IDT); the vector goes in the
     /// target core's mailbox first.
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
-        if cx.hv.vcpu_on(to).is_some() && to != cx.hv.designated_core {
-            self.mailbox.post(cx, from, to, vector);
-        } else {
-            cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
-        }
+        let as_nmi = cx.hv.vcpu_on(to).is_some() && to != cx.hv.designated_core;
+        self.mailbox.send(cx, from, to, vector, as_nmi);
     }
 
     /// §4.5: an NMI on a core: run the host handlers of the vectors in its

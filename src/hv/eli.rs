@@ -37,7 +37,7 @@ use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
 use crate::hw::x86::idt::{Idtr, ShadowIdt, NP_VECTOR};
-use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
+use crate::hw::x86::lapic::{msr, ApicBitmap};
 
 /// IBM's `preempt_timer` module parameter: 2.93e9 × 0.005 ticks ("5 ms at
 /// 2.93 GHz"; the timer counts TSC >> 5, so it is longer in practice).
@@ -198,11 +198,8 @@ impl Scheme for Eli {
     /// an ELI guest leaves its vector in the core's mailbox and travels as
     /// an NMI (NMI exiting is on in both modes, as in stock KVM).
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
-        if self.critical == Critical::Nmi && cx.hv.vcpu_on(to).is_some() {
-            self.mailbox.post(cx, from, to, vector);
-        } else {
-            cx.send_ipi(from, to, vector, DeliveryMode::Fixed);
-        }
+        let as_nmi = self.critical == Critical::Nmi && cx.hv.vcpu_on(to).is_some();
+        self.mailbox.send(cx, from, to, vector, as_nmi);
     }
 
     /// The NMI handler runs the host handlers of the mailbox's vectors.

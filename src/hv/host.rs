@@ -168,6 +168,16 @@ impl NmiMailbox {
         cx.send_ipi(from, to, 2, crate::hw::x86::lapic::DeliveryMode::Nmi);
     }
 
+    /// A host IPI: through the mailbox as an NMI when `as_nmi`, else a
+    /// fixed IPI with its vector.
+    pub fn send(&mut self, cx: &mut super::HvCx, from: usize, to: usize, vector: u8, as_nmi: bool) {
+        if as_nmi {
+            self.post(cx, from, to, vector);
+        } else {
+            cx.send_ipi(from, to, vector, crate::hw::x86::lapic::DeliveryMode::Fixed);
+        }
+    }
+
     /// Takes core `core`'s vectors for its NMI handler; give the buffer
     /// back with [`give_back`](Self::give_back) so it is reused.
     pub fn take(&mut self, core: usize) -> Vec<u8> {
