@@ -42,6 +42,16 @@ enum Cmd {
         /// Exit with status 3 if the invariant checker found violations.
         #[arg(long)]
         fail_on_violation: bool,
+        /// Write a Chrome trace-event / Perfetto JSON timeline to this file
+        /// (one track per core: guest, exits by reason, interrupts, EOIs).
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
+        /// Trace window START_MS:LENGTH_MS, from the end of the warm-up.
+        #[arg(long, value_name = "START_MS:LENGTH_MS", default_value = "0:10")]
+        trace_window: String,
+        /// Most trace events kept (later ones are counted as dropped).
+        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+        trace_limit: usize,
     },
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
@@ -64,6 +74,21 @@ enum Cmd {
     Schemes,
     /// Print the calibration with each value's source.
     Calibration,
+}
+
+/// `START_MS:LENGTH_MS` → (start, length) in ps.
+fn parse_window(w: &str) -> Result<(exitless::engine::Time, exitless::engine::Time), String> {
+    let bad = || format!("--trace-window `{w}`: expected START_MS:LENGTH_MS, e.g. 0:10");
+    let (a, b) = w.split_once(':').ok_or_else(bad)?;
+    let a: f64 = a.trim().parse().map_err(|_| bad())?;
+    let b: f64 = b.trim().parse().map_err(|_| bad())?;
+    if !(a >= 0.0 && b > 0.0 && a.is_finite() && b.is_finite() && a + b <= 1e7) {
+        return Err(format!(
+            "--trace-window `{w}`: start must be ≥ 0 and length > 0 ms"
+        ));
+    }
+    let ps = |ms: f64| (ms * 1e9).round() as exitless::engine::Time;
+    Ok((ps(a), ps(b)))
 }
 
 fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
@@ -109,9 +134,17 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             sets,
             json,
             fail_on_violation,
+            trace,
+            trace_window,
+            trace_limit,
         } => {
             let s = Scenario::load(&scenario, &sets).map_err(|e| e.to_string())?;
             let mut w = World::build(&s, &cal).map_err(|e| e.to_string())?;
+            if trace.is_some() {
+                let (from, len) = parse_window(&trace_window)?;
+                let start = w.measure_start() + from;
+                w.enable_trace(start, start.saturating_add(len), trace_limit);
+            }
             let t0 = Instant::now();
             w.run(|f| {
                 if show {
@@ -123,6 +156,26 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
                 eprintln!("\r  simulating 100.0%");
             }
             let rep = w.report();
+            if let (Some(path), Some(t)) = (&trace, w.trace()) {
+                let title = format!("exitless {} ({})", s.name, rep.scheme);
+                std::fs::write(path, t.to_chrome_json(&title, w.cores()))
+                    .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
+                if !cli.quiet {
+                    eprintln!(
+                        "trace: {} events to {}{}",
+                        t.events().len(),
+                        path.display(),
+                        if t.dropped > 0 {
+                            format!(
+                                " ({} more dropped: raise --trace-limit or narrow --trace-window)",
+                                t.dropped
+                            )
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
             if !cli.quiet {
                 let ev = w.events() as f64;
                 let sim = s.duration_s + s.warmup_s;

@@ -147,3 +147,50 @@ fn did_apicv_runs_each_workload_with_its_own_metrics() {
     assert!(io("iperf-pv") > 1000.0);
     assert!(of("iperf-sriov", "exits_per_s.IO_INSTRUCTION").is_empty());
 }
+
+#[test]
+fn trace_writes_a_perfetto_timeline_of_the_window() {
+    let path = std::env::temp_dir().join(format!("exitless-trace-{}.json", std::process::id()));
+    let p = path.to_str().unwrap();
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "scheme=kvm",
+        "--set",
+        "duration_s=0.02",
+        "--trace",
+        p,
+        "--trace-window",
+        "1:2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).ok();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let named = |n: &str| ev.iter().filter(|e| e["name"] == n).count();
+    // KVM on SR-IOV: VF interrupts exit and are injected, their EOIs exit.
+    assert!(named("EXTERNAL_INTERRUPT") > 10);
+    assert!(named("MSR_WRITE") > 10);
+    assert!(named("guest") > 10);
+    assert!(ev.iter().any(|e| e["cat"] == "interrupt"));
+    // Every slice overlaps the 2-ms window that starts 1 ms after warm-up
+    // (fig4.toml: 50 ms), on the VM's core.
+    for e in ev.iter().filter(|e| e["ph"] == "X") {
+        let ts = e["ts"].as_f64().unwrap();
+        let end = ts + e["dur"].as_f64().unwrap();
+        assert!(end >= 51_000.0 && ts < 53_000.0, "{e}");
+        assert_eq!(e["tid"], 1);
+    }
+    let o = exitless(&[
+        "run",
+        "validation/did/fig4.toml",
+        "--trace",
+        p,
+        "--trace-window",
+        "10",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("START_MS:LENGTH_MS"));
+}

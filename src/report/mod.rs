@@ -11,6 +11,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+pub mod trace;
+
 /// What the world hands to the report.
 pub struct Snapshot<'a> {
     /// The scenario run.

@@ -30,6 +30,7 @@ use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
+use crate::report::trace::{Trace, TraceKind};
 use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
 use crate::workloads::cyclictest::Cyclictest;
 use crate::workloads::fio::Fio;
@@ -225,6 +226,8 @@ pub struct World {
     pv: Option<net::PvPath>,
     /// The peer hosts of the VM's connections and flows.
     peers: Vec<net::PeerLink>,
+    /// The timeline, when asked for.
+    trace: Option<Box<Trace>>,
     /// The host side of the VM's virtio-blk device, if any.
     blk: Option<blk::BlkPath>,
     /// VF transmit: the doorbell-to-fetch delay.
@@ -711,6 +714,7 @@ impl World {
             nic_base: Default::default(),
             pv,
             peers,
+            trace: None,
             blk,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
         };
@@ -759,6 +763,34 @@ impl World {
     }
 
     /// Events processed so far.
+    /// Records a timeline of `[from, to)` (simulated time from the start of
+    /// the run, warm-up included), at most `limit` events.
+    pub fn enable_trace(&mut self, from: Time, to: Time, limit: usize) {
+        self.trace = Some(Box::new(Trace::new(from, to, limit)));
+    }
+
+    /// The timeline, if one was recorded.
+    pub fn trace(&self) -> Option<&Trace> {
+        self.trace.as_deref()
+    }
+
+    /// When the measured interval starts (the end of the warm-up).
+    pub fn measure_start(&self) -> Time {
+        self.measure_start
+    }
+
+    /// Physical cores of the machine.
+    pub fn cores(&self) -> usize {
+        self.m.cores.len()
+    }
+
+    #[inline]
+    fn trace_event(&mut self, kind: TraceKind, core: usize, start: Time, end: Time) {
+        if let Some(t) = &mut self.trace {
+            t.record(kind, core, start, end);
+        }
+    }
+
     pub fn events(&self) -> u64 {
         self.q.popped()
     }
@@ -991,6 +1023,8 @@ impl World {
     /// Ends a guest-mode stretch of `vcpu` on `core` at `until`: adds the
     /// part inside the measured interval to its VM's time in guest.
     fn account_guest_time(&mut self, core: usize, vcpu: usize, until: Time) {
+        let entered = self.m.cores[core].guest_since;
+        self.trace_event(TraceKind::Guest, core, entered, until);
         let vm = self.hv.vcpus[vcpu].vm;
         let since = self.m.cores[core].guest_since.max(self.measure_start);
         self.hv.vms[vm].stats.guest_time += until.saturating_sub(since);
@@ -1262,6 +1296,7 @@ impl World {
         let vm = self.vm_of_kernel(k);
         let now = self.q.now();
         self.checker.handler_entered(vm, vector, now);
+        self.trace_event(TraceKind::Deliver { vector }, core, now, now);
         self.guests[k].take_interrupt(vector);
     }
 
@@ -1318,7 +1353,10 @@ impl World {
         };
         let exits = |m: &Machine, reg: u32| vmcs.is_some_and(|v| m.vmcs[v].msr_write_exits(reg));
         let (reg, value, eoi) = match i {
-            Instr::Eoi { vector } => (msr::EOI, 0, Some(vector)),
+            Instr::Eoi { vector } => {
+                self.trace_event(TraceKind::Eoi { vector }, core, now, now);
+                (msr::EOI, 0, Some(vector))
+            }
             Instr::ArmTimer {
                 count,
                 deadline,
@@ -1504,6 +1542,12 @@ impl World {
         let vm = self.hv.vcpus[vcpu].vm;
         let service = now - e.start;
         let reason = e.info.reason();
+        let kind = if e.record {
+            TraceKind::Exit(reason)
+        } else {
+            TraceKind::ScheduleIn
+        };
+        self.trace_event(kind, core, e.start, now);
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             self.put(core, vcpu);
             return;
