@@ -225,7 +225,12 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             }
         }
         Cmd::Schemes => {
-            emit(&format!("{}\n", exitless::hv::scheme::SCHEMES.join("\n")));
+            use exitless::hv::scheme::{SCHEMES, SCHEME_SUMMARIES};
+            let mut text = String::new();
+            for (name, what) in SCHEMES.iter().zip(SCHEME_SUMMARIES) {
+                text.push_str(&format!("{name:<11} {what}\n"));
+            }
+            emit(&text);
         }
         Cmd::Calibration => {
             let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;

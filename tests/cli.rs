@@ -194,3 +194,17 @@ fn trace_writes_a_perfetto_timeline_of_the_window() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("START_MS:LENGTH_MS"));
 }
+
+#[test]
+fn schemes_lists_every_buildable_scheme_with_a_summary() {
+    let o = exitless(&["schemes"]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(text.lines().count(), exitless::hv::scheme::SCHEMES.len());
+    for (line, name) in text.lines().zip(exitless::hv::scheme::SCHEMES) {
+        let (first, rest) = line.split_once(' ').unwrap();
+        assert_eq!(first, name);
+        assert!(rest.trim().len() > 20, "{line}");
+        assert_eq!(exitless::hv::scheme::by_name(name).unwrap().name(), name);
+    }
+}

@@ -175,3 +175,14 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
 
 /// Every scheme name `by_name` accepts.
 pub const SCHEMES: [&str; 7] = ["bare-metal", "kvm", "apicv", "eli", "elvis", "did", "naive"];
+
+/// One line on each scheme, in the order of [`SCHEMES`].
+pub const SCHEME_SUMMARIES: [&str; 7] = [
+    "the same guest on the machine without a hypervisor",
+    "stock KVM: external interrupts and EOI/timer writes exit; software-emulated LAPIC and injection",
+    "KVM + APICv: posted interrupts, virtual-interrupt delivery, EOI virtualization ([hv] vtd_posted_interrupts for VT-d PI)",
+    "ELI: shadow IDT, direct delivery and EOI of assigned interrupts, injection mode for the rest ([hv] eli_critical)",
+    "ELVIS: ELI plus a vhost worker polling the virtqueues and exitless PV interrupts",
+    "DID: interrupts and timer in guest mode as real IPIs, direct EOI, host traffic as NMIs (VEE '15)",
+    "emulated injection plus direct EOI: the broken design of DID §2.2, for the checker",
+];
