@@ -325,6 +325,15 @@ fn search(
     Some((best, Some(lo)))
 }
 
+/// One value of an experiment's parameter: (parameter and value, scenario
+/// file, overrides before the config's, overrides after them).
+type Variant = (
+    Option<(String, toml::Value)>,
+    PathBuf,
+    Vec<String>,
+    Vec<String>,
+);
+
 /// A job's report, and the peak a search found.
 type Outcome = (RunReport, Option<f64>);
 
@@ -360,6 +369,45 @@ pub fn reproduce(
         .collect();
     let mut jobs = Vec::new();
     for (ei, e) in exps.iter().enumerate() {
+        // The experiment's variants, each with its scenario and the
+        // overrides that go before and after the config's.
+        let variants: Vec<Variant> = if e.workloads.is_empty() {
+            if e.scenario.is_empty() {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: needs a `scenario` (or `workloads`)",
+                    e.id
+                )));
+            }
+            match e.params.iter().next() {
+                None => vec![(None, dir.join(&e.scenario), vec![], vec![])],
+                Some((k, vals)) => vals
+                    .iter()
+                    .map(|v| {
+                        let set = format!("{k}={}", set_value(v));
+                        (
+                            Some((k.clone(), v.clone())),
+                            dir.join(&e.scenario),
+                            vec![],
+                            vec![set],
+                        )
+                    })
+                    .collect(),
+            }
+        } else {
+            if !e.params.is_empty() || e.search.is_some() {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: `workloads` cannot be combined with `params` or `search`",
+                    e.id
+                )));
+            }
+            e.workloads
+                .iter()
+                .map(|w| {
+                    let param = ("workload".to_string(), toml::Value::String(w.name.clone()));
+                    (Some(param), dir.join(&w.scenario), w.set.clone(), vec![])
+                })
+                .collect()
+        };
         for c in &e.config_order {
             let Some(base) = e.configs.get(c) else {
                 return Err(ReproduceError::Bad(format!(
@@ -367,48 +415,13 @@ pub fn reproduce(
                     e.id
                 )));
             };
-            if !e.workloads.is_empty() && (!e.params.is_empty() || e.search.is_some()) {
-                return Err(ReproduceError::Bad(format!(
-                    "{}: `workloads` cannot be combined with `params` or `search`",
-                    e.id
-                )));
-            }
-            for w in &e.workloads {
-                let mut sets = w.set.clone();
-                sets.extend(base.iter().cloned());
-                sets.extend(extra_sets.iter().cloned());
+            for (param, scenario, before, after) in &variants {
+                let sets = [before, base, after, extra_sets].concat();
                 jobs.push(Job {
                     exp: ei,
                     config: c.clone(),
-                    param: Some(("workload".into(), toml::Value::String(w.name.clone()))),
-                    scenario: dir.join(&w.scenario),
-                    sets,
-                });
-            }
-            if !e.workloads.is_empty() {
-                continue;
-            }
-            if e.scenario.is_empty() {
-                return Err(ReproduceError::Bad(format!(
-                    "{}: needs a `scenario` (or `workloads`)",
-                    e.id
-                )));
-            }
-            let mut sweep: Vec<Option<(String, toml::Value)>> = vec![None];
-            if let Some((k, vals)) = e.params.iter().next() {
-                sweep = vals.iter().map(|v| Some((k.clone(), v.clone()))).collect();
-            }
-            for p in sweep {
-                let mut sets = base.clone();
-                if let Some((k, v)) = &p {
-                    sets.push(format!("{k}={}", set_value(v)));
-                }
-                sets.extend(extra_sets.iter().cloned());
-                jobs.push(Job {
-                    exp: ei,
-                    config: c.clone(),
-                    param: p,
-                    scenario: dir.join(&e.scenario),
+                    param: param.clone(),
+                    scenario: scenario.clone(),
                     sets,
                 });
             }
