@@ -35,6 +35,26 @@ pub struct Datagram {
     pub sent: Time,
 }
 
+impl Datagram {
+    /// The datagram a UDP frame carries (None for other frames).
+    pub fn of(f: &crate::hw::wire::Frame) -> Option<Self> {
+        match f.transport {
+            crate::hw::wire::Transport::Udp { len, seq } => Some(Datagram {
+                flow: f.flow,
+                len,
+                seq,
+                sent: f.sent,
+            }),
+            crate::hw::wire::Transport::Tcp(_) => None,
+        }
+    }
+
+    /// The frame that carries it.
+    pub fn frame(&self) -> crate::hw::wire::Frame {
+        crate::hw::wire::Frame::udp(self.flow, self.len, self.seq, self.sent)
+    }
+}
+
 /// Datagrams a UDP socket's send buffer holds before `sendto` fails
 /// (Linux `wmem_default` 208 KiB over ~1 KiB messages and their skbs).
 pub const UDP_SNDBUF_DATAGRAMS: usize = 256;

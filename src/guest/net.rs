@@ -150,13 +150,10 @@ impl Kernel {
     /// Returns the transport processing cost.
     pub(super) fn netif_receive(&mut self, f: Frame, now: Time) -> Time {
         match f.transport {
-            Transport::Udp { len, seq } => {
-                self.socket_enqueue(super::app::Datagram {
-                    flow: f.flow,
-                    len,
-                    seq,
-                    sent: f.sent,
-                });
+            Transport::Udp { .. } => {
+                if let Some(d) = super::app::Datagram::of(&f) {
+                    self.socket_enqueue(d);
+                }
                 0
             }
             Transport::Tcp(seg) => {
@@ -203,8 +200,7 @@ impl Kernel {
     /// at the earliest live one (the tick that will run the wheel).
     fn tcp_wheel_sync(&mut self) {
         while let Some(&Reverse((_, s, gen))) = self.tcp_wheel.peek() {
-            let sock = &self.tcp_socks[s];
-            if sock.timer.is_some() && sock.timer_gen == gen {
+            if self.tcp_wheel_live(s, gen) {
                 break;
             }
             self.tcp_wheel.pop();
@@ -219,6 +215,13 @@ impl Kernel {
         }
     }
 
+    /// Whether a wheel entry of socket `s` with generation `gen` is its
+    /// current timer (not one since moved or fired).
+    fn tcp_wheel_live(&self, s: usize, gen: u64) -> bool {
+        let sock = &self.tcp_socks[s];
+        sock.timer.is_some() && sock.timer_gen == gen
+    }
+
     /// The tick ran the timer wheel: every TCP timer due by `now` fires,
     /// earliest first (socket order within one tick).
     pub(super) fn tcp_wheel_run(&mut self, now: Time) {
@@ -228,8 +231,7 @@ impl Kernel {
                 break;
             }
             self.tcp_wheel.pop();
-            let sock = &self.tcp_socks[s];
-            if sock.timer.is_some() && sock.timer_gen == gen {
+            if self.tcp_wheel_live(s, gen) {
                 self.tcp_timer_fired(s, now);
             }
         }
@@ -270,14 +272,7 @@ impl Kernel {
     /// taking the marked sockets in turn.
     fn pull_output(&mut self, now: Time) -> Option<Frame> {
         if let Some(d) = self.udp_tx.pop_front() {
-            return Some(Frame {
-                flow: d.flow,
-                transport: Transport::Udp {
-                    len: d.len,
-                    seq: d.seq,
-                },
-                sent: d.sent,
-            });
+            return Some(d.frame());
         }
         while !self.tx_dirty.is_empty() {
             let i = self.tx_rr % self.tx_dirty.len();

@@ -66,6 +66,15 @@ impl Frame {
         }
     }
 
+    /// A UDP frame of `len` payload bytes.
+    pub fn udp(flow: u16, len: u32, seq: u64, sent: Time) -> Self {
+        Frame {
+            flow,
+            transport: Transport::Udp { len, seq },
+            sent,
+        }
+    }
+
     /// Bytes on the wire, headers included, FCS excluded.
     pub fn len(&self) -> u32 {
         match self.transport {

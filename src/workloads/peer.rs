@@ -114,10 +114,12 @@ impl PeerHost {
         }
     }
 
-    /// The peer also owns UDP flows `first_flow..first_flow + flows`.
-    pub fn with_udp_flows(mut self, flows: u16) -> Self {
-        self.flows = self.flows.max(flows);
-        self
+    /// A single-threaded peer with one UDP socket on `flow` and no TCP
+    /// connections.
+    pub fn udp(flow: u16, app: Box<dyn PeerApp>, costs: PeerCosts) -> Self {
+        let mut p = PeerHost::new(vec![], flow, app, costs, 1);
+        p.flows = 1;
+        p
     }
 
     /// Whether frames of `flow` are this peer's.
@@ -157,7 +159,8 @@ impl PeerHost {
         };
         let seg = match f.transport {
             Transport::Tcp(seg) => seg,
-            Transport::Udp { len, seq } => {
+            Transport::Udp { .. } => {
+                let Some(d) = Datagram::of(&f) else { return };
                 if i >= usize::from(self.flows) {
                     return;
                 }
@@ -169,12 +172,7 @@ impl PeerHost {
                     t += self.costs.wakeup;
                 }
                 self.busy_until[cpu] = t;
-                self.udp_rx.push_back(Datagram {
-                    flow: f.flow,
-                    len,
-                    seq,
-                    sent: f.sent,
-                });
+                self.udp_rx.push_back(d);
                 self.run_app(cpu, out);
                 return;
             }
@@ -246,18 +244,7 @@ impl PeerHost {
             self.busy_until[cpu] += self.costs.udp_tx;
             self.frames_out += 1;
             let t = self.busy_until[cpu];
-            let udp = Transport::Udp {
-                len: d.len,
-                seq: d.seq,
-            };
-            out.push((
-                t,
-                Frame {
-                    flow: d.flow,
-                    transport: udp,
-                    sent: t,
-                },
-            ));
+            out.push((t, Frame::udp(d.flow, d.len, d.seq, t)));
         }
         // Only connections that received, timed out or were acted on can
         // have output or new timers.

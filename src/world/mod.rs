@@ -624,22 +624,13 @@ impl World {
                 duration: from_s(sp.call_duration_s),
                 calls: sp.calls,
             };
-            let uac = PeerHost::new(
-                vec![],
-                SIP_UAC_FLOW,
-                Box::new(SipUac::new(SIP_UAC_FLOW, pattern, msg)),
-                peer_costs,
-                1,
-            )
-            .with_udp_flows(1);
-            let uas = PeerHost::new(
-                vec![],
+            let uac = Box::new(SipUac::new(SIP_UAC_FLOW, pattern, msg));
+            let uac = PeerHost::udp(SIP_UAC_FLOW, uac, peer_costs);
+            let uas = PeerHost::udp(
                 SIP_UAS_FLOW,
                 Box::new(SipUas::new(sp.calls, msg)),
                 peer_costs,
-                1,
-            )
-            .with_udp_flows(1);
+            );
             let (uac_at, uas_at) = if has_virtio {
                 (
                     net::Attach::Uplink { delay: bridge },
@@ -762,7 +753,6 @@ impl World {
         self.checker.finish(self.end, self.lost_grace);
     }
 
-    /// Events processed so far.
     /// Records a timeline of `[from, to)` (simulated time from the start of
     /// the run, warm-up included), at most `limit` events.
     pub fn enable_trace(&mut self, from: Time, to: Time, limit: usize) {
@@ -791,6 +781,7 @@ impl World {
         }
     }
 
+    /// Events processed so far.
     pub fn events(&self) -> u64 {
         self.q.popped()
     }
@@ -883,14 +874,12 @@ impl World {
                 let pkt = RxPacket {
                     len,
                     arrived: now,
-                    frame: crate::hw::wire::Frame {
-                        flow: 0,
-                        transport: crate::hw::wire::Transport::Udp {
-                            len: len.saturating_sub(crate::hw::wire::UDP_HEADERS),
-                            seq,
-                        },
+                    frame: crate::hw::wire::Frame::udp(
+                        0,
+                        len.saturating_sub(crate::hw::wire::UDP_HEADERS),
+                        seq,
                         sent,
-                    },
+                    ),
                 };
                 if let Ok((_, a)) = self.m.nic.receive(vf, pkt, now) {
                     self.nic_action(a);
