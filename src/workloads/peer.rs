@@ -157,25 +157,24 @@ impl PeerHost {
         let Some(i) = f.flow.checked_sub(self.first_flow).map(usize::from) else {
             return;
         };
-        let seg = match f.transport {
-            Transport::Tcp(seg) => seg,
-            Transport::Udp { .. } => {
-                let Some(d) = Datagram::of(&f) else { return };
-                if i >= usize::from(self.flows) {
-                    return;
-                }
-                self.frames_in += 1;
-                let cpu = i % self.busy_until.len();
-                let idle = self.busy_until[cpu] <= now && self.udp_rx.is_empty();
-                let mut t = self.busy_until[cpu].max(now) + self.costs.udp_rx;
-                if idle {
-                    t += self.costs.wakeup;
-                }
-                self.busy_until[cpu] = t;
-                self.udp_rx.push_back(d);
-                self.run_app(cpu, out);
+        if let Some(d) = Datagram::of(&f) {
+            if i >= usize::from(self.flows) {
                 return;
             }
+            self.frames_in += 1;
+            let cpu = self.cpu_of(i);
+            let idle = self.busy_until[cpu] <= now && self.udp_rx.is_empty();
+            let mut t = self.busy_until[cpu].max(now) + self.costs.udp_rx;
+            if idle {
+                t += self.costs.wakeup;
+            }
+            self.busy_until[cpu] = t;
+            self.udp_rx.push_back(d);
+            self.run_app(cpu, out);
+            return;
+        }
+        let Transport::Tcp(seg) = f.transport else {
+            return;
         };
         if i >= self.conns.len() {
             return;

@@ -558,6 +558,7 @@ impl SipUac {
 
     fn timer(&mut self, io: &mut PeerIo, t: Time, call: u32, now: Time) {
         let flow = self.flow;
+        let measured = self.measured(call);
         let c = &mut self.calls[call as usize];
         match c.state {
             UacState::Inviting | UacState::InvitingAuth if c.invite.next == Some(t) => {
@@ -571,12 +572,12 @@ impl SipUac {
                         self.timers.push(at, call);
                     }
                     Self::send(io, m, call, flow);
-                    if call >= self.measured_from {
+                    if measured {
                         self.invite_retrans += 1;
                     }
                 } else {
                     c.state = UacState::Failed;
-                    if call >= self.measured_from {
+                    if measured {
                         self.failed += 1;
                     }
                 }
