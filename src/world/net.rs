@@ -224,23 +224,22 @@ impl World {
             let at = match link.attach {
                 // One queue into the tap or the VF: frames keep their order.
                 Attach::Bridge { delay } | Attach::Veb { delay, .. } => {
-                    (t + delay).max(link.wire_free)
+                    link.wire_free = (t + delay).max(link.wire_free);
+                    link.wire_free
                 }
-                // The load generator's NIC serializes its frames.
+                // The load generator's NIC serializes its frames (and an
+                // uplink's then cross the host's bridge).
                 Attach::Wire { .. } | Attach::Uplink { .. } => {
                     let start = t.max(link.wire_free);
-                    let wire = self.m.link.wire_time(f.len());
-                    link.wire_free = start + wire;
-                    let bridge = match link.attach {
-                        Attach::Uplink { delay } => delay,
-                        _ => 0,
+                    link.wire_free = start + self.m.link.wire_time(f.len());
+                    let bridge = if let Attach::Uplink { delay } = link.attach {
+                        delay
+                    } else {
+                        0
                     };
-                    start + wire + self.m.link.propagation_ps + bridge
+                    link.wire_free + self.m.link.propagation_ps + bridge
                 }
             };
-            if matches!(link.attach, Attach::Bridge { .. } | Attach::Veb { .. }) {
-                link.wire_free = at;
-            }
             self.q.schedule(at, ev);
         }
         let next = link.peer.next_timer();
