@@ -36,9 +36,11 @@ pub struct Did {
     /// Per vCPU: virtual interrupts waiting for the next entry (the
     /// self-IPI bitmap).
     pending: Vec<ApicBitmap>,
-    /// Per VM: the VF's interrupt count when it was descheduled, to find
-    /// the source of an NMI (§4.5: the hypervisor identifies the device).
-    vf_fires_at_put: Vec<u64>,
+    /// Per VM: how many of its VF's interrupts arrived as NMIs and were
+    /// already turned into virtual interrupts (§4.2: the hypervisor
+    /// identifies the source of an NMI).
+    vf_nmis_seen: Vec<u64>,
+
     /// Per core: host vectors sent to it as NMIs (§7.3's mailbox).
     mailbox: NmiMailbox,
     /// Guest writes DID does not pass through but cannot serve directly
@@ -62,7 +64,7 @@ impl Scheme for Did {
     }
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
-        self.vf_fires_at_put.resize(cx.hv.vms.len(), 0);
+        self.vf_nmis_seen.resize(cx.hv.vms.len(), 0);
         self.pending
             .resize(cx.hv.vcpus.len(), ApicBitmap::default());
         self.mailbox.resize(cx.m.cores.len());
@@ -132,12 +134,11 @@ impl Scheme for Did {
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
         let vm = cx.hv.vcpus[vcpu].vm;
         let core = cx.hv.vcpus[vcpu].core;
-        // 1. NMI mode: later MSIs force an exit wherever they land.
+        // 1. NMI mode: later MSIs force an exit wherever they land. One
+        // already in flight is remapped when it arrives, so it too comes as
+        // an NMI and host_nmi finds it by the entry's NMI count.
         if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Nmi) {
             cx.irt_update(i, e);
-        }
-        if let Some(a) = cx.hv.vms[vm].vf {
-            self.vf_fires_at_put[vm] = cx.m.nic.counters(a.vf).map(|c| c.interrupts).unwrap_or(0);
         }
         // 2. Park the VM's timer on the designated core.
         let vector = cx.m.lapics[core].timer_vector();
@@ -182,24 +183,34 @@ impl Scheme for Did {
 
     /// §4.2/§4.4: a fixed interrupt taken in host mode on a VM's core is the
     /// VM's: queue it for re-injection (the generic path EOIs it).
+    /// A fixed IPI sent while the VM ran can reach its core after the
+    /// schedule-out (vcpu_put collected IRR, not messages in flight): it is
+    /// the VM's too (§7.2 default: every fixed vector on a VM core is the
+    /// VM's).
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
-        match cx.hv.vcpu_on(core) {
+        match cx.hv.vcpu_owning(core) {
             Some(vcpu) if core != cx.hv.designated_core => self.pending[vcpu].set(vector),
             _ => self.host_idt(cx, core, vector),
         }
     }
 
-    /// §4.5: host IPIs to a core that runs a VM travel as NMIs (a fixed IPI
-    /// would enter the guest through its IDT); the vector goes in the
-    /// target core's mailbox first.
+    /// §4.5: host IPIs to a VM's core travel as NMIs (a fixed IPI would
+    /// enter the guest through its IDT); the vector goes in the target
+    /// core's mailbox first. Also while the VM is descheduled: it may be
+    /// back in guest mode when the IPI lands, and a fixed vector reaching
+    /// a VM core is taken as the VM's (§7.2).
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
-        let as_nmi = cx.hv.vcpu_on(to).is_some() && to != cx.hv.designated_core;
+        let as_nmi = cx.hv.vcpu_owning(to).is_some() && to != cx.hv.designated_core;
         self.mailbox.send(cx, from, to, vector, as_nmi);
     }
 
     /// §4.5: an NMI on a core: run the host handlers of the vectors in its
-    /// mailbox, then find which descheduled VMs' VFs fired at it (their
-    /// interrupt counters moved) and queue their vectors.
+    /// mailbox, then find which VMs' VFs sent NMIs (their IRT entries'
+    /// NMI counts moved) and raise their vectors. NMIs coalesce in one
+    /// latch, so one NMI may stand for several sources; and the VM may be
+    /// running again by the time its NMI is handled (schedule-in rewrote
+    /// the entry to fixed mode after the NMI was sent), so loaded VMs are
+    /// not skipped.
     fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
         cx.charge(cx.costs.irq_handler);
         let mb = self.mailbox.take(core);
@@ -209,14 +220,11 @@ impl Scheme for Did {
         self.mailbox.give_back(core, mb);
         for vm in 0..cx.hv.vms.len() {
             let Some(a) = cx.hv.vms[vm].vf else { continue };
-            let vcpu = cx.hv.vms[vm].vcpus[0];
-            if cx.hv.vcpus[vcpu].loaded {
-                continue;
-            }
-            let fires = cx.m.nic.counters(a.vf).map(|c| c.interrupts).unwrap_or(0);
-            if fires != self.vf_fires_at_put[vm] && cx.hv.vcpus[vcpu].core == core {
-                self.vf_fires_at_put[vm] = fires;
-                self.pending[vcpu].set(a.guest_vector);
+            let nmis = cx.m.irt.nmi_deliveries(a.irte);
+            if nmis != self.vf_nmis_seen[vm] {
+                self.vf_nmis_seen[vm] = nmis;
+                let vcpu = cx.hv.vms[vm].vcpus[0];
+                self.virtual_interrupt(cx, vcpu, a.guest_vector);
             }
         }
     }

@@ -78,9 +78,10 @@ impl Scheme for Elvis {
     }
 
     /// A PV IPI that reached the core after the vCPU left guest mode (or
-    /// while it injects) is taken by the host and injected.
+    /// while it injects, or after its schedule-out) is taken by the host
+    /// and injected.
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
-        if let Some(vcpu) = cx.hv.vcpu_on(core) {
+        if let Some(vcpu) = cx.hv.vcpu_owning(core) {
             if Self::pv_vector(cx, vcpu, vector) {
                 kvm::raise(cx, vcpu, vector);
                 return;

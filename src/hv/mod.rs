@@ -132,6 +132,15 @@ impl HvState {
         self.vcpus.iter().position(|v| v.loaded && v.core == core)
     }
 
+    /// The vCPU whose fixed interrupts `core` takes: the one loaded there,
+    /// else the one that last ran there. A fixed IPI sent to a vCPU while
+    /// it ran can reach its core after the schedule-out; the core is still
+    /// its until another vCPU is loaded.
+    pub fn vcpu_owning(&self, core: usize) -> Option<usize> {
+        self.vcpu_on(core)
+            .or_else(|| self.vcpus.iter().position(|v| v.core == core))
+    }
+
     /// The eventfd registered for guest writes to `port`, if any.
     pub fn ioeventfd(&self, port: u16) -> Option<u16> {
         self.ioeventfds

@@ -147,6 +147,8 @@ pub struct InterruptRemappingTable {
     posted: Vec<Option<u16>>,
     /// Entries written since their last invalidation.
     uninvalidated: Vec<bool>,
+    /// Per entry: interrupts it delivered in NMI mode (see [`Self::nmi_deliveries`]).
+    nmi_deliveries: Vec<u64>,
     counters: IrtCounters,
 }
 
@@ -159,6 +161,7 @@ impl InterruptRemappingTable {
             entries: vec![Irte::NOT_PRESENT; n],
             posted: vec![None; n],
             uninvalidated: vec![false; n],
+            nmi_deliveries: vec![0; n],
             counters: IrtCounters::default(),
         }
     }
@@ -276,6 +279,7 @@ impl InterruptRemappingTable {
             }
         }
         let vector = if irte.mode == DeliveryMode::Nmi {
+            self.nmi_deliveries[i] += 1;
             NMI_VECTOR
         } else {
             irte.vector
@@ -285,6 +289,22 @@ impl InterruptRemappingTable {
             vector,
             mode: irte.mode,
         })
+    }
+
+    /// How many interrupts entry `index` has delivered in NMI mode.
+    ///
+    /// Not a VT-d register: an NMI carries no vector, so a hypervisor that
+    /// aims a device at a core in NMI mode (DID §4.2) must find the source
+    /// some other way (a real one polls the devices' interrupt-cause
+    /// registers). The model gives it the count per entry, which is exact
+    /// whatever is in flight when the entry is rewritten: a message
+    /// remapped after the rewrite is counted here, one remapped before
+    /// arrived in the old mode.
+    pub fn nmi_deliveries(&self, index: u16) -> u64 {
+        self.nmi_deliveries
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The event counts so far.
@@ -323,6 +343,33 @@ mod tests {
             .is_err());
         t.write(1, e).unwrap();
         assert!(matches!(t.remap_any(msi), Ok(Remapped::Interrupt(r)) if r.dest_apic_id == 3));
+    }
+    #[test]
+    fn nmi_deliveries_count_only_messages_remapped_in_nmi_mode() {
+        let mut t = InterruptRemappingTable::new(2);
+        let m = RemappableMsi {
+            handle: 0,
+            requester_id: 1,
+        };
+        t.write(0, Irte::fixed(1, 0x41)).unwrap();
+        t.remap(m).unwrap();
+        assert_eq!(t.nmi_deliveries(0), 0);
+        t.write(
+            0,
+            Irte {
+                mode: DeliveryMode::Nmi,
+                ..Irte::fixed(1, 0x41)
+            },
+        )
+        .unwrap();
+        assert_eq!(t.remap(m).unwrap().vector, NMI_VECTOR);
+        assert_eq!(t.nmi_deliveries(0), 1);
+        // A rewrite back to fixed mode keeps the count: the NMI may still
+        // be waiting for its handler.
+        t.write(0, Irte::fixed(1, 0x41)).unwrap();
+        t.remap(m).unwrap();
+        assert_eq!(t.nmi_deliveries(0), 1);
+        assert_eq!(t.nmi_deliveries(9), 0);
     }
     use proptest::prelude::*;
 
