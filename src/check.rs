@@ -39,6 +39,11 @@ pub struct Violation {
     pub vector: u8,
     /// Human-readable detail.
     pub detail: String,
+    /// Where the trouble started, in ps: the raise (or timer deadline) of a
+    /// lost interrupt, otherwise the violation's own time. Where a race
+    /// explorer looks first.
+    #[serde(skip)]
+    pub origin: Time,
 }
 
 const STORED_MAX: usize = 64;
@@ -87,6 +92,18 @@ impl Checker {
     }
 
     fn violate(&mut self, now: Time, vm: usize, kind: ViolationKind, vector: u8, detail: String) {
+        self.violate_from(now, now, vm, kind, vector, detail);
+    }
+
+    fn violate_from(
+        &mut self,
+        now: Time,
+        origin: Time,
+        vm: usize,
+        kind: ViolationKind,
+        vector: u8,
+        detail: String,
+    ) {
         self.counts[kind as usize] += 1;
         if self.stored.len() < STORED_MAX {
             self.stored.push(Violation {
@@ -95,6 +112,7 @@ impl Checker {
                 kind,
                 vector,
                 detail,
+                origin,
             });
         }
     }
@@ -225,8 +243,9 @@ impl Checker {
         for vm in 0..self.vms.len() {
             if let Some((v, d)) = self.vms[vm].timer {
                 if d + grace < now {
-                    self.violate(
+                    self.violate_from(
                         now,
+                        d,
                         vm,
                         ViolationKind::Lost,
                         v,
@@ -237,8 +256,9 @@ impl Checker {
             for v in vectors(self.vms[vm].pending) {
                 let r = self.vms[vm].first_raise[v as usize];
                 if r + grace < now {
-                    self.violate(
+                    self.violate_from(
                         now,
+                        r,
                         vm,
                         ViolationKind::Lost,
                         v,

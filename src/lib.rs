@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod check;
 pub mod engine;
+pub mod explore;
 pub mod guest;
 pub mod hv;
 pub mod hw;

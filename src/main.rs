@@ -74,6 +74,40 @@ enum Cmd {
     Schemes,
     /// Print the calibration with each value's source.
     Calibration,
+    /// Race explorer: run a small scenario under many perturbed event
+    /// orders (tie-breaks, in-flight jitter) and print a minimal
+    /// counterexample trace for the first interleaving the invariant
+    /// checker rejects. Exit status 3 if one is found.
+    Explore(ExploreArgs),
+}
+
+#[derive(clap::Args)]
+struct ExploreArgs {
+    /// Scenario TOML file (keep it small: a few ms simulated).
+    scenario: PathBuf,
+    /// Override a scenario key, as for `run`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Explore each of these schemes in turn (comma-separated; default:
+    /// the scenario's).
+    #[arg(long, value_delimiter = ',')]
+    schemes: Vec<String>,
+    /// Interleavings (perturbed runs) per scheme.
+    #[arg(long, default_value_t = 200)]
+    runs: u64,
+    /// Largest extra latency of a message in flight (MSI, IPI, the host's
+    /// schedule-out/in), ns.
+    #[arg(long, default_value_t = 3000.0)]
+    jitter_ns: f64,
+    /// Keep same-time ties in scheduling order (perturb only latencies).
+    #[arg(long)]
+    fifo_ties: bool,
+    /// Replay one perturbation seed and print its trace instead of exploring.
+    #[arg(long, value_name = "SEED")]
+    replay: Option<u64>,
+    /// Simulations in parallel (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// `START_MS:LENGTH_MS` → (start, length) in ps.
@@ -248,6 +282,82 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             }
             emit(&text);
         }
+        Cmd::Explore(a) => return explore_cmd(a, &cal, cli.quiet),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `exitless explore`: the race explorer over one or more schemes.
+fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCode, String> {
+    use exitless::explore::{self, ExploreOptions, Perturbation};
+    if !(a.jitter_ns >= 0.0 && a.jitter_ns <= 1e9) {
+        return Err(format!(
+            "--jitter-ns {}: must be between 0 and 1e9 ns",
+            a.jitter_ns
+        ));
+    }
+    if a.runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    let opts = ExploreOptions {
+        runs: a.runs,
+        max_jitter: (a.jitter_ns * 1000.0).round() as exitless::engine::Time,
+        shuffle_ties: !a.fifo_ties,
+        threads: a.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+    };
+    let schemes: Vec<Option<String>> = if a.schemes.is_empty() {
+        vec![None]
+    } else {
+        a.schemes.iter().map(|s| Some(s.clone())).collect()
+    };
+    let path = a.scenario.display().to_string();
+    let mut found = false;
+    for scheme in schemes {
+        let mut sets = a.sets.clone();
+        if let Some(sc) = &scheme {
+            sets.push(format!("scheme={sc}"));
+        }
+        let s = Scenario::load(&a.scenario, &sets).map_err(|e| e.to_string())?;
+        if let Some(seed) = a.replay {
+            let p = Perturbation {
+                seed,
+                max_jitter: opts.max_jitter,
+                shuffle_ties: opts.shuffle_ties,
+            };
+            let c = explore::counterexample(&s, cal, Some(p)).map_err(|e| e.to_string())?;
+            found |= !c.violations.is_empty();
+            emit(&format!(
+                "replay {path}: scheme {}: {} violation(s)\n{}",
+                s.scheme,
+                c.violations.len(),
+                explore::render_counterexample(&c, &s.scheme, &path)
+            ));
+            continue;
+        }
+        let show = !quiet && std::io::stderr().is_terminal();
+        let runs = opts.runs;
+        let x = explore::explore(&s, cal, opts, |done, failing| {
+            if show {
+                eprint!(
+                    "\r  {}: {done}/{runs} interleavings, {failing} failing",
+                    s.scheme
+                );
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        if show {
+            eprintln!();
+        }
+        found |= x.failing_runs > 0;
+        emit(&explore::render(&x, &opts, &path));
+    }
+    Ok(if found {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -5,7 +5,15 @@
 //! function of the run's history, which is what makes runs byte-identical.
 //! Cancellation is by generation counters held by the event's owner (a stale
 //! event is popped and ignored), so the heap never needs a search.
+//!
+//! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
+//! ties at one picosecond then break in a seeded random order, and events
+//! scheduled with [`EventQueue::schedule_async`] (messages in flight whose
+//! latency real hardware does not fix: an MSI, an IPI, a frame, a host
+//! decision) arrive up to a bounded jitter late. A perturbed run is still a
+//! pure function of (scenario, seed, perturbation seed).
 
+use super::rng::RngStream;
 use super::time::Time;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -43,6 +51,14 @@ pub struct EventQueue<E> {
     now: Time,
     seq: u64,
     popped: u64,
+    perturbation: Option<Perturbation>,
+}
+
+/// How a perturbed queue departs from the deterministic order.
+struct Perturbation {
+    rng: RngStream,
+    max_jitter: Time,
+    shuffle_ties: bool,
 }
 
 impl<E> EventQueue<E> {
@@ -54,7 +70,20 @@ impl<E> EventQueue<E> {
             now: 0,
             seq: 0,
             popped: 0,
+            perturbation: None,
         }
+    }
+
+    /// Perturbs the order from now on: with `shuffle_ties`, events due at
+    /// the same picosecond pop in an order drawn from `seed`; events
+    /// scheduled with [`Self::schedule_async`] arrive up to `max_jitter`
+    /// late (uniform).
+    pub fn perturb(&mut self, seed: u64, max_jitter: Time, shuffle_ties: bool) {
+        self.perturbation = Some(Perturbation {
+            rng: RngStream::new(seed, "engine.perturbation"),
+            max_jitter,
+            shuffle_ties,
+        });
     }
 
     /// Current simulated time: the time of the last popped event.
@@ -69,11 +98,28 @@ impl<E> EventQueue<E> {
     pub fn schedule(&mut self, at: Time, event: E) {
         let at = at.max(self.now);
         self.seq += 1;
-        self.heap.push(Entry {
-            at,
-            seq: self.seq,
-            event,
-        });
+        let seq = match &mut self.perturbation {
+            Some(p) if p.shuffle_ties => p.rng.next_u64(),
+            _ => self.seq,
+        };
+        self.heap.push(Entry { at, seq, event });
+    }
+
+    /// Schedules a message in flight at `at`: exactly `at` normally, up to
+    /// the perturbation's jitter later in a perturbed queue.
+    #[inline]
+    pub fn schedule_async(&mut self, at: Time, event: E) {
+        let jitter = match &mut self.perturbation {
+            Some(p) if p.max_jitter > 0 => p.rng.next_u64() % (p.max_jitter + 1),
+            _ => 0,
+        };
+        self.schedule(at.saturating_add(jitter), event);
+    }
+
+    /// [`Self::schedule_async`] `delay` after now.
+    #[inline]
+    pub fn schedule_in_async(&mut self, delay: Time, event: E) {
+        self.schedule_async(self.now.saturating_add(delay), event);
     }
 
     /// Schedules `event` `delay` after now.
@@ -153,6 +199,37 @@ mod tests {
         q.advance_to(99);
         assert_eq!(q.now(), 99);
         assert_eq!(q.pop_until(100), Some((100, 1)));
+    }
+
+    #[test]
+    fn perturbation_shuffles_ties_and_delays_async_events_within_bounds() {
+        let order = |seed: u64| {
+            let mut q = EventQueue::with_capacity(16);
+            q.perturb(seed, 5, true);
+            for i in 0..8 {
+                q.schedule(10, i);
+            }
+            q.schedule_async(20, 100);
+            let v: Vec<(u64, i32)> = std::iter::from_fn(|| q.pop_until(u64::MAX)).collect();
+            v
+        };
+        let a = order(1);
+        assert_eq!(a, order(1), "same perturbation seed, same order");
+        let ties: Vec<i32> = a.iter().filter(|e| e.0 == 10).map(|e| e.1).collect();
+        assert_eq!(ties.len(), 8);
+        // Some seed gives a non-FIFO order; the async event stays in [20, 25].
+        assert!((1..20).any(|s| {
+            let t: Vec<i32> = order(s).iter().filter(|e| e.0 == 10).map(|e| e.1).collect();
+            t != (0..8).collect::<Vec<_>>()
+        }));
+        for s in 1..50 {
+            let (t, _) = *order(s).last().unwrap();
+            assert!((20..=25).contains(&t), "{t}");
+        }
+        // Unperturbed, schedule_async is schedule.
+        let mut q = EventQueue::with_capacity(2);
+        q.schedule_async(7, 1);
+        assert_eq!(q.pop_until(u64::MAX), Some((7, 1)));
     }
 
     proptest! {

@@ -455,6 +455,23 @@ pub struct Preemption {
     pub at_ms: f64,
     /// How long the vCPU stays descheduled, ms.
     pub for_ms: f64,
+    /// Repeat every this many ms (with `count`): a periodic preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<f64>,
+    /// How many times in all (default 1; needs `every_ms` when above 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+impl Preemption {
+    /// Largest `count`: a bound on the events a scenario can schedule.
+    pub const MAX_COUNT: u32 = 100_000;
+
+    /// The (start, length) of each occurrence, ms.
+    pub fn occurrences(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        let every = self.every_ms.unwrap_or(0.0);
+        (0..self.count.unwrap_or(1)).map(move |i| (self.at_ms + i as f64 * every, self.for_ms))
+    }
 }
 
 /// Invariant checking.
@@ -881,6 +898,31 @@ impl Scenario {
                         p.at_ms, p.for_ms
                     ),
                 );
+            }
+            let count = p.count.unwrap_or(1);
+            if count == 0 || count > Preemption::MAX_COUNT {
+                return bad(
+                    &format!("preemptions[{i}].count"),
+                    format!("{count} must be in [1, {}]", Preemption::MAX_COUNT),
+                );
+            }
+            match p.every_ms {
+                Some(e) if !(e.is_finite() && e > p.for_ms) => {
+                    return bad(
+                        &format!("preemptions[{i}].every_ms"),
+                        format!(
+                            "{e} must be finite and longer than for_ms = {} (occurrences may not overlap)",
+                            p.for_ms
+                        ),
+                    );
+                }
+                None if count > 1 => {
+                    return bad(
+                        &format!("preemptions[{i}].count"),
+                        format!("{count} occurrences need every_ms"),
+                    );
+                }
+                _ => {}
             }
         }
         if self.check.lost_grace_ms.is_nan() || self.check.lost_grace_ms <= 0.0 {

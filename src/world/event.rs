@@ -152,15 +152,19 @@ pub fn schedule_apic_effect(
             },
         ),
         ApicEffect::SendIpi(ipi) => {
+            // A remote IPI is a message in flight (its latency varies in
+            // a perturbed run); a self-IPI is not.
             let send = |q: &mut EventQueue<Ev>, dest: usize, lat: Time| {
-                q.schedule_in(
-                    lat,
-                    Ev::ApicArrive {
-                        core: dest as u16,
-                        vector: ipi.vector,
-                        mode: ipi.mode,
-                    },
-                )
+                let ev = Ev::ApicArrive {
+                    core: dest as u16,
+                    vector: ipi.vector,
+                    mode: ipi.mode,
+                };
+                if lat > 0 {
+                    q.schedule_in_async(lat, ev)
+                } else {
+                    q.schedule_in(0, ev)
+                }
             };
             match ipi.dest {
                 IpiDest::SelfOnly => send(q, core, 0),

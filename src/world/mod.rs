@@ -232,6 +232,46 @@ pub struct World {
     blk: Option<blk::BlkPath>,
     /// VF transmit: the doorbell-to-fetch delay.
     tx_fetch: Time,
+    /// The last dispatched events, when asked for (race explorer).
+    event_log: Option<Box<EventLog>>,
+}
+
+/// A ring of the last dispatched events: the counterexample trace of a
+/// race explorer. Fixed capacity, so recording never allocates.
+pub struct EventLog {
+    ring: Vec<(Time, Ev)>,
+    next: usize,
+    full: bool,
+}
+
+impl EventLog {
+    fn new(capacity: usize) -> Self {
+        EventLog {
+            ring: Vec::with_capacity(capacity.max(1)),
+            next: 0,
+            full: false,
+        }
+    }
+
+    fn push(&mut self, at: Time, ev: Ev) {
+        if self.ring.len() < self.ring.capacity() {
+            self.ring.push((at, ev));
+        } else {
+            self.ring[self.next] = (at, ev);
+            self.full = true;
+        }
+        self.next = (self.next + 1) % self.ring.capacity();
+    }
+
+    /// The logged events, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &(Time, Ev)> {
+        let (a, b) = if self.full {
+            self.ring.split_at(self.next)
+        } else {
+            (&self.ring[..0], &self.ring[..])
+        };
+        b.iter().chain(a.iter())
+    }
 }
 
 fn t_us(e: &crate::calibration::Entry) -> Time {
@@ -578,10 +618,10 @@ impl World {
         let warm = from_s(s.warmup_s);
         q.schedule(warm, Ev::WarmupEnd);
         if virtualized {
-            for p in &s.preemptions {
-                let at = from_us(p.at_ms * 1000.0);
-                q.schedule(at, Ev::Deschedule { vcpu: 0 });
-                q.schedule(at + from_us(p.for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
+            for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+                let at = from_us(at_ms * 1000.0);
+                q.schedule_async(at, Ev::Deschedule { vcpu: 0 });
+                q.schedule_async(at + from_us(for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
             }
         }
         if virtualized && s.host.ipi_per_s > 0.0 {
@@ -708,6 +748,7 @@ impl World {
             trace: None,
             blk,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
+            event_log: None,
         };
         if virtualized {
             w.arm_preemption_timer(vm_core, 0);
@@ -732,6 +773,9 @@ impl World {
         let step = 100 * MS;
         let mut next_report = step;
         while let Some((now, ev)) = self.q.pop_until(self.end) {
+            if let Some(log) = &mut self.event_log {
+                log.push(now, ev);
+            }
             self.dispatch(ev, now);
             if self.stop_on_task_exit && self.guests[0].counters.tasks_exited > 0 {
                 // A finite workload (WhileLoop) is done: the run ends here.
@@ -751,6 +795,30 @@ impl World {
             }
         }
         self.checker.finish(self.end, self.lost_grace);
+    }
+
+    /// Perturbs the event order from now on (race exploration): ties break
+    /// in an order drawn from `seed`, and messages in flight (MSIs, IPIs,
+    /// the host's schedule-out/in decisions) arrive up to `max_jitter` late.
+    pub fn perturb(&mut self, seed: u64, max_jitter: Time, shuffle_ties: bool) {
+        self.q.perturb(seed, max_jitter, shuffle_ties);
+    }
+
+    /// Ends the run at `t` (simulated time from the start) instead of the
+    /// scenario's end, if that is earlier. Everything before `t` happens as
+    /// in the full run.
+    pub fn stop_at(&mut self, t: Time) {
+        self.end = self.end.min(t);
+    }
+
+    /// Keeps the last `capacity` dispatched events (see [`Self::event_log`]).
+    pub fn enable_event_log(&mut self, capacity: usize) {
+        self.event_log = Some(Box::new(EventLog::new(capacity)));
+    }
+
+    /// The event log, if enabled.
+    pub fn event_log(&self) -> Option<&EventLog> {
+        self.event_log.as_deref()
     }
 
     /// Records a timeline of `[from, to)` (simulated time from the start of
@@ -1081,7 +1149,7 @@ impl World {
                         self.checker.raised(vm, v, now);
                     }
                 }
-                self.q.schedule_in(
+                self.q.schedule_in_async(
                     self.msi_latency,
                     Ev::Msi {
                         handle: msi.handle,
