@@ -14,6 +14,7 @@ pub mod exits;
 pub mod host;
 pub mod kvm;
 pub mod naive;
+pub mod sched;
 pub mod scheme;
 pub mod vhost;
 pub mod vlapic;
