@@ -94,11 +94,17 @@ pub enum IpiDest {
     Physical(u32),
     /// Shorthand 01: the sending core itself.
     SelfOnly,
-    /// Shorthand 10: every core, the sender included.
+    /// Shorthand 10, or no shorthand with the broadcast destination
+    /// [`X2APIC_BROADCAST_ID`] (the message the shorthand itself puts on the
+    /// bus, SDM 10.6.1): every core, the sender included.
     AllIncludingSelf,
     /// Shorthand 11: every core but the sender.
     AllExcludingSelf,
 }
+
+/// The x2APIC physical destination that addresses every local APIC (SDM
+/// 10.6.2.1, 10.12.9: all ones in the 32-bit destination field).
+pub const X2APIC_BROADCAST_ID: u32 = 0xFFFF_FFFF;
 
 /// An inter-processor interrupt a core asked its APIC to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,7 +225,9 @@ pub enum ApicError {
     WriteOnly(u32),
     /// A write that sets reserved bits or a reserved encoding. Encodings the
     /// model does not implement (logical destination mode, SMI/INIT/SIPI
-    /// delivery) are reported this way too.
+    /// delivery) and ICR combinations the SDM calls invalid or unsupported
+    /// (table 10-3; a lowest-priority broadcast, 10.6.2.1) are reported
+    /// this way too.
     #[error("reserved bits set writing {value:#x} to MSR {msr:#x}")]
     Reserved {
         /// The register written.
@@ -633,14 +641,25 @@ impl Lapic {
             0b100 => DeliveryMode::Nmi,
             _ => return Err(reserved),
         };
-        let dest = match (value >> 18) & 0b11 {
-            0b00 => IpiDest::Physical((value >> 32) as u32),
+        let shorthand = (value >> 18) & 0b11;
+        let dest = match shorthand {
+            0b00 => match (value >> 32) as u32 {
+                // The physical broadcast destination (SDM 10.6.2.1): every
+                // APIC, the sender included. Lowest-priority delivery to it
+                // "is not supported ... and must not be configured".
+                X2APIC_BROADCAST_ID if mode == DeliveryMode::LowestPriority => {
+                    return Err(reserved)
+                }
+                X2APIC_BROADCAST_ID => IpiDest::AllIncludingSelf,
+                id => IpiDest::Physical(id),
+            },
             0b01 => IpiDest::SelfOnly,
             0b10 => IpiDest::AllIncludingSelf,
             _ => IpiDest::AllExcludingSelf,
         };
-        // The self shorthand is valid with fixed delivery only (SDM table 10-3).
-        if dest == IpiDest::SelfOnly && mode != DeliveryMode::Fixed {
+        // The self and all-including-self shorthands are valid with fixed
+        // delivery only (SDM table 10-3).
+        if matches!(shorthand, 0b01 | 0b10) && mode != DeliveryMode::Fixed {
             return Err(reserved);
         }
         self.icr = value;
@@ -1215,6 +1234,57 @@ mod tests {
             "faulting writes leave ICR as it was"
         );
         assert_eq!(a.counters().ipis_sent, 1);
+    }
+
+    #[test]
+    fn icr_physical_broadcast_destination_is_all_including_self() {
+        let mut a = lapic();
+        let send = |a: &mut Lapic, v: u64| a.write_msr(msr::ICR, v, 0);
+        let all = |vector, mode| {
+            Ok(ApicEffect::SendIpi(Ipi {
+                dest: IpiDest::AllIncludingSelf,
+                vector,
+                mode,
+            }))
+        };
+        let bcast = u64::from(X2APIC_BROADCAST_ID) << 32;
+        assert_eq!(send(&mut a, bcast | 0x40), all(0x40, DeliveryMode::Fixed));
+        assert_eq!(a.read_msr(msr::ICR, 0), Ok(bcast | 0x40));
+        assert_eq!(
+            send(&mut a, bcast | (4 << 8)),
+            all(2, DeliveryMode::Nmi),
+            "no shorthand: every delivery mode is valid (table 10-3)"
+        );
+        // A lowest-priority broadcast is not supported (SDM 10.6.2.1).
+        let lowest = bcast | (1 << 8) | 0x40;
+        assert_eq!(send(&mut a, lowest), Err(reserved(msr::ICR, lowest)));
+        // One below all ones is an ordinary (absent) physical id.
+        assert_eq!(
+            send(&mut a, (0xFFFF_FFFE << 32) | 0x40),
+            Ok(ApicEffect::SendIpi(Ipi {
+                dest: IpiDest::Physical(0xFFFF_FFFE),
+                vector: 0x40,
+                mode: DeliveryMode::Fixed
+            }))
+        );
+        assert_eq!(a.counters().ipis_sent, 3);
+    }
+
+    #[test]
+    fn all_including_self_shorthand_is_fixed_only() {
+        let mut a = lapic();
+        for dm in [1u64, 4] {
+            let v = (2 << 18) | (dm << 8) | 0x40;
+            assert_eq!(a.write_msr(msr::ICR, v, 0), Err(reserved(msr::ICR, v)));
+        }
+        // All-excluding-self takes every modelled mode (table 10-3).
+        for dm in [0u64, 1, 4] {
+            let v = (3 << 18) | (dm << 8) | 0x40;
+            assert!(matches!(
+                a.write_msr(msr::ICR, v, 0),
+                Ok(ApicEffect::SendIpi(_))
+            ));
+        }
     }
 
     #[test]
