@@ -77,14 +77,18 @@ impl VirtualApic {
         }
     }
 
-    /// The vector virtual-interrupt delivery would deliver now, if any
-    /// (RVI's class above VPPR's class; SDM 29.2.1).
+    /// The vector virtual-interrupt delivery would deliver now, if any.
+    /// Recognition looks at RVI alone (SDM 29.2.1: RVI[7:4] > VPPR[7:4]),
+    /// not at vIRR: keeping RVI equal to the highest vIRR bit is the job of
+    /// whoever writes either (posted-interrupt processing, delivery,
+    /// self-IPI virtualization, the VMM).
     pub fn deliverable(&self) -> Option<u8> {
-        (self.rvi >> 4 > self.vppr() >> 4 && self.virr.test(self.rvi)).then_some(self.rvi)
+        (self.rvi >> 4 > self.vppr() >> 4).then_some(self.rvi)
     }
 
-    /// Virtual-interrupt delivery (SDM 29.2.2): vIRR → vISR, SVI := vector,
-    /// RVI := next highest vIRR.
+    /// Virtual-interrupt delivery (SDM 29.2.2): vector := RVI, vISR[vector]
+    /// set, SVI := vector (so VPPR := vector & F0H), vIRR[vector] cleared,
+    /// RVI := highest remaining vIRR bit (0 if none).
     pub fn deliver(&mut self) -> Option<u8> {
         let v = self.deliverable()?;
         self.virr.clear(v);
@@ -107,6 +111,7 @@ impl VirtualApic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn post_notifies_once_until_taken_and_never_when_suppressed() {
@@ -144,5 +149,58 @@ mod tests {
         assert_eq!(va.deliverable(), None);
         va.vtpr = 0x30;
         assert_eq!(va.deliverable(), Some(0x45));
+    }
+
+    /// SDM 29.2.1/29.2.2: RVI alone is recognized and delivered, whether or
+    /// not its vIRR bit is set; RVI then drops to the highest vIRR bit.
+    #[test]
+    fn delivery_follows_rvi_not_virr() {
+        let mut va = VirtualApic::default();
+        va.virr.set(0x31);
+        // A VMM wrote guest-interrupt status with RVI above every vIRR bit.
+        va.rvi = 0x61;
+        assert_eq!(va.deliverable(), Some(0x61));
+        assert_eq!(va.deliver(), Some(0x61));
+        assert!(va.visr.test(0x61) && !va.virr.test(0x61));
+        assert_eq!((va.svi, va.vppr(), va.rvi), (0x61, 0x60, 0x31));
+        assert_eq!(va.deliver(), None, "class 3 is below VPPR's class 6");
+        assert_eq!(va.eoi(), Some(0x61));
+        assert_eq!(va.deliver(), Some(0x31));
+        assert_eq!(va.rvi, 0, "vIRR empty: RVI 0");
+        assert_eq!(va.deliver(), None, "RVI 0 is never recognized");
+    }
+
+    proptest! {
+        /// Through any mix of posting, delivery, EOI virtualization and VTPR
+        /// writes, RVI stays the highest vIRR bit, so recognizing RVI alone
+        /// never delivers a vector nobody requested.
+        #[test]
+        fn rvi_tracks_virr_and_delivery_is_never_spurious(
+            ops in proptest::collection::vec((0u8..4, 16u8..=255), 0..200)
+        ) {
+            let mut va = VirtualApic::default();
+            for (op, v) in ops {
+                match op {
+                    0 => {
+                        let mut pir = ApicBitmap::default();
+                        pir.set(v);
+                        va.sync_pir(pir);
+                    }
+                    1 => {
+                        let requested = va.virr;
+                        if let Some(d) = va.deliver() {
+                            prop_assert!(requested.test(d), "delivered {d:#x} not in vIRR");
+                            prop_assert!(va.visr.test(d));
+                        }
+                    }
+                    2 => {
+                        va.eoi();
+                    }
+                    _ => va.vtpr = v,
+                }
+                prop_assert_eq!(va.rvi, va.virr.highest().unwrap_or(0));
+                prop_assert_eq!(va.svi, va.visr.highest().unwrap_or(0));
+            }
+        }
     }
 }
