@@ -27,7 +27,7 @@ use crate::hw::virtio_net::VirtioNetDev;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
-use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
+use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::Machine;
 use crate::report::trace::{Trace, TraceKind};
@@ -356,7 +356,7 @@ impl World {
             vcpus: vec![VcpuState {
                 vm: 0,
                 core: vm_core,
-                vlapic: Lapic::new(0, clocks),
+                vlapic: crate::hv::vlapic::new(clocks),
                 loaded: false,
             }],
             host: HostKernel::new(cores, (SEC as f64 / hz) as Time),

@@ -128,6 +128,24 @@ pub enum TimerMode {
     TscDeadline,
 }
 
+/// What a write of LVT Timer that changes the timer mode does to a running
+/// countdown. The hardware and KVM's emulation differ, and the emulated
+/// LAPIC of the hypervisor follows KVM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimerModeChange {
+    /// The processor (SDM 10.5.4.1): "A write to the LVT Timer Register that
+    /// changes the timer mode disarms the local APIC timer." Nothing is
+    /// said of the initial count, so TMICT keeps its value.
+    #[default]
+    Disarm,
+    /// KVM's emulated LAPIC (`apic_update_lvtt` in arch/x86/kvm/lapic.c):
+    /// a switch between one-shot and periodic leaves the countdown running
+    /// (the new mode decides what happens when it reaches zero); only a
+    /// switch into or out of TSC-deadline mode cancels the timer, and it
+    /// then zeroes TMICT and the deadline as well.
+    KeepUnlessTscDeadline,
+}
+
 /// Constants of the x2APIC MSR map (SDM Vol.3 table 10-6).
 pub mod msr {
     /// The MSR range the x2APIC architecture reserves for APIC registers.
@@ -354,6 +372,7 @@ pub struct Lapic {
     tsc_deadline: u64,
     countdown: Countdown,
     gen: u64,
+    mode_change: TimerModeChange,
     counters: LapicCounters,
 }
 
@@ -405,8 +424,16 @@ impl Lapic {
             tsc_deadline: 0,
             countdown: Countdown::default(),
             gen: 0,
+            mode_change: TimerModeChange::Disarm,
             counters: LapicCounters::default(),
         }
+    }
+
+    /// The same LAPIC with timer-mode changes handled as `c` says (the
+    /// processor's rule unless an emulator asks for its own).
+    pub fn with_timer_mode_change(mut self, c: TimerModeChange) -> Self {
+        self.mode_change = c;
+        self
     }
 
     /// This core's x2APIC id.
@@ -693,14 +720,27 @@ impl Lapic {
         };
         let old_mode = self.timer_mode();
         self.lvt_timer = v;
-        if mode != old_mode {
-            // A mode change disarms the timer and clears what the old mode
-            // counted from.
-            self.tmict = 0;
-            self.tsc_deadline = 0;
-            return Ok(self.disarm());
+        if mode == old_mode {
+            return Ok(ApicEffect::None);
         }
-        Ok(ApicEffect::None)
+        let tsc_deadline_switch =
+            (mode == TimerMode::TscDeadline) != (old_mode == TimerMode::TscDeadline);
+        match self.mode_change {
+            TimerModeChange::Disarm => {
+                // A disarmed TSC-deadline timer reads a zero deadline; TMICT
+                // is a plain read-write register and keeps its value.
+                self.tsc_deadline = 0;
+                Ok(self.disarm())
+            }
+            TimerModeChange::KeepUnlessTscDeadline if tsc_deadline_switch => {
+                self.tmict = 0;
+                self.tsc_deadline = 0;
+                Ok(self.disarm())
+            }
+            // One-shot <-> periodic: the countdown runs on; timer_expired
+            // reloads it or not by the mode in force when it reaches zero.
+            TimerModeChange::KeepUnlessTscDeadline => Ok(ApicEffect::None),
+        }
     }
 
     fn write_tmict(&mut self, value: u64, now: Time) -> Result<ApicEffect, ApicError> {
@@ -1581,7 +1621,10 @@ mod tests {
         assert_eq!(a.timer_mode(), TimerMode::Periodic);
         assert_eq!(a.timer_vector(), 0x31);
         assert_eq!(a.timer_expired(deadline, gen), None);
-        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(0));
+        // SDM 10.5.4.1 disarms the timer and says nothing of the initial
+        // count: TMICT keeps it, the current count is 0.
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(10));
+        assert_eq!(a.read_msr(msr::TMCCT, 1), Ok(0));
         assert_eq!(
             a.write_msr(msr::LVT_TIMER, lvt(0x31, 3), 0),
             Err(reserved(msr::LVT_TIMER, lvt(0x31, 3)))
@@ -1591,6 +1634,95 @@ mod tests {
             Err(reserved(msr::LVT_TIMER, 1 << 12))
         );
         assert_eq!(a.timer_mode(), TimerMode::Periodic);
+    }
+
+    /// The processor: every mode change disarms (one-shot <-> periodic
+    /// included), TMICT survives it, and the next TMICT write re-arms.
+    #[test]
+    fn hardware_mode_change_disarms_and_keeps_the_initial_count() {
+        let mut a = lapic();
+        a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), 0).ok();
+        assert!(matches!(
+            a.write_msr(msr::TMICT, 1000, 0),
+            Ok(ApicEffect::TimerArmed { .. })
+        ));
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0),
+            Ok(ApicEffect::TimerStopped),
+            "periodic -> one-shot"
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(1000));
+        assert_eq!(a.timer_deadline(), None);
+        // Into and out of TSC-deadline mode: disarmed too.
+        let Ok(ApicEffect::TimerArmed { .. }) = a.write_msr(msr::TMICT, 1000, 0) else {
+            panic!("not armed");
+        };
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 2), 0),
+            Ok(ApicEffect::TimerStopped)
+        );
+        a.write_msr(msr::TSC_DEADLINE, 1_000_000, 0).ok();
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0),
+            Ok(ApicEffect::TimerStopped)
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(1000));
+        let Ok(ApicEffect::TimerArmed { deadline, .. }) = a.write_msr(msr::TMICT, 5, 7) else {
+            panic!("TMICT re-arms after the mode change");
+        };
+        assert_eq!(deadline, 7 + 5 * 2 * CLOCKS.bus_period_ps);
+    }
+
+    /// KVM's emulation (`apic_update_lvtt`): one-shot <-> periodic keeps
+    /// the countdown and the new mode applies when it expires, as
+    /// kvm-unit-tests' `test_apic_change_mode` checks; TSC-deadline
+    /// switches cancel and zero TMICT.
+    #[test]
+    fn kvm_mode_change_keeps_the_countdown_between_one_shot_and_periodic() {
+        let mut a = lapic().with_timer_mode_change(TimerModeChange::KeepUnlessTscDeadline);
+        a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0).ok();
+        let Ok(ApicEffect::TimerArmed { deadline, gen }) = a.write_msr(msr::TMICT, 10, 0) else {
+            panic!("not armed");
+        };
+        let period = 10 * 2 * CLOCKS.bus_period_ps;
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), period / 2),
+            Ok(ApicEffect::None),
+            "one-shot -> periodic keeps counting"
+        );
+        assert_eq!(
+            a.read_msr(msr::TMCCT, period / 2),
+            Ok(5),
+            "not reset to TMICT"
+        );
+        // Expiry in the new (periodic) mode reloads from TMICT.
+        let e = a.timer_expired(deadline, gen).expect("still armed");
+        let (next, gen) = e.rearmed.expect("periodic now");
+        assert_eq!(next, deadline + period);
+        // Periodic -> one-shot: the current countdown ends and stays at 0.
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), deadline),
+            Ok(ApicEffect::None)
+        );
+        let e = a.timer_expired(next, gen).expect("still armed");
+        assert_eq!(e.rearmed, None);
+        assert_eq!(a.read_msr(msr::TMCCT, next + 1), Ok(0));
+        // An expired one-shot switched to periodic stays at zero.
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), next + 1),
+            Ok(ApicEffect::None)
+        );
+        assert_eq!(a.timer_deadline(), None);
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(10));
+        // Into TSC-deadline mode: cancelled, TMICT zeroed.
+        let Ok(ApicEffect::TimerArmed { .. }) = a.write_msr(msr::TMICT, 10, next + 1) else {
+            panic!("not armed");
+        };
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 2), next + 2),
+            Ok(ApicEffect::TimerStopped)
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(0));
     }
 
     #[test]
