@@ -1240,9 +1240,15 @@ impl World {
                         return self.interrupt_decision(core);
                     }
                     if vmcs.external_interrupt_exits() {
-                        // Acknowledge interrupt on exit.
-                        let v = lapic.ack()?;
-                        return Some(Ok(ExitInfo::ExternalInterrupt { vector: v }));
+                        // SDM 27.2.2: with "acknowledge interrupt on exit" the
+                        // processor acknowledges the LAPIC and saves the
+                        // vector; without it the interrupt stays in the IRR.
+                        let vector = if vmcs.exit.ack_interrupt_on_exit {
+                            Some(lapic.ack()?)
+                        } else {
+                            None
+                        };
+                        return Some(Ok(ExitInfo::ExternalInterrupt { vector }));
                     }
                     if if_on {
                         let v = lapic.ack()?;
@@ -1491,7 +1497,7 @@ impl World {
         let base = self.exit_cost(info);
         let (mut cx, scheme) = self.cx();
         let out = scheme.handle_exit(&mut cx, vcpu, info);
-        if matches!(info, ExitInfo::ExternalInterrupt { .. }) {
+        if matches!(info, ExitInfo::ExternalInterrupt { vector: Some(_) }) {
             // The host's handler EOIs the vector acknowledged on exit.
             cx.m.lapics[core].eoi();
         }

@@ -63,7 +63,9 @@ pub struct Proc2Controls {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExitControls {
     /// On an external-interrupt exit the processor acknowledges the interrupt
-    /// controller and saves the vector in the exit-information field.
+    /// controller and saves the vector in the exit-information field (SDM
+    /// 27.2.2); when clear, the interrupt stays requested in the LAPIC until
+    /// the host enables interrupts.
     pub ack_interrupt_on_exit: bool,
 }
 
