@@ -75,11 +75,14 @@ impl ExitReason {
 pub enum ExitInfo {
     /// NMI exit (the vector is always 2; the source is found in software).
     Nmi,
-    /// External interrupt, acknowledged on exit: the vector is in the exit
-    /// interruption-information field.
+    /// External interrupt.
     ExternalInterrupt {
-        /// Vector acknowledged from the physical LAPIC.
-        vector: u8,
+        /// With the VM-exit control "acknowledge interrupt on exit", the
+        /// vector the processor acknowledged from the LAPIC as it exited
+        /// (valid in the exit interruption-information field, SDM 27.2.2).
+        /// None without it: the interrupt is still requested in the LAPIC
+        /// and the host takes it when it enables interrupts.
+        vector: Option<u8>,
     },
     /// Interrupt window opened.
     PendingInterrupt,
@@ -172,7 +175,9 @@ mod tests {
             ExitReason::MSR_WRITE
         );
         assert_eq!(
-            ExitInfo::ExternalInterrupt { vector: 0x41 }.reason().name(),
+            ExitInfo::ExternalInterrupt { vector: Some(0x41) }
+                .reason()
+                .name(),
             "EXTERNAL_INTERRUPT"
         );
         let mut s = ExitStats::default();

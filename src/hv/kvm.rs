@@ -40,10 +40,15 @@ pub fn exit<S: Scheme + ?Sized>(
     info: ExitInfo,
 ) -> ExitOutcome {
     match info {
-        ExitInfo::ExternalInterrupt { vector } => {
+        ExitInfo::ExternalInterrupt {
+            vector: Some(vector),
+        } => {
             let core = cx.hv.vcpus[vcpu].core;
             scheme.host_interrupt(cx, core, vector);
         }
+        // Not acknowledged on exit: the host takes it from its LAPIC once
+        // it enables interrupts (between exit-handling steps).
+        ExitInfo::ExternalInterrupt { vector: None } => {}
         ExitInfo::MsrWrite { msr, value } => {
             return ExitOutcome {
                 eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),

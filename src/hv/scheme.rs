@@ -40,8 +40,8 @@ pub trait Scheme {
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
-    /// Handles an exit's reason-specific work (the generic path has already
-    /// acknowledged an external interrupt and will EOI it afterwards).
+    /// Handles an exit's reason-specific work (for an external interrupt
+    /// acknowledged on exit, the generic path EOIs it afterwards).
     /// Default: stock KVM.
     fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
         super::kvm::exit(self, cx, vcpu, info)

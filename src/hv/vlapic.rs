@@ -5,8 +5,18 @@
 
 use super::host::HostTimer;
 use super::HvCx;
-use crate::hw::x86::lapic::ApicEffect;
+use crate::hw::x86::lapic::{ApicClocks, ApicEffect, Lapic, TimerModeChange};
 use crate::hw::x86::vmcs::EntryEvent;
+
+/// A vCPU's emulated LAPIC (`kvm_create_lapic`): the register file of the
+/// processor's LAPIC, except that an LVT Timer mode change follows KVM's
+/// `apic_update_lvtt` rather than SDM 10.5.4.1. KVM keeps a one-shot or
+/// periodic countdown running across a switch between the two (its hrtimer
+/// is not cancelled; the new mode decides at expiry) and cancels the timer,
+/// zeroing TMICT, only on a switch into or out of TSC-deadline mode.
+pub fn new(clocks: ApicClocks) -> Lapic {
+    Lapic::new(0, clocks).with_timer_mode_change(TimerModeChange::KeepUnlessTscDeadline)
+}
 
 /// Emulates a trapped x2APIC register write on `vcpu`'s emulated LAPIC.
 /// Returns the EOI result for EOI writes.
@@ -75,5 +85,39 @@ pub fn inject_pending(cx: &mut HvCx, vcpu: usize) {
         }
         Some(_) => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = true,
         None => cx.m.vmcs[vcpu].proc.interrupt_window_exiting = false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::x86::lapic::msr;
+
+    /// The emulated LAPIC is KVM's: a one-shot -> periodic switch leaves
+    /// the armed countdown alone (no hrtimer cancel), where the processor's
+    /// LAPIC would disarm it.
+    #[test]
+    fn emulated_lapic_keeps_the_countdown_on_a_one_shot_periodic_switch() {
+        let clocks = ApicClocks {
+            bus_period_ps: 10_000,
+            tsc_hz: 2_000_000_000,
+        };
+        let mut v = new(clocks);
+        v.write_msr(msr::LVT_TIMER, 0x30, 0).ok();
+        let Ok(ApicEffect::TimerArmed { deadline, .. }) = v.write_msr(msr::TMICT, 100, 0) else {
+            panic!("not armed");
+        };
+        assert_eq!(
+            v.write_msr(msr::LVT_TIMER, 0x30 | (1 << 17), 1),
+            Ok(ApicEffect::None)
+        );
+        assert_eq!(v.timer_deadline(), Some(deadline));
+        let mut hw = Lapic::new(0, clocks);
+        hw.write_msr(msr::LVT_TIMER, 0x30, 0).ok();
+        hw.write_msr(msr::TMICT, 100, 0).ok();
+        assert_eq!(
+            hw.write_msr(msr::LVT_TIMER, 0x30 | (1 << 17), 1),
+            Ok(ApicEffect::TimerStopped)
+        );
     }
 }

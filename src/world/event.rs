@@ -187,3 +187,72 @@ pub fn schedule_apic_effect(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode};
+    use crate::hw::x86::nic::{Link, Nic, NicConfig};
+
+    /// Every `ApicArrive` the queue holds, as (core, vector, mode), by core.
+    fn arrivals(q: &mut EventQueue<Ev>) -> Vec<(u16, u8, DeliveryMode)> {
+        let mut out = Vec::new();
+        while let Some((_, ev)) = q.pop_until(Time::MAX) {
+            if let Ev::ApicArrive { core, vector, mode } = ev {
+                out.push((core, vector, mode));
+            }
+        }
+        out.sort_by_key(|a| a.0);
+        out
+    }
+
+    fn machine(cores: usize) -> Machine {
+        let clocks = ApicClocks {
+            bus_period_ps: 10_000,
+            tsc_hz: 2_000_000_000,
+        };
+        let nic = Nic::new(NicConfig::default(), &[0x0110]).expect("default NIC builds");
+        Machine::new(cores, 1, clocks, nic, Link::default())
+    }
+
+    /// An x2APIC physical-mode IPI to FFFF_FFFFH is a broadcast (SDM
+    /// 10.6.2.1, 10.12.9): every core receives it, the sender included, as
+    /// kvm-unit-tests' "APIC physical broadcast address" checks.
+    #[test]
+    fn physical_broadcast_destination_reaches_every_core() {
+        let mut m = machine(4);
+        let mut q = EventQueue::with_capacity(8);
+        for (dm, vector, mode) in [
+            (0u64, 0x40u8, DeliveryMode::Fixed),
+            (4, 2, DeliveryMode::Nmi),
+        ] {
+            let icr = (0xFFFF_FFFFu64 << 32) | (dm << 8) | u64::from(vector);
+            let eff = m.lapics[2].write_msr(msr::ICR, icr, 0).expect("valid ICR");
+            schedule_apic_effect(&mut q, &m, 2, eff, 1_000);
+            let got = arrivals(&mut q);
+            let want: Vec<_> = (0..4u16).map(|c| (c, vector, mode)).collect();
+            assert_eq!(got, want, "ICR {icr:#x}");
+        }
+    }
+
+    /// The shorthands route as their names say; an unknown physical id
+    /// reaches nobody.
+    #[test]
+    fn shorthands_and_physical_ids_route_to_their_cores() {
+        let mut m = machine(4);
+        let mut q = EventQueue::with_capacity(8);
+        let cases: [(u64, &[u16]); 5] = [
+            ((3 << 32) | 0x41, &[3]),
+            ((1 << 18) | 0x41, &[1]),
+            ((2 << 18) | 0x41, &[0, 1, 2, 3]),
+            ((3 << 18) | 0x41, &[0, 2, 3]),
+            ((9 << 32) | 0x41, &[]),
+        ];
+        for (icr, cores) in cases {
+            let eff = m.lapics[1].write_msr(msr::ICR, icr, 0).expect("valid ICR");
+            schedule_apic_effect(&mut q, &m, 1, eff, 1_000);
+            let got: Vec<u16> = arrivals(&mut q).iter().map(|a| a.0).collect();
+            assert_eq!(got, cores, "ICR {icr:#x}");
+        }
+    }
+}

@@ -27,8 +27,9 @@ use crate::hw::virtio_net::VirtioNetDev;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
-use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode, Lapic};
+use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
+use crate::hw::x86::vmcs::WrmsrOutcome;
 use crate::hw::x86::Machine;
 use crate::report::trace::{Trace, TraceKind};
 use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
@@ -396,7 +397,7 @@ impl World {
             vcpus: vec![VcpuState {
                 vm: 0,
                 core: vm_core,
-                vlapic: Lapic::new(0, clocks),
+                vlapic: crate::hv::vlapic::new(clocks),
                 loaded: false,
             }],
             host: HostKernel::new(cores, (SEC as f64 / hz) as Time),
@@ -1307,9 +1308,15 @@ impl World {
                         return self.interrupt_decision(core);
                     }
                     if vmcs.external_interrupt_exits() {
-                        // Acknowledge interrupt on exit.
-                        let v = lapic.ack()?;
-                        return Some(Ok(ExitInfo::ExternalInterrupt { vector: v }));
+                        // SDM 27.2.2: with "acknowledge interrupt on exit" the
+                        // processor acknowledges the LAPIC and saves the
+                        // vector; without it the interrupt stays in the IRR.
+                        let vector = if vmcs.exit.ack_interrupt_on_exit {
+                            Some(lapic.ack()?)
+                        } else {
+                            None
+                        };
+                        return Some(Ok(ExitInfo::ExternalInterrupt { vector }));
                     }
                     if if_on {
                         let v = lapic.ack()?;
@@ -1408,7 +1415,6 @@ impl World {
             CoreMode::Guest { vcpu } => Some(vcpu),
             _ => None,
         };
-        let exits = |m: &Machine, reg: u32| vmcs.is_some_and(|v| m.vmcs[v].msr_write_exits(reg));
         let (reg, value, eoi) = match i {
             Instr::Eoi { vector } => {
                 self.trace_event(TraceKind::Eoi { vector }, core, now, now);
@@ -1456,15 +1462,21 @@ impl World {
                 return None;
             }
         };
-        if exits(&self.m, reg) {
-            return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
-        }
-        if let (Some(vcpu), Some(expected)) = (vmcs, eoi) {
-            if self.m.vmcs[vcpu].proc2.virtual_interrupt_delivery {
-                // EOI virtualization (SDM 29.1.2): the virtual-APIC page takes
+        // In guest mode the VMCS decides where the write goes (SDM 25.1.3,
+        // 29.5); a faulting virtualized write (#GP) changes nothing, as a
+        // faulting physical one.
+        let outcome = vmcs.map(|v| (v, self.m.vmcs[v].wrmsr_outcome(reg)));
+        match outcome {
+            Some((_, WrmsrOutcome::VmExit)) => {
+                return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
+            }
+            Some((vcpu, WrmsrOutcome::EoiVirtualization)) => {
+                // EOI virtualization (SDM 29.1.4): the virtual-APIC page takes
                 // the EOI; an EOI-exit-bitmap vector then exits.
                 let cleared = self.m.vapic[vcpu].eoi();
-                self.checker.eoi(vm, expected, cleared, now);
+                if let Some(expected) = eoi {
+                    self.checker.eoi(vm, expected, cleared, now);
+                }
                 return match cleared {
                     Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
                         Some((ExitInfo::EoiInduced { vector: v }, None))
@@ -1472,6 +1484,15 @@ impl World {
                     _ => None,
                 };
             }
+            Some((vcpu, WrmsrOutcome::TprVirtualization)) => {
+                let _ = self.m.vapic[vcpu].write_tpr(value);
+                return None;
+            }
+            Some((vcpu, WrmsrOutcome::SelfIpiVirtualization)) => {
+                let _ = self.m.vapic[vcpu].self_ipi(value);
+                return None;
+            }
+            Some((_, WrmsrOutcome::Msr)) | None => {}
         }
         let eff = self.m.lapics[core].write_msr(reg, value, now);
         if let Ok(eff) = eff {
@@ -1544,7 +1565,7 @@ impl World {
         let base = self.exit_cost(info);
         let (mut cx, scheme) = self.cx();
         let out = scheme.handle_exit(&mut cx, vcpu, info);
-        if matches!(info, ExitInfo::ExternalInterrupt { .. }) {
+        if matches!(info, ExitInfo::ExternalInterrupt { vector: Some(_) }) {
             // The host's handler EOIs the vector acknowledged on exit.
             cx.m.lapics[core].eoi();
         }
@@ -1699,5 +1720,63 @@ impl World {
             timer_exits: &self.timer_exits,
             msi_faults: self.msi_faults,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-vCPU world of `scheme` with no workload, its vCPU's core put
+    /// back in guest mode so that guest instructions can be executed there.
+    fn world_in_guest_mode(scheme: &str) -> (World, usize) {
+        let text = format!(
+            "scheme = \"{scheme}\"\nduration_s = 0.01\n[background]\nenabled = false\n[guest]\ntick = \"off\"\n"
+        );
+        let s = Scenario::parse(&text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        let core = w.hv.vcpus[0].core;
+        w.exits[core] = None;
+        w.m.cores[core].mode = CoreMode::Guest { vcpu: 0 };
+        (w, core)
+    }
+
+    /// SDM 29.5: under "virtualize x2APIC mode", a TPR write the MSR bitmap
+    /// lets through sets VTPR, and with virtual-interrupt delivery a SELF
+    /// IPI write is self-IPI virtualization (vIRR, RVI); the physical LAPIC
+    /// sees neither.
+    #[test]
+    fn apicv_tpr_and_self_ipi_writes_go_to_the_virtual_apic_page() {
+        let (mut w, core) = world_in_guest_mode("apicv");
+        let wr = |w: &mut World, msr, value| w.execute(core, 0, Instr::WrMsr { msr, value });
+        assert_eq!(wr(&mut w, msr::TPR, 0x50), None, "TPR write does not exit");
+        assert_eq!(w.m.vapic[0].vtpr, 0x50);
+        assert_eq!(w.m.lapics[core].tpr(), 0, "physical TPR untouched");
+        let pending = w.q.len();
+        assert_eq!(wr(&mut w, msr::SELF_IPI, 0x61), None);
+        assert!(w.m.vapic[0].virr.test(0x61));
+        assert_eq!(w.m.vapic[0].rvi, 0x61);
+        assert_eq!(w.q.len(), pending, "no physical self-IPI was sent");
+        assert!(!w.m.lapics[core].irr.test(0x61));
+        // A lower self-IPI leaves RVI at the highest request.
+        wr(&mut w, msr::SELF_IPI, 0x41);
+        assert_eq!(w.m.vapic[0].rvi, 0x61);
+        // VTPR masks class 6 until it is lowered.
+        wr(&mut w, msr::TPR, 0x70);
+        assert_eq!(w.m.vapic[0].deliverable(), None);
+        wr(&mut w, msr::TPR, 0x20);
+        assert_eq!(w.m.vapic[0].deliverable(), Some(0x61));
+    }
+
+    /// Stock KVM intercepts both: they exit instead.
+    #[test]
+    fn kvm_tpr_and_self_ipi_writes_exit() {
+        let (mut w, core) = world_in_guest_mode("kvm");
+        for (msr, value) in [(msr::TPR, 0x50), (msr::SELF_IPI, 0x61)] {
+            let out = w.execute(core, 0, Instr::WrMsr { msr, value });
+            assert_eq!(out, Some((ExitInfo::MsrWrite { msr, value }, None)));
+        }
+        assert_eq!(w.m.lapics[core].tpr(), 0);
+        assert_eq!(w.m.vapic[0].vtpr, 0);
     }
 }

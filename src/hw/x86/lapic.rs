@@ -94,11 +94,17 @@ pub enum IpiDest {
     Physical(u32),
     /// Shorthand 01: the sending core itself.
     SelfOnly,
-    /// Shorthand 10: every core, the sender included.
+    /// Shorthand 10, or no shorthand with the broadcast destination
+    /// [`X2APIC_BROADCAST_ID`] (the message the shorthand itself puts on the
+    /// bus, SDM 10.6.1): every core, the sender included.
     AllIncludingSelf,
     /// Shorthand 11: every core but the sender.
     AllExcludingSelf,
 }
+
+/// The x2APIC physical destination that addresses every local APIC (SDM
+/// 10.6.2.1, 10.12.9: all ones in the 32-bit destination field).
+pub const X2APIC_BROADCAST_ID: u32 = 0xFFFF_FFFF;
 
 /// An inter-processor interrupt a core asked its APIC to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +126,24 @@ pub enum TimerMode {
     Periodic,
     /// 10: fire when the TSC reaches IA32_TSC_DEADLINE.
     TscDeadline,
+}
+
+/// What a write of LVT Timer that changes the timer mode does to a running
+/// countdown. The hardware and KVM's emulation differ, and the emulated
+/// LAPIC of the hypervisor follows KVM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimerModeChange {
+    /// The processor (SDM 10.5.4.1): "A write to the LVT Timer Register that
+    /// changes the timer mode disarms the local APIC timer." Nothing is
+    /// said of the initial count, so TMICT keeps its value.
+    #[default]
+    Disarm,
+    /// KVM's emulated LAPIC (`apic_update_lvtt` in arch/x86/kvm/lapic.c):
+    /// a switch between one-shot and periodic leaves the countdown running
+    /// (the new mode decides what happens when it reaches zero); only a
+    /// switch into or out of TSC-deadline mode cancels the timer, and it
+    /// then zeroes TMICT and the deadline as well.
+    KeepUnlessTscDeadline,
 }
 
 /// Constants of the x2APIC MSR map (SDM Vol.3 table 10-6).
@@ -219,7 +243,9 @@ pub enum ApicError {
     WriteOnly(u32),
     /// A write that sets reserved bits or a reserved encoding. Encodings the
     /// model does not implement (logical destination mode, SMI/INIT/SIPI
-    /// delivery) are reported this way too.
+    /// delivery) and ICR combinations the SDM calls invalid or unsupported
+    /// (table 10-3; a lowest-priority broadcast, 10.6.2.1) are reported
+    /// this way too.
     #[error("reserved bits set writing {value:#x} to MSR {msr:#x}")]
     Reserved {
         /// The register written.
@@ -346,6 +372,7 @@ pub struct Lapic {
     tsc_deadline: u64,
     countdown: Countdown,
     gen: u64,
+    mode_change: TimerModeChange,
     counters: LapicCounters,
 }
 
@@ -397,8 +424,16 @@ impl Lapic {
             tsc_deadline: 0,
             countdown: Countdown::default(),
             gen: 0,
+            mode_change: TimerModeChange::Disarm,
             counters: LapicCounters::default(),
         }
+    }
+
+    /// The same LAPIC with timer-mode changes handled as `c` says (the
+    /// processor's rule unless an emulator asks for its own).
+    pub fn with_timer_mode_change(mut self, c: TimerModeChange) -> Self {
+        self.mode_change = c;
+        self
     }
 
     /// This core's x2APIC id.
@@ -633,14 +668,25 @@ impl Lapic {
             0b100 => DeliveryMode::Nmi,
             _ => return Err(reserved),
         };
-        let dest = match (value >> 18) & 0b11 {
-            0b00 => IpiDest::Physical((value >> 32) as u32),
+        let shorthand = (value >> 18) & 0b11;
+        let dest = match shorthand {
+            0b00 => match (value >> 32) as u32 {
+                // The physical broadcast destination (SDM 10.6.2.1): every
+                // APIC, the sender included. Lowest-priority delivery to it
+                // "is not supported ... and must not be configured".
+                X2APIC_BROADCAST_ID if mode == DeliveryMode::LowestPriority => {
+                    return Err(reserved)
+                }
+                X2APIC_BROADCAST_ID => IpiDest::AllIncludingSelf,
+                id => IpiDest::Physical(id),
+            },
             0b01 => IpiDest::SelfOnly,
             0b10 => IpiDest::AllIncludingSelf,
             _ => IpiDest::AllExcludingSelf,
         };
-        // The self shorthand is valid with fixed delivery only (SDM table 10-3).
-        if dest == IpiDest::SelfOnly && mode != DeliveryMode::Fixed {
+        // The self and all-including-self shorthands are valid with fixed
+        // delivery only (SDM table 10-3).
+        if matches!(shorthand, 0b01 | 0b10) && mode != DeliveryMode::Fixed {
             return Err(reserved);
         }
         self.icr = value;
@@ -674,14 +720,27 @@ impl Lapic {
         };
         let old_mode = self.timer_mode();
         self.lvt_timer = v;
-        if mode != old_mode {
-            // A mode change disarms the timer and clears what the old mode
-            // counted from.
-            self.tmict = 0;
-            self.tsc_deadline = 0;
-            return Ok(self.disarm());
+        if mode == old_mode {
+            return Ok(ApicEffect::None);
         }
-        Ok(ApicEffect::None)
+        let tsc_deadline_switch =
+            (mode == TimerMode::TscDeadline) != (old_mode == TimerMode::TscDeadline);
+        match self.mode_change {
+            TimerModeChange::Disarm => {
+                // A disarmed TSC-deadline timer reads a zero deadline; TMICT
+                // is a plain read-write register and keeps its value.
+                self.tsc_deadline = 0;
+                Ok(self.disarm())
+            }
+            TimerModeChange::KeepUnlessTscDeadline if tsc_deadline_switch => {
+                self.tmict = 0;
+                self.tsc_deadline = 0;
+                Ok(self.disarm())
+            }
+            // One-shot <-> periodic: the countdown runs on; timer_expired
+            // reloads it or not by the mode in force when it reaches zero.
+            TimerModeChange::KeepUnlessTscDeadline => Ok(ApicEffect::None),
+        }
     }
 
     fn write_tmict(&mut self, value: u64, now: Time) -> Result<ApicEffect, ApicError> {
@@ -1218,6 +1277,57 @@ mod tests {
     }
 
     #[test]
+    fn icr_physical_broadcast_destination_is_all_including_self() {
+        let mut a = lapic();
+        let send = |a: &mut Lapic, v: u64| a.write_msr(msr::ICR, v, 0);
+        let all = |vector, mode| {
+            Ok(ApicEffect::SendIpi(Ipi {
+                dest: IpiDest::AllIncludingSelf,
+                vector,
+                mode,
+            }))
+        };
+        let bcast = u64::from(X2APIC_BROADCAST_ID) << 32;
+        assert_eq!(send(&mut a, bcast | 0x40), all(0x40, DeliveryMode::Fixed));
+        assert_eq!(a.read_msr(msr::ICR, 0), Ok(bcast | 0x40));
+        assert_eq!(
+            send(&mut a, bcast | (4 << 8)),
+            all(2, DeliveryMode::Nmi),
+            "no shorthand: every delivery mode is valid (table 10-3)"
+        );
+        // A lowest-priority broadcast is not supported (SDM 10.6.2.1).
+        let lowest = bcast | (1 << 8) | 0x40;
+        assert_eq!(send(&mut a, lowest), Err(reserved(msr::ICR, lowest)));
+        // One below all ones is an ordinary (absent) physical id.
+        assert_eq!(
+            send(&mut a, (0xFFFF_FFFE << 32) | 0x40),
+            Ok(ApicEffect::SendIpi(Ipi {
+                dest: IpiDest::Physical(0xFFFF_FFFE),
+                vector: 0x40,
+                mode: DeliveryMode::Fixed
+            }))
+        );
+        assert_eq!(a.counters().ipis_sent, 3);
+    }
+
+    #[test]
+    fn all_including_self_shorthand_is_fixed_only() {
+        let mut a = lapic();
+        for dm in [1u64, 4] {
+            let v = (2 << 18) | (dm << 8) | 0x40;
+            assert_eq!(a.write_msr(msr::ICR, v, 0), Err(reserved(msr::ICR, v)));
+        }
+        // All-excluding-self takes every modelled mode (table 10-3).
+        for dm in [0u64, 1, 4] {
+            let v = (3 << 18) | (dm << 8) | 0x40;
+            assert!(matches!(
+                a.write_msr(msr::ICR, v, 0),
+                Ok(ApicEffect::SendIpi(_))
+            ));
+        }
+    }
+
+    #[test]
     fn icr_illegal_vector_sends_nothing() {
         let mut a = lapic();
         assert_eq!(
@@ -1511,7 +1621,10 @@ mod tests {
         assert_eq!(a.timer_mode(), TimerMode::Periodic);
         assert_eq!(a.timer_vector(), 0x31);
         assert_eq!(a.timer_expired(deadline, gen), None);
-        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(0));
+        // SDM 10.5.4.1 disarms the timer and says nothing of the initial
+        // count: TMICT keeps it, the current count is 0.
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(10));
+        assert_eq!(a.read_msr(msr::TMCCT, 1), Ok(0));
         assert_eq!(
             a.write_msr(msr::LVT_TIMER, lvt(0x31, 3), 0),
             Err(reserved(msr::LVT_TIMER, lvt(0x31, 3)))
@@ -1521,6 +1634,95 @@ mod tests {
             Err(reserved(msr::LVT_TIMER, 1 << 12))
         );
         assert_eq!(a.timer_mode(), TimerMode::Periodic);
+    }
+
+    /// The processor: every mode change disarms (one-shot <-> periodic
+    /// included), TMICT survives it, and the next TMICT write re-arms.
+    #[test]
+    fn hardware_mode_change_disarms_and_keeps_the_initial_count() {
+        let mut a = lapic();
+        a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), 0).ok();
+        assert!(matches!(
+            a.write_msr(msr::TMICT, 1000, 0),
+            Ok(ApicEffect::TimerArmed { .. })
+        ));
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0),
+            Ok(ApicEffect::TimerStopped),
+            "periodic -> one-shot"
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(1000));
+        assert_eq!(a.timer_deadline(), None);
+        // Into and out of TSC-deadline mode: disarmed too.
+        let Ok(ApicEffect::TimerArmed { .. }) = a.write_msr(msr::TMICT, 1000, 0) else {
+            panic!("not armed");
+        };
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 2), 0),
+            Ok(ApicEffect::TimerStopped)
+        );
+        a.write_msr(msr::TSC_DEADLINE, 1_000_000, 0).ok();
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0),
+            Ok(ApicEffect::TimerStopped)
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(1000));
+        let Ok(ApicEffect::TimerArmed { deadline, .. }) = a.write_msr(msr::TMICT, 5, 7) else {
+            panic!("TMICT re-arms after the mode change");
+        };
+        assert_eq!(deadline, 7 + 5 * 2 * CLOCKS.bus_period_ps);
+    }
+
+    /// KVM's emulation (`apic_update_lvtt`): one-shot <-> periodic keeps
+    /// the countdown and the new mode applies when it expires, as
+    /// kvm-unit-tests' `test_apic_change_mode` checks; TSC-deadline
+    /// switches cancel and zero TMICT.
+    #[test]
+    fn kvm_mode_change_keeps_the_countdown_between_one_shot_and_periodic() {
+        let mut a = lapic().with_timer_mode_change(TimerModeChange::KeepUnlessTscDeadline);
+        a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), 0).ok();
+        let Ok(ApicEffect::TimerArmed { deadline, gen }) = a.write_msr(msr::TMICT, 10, 0) else {
+            panic!("not armed");
+        };
+        let period = 10 * 2 * CLOCKS.bus_period_ps;
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), period / 2),
+            Ok(ApicEffect::None),
+            "one-shot -> periodic keeps counting"
+        );
+        assert_eq!(
+            a.read_msr(msr::TMCCT, period / 2),
+            Ok(5),
+            "not reset to TMICT"
+        );
+        // Expiry in the new (periodic) mode reloads from TMICT.
+        let e = a.timer_expired(deadline, gen).expect("still armed");
+        let (next, gen) = e.rearmed.expect("periodic now");
+        assert_eq!(next, deadline + period);
+        // Periodic -> one-shot: the current countdown ends and stays at 0.
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 0), deadline),
+            Ok(ApicEffect::None)
+        );
+        let e = a.timer_expired(next, gen).expect("still armed");
+        assert_eq!(e.rearmed, None);
+        assert_eq!(a.read_msr(msr::TMCCT, next + 1), Ok(0));
+        // An expired one-shot switched to periodic stays at zero.
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 1), next + 1),
+            Ok(ApicEffect::None)
+        );
+        assert_eq!(a.timer_deadline(), None);
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(10));
+        // Into TSC-deadline mode: cancelled, TMICT zeroed.
+        let Ok(ApicEffect::TimerArmed { .. }) = a.write_msr(msr::TMICT, 10, next + 1) else {
+            panic!("not armed");
+        };
+        assert_eq!(
+            a.write_msr(msr::LVT_TIMER, lvt(0x30, 2), next + 2),
+            Ok(ApicEffect::TimerStopped)
+        );
+        assert_eq!(a.read_msr(msr::TMICT, 0), Ok(0));
     }
 
     #[test]

@@ -63,7 +63,9 @@ pub struct Proc2Controls {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExitControls {
     /// On an external-interrupt exit the processor acknowledges the interrupt
-    /// controller and saves the vector in the exit-information field.
+    /// controller and saves the vector in the exit-information field (SDM
+    /// 27.2.2); when clear, the interrupt stays requested in the LAPIC until
+    /// the host enables interrupts.
     pub ack_interrupt_on_exit: bool,
 }
 
@@ -74,6 +76,26 @@ pub enum EntryEvent {
     ExternalInterrupt(u8),
     /// A non-maskable interrupt (vector 2).
     Nmi,
+}
+
+/// What a guest WRMSR does in VMX non-root operation (SDM 25.1.3 for the
+/// exit, 29.5 for the x2APIC registers the processor virtualizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WrmsrOutcome {
+    /// It causes a VM exit (no MSR bitmaps, or its write bit is set).
+    VmExit,
+    /// TPR (808H) with "virtualize x2APIC mode": the value goes to VTPR on
+    /// the virtual-APIC page, then TPR virtualization (SDM 29.1.2).
+    TprVirtualization,
+    /// EOI (80BH) with "virtualize x2APIC mode" and "virtual-interrupt
+    /// delivery": EOI virtualization on the virtual-APIC page (SDM 29.1.4).
+    EoiVirtualization,
+    /// SELF IPI (83FH) with "virtualize x2APIC mode" and "virtual-interrupt
+    /// delivery": self-IPI virtualization, vIRR and RVI (SDM 29.1.5).
+    SelfIpiVirtualization,
+    /// The MSR itself is written: for an x2APIC register, the processor's
+    /// own LAPIC.
+    Msr,
 }
 
 /// Size of the MSR bitmap page.
@@ -290,7 +312,9 @@ impl Vmcs {
     /// virtualization, virtual-interrupt delivery and posted interrupts with
     /// notification vector 0xF2. x2APIC register reads pass through except
     /// TMCCT (the current count lives in the VMM); writes of TPR, EOI and
-    /// SELF IPI pass through, everything else (ICR, timer) still exits.
+    /// SELF IPI are not intercepted, so the processor virtualizes them on
+    /// the virtual-APIC page ([`wrmsr_outcome`](Self::wrmsr_outcome));
+    /// everything else (ICR, timer) still exits.
     ///
     /// [`kvm_default`]: Self::kvm_default
     pub fn kvm_apicv() -> Self {
@@ -316,6 +340,27 @@ impl Vmcs {
     /// otherwise as the bitmap says.
     pub fn msr_write_exits(&self, msr: u32) -> bool {
         !self.proc.use_msr_bitmaps || self.msr_bitmap.write_exits(msr)
+    }
+
+    /// Where a guest WRMSR of `msr` goes: a VM exit if the bitmap says so;
+    /// otherwise, with "virtualize x2APIC mode", TPR writes and (with
+    /// virtual-interrupt delivery) EOI and SELF IPI writes are virtualized
+    /// on the virtual-APIC page (SDM 29.5); anything else writes the MSR.
+    pub fn wrmsr_outcome(&self, msr: u32) -> WrmsrOutcome {
+        if self.msr_write_exits(msr) {
+            return WrmsrOutcome::VmExit;
+        }
+        let p2 = self.proc2;
+        match msr {
+            apic_msr::TPR if p2.virtualize_x2apic => WrmsrOutcome::TprVirtualization,
+            apic_msr::EOI if p2.virtualize_x2apic && p2.virtual_interrupt_delivery => {
+                WrmsrOutcome::EoiVirtualization
+            }
+            apic_msr::SELF_IPI if p2.virtualize_x2apic && p2.virtual_interrupt_delivery => {
+                WrmsrOutcome::SelfIpiVirtualization
+            }
+            _ => WrmsrOutcome::Msr,
+        }
     }
 
     /// Whether RDMSR of `msr` in the guest exits: always without MSR bitmaps,
@@ -515,6 +560,34 @@ mod tests {
         assert!(v.external_interrupt_exits());
         assert!(v.posted_notification_absorbed(0xF2));
         assert!(!v.posted_notification_absorbed(0xF3));
+    }
+
+    #[test]
+    fn wrmsr_outcome_follows_the_bitmap_then_x2apic_virtualization() {
+        use WrmsrOutcome::*;
+        let v = Vmcs::kvm_apicv();
+        assert_eq!(v.wrmsr_outcome(apic_msr::TPR), TprVirtualization);
+        assert_eq!(v.wrmsr_outcome(apic_msr::EOI), EoiVirtualization);
+        assert_eq!(v.wrmsr_outcome(apic_msr::SELF_IPI), SelfIpiVirtualization);
+        assert_eq!(v.wrmsr_outcome(apic_msr::ICR), VmExit);
+        assert_eq!(v.wrmsr_outcome(0xC000_0100), Msr, "FS_BASE");
+        let k = Vmcs::kvm_default();
+        for m in [apic_msr::TPR, apic_msr::EOI, apic_msr::SELF_IPI] {
+            assert_eq!(k.wrmsr_outcome(m), VmExit, "MSR {m:#x}");
+        }
+        // Without virtual-interrupt delivery only the TPR is virtualized;
+        // EOI and SELF IPI reach the LAPIC (SDM 29.5).
+        let mut v = Vmcs::kvm_apicv();
+        v.proc2.virtual_interrupt_delivery = false;
+        assert_eq!(v.wrmsr_outcome(apic_msr::TPR), TprVirtualization);
+        assert_eq!(v.wrmsr_outcome(apic_msr::EOI), Msr);
+        assert_eq!(v.wrmsr_outcome(apic_msr::SELF_IPI), Msr);
+        // Without "virtualize x2APIC mode" nothing is virtualized.
+        let mut v = Vmcs::kvm_apicv();
+        v.proc2.virtualize_x2apic = false;
+        for m in [apic_msr::TPR, apic_msr::EOI, apic_msr::SELF_IPI] {
+            assert_eq!(v.wrmsr_outcome(m), Msr, "MSR {m:#x}");
+        }
     }
 
     #[test]
