@@ -51,6 +51,11 @@ const STORED_MAX: usize = 64;
 #[derive(Clone)]
 struct VmTrack {
     pending: ApicBitmap,
+    /// Whether the VM's vCPU is scheduled in (raises while it is not are
+    /// timed separately).
+    running: bool,
+    /// Pending vectors raised while the vCPU was descheduled.
+    raised_descheduled: ApicBitmap,
     first_raise: Box<[Time; 256]>,
     stack: Vec<u8>,
     timer: Option<(u8, Time)>,
@@ -68,6 +73,9 @@ pub struct Checker {
     /// Timer interrupts delivered up to this much before their programmed
     /// deadline are accepted (counter quantisation when a timer is moved).
     pub early_tolerance: Time,
+    /// Raise-to-handler delay of interrupts raised while their vCPU was
+    /// descheduled (they wait for its next schedule-in).
+    pub descheduled_delay: crate::engine::LatencyHistogram,
 }
 
 impl Checker {
@@ -77,6 +85,8 @@ impl Checker {
             vms: vec![
                 VmTrack {
                     pending: ApicBitmap::default(),
+                    running: true,
+                    raised_descheduled: ApicBitmap::default(),
                     first_raise: Box::new([0; 256]),
                     stack: Vec::with_capacity(16),
                     timer: None,
@@ -88,7 +98,13 @@ impl Checker {
             merged: 0,
             delivered: 0,
             early_tolerance: US,
+            descheduled_delay: crate::engine::LatencyHistogram::new(),
         }
+    }
+
+    /// The vCPU of `vm` was scheduled in (`true`) or out.
+    pub fn set_running(&mut self, vm: usize, running: bool) {
+        self.vms[vm].running = running;
     }
 
     fn violate(&mut self, now: Time, vm: usize, kind: ViolationKind, vector: u8, detail: String) {
@@ -124,6 +140,9 @@ impl Checker {
         } else {
             t.pending.set(vector);
             t.first_raise[vector as usize] = at;
+            if !t.running {
+                t.raised_descheduled.set(vector);
+            }
         }
     }
 
@@ -157,6 +176,11 @@ impl Checker {
         if t.pending.test(vector) {
             t.pending.clear(vector);
             self.delivered += 1;
+            if t.raised_descheduled.test(vector) {
+                t.raised_descheduled.clear(vector);
+                let d = now.saturating_sub(t.first_raise[vector as usize]);
+                self.descheduled_delay.record(d);
+            }
         } else {
             self.violate(
                 now,

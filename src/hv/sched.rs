@@ -199,6 +199,13 @@ impl HostScheduler {
         self.threads.len()
     }
 
+    /// Time `t` has waited in run queues up to `now`, including a wait
+    /// still in progress.
+    pub fn waited(&self, t: Tid, now: Time) -> Time {
+        let th = &self.threads[t];
+        th.wait_time + th.wait_start.map_or(0, |w| now.saturating_sub(w))
+    }
+
     /// The thread running on `core`.
     pub fn current(&self, core: usize) -> Option<Tid> {
         self.rqs[core].curr

@@ -445,6 +445,28 @@ pub struct HostSpec {
     /// Host IPIs (reschedule, TLB shootdown) sent to the VM's core per
     /// second, from the host core (Poisson).
     pub ipi_per_s: f64,
+    /// CPU-bound host threads (`[[host.burners]]`). Any burner puts the
+    /// VM's vCPU thread under the host scheduler (CFS), which then
+    /// multiplexes them on the cores their pinning allows.
+    pub burners: Vec<BurnerSpec>,
+    /// Nice level of the vCPU thread (weight under the host scheduler).
+    pub vcpu_nice: i32,
+}
+
+/// A CPU-bound host thread (a background burner).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurnerSpec {
+    /// Cores it may run on.
+    pub cores: Vec<usize>,
+    /// Nice level, -20..=19.
+    #[serde(default)]
+    pub nice: i32,
+}
+
+impl HostSpec {
+    /// Largest number of burners (one per core is the usual use).
+    pub const MAX_BURNERS: usize = 64;
 }
 
 /// The host takes the VM's core away for a while (vCPU schedule-out/in).
@@ -887,6 +909,52 @@ impl Scenario {
             return bad(
                 "host.ipi_per_s",
                 format!("{} must be in [0, 1e6]", self.host.ipi_per_s),
+            );
+        }
+        if self.host.burners.len() > HostSpec::MAX_BURNERS {
+            return bad(
+                "host.burners",
+                format!(
+                    "{} burners: at most {}",
+                    self.host.burners.len(),
+                    HostSpec::MAX_BURNERS
+                ),
+            );
+        }
+        if !(-20..=19).contains(&self.host.vcpu_nice) {
+            return bad(
+                "host.vcpu_nice",
+                format!("{} must be in -20..=19", self.host.vcpu_nice),
+            );
+        }
+        for (i, b) in self.host.burners.iter().enumerate() {
+            if !(-20..=19).contains(&b.nice) {
+                return bad(
+                    &format!("host.burners[{i}].nice"),
+                    format!("{} must be in -20..=19", b.nice),
+                );
+            }
+            if b.cores.is_empty() {
+                return bad(
+                    &format!("host.burners[{i}].cores"),
+                    "must name at least one core".into(),
+                );
+            }
+            if let Some(c) = b.cores.iter().find(|&&c| c >= self.machine.cores) {
+                return bad(
+                    &format!("host.burners[{i}].cores"),
+                    format!(
+                        "core {c} does not exist (machine.cores = {})",
+                        self.machine.cores
+                    ),
+                );
+            }
+        }
+        if !self.host.burners.is_empty() && !self.preemptions.is_empty() {
+            return bad(
+                "preemptions",
+                "scripted preemptions and [[host.burners]] (the host scheduler) cannot be combined"
+                    .into(),
             );
         }
         for (i, p) in self.preemptions.iter().enumerate() {

@@ -125,6 +125,11 @@ pub enum Ev {
         /// vCPU.
         vcpu: u16,
     },
+    /// The host scheduler's tick on a core (CFS slice check).
+    SchedTick {
+        /// Core.
+        core: u16,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

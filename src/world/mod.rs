@@ -6,6 +6,7 @@
 mod blk;
 pub mod event;
 mod net;
+mod sched;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
@@ -235,6 +236,8 @@ pub struct World {
     tx_fetch: Time,
     /// The last dispatched events, when asked for (race explorer).
     event_log: Option<Box<EventLog>>,
+    /// The host scheduler, when host threads share the vCPUs' cores.
+    sched: Option<Box<sched::SchedState>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -750,6 +753,7 @@ impl World {
             blk,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
             event_log: None,
+            sched: None,
         };
         if virtualized {
             w.arm_preemption_timer(vm_core, 0);
@@ -763,6 +767,11 @@ impl World {
         }
         for p in 0..w.peers.len() {
             w.peer_sent(p);
+        }
+        if virtualized {
+            let tick = w.hv.host.tick_period;
+            w.sched = sched::SchedState::build(s, &[vm_core], tick).map(Box::new);
+            w.sched_start();
         }
         w.guest_run(vm_core);
         Ok(w)
@@ -1026,6 +1035,7 @@ impl World {
             }
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
+            Ev::SchedTick { core } => self.sched_tick(core as usize),
         }
     }
 
@@ -1049,7 +1059,10 @@ impl World {
         self.m.cores[core].mode = CoreMode::Idle;
         let (mut cx, scheme) = self.cx();
         scheme.vcpu_put(&mut cx, vcpu);
+        let vm = self.hv.vcpus[vcpu].vm;
+        self.checker.set_running(vm, false);
         self.idle_host_interrupts(core);
+        self.sched_after_put(core);
     }
 
     /// Schedule-in: load `vcpu` and enter it.
@@ -1066,6 +1079,8 @@ impl World {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_load(&mut cx, vcpu);
         }
+        let vm = self.hv.vcpus[vcpu].vm;
+        self.checker.set_running(vm, true);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
             vcpu,
@@ -1126,6 +1141,8 @@ impl World {
         }
         self.nic_base = self.m.nic.counters(0).unwrap_or_default();
         self.measure_start = now;
+        self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
+        self.sched_reset(now);
     }
 
     fn kernel_of(&self, core: usize) -> usize {
@@ -1686,6 +1703,25 @@ impl World {
             link.peer.metrics(&mut metrics);
         }
         self.scheme.metrics(&mut metrics);
+        if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
+            self.sched_metrics(&mut metrics, self.end, dur);
+            let d = &self.checker.descheduled_delay;
+            metrics.insert("irq.descheduled".into(), d.count() as f64);
+            if d.count() > 0 {
+                metrics.insert(
+                    "irq.descheduled_delay_mean_us".into(),
+                    crate::engine::as_us(d.mean()),
+                );
+                metrics.insert(
+                    "irq.descheduled_delay_p99_us".into(),
+                    crate::engine::as_us(d.percentile(99.0)),
+                );
+                metrics.insert(
+                    "irq.descheduled_delay_max_us".into(),
+                    crate::engine::as_us(d.max()),
+                );
+            }
+        }
         if let Some(b) = &self.blk {
             let c = &b.backend.counters;
             metrics.insert("blk.kicks".into(), c.kicks as f64);

@@ -1,0 +1,165 @@
+//! The host scheduler in the world: vCPU threads and host threads
+//! (burners) multiplexed on cores by [`HostScheduler`]. Every switch away
+//! from a vCPU is a schedule-out through the scheme's `vcpu_put` (deferred
+//! to the end of an exit in progress, as KVM only schedules between exits),
+//! every switch to one a schedule-in through `vcpu_load`.
+//!
+//! A burner needs no model of its own: while it runs, the core is in host
+//! context ([`CoreMode::Idle`]), where host interrupts are taken at once.
+
+use super::event::Ev;
+use super::World;
+use crate::engine::Time;
+use crate::guest::app::Metrics;
+use crate::hv::sched::{HostScheduler, Tid, Wake};
+use crate::hw::x86::core::CoreMode;
+use crate::scenario::Scenario;
+
+/// The scheduler and what the world keeps about it.
+pub struct SchedState {
+    /// The policy.
+    pub s: HostScheduler,
+    /// Per core: the vCPU to schedule in once the one leaving finishes
+    /// its exit.
+    switch_to: Vec<Option<Tid>>,
+    /// The scheduler tick period.
+    tick: Time,
+    /// Per vCPU thread: (wait, switches in) at the end of the warm-up.
+    base: Vec<(Time, u64)>,
+}
+
+impl SchedState {
+    /// The scheduler a scenario asks for: none unless it has host threads.
+    /// Threads 0..vcpus are the vCPU threads (pinned to their cores), then
+    /// the burners.
+    pub fn build(s: &Scenario, vcpu_cores: &[usize], tick: Time) -> Option<SchedState> {
+        if s.host.burners.is_empty() {
+            return None;
+        }
+        let mut sched = HostScheduler::new(s.machine.cores);
+        for &c in vcpu_cores {
+            sched.add_thread(s.host.vcpu_nice, 1 << c, c);
+        }
+        for b in &s.host.burners {
+            let mask = b.cores.iter().fold(0u64, |m, &c| m | (1 << c));
+            sched.add_thread(b.nice, mask, b.cores[0]);
+        }
+        Some(SchedState {
+            s: sched,
+            switch_to: vec![None; s.machine.cores],
+            tick: tick.max(1),
+            base: vec![(0, 0); vcpu_cores.len()],
+        })
+    }
+
+    /// The cores any thread may run on (they get scheduler ticks).
+    fn cores(&self) -> u64 {
+        (0..self.s.threads()).fold(0, |m, t| m | self.s.thread(t).allowed)
+    }
+}
+
+impl World {
+    /// Starts the scheduler at time 0: every thread is runnable, the
+    /// vCPUs (already loaded by the builder) are current on their cores,
+    /// and each scheduled core gets its tick.
+    pub(super) fn sched_start(&mut self) {
+        let Some(st) = &mut self.sched else { return };
+        let vcpus = self.hv.vcpus.len();
+        for t in 0..vcpus {
+            if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
+                st.s.pick_next(core, 0);
+            }
+        }
+        for t in vcpus..st.s.threads() {
+            // Burners queue behind the vCPUs or run on idle cores.
+            if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
+                st.s.pick_next(core, 0);
+            }
+        }
+        let cores = st.cores();
+        let tick = st.tick;
+        for c in 0..self.m.cores.len() {
+            if cores & (1 << c) != 0 {
+                self.q.schedule(tick, Ev::SchedTick { core: c as u16 });
+            }
+        }
+    }
+
+    /// `scheduler_tick` on `core`: the running thread's slice is checked.
+    pub(super) fn sched_tick(&mut self, core: usize) {
+        let now = self.q.now();
+        let Some(st) = &mut self.sched else { return };
+        self.q
+            .schedule(now + st.tick, Ev::SchedTick { core: core as u16 });
+        if st.s.tick(core, now) {
+            self.sched_switch(core);
+        }
+    }
+
+    /// `schedule()` on `core`: switch to the thread CFS picks.
+    fn sched_switch(&mut self, core: usize) {
+        let now = self.q.now();
+        let vcpus = self.hv.vcpus.len();
+        let Some(st) = &mut self.sched else { return };
+        let (prev, next) = st.s.pick_next(core, now);
+        if prev == next {
+            return;
+        }
+        if let Some(p) = prev.filter(|&p| p < vcpus) {
+            self.deschedule(p);
+        }
+        let Some(n) = next.filter(|&n| n < vcpus) else {
+            return;
+        };
+        let pending_out =
+            self.deschedule_pending[n] && self.m.cores[core].mode == (CoreMode::Host { vcpu: n });
+        if self.m.cores[core].mode == CoreMode::Idle || pending_out {
+            // Idle core: load it now; still finishing the exit it was to
+            // leave at: it simply stays.
+            self.reschedule(n);
+        } else if let Some(st) = &mut self.sched {
+            st.switch_to[core] = Some(n);
+        }
+    }
+
+    /// After a deferred schedule-out on `core`: the vCPU waiting for the
+    /// core comes in.
+    pub(super) fn sched_after_put(&mut self, core: usize) {
+        if let Some(n) = self.sched.as_mut().and_then(|st| st.switch_to[core].take()) {
+            self.reschedule(n);
+        }
+    }
+
+    /// Statistics restart (end of warm-up).
+    pub(super) fn sched_reset(&mut self, now: Time) {
+        let Some(st) = &mut self.sched else { return };
+        for v in 0..st.base.len() {
+            let th = st.s.thread(v);
+            st.base[v] = (st.s.waited(v, now), th.switches_in);
+        }
+    }
+
+    /// The scheduler's metrics for the measured interval.
+    pub(super) fn sched_metrics(&self, out: &mut Metrics, now: Time, dur_s: f64) {
+        let Some(st) = &self.sched else { return };
+        let ps = dur_s * 1e12;
+        for v in 0..st.base.len() {
+            let (w0, s0) = st.base[v];
+            let waited = st.s.waited(v, now).saturating_sub(w0) as f64;
+            let switches = st.s.thread(v).switches_in.saturating_sub(s0) as f64;
+            let p = if v == 0 {
+                "host.vcpu".to_string()
+            } else {
+                format!("host.vcpu{v}")
+            };
+            out.insert(
+                format!("{p}_runqueue_wait_pct"),
+                100.0 * waited / ps.max(1.0),
+            );
+            out.insert(
+                format!("{p}_switches_in_per_s"),
+                switches / dur_s.max(1e-12),
+            );
+        }
+    }
+}
