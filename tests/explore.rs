@@ -48,7 +48,7 @@ fn the_naive_design_is_caught_with_a_counterexample() {
 #[test]
 fn correct_schemes_have_no_failing_interleaving() {
     let cal = Calibration::default_host();
-    for file in ["vf-udp", "pv-netpipe", "timer"] {
+    for file in ["vf-udp", "pv-netpipe", "timer", "vf-udp-cfs", "three-vms"] {
         for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
             let set = format!("scheme={scheme}");
             let s = scenario(&format!("scenarios/explore/{file}.toml"), &[&set]);
@@ -65,51 +65,71 @@ fn correct_schemes_have_no_failing_interleaving() {
     }
 }
 
-/// DID as it was before issue 8: a fixed IPI that reaches the VM's core
-/// after its schedule-out is handed to the host IDT, which drops a guest
-/// vector. Plain runs rarely hit it; the explorer must.
-struct DidDroppingLateIpis(Did);
+/// DID with one of its rules taken out, to show the explorer finds what
+/// the rule prevents.
+struct BrokenDid {
+    inner: Did,
+    /// As before issue 8: a fixed IPI that reaches the VM's core after its
+    /// schedule-out is handed to the host IDT, which drops a guest vector.
+    drop_late_ipis: bool,
+    /// Schedule-out even with a guest interrupt in service on the
+    /// physical LAPIC (the next VM on the core inherits the ISR bit).
+    ignore_isr_at_put: bool,
+}
 
-impl Scheme for DidDroppingLateIpis {
+impl BrokenDid {
+    fn new(drop_late_ipis: bool, ignore_isr_at_put: bool) -> Self {
+        BrokenDid {
+            inner: Did::default(),
+            drop_late_ipis,
+            ignore_isr_at_put,
+        }
+    }
+}
+
+impl Scheme for BrokenDid {
     fn name(&self) -> &'static str {
-        "did-dropping-late-ipis"
+        "broken-did"
+    }
+    fn preemptible(&self, cx: &HvCx, vcpu: usize) -> bool {
+        self.ignore_isr_at_put || self.inner.preemptible(cx, vcpu)
     }
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
-        self.0.setup_vm(cx, vm)
+        self.inner.setup_vm(cx, vm)
     }
     fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.0.vcpu_load(cx, vcpu)
+        self.inner.vcpu_load(cx, vcpu)
     }
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.0.vcpu_put(cx, vcpu)
+        self.inner.vcpu_put(cx, vcpu)
     }
     fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
-        self.0.handle_exit(cx, vcpu, info)
+        self.inner.handle_exit(cx, vcpu, info)
     }
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
-        if cx.hv.vcpu_on(core).is_some() {
-            self.0.host_interrupt(cx, core, vector)
+        if !self.drop_late_ipis || cx.hv.vcpu_on(core).is_some() {
+            self.inner.host_interrupt(cx, core, vector)
         } else {
             self.host_idt(cx, core, vector)
         }
     }
     fn send_host_ipi(&mut self, cx: &mut HvCx, from: usize, to: usize, vector: u8) {
-        self.0.send_host_ipi(cx, from, to, vector)
+        self.inner.send_host_ipi(cx, from, to, vector)
     }
     fn host_nmi(&mut self, cx: &mut HvCx, core: usize) {
-        self.0.host_nmi(cx, core)
+        self.inner.host_nmi(cx, core)
     }
     fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
-        self.0.virtual_interrupt(cx, vcpu, vector)
+        self.inner.virtual_interrupt(cx, vcpu, vector)
     }
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.0.prepare_entry(cx, vcpu)
+        self.inner.prepare_entry(cx, vcpu)
     }
     fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
-        self.0.guest_isr(cx, vcpu)
+        self.inner.guest_isr(cx, vcpu)
     }
     fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
-        self.0.host_timer(cx, t)
+        self.inner.host_timer(cx, t)
     }
 }
 
@@ -121,7 +141,7 @@ fn a_scheme_that_drops_interrupts_in_flight_at_schedule_out_is_found() {
         &["scheme=did", "host.ipi_per_s=0"],
     );
     let build = |s: &Scenario, cal: &Calibration| {
-        World::build_with(s, cal, Box::new(DidDroppingLateIpis(Did::default())))
+        World::build_with(s, cal, Box::new(BrokenDid::new(true, false)))
     };
     let x = explore_with(&build, &s, &cal, opts(60), |_, _| {}).unwrap();
     assert!(x.failing_runs > 0, "the explorer missed the race");
@@ -135,4 +155,24 @@ fn a_scheme_that_drops_interrupts_in_flight_at_schedule_out_is_found() {
     // The same scenario under the fixed DID is clean.
     let y = explore(&s, &cal, opts(60), |_, _| {}).unwrap();
     assert_eq!(y.failing_runs, 0);
+}
+
+#[test]
+fn a_did_that_schedules_out_mid_handler_is_found_when_vms_share_a_core() {
+    let cal = Calibration::default_host();
+    let s = scenario("scenarios/explore/three-vms.toml", &["scheme=did"]);
+    let build = |s: &Scenario, cal: &Calibration| {
+        World::build_with(s, cal, Box::new(BrokenDid::new(false, true)))
+    };
+    let x = explore_with(&build, &s, &cal, opts(40), |_, _| {}).unwrap();
+    assert!(
+        x.failing_runs > 0,
+        "the explorer missed the inherited ISR bit"
+    );
+    assert!(x
+        .counterexample
+        .unwrap()
+        .violations
+        .iter()
+        .any(|v| { v.kind == exitless::check::ViolationKind::IsrInconsistent }));
 }

@@ -130,6 +130,14 @@ impl Scheme for Did {
         // 3. Pending virtual interrupts are self-IPI'd in prepare_entry.
     }
 
+    /// The guest EOIs the physical LAPIC, whose ISR software can neither
+    /// save nor restore: a VM is scheduled out only with nothing in
+    /// service there (did.md §7 open point 4; the paper is silent).
+    fn preemptible(&self, cx: &HvCx, vcpu: usize) -> bool {
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.m.lapics[core].isr.is_empty()
+    }
+
     /// §4.2, §4.4 schedule-out.
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
         let vm = cx.hv.vcpus[vcpu].vm;

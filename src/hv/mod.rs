@@ -125,6 +125,9 @@ pub struct HvState {
     /// KVM_IOEVENTFD registrations: a guest write to `port` signals eventfd
     /// `fd` instead of going to QEMU.
     pub ioeventfds: Vec<(u16, u16)>,
+    /// Per core: the vCPU last scheduled in there (kept across its
+    /// schedule-out until another is loaded).
+    pub last_vcpu: Vec<Option<usize>>,
 }
 
 impl HvState {
@@ -139,6 +142,7 @@ impl HvState {
     /// its until another vCPU is loaded.
     pub fn vcpu_owning(&self, core: usize) -> Option<usize> {
         self.vcpu_on(core)
+            .or_else(|| self.last_vcpu.get(core).copied().flatten())
             .or_else(|| self.vcpus.iter().position(|v| v.core == core))
     }
 

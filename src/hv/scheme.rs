@@ -35,6 +35,15 @@ pub trait Scheme {
         cx.hv.vcpus[vcpu].loaded = true;
     }
 
+    /// Whether the host may schedule `vcpu` out now. A scheme whose guest
+    /// owns the physical LAPIC must refuse while the guest has an
+    /// interrupt in service there: the next thread on the core would
+    /// inherit the in-service bit. The host scheduler then tries again at
+    /// its next tick.
+    fn preemptible(&self, _cx: &HvCx, _vcpu: usize) -> bool {
+        true
+    }
+
     /// Schedule-out of `vcpu` from its core.
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
         cx.hv.vcpus[vcpu].loaded = false;

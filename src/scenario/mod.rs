@@ -63,6 +63,11 @@ pub struct Scenario {
     /// Windows in which the host deschedules the VM's vCPU.
     #[serde(default)]
     pub preemptions: Vec<Preemption>,
+    /// Several VMs (`[[vm]]`), each with its own vCPU core and workload;
+    /// they share the top-level guest, NIC and background settings. Left
+    /// out: one VM on core 1 running the top-level `workload`.
+    #[serde(default, rename = "vm", skip_serializing_if = "Vec::is_empty")]
+    pub vms: Vec<VmSpec>,
     /// Named configuration assumptions (DESIGN.md: a configuration the paper
     /// does not state, chosen with its reason), shown in reports.
     #[serde(default)]
@@ -74,6 +79,132 @@ fn one() -> u64 {
 }
 fn warmup() -> f64 {
     0.05
+}
+
+/// One VM of a several-VM scenario.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// Its name in reports (default `vm<i>`).
+    #[serde(default)]
+    pub name: String,
+    /// vCPUs (1; SMP guests are not modelled yet).
+    #[serde(default = "one_u32")]
+    pub vcpus: u32,
+    /// The core its vCPU thread is pinned to (1..cores; core 0 is the
+    /// host's). VMs may share a core: the host scheduler multiplexes them.
+    pub core: usize,
+    /// Its workload. With several VMs: `udp`, `cyclictest`, `whileloop`
+    /// (a CPU-bound guest that does not end the run).
+    #[serde(default)]
+    pub workload: WorkloadSpec,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+/// A VM as the builder sees it, from `[[vm]]` or the top level.
+#[derive(Clone, Debug)]
+pub struct VmView<'a> {
+    /// Name.
+    pub name: String,
+    /// Core of its vCPU.
+    pub core: usize,
+    /// Its workload.
+    pub workload: &'a WorkloadSpec,
+}
+
+impl Scenario {
+    /// The VMs to build, in order (VM 0 first).
+    pub fn vm_views(&self) -> Vec<VmView<'_>> {
+        if self.vms.is_empty() {
+            return vec![VmView {
+                name: "vm0".into(),
+                core: 1,
+                workload: &self.workload,
+            }];
+        }
+        self.vms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| VmView {
+                name: if v.name.is_empty() {
+                    format!("vm{i}")
+                } else {
+                    v.name.clone()
+                },
+                core: v.core,
+                workload: &v.workload,
+            })
+            .collect()
+    }
+
+    /// Most VMs a scenario may have.
+    pub const MAX_VMS: usize = 64;
+
+    fn validate_vms(&self) -> Result<(), ScenarioError> {
+        let bad = |key: String, problem: String| Err(ScenarioError::Invalid { key, problem });
+        if self.vms.is_empty() {
+            return Ok(());
+        }
+        if self.vms.len() > Self::MAX_VMS {
+            return bad(
+                "vm".into(),
+                format!("{} VMs: at most {}", self.vms.len(), Self::MAX_VMS),
+            );
+        }
+        let w = &self.workload;
+        if w.udp.is_some()
+            || w.whileloop.is_some()
+            || w.cyclictest.is_some()
+            || w.peers()
+            || w.fio.is_some()
+        {
+            return bad(
+                "workload".into(),
+                "with [[vm]] tables each VM has its own `workload`; the top-level one must be empty".into(),
+            );
+        }
+        let several = self.vms.len() > 1;
+        for (i, v) in self.vms.iter().enumerate() {
+            if v.vcpus != 1 {
+                return bad(
+                    format!("vm[{i}].vcpus"),
+                    format!(
+                        "{}: SMP guests are not modelled yet (1 vCPU per VM)",
+                        v.vcpus
+                    ),
+                );
+            }
+            if v.core == 0 || v.core >= self.machine.cores {
+                return bad(
+                    format!("vm[{i}].core"),
+                    format!(
+                        "{} must be in 1..{} (core 0 is the host's)",
+                        v.core, self.machine.cores
+                    ),
+                );
+            }
+            if several && (v.workload.peers() || v.workload.fio.is_some()) {
+                return bad(
+                    format!("vm[{i}].workload"),
+                    "with several VMs only udp, cyclictest and whileloop are modelled yet".into(),
+                );
+            }
+            if v.name.len() > 64 {
+                return bad(format!("vm[{i}].name"), "longer than 64 bytes".into());
+            }
+        }
+        if several && (!self.preemptions.is_empty() || self.host.ipi_per_s > 0.0) {
+            return bad(
+                "preemptions / host.ipi_per_s".into(),
+                "scripted preemptions and host IPIs target one VM: use them with a single VM"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A configuration assumption and why it was made.
@@ -950,6 +1081,7 @@ impl Scenario {
                 );
             }
         }
+        self.validate_vms()?;
         if !self.host.burners.is_empty() && !self.preemptions.is_empty() {
             return bad(
                 "preemptions",

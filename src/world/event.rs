@@ -62,8 +62,11 @@ pub enum Ev {
         /// Sequence number.
         seq: u64,
     },
-    /// The external client host sends its next datagram.
-    ClientTx,
+    /// The external client host sends its next datagram to a VM.
+    ClientTx {
+        /// The VM (its VF).
+        vm: u16,
+    },
     /// The guest's own device-emulation traffic: an I/O instruction (0) or an
     /// EPT violation (1), from the calibrated background source.
     Background {

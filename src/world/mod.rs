@@ -85,11 +85,15 @@ struct TcpWorkload {
     peer_cpus: usize,
 }
 
-/// The scenario's TCP workload.
-fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
+/// A VM's TCP workload.
+fn tcp_workload(
+    w: &crate::scenario::WorkloadSpec,
+    s: &Scenario,
+    cal: &Calibration,
+) -> Option<TcpWorkload> {
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
-    if let Some(n) = &s.workload.netpipe {
+    if let Some(n) = &w.netpipe {
         // NetPIPE sets TCP_NODELAY.
         let tcp = TcpConfig {
             nagle: false,
@@ -103,7 +107,7 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             peer_cpus: 1,
         });
     }
-    if let Some(i) = &s.workload.iperf {
+    if let Some(i) = &w.iperf {
         let costs = IperfCosts {
             syscall,
             copy_per_kib: t_ns(&g.copy_per_kib_ns),
@@ -122,7 +126,7 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             peer_cpus: 1,
         });
     }
-    if let Some(m) = &s.workload.memcached {
+    if let Some(m) = &w.memcached {
         let shape = MemcachedShape {
             key: m.key_bytes,
             value: m.value_bytes,
@@ -203,9 +207,9 @@ pub struct World {
     exits: Vec<Option<ExitState>>,
     bg_pending: Vec<u8>,
     bg_rate: [f64; 2],
-    rng_bg: RngStream,
+    rng_bg: Vec<RngStream>,
     rng_exit: RngStream,
-    client: Option<UdpSender>,
+    clients: Vec<Option<UdpSender>>,
     msi_latency: Time,
     vf_owner: Vec<(usize, u8)>,
     timer_due: Vec<Option<Time>>,
@@ -223,7 +227,8 @@ pub struct World {
     rng_host: RngStream,
     ptimer_gen: Vec<u64>,
     tsc_hz: u64,
-    nic_base: crate::hw::x86::nic::VfCounters,
+    /// Per VF: its counters at the end of the warm-up.
+    nic_base: Vec<crate::hw::x86::nic::VfCounters>,
     /// The vhost side of the VM's virtio-net device, if it has one.
     pv: Option<net::PvPath>,
     /// The peer hosts of the VM's connections and flows.
@@ -285,6 +290,56 @@ fn t_ns(e: &crate::calibration::Entry) -> Time {
     from_ns(e.value)
 }
 
+/// A VM's timer and CPU tasks: cyclictest at the highest priority, a
+/// WhileLoop at normal priority. VM 0's cyclictest phase stream keeps its
+/// single-VM name.
+fn spawn_timer_and_cpu_tasks(
+    kernel: &mut Kernel,
+    w: &crate::scenario::WorkloadSpec,
+    seed: u64,
+    vm: usize,
+    cal: &Calibration,
+) {
+    let g = &cal.guest;
+    if let Some(c) = &w.cyclictest {
+        let stream = if vm == 0 {
+            "cyclictest-phase".to_string()
+        } else {
+            format!("cyclictest-phase.vm{vm}")
+        };
+        kernel.spawn(
+            Box::new(Cyclictest::new(
+                from_us(c.interval_us),
+                from_s(RngStream::new(seed, &stream).uniform() * c.interval_us * 1e-6),
+                t_ns(&g.syscall_ns),
+                t_ns(&g.cyclictest_loop_ns),
+            )),
+            99,
+            false,
+        );
+    }
+    if let Some(l) = &w.whileloop {
+        kernel.spawn(
+            Box::new(WhileLoop::new(
+                l.iterations,
+                g.whileloop_cycles_per_iter.value,
+                cal.cpu.ghz.value,
+            )),
+            0,
+            false,
+        );
+    }
+}
+
+/// The UDP receiver: "sender and receiver at the lowest priority" (DID §5.2).
+fn spawn_udp_receiver(kernel: &mut Kernel, cal: &Calibration) {
+    kernel.spawn(
+        Box::new(UdpReceiver::new(t_ns(&cal.guest.udp_recv_per_packet_ns))),
+        -20,
+        true,
+    );
+}
+
 impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
@@ -303,7 +358,18 @@ impl World {
     ) -> Result<World, BuildError> {
         let virtualized = scheme.virtualized();
         let cores = s.machine.cores;
-        let vm_core = 1usize;
+        let views = s.vm_views();
+        let nvm = views.len();
+        if !virtualized && nvm > 1 {
+            return Err(BuildError::Scenario(format!(
+                "scheme {}: several VMs need a hypervisor",
+                scheme.name()
+            )));
+        }
+        // VM 0 carries the paravirtual devices and peers (several-VM
+        // scenarios are limited to VF, timer and CPU workloads).
+        let w0 = views[0].workload;
+        let vm_core = views[0].core;
         let bus_period_ps = (1e6 / cal.apic.bus_mhz.value).round() as u64;
         let clocks = ApicClocks {
             bus_period_ps,
@@ -326,38 +392,45 @@ impl World {
                 ((s.nic.itr_interval_us * 1e6 / itr_unit_ps as f64).round() as u32).max(1) << 3
             }
         };
-        let requester_id = 0x0110u16;
+        // One VF per VM, each its own PCIe function.
+        let requester_ids: Vec<u16> = (0..nvm as u16).map(|i| 0x0110 + i).collect();
         let nic = Nic::new(
             NicConfig {
-                vfs: 1,
+                vfs: nvm as u16,
                 rx_ring_size: cal.nic.rx_ring_size.value as u16,
                 vectors_per_vf: 2,
                 itr_unit_ps,
                 initial_eitr,
             },
-            &[requester_id],
+            &requester_ids,
         )
         .map_err(|e| BuildError::Scenario(e.to_string()))?;
         let link = Link {
             bits_per_sec: (cal.nic.link_gbps.value * 1e9) as u64,
             propagation_ps: 500_000,
         };
-        let mut m = Machine::new(cores, 1, clocks, nic, link);
-        let has_vf =
-            s.workload.udp.is_some() || (s.workload.peers() && s.net.device == NetDevice::Vf);
-        let has_blk = virtualized && s.workload.fio.is_some();
-        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.peers();
-        let vf = has_vf.then_some(VfAssignment {
-            vf: 0,
-            irte: 0,
-            guest_vector: s.guest.vf_vector,
-            host_vector: HOST_DEVICE_VECTOR_BASE,
-            requester_id,
-        });
-        if has_vf {
-            m.nic
-                .program_msix(0, 0, 0)
-                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        let mut m = Machine::new(cores, nvm, clocks, nic, link);
+        let vm_has_vf = |w: &crate::scenario::WorkloadSpec| {
+            w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
+        };
+        let has_blk = virtualized && w0.fio.is_some();
+        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && w0.peers();
+        // VM i's VF is VF i, its queue vector's IRT entry i.
+        let mut vfs = Vec::with_capacity(nvm);
+        for (i, v) in views.iter().enumerate() {
+            let a = vm_has_vf(v.workload).then_some(VfAssignment {
+                vf: i as u16,
+                irte: i as u16,
+                guest_vector: s.guest.vf_vector,
+                host_vector: HOST_DEVICE_VECTOR_BASE + i as u8,
+                requester_id: requester_ids[i],
+            });
+            if a.is_some() {
+                m.nic
+                    .program_msix(i as u16, 0, i as u16)
+                    .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            }
+            vfs.push(a);
         }
         let costs = HvCosts {
             roundtrip: t_us(&cal.vmx.exit_entry_roundtrip_us),
@@ -382,27 +455,34 @@ impl World {
         };
         let hz = cal.host.hz.value.max(1.0);
         let mut hv = HvState {
-            vms: vec![VmState {
-                vcpus: vec![0],
-                vf,
-                pv_vectors: {
-                    let mut v = Vec::new();
-                    if has_virtio {
-                        v.extend(VIRTIO_NET_VECTORS);
-                    }
-                    if has_blk {
-                        v.push(VIRTIO_BLK_VECTOR);
-                    }
-                    v
-                },
-                stats: Default::default(),
-            }],
-            vcpus: vec![VcpuState {
-                vm: 0,
-                core: vm_core,
-                vlapic: crate::hv::vlapic::new(clocks),
-                loaded: false,
-            }],
+            vms: (0..nvm)
+                .map(|i| VmState {
+                    vcpus: vec![i],
+                    vf: vfs[i],
+                    pv_vectors: {
+                        let mut v = Vec::new();
+                        if i == 0 && has_virtio {
+                            v.extend(VIRTIO_NET_VECTORS);
+                        }
+                        if i == 0 && has_blk {
+                            v.push(VIRTIO_BLK_VECTOR);
+                        }
+                        v
+                    },
+                    stats: Default::default(),
+                })
+                .collect(),
+            vcpus: views
+                .iter()
+                .enumerate()
+                .map(|(i, v)| VcpuState {
+                    vm: i,
+                    core: v.core,
+                    vlapic: crate::hv::vlapic::new(clocks),
+                    loaded: false,
+                })
+                .collect(),
+            last_vcpu: vec![None; cores],
             host: HostKernel::new(cores, (SEC as f64 / hz) as Time),
             designated_core: 0,
             ioeventfds: Vec::new(),
@@ -413,7 +493,7 @@ impl World {
         let gcfg = GuestConfig {
             timer_vector: s.guest.timer_vector,
             vf_vector: s.guest.vf_vector,
-            vf: has_vf.then_some(0),
+            vf: vfs[0].map(|a| a.vf),
             hz: s.guest.hz,
             tick: s.guest.tick,
             irq_nesting: s.guest.irq_nesting,
@@ -445,50 +525,31 @@ impl World {
                 blk_submit: t_ns(&g.blk_submit_ns),
                 blk_complete: t_ns(&g.blk_complete_ns),
             },
-            virtio_blk: s
-                .workload
-                .fio
-                .as_ref()
-                .filter(|_| has_blk)
-                .map(|f| VirtioBlkGuest {
-                    vector: VIRTIO_BLK_VECTOR,
-                    notify_port: VIRTIO_BLK_NOTIFY_PORT,
-                    guard: from_us(f.guard_ms * 1000.0),
-                }),
+            virtio_blk: w0.fio.as_ref().filter(|_| has_blk).map(|f| VirtioBlkGuest {
+                vector: VIRTIO_BLK_VECTOR,
+                notify_port: VIRTIO_BLK_NOTIFY_PORT,
+                guard: from_us(f.guard_ms * 1000.0),
+            }),
             virtio_net: has_virtio.then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
                 tx_vector: VIRTIO_NET_VECTORS[1],
                 notify_port: VIRTIO_NOTIFY_PORT,
             }),
         };
+        // The other VMs' kernels: the same guest, their own VF, no
+        // paravirtual devices.
+        let other_cfgs: Vec<GuestConfig> = (1..nvm)
+            .map(|i| GuestConfig {
+                vf: vfs[i].map(|a| a.vf),
+                virtio_blk: None,
+                virtio_net: None,
+                ..gcfg.clone()
+            })
+            .collect();
         let mut kernel = Kernel::new(gcfg);
-        if let Some(c) = &s.workload.cyclictest {
-            kernel.spawn(
-                Box::new(Cyclictest::new(
-                    from_us(c.interval_us),
-                    from_s(
-                        RngStream::new(s.seed, "cyclictest-phase").uniform() * c.interval_us * 1e-6,
-                    ),
-                    t_ns(&g.syscall_ns),
-                    t_ns(&g.cyclictest_loop_ns),
-                )),
-                99,
-                false,
-            );
-        }
-        if let Some(w) = &s.workload.whileloop {
-            kernel.spawn(
-                Box::new(WhileLoop::new(
-                    w.iterations,
-                    g.whileloop_cycles_per_iter.value,
-                    cal.cpu.ghz.value,
-                )),
-                0,
-                false,
-            );
-        }
+        spawn_timer_and_cpu_tasks(&mut kernel, w0, s.seed, 0, cal);
         let mut peer_app = None;
-        if let Some(w) = tcp_workload(s, cal) {
+        if let Some(w) = tcp_workload(w0, s, cal) {
             let threads = w.guest.len();
             if w.conns == 1 && threads == 1 {
                 for app in w.guest {
@@ -506,7 +567,7 @@ impl World {
             }
             peer_app = Some((w.peer, w.tcp, w.conns, w.peer_cpus));
         }
-        if let (Some(f), true) = (&s.workload.fio, has_blk) {
+        if let (Some(f), true) = (&w0.fio, has_blk) {
             let t = kernel.spawn(
                 Box::new(Fio::new(
                     s.seed,
@@ -534,7 +595,7 @@ impl World {
             hv.ioeventfds.push((VIRTIO_NOTIFY_PORT, 0));
             hv.ioeventfds.push((VIRTIO_NOTIFY_PORT + 1, 1));
         }
-        if let Some(sp) = &s.workload.sip {
+        if let Some(sp) = &w0.sip {
             let costs = B2buaCosts {
                 message: t_ns(&g.sip_message_ns),
                 auth: t_ns(&g.sip_auth_ns),
@@ -546,18 +607,26 @@ impl World {
                 true,
             );
         }
-        if s.workload.udp.is_some() {
-            // "sender and receiver at the lowest priority" (§5.2).
-            kernel.spawn(
-                Box::new(UdpReceiver::new(t_ns(&g.udp_recv_per_packet_ns))),
-                -20,
-                true,
-            );
+        if w0.udp.is_some() {
+            spawn_udp_receiver(&mut kernel, cal);
         }
-        let guests = vec![kernel];
+        let mut guests = vec![kernel];
+        for (i, cfg) in other_cfgs.into_iter().enumerate() {
+            let vm = i + 1;
+            let mut k = Kernel::new(cfg);
+            spawn_timer_and_cpu_tasks(&mut k, views[vm].workload, s.seed, vm, cal);
+            if views[vm].workload.udp.is_some() {
+                spawn_udp_receiver(&mut k, cal);
+            }
+            guests.push(k);
+        }
 
         let mut q = EventQueue::with_capacity(4096);
-        let mut checker = Checker::new(1);
+        let mut checker = Checker::new(nvm);
+        let mut first_on_core: Vec<Option<usize>> = vec![None; cores];
+        for (i, v) in views.iter().enumerate() {
+            first_on_core[v.core].get_or_insert(i);
+        }
         checker.early_tolerance = apic_timer_period * 2;
 
         // Host boot: LAPIC timers of every core serve host hrtimers; the
@@ -578,24 +647,52 @@ impl World {
                     cx.apic_write(c, msr::TDCR, 0b0011);
                 }
                 let p = cx.hv.host.tick_period;
-                cx.host_timer_start(vm_core, p, HostTimer::Tick { core: vm_core });
+                for (c, first) in first_on_core.iter().enumerate() {
+                    if first.is_some() {
+                        cx.host_timer_start(c, p, HostTimer::Tick { core: c });
+                    }
+                }
             }
-            scheme.setup_vm(&mut cx, 0);
-            scheme.vcpu_load(&mut cx, 0);
+            for vm in 0..nvm {
+                scheme.setup_vm(&mut cx, vm);
+            }
+            // The first vCPU pinned to each core starts there; the others
+            // wait in the host scheduler's run queue.
+            for (c, first) in first_on_core.iter().enumerate() {
+                if let Some(v) = *first {
+                    scheme.vcpu_load(&mut cx, v);
+                    cx.hv.last_vcpu[c] = Some(v);
+                }
+            }
         }
-        m.cores[vm_core].mode = if virtualized {
-            CoreMode::Guest { vcpu: 0 }
-        } else {
-            CoreMode::Native { kernel: 0 }
-        };
+        for (c, first) in first_on_core.iter().enumerate() {
+            if let Some(v) = *first {
+                m.cores[c].mode = if virtualized {
+                    CoreMode::Guest { vcpu: v }
+                } else {
+                    CoreMode::Native { kernel: v }
+                };
+            }
+        }
+        for vm in 0..nvm {
+            if first_on_core[views[vm].core] != Some(vm) {
+                checker.set_running(vm, false);
+            }
+        }
 
-        let client = s
-            .workload
-            .udp
-            .as_ref()
-            .map(|u| UdpSender::new(u.rate_pps, u.payload_bytes));
-        if client.is_some() {
-            q.schedule(0, Ev::ClientTx);
+        let clients: Vec<Option<UdpSender>> = views
+            .iter()
+            .map(|v| {
+                v.workload
+                    .udp
+                    .as_ref()
+                    .map(|u| UdpSender::new(u.rate_pps, u.payload_bytes))
+            })
+            .collect();
+        for (vm, c) in clients.iter().enumerate() {
+            if c.is_some() {
+                q.schedule(0, Ev::ClientTx { vm: vm as u16 });
+            }
         }
         let bg_on = virtualized && s.background.enabled;
         let bg_rate = if bg_on {
@@ -606,17 +703,28 @@ impl World {
         } else {
             [0.0, 0.0]
         };
-        let mut rng_bg = RngStream::new(s.seed, "background");
-        for (k, r) in bg_rate.iter().enumerate() {
-            if *r > 0.0 {
-                let dt = from_s(rng_bg.exponential(1.0 / r));
-                q.schedule(
-                    dt,
-                    Ev::Background {
-                        vcpu: 0,
-                        kind: k as u8,
-                    },
-                );
+        // One background stream per vCPU; VM 0's keeps its single-VM name.
+        let mut rng_bg: Vec<RngStream> = (0..nvm)
+            .map(|i| {
+                if i == 0 {
+                    RngStream::new(s.seed, "background")
+                } else {
+                    RngStream::new(s.seed, &format!("background.vm{i}"))
+                }
+            })
+            .collect();
+        for (vcpu, rng) in rng_bg.iter_mut().enumerate() {
+            for (k, r) in bg_rate.iter().enumerate() {
+                if *r > 0.0 {
+                    let dt = from_s(rng.exponential(1.0 / r));
+                    q.schedule(
+                        dt,
+                        Ev::Background {
+                            vcpu: vcpu as u16,
+                            kind: k as u8,
+                        },
+                    );
+                }
             }
         }
         let warm = from_s(s.warmup_s);
@@ -659,7 +767,7 @@ impl World {
             };
             peers.push(net::PeerLink::new(host, attach));
         }
-        if let Some(sp) = &s.workload.sip {
+        if let Some(sp) = &w0.sip {
             // SIPp's UAC on the load generator, its UAS on the VM's host
             // (DID §5.8), each a single-threaded process.
             let msg = t_ns(&p.sipp_message_ns);
@@ -706,7 +814,7 @@ impl World {
                 vectors: VIRTIO_NET_VECTORS,
             }
         });
-        let blk = s.workload.fio.as_ref().filter(|_| has_blk).map(|f| {
+        let blk = w0.fio.as_ref().filter(|_| has_blk).map(|f| {
             let b = &cal.blk;
             blk::BlkPath {
                 backend: RamDiskBackend::new(0, BLK_KICK_FD, VIRTIO_BLK_VECTOR, f.disk_bytes),
@@ -726,14 +834,14 @@ impl World {
             guests,
             checker,
             exits: vec![None; cores],
-            bg_pending: vec![0; 1],
+            bg_pending: vec![0; nvm],
             bg_rate,
             rng_bg,
             rng_exit: RngStream::new(s.seed, "exit-service"),
-            client,
+            clients,
             msi_latency: t_us(&cal.nic.msi_latency_us),
-            vf_owner: vec![(0, s.guest.vf_vector)],
-            timer_due: vec![None],
+            vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
+            timer_due: vec![None; nvm],
             timer_exits: Default::default(),
             msi_faults: 0,
             measure_start: warm,
@@ -741,12 +849,14 @@ impl World {
             lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
             costs,
             scenario: s.clone(),
-            stop_on_task_exit: s.workload.whileloop.is_some(),
-            deschedule_pending: vec![false; 1],
+            // A WhileLoop ends a one-VM run; among several VMs it is a
+            // CPU-bound guest.
+            stop_on_task_exit: nvm == 1 && w0.whileloop.is_some(),
+            deschedule_pending: vec![false; nvm],
             ptimer_gen: vec![0; cores],
             tsc_hz: clocks.tsc_hz,
             rng_host: RngStream::new(s.seed, "host-ipi"),
-            nic_base: Default::default(),
+            nic_base: vec![Default::default(); nvm],
             pv,
             peers,
             trace: None,
@@ -756,7 +866,11 @@ impl World {
             sched: None,
         };
         if virtualized {
-            w.arm_preemption_timer(vm_core, 0);
+            for (c, first) in first_on_core.iter().enumerate() {
+                if let Some(v) = *first {
+                    w.arm_preemption_timer(c, v);
+                }
+            }
         }
         if let (Some(pv), true) = (&mut w.pv, w.scheme.backend_polls()) {
             // vhost_vq_enable_vqpoll: the worker polls; kicks stay off.
@@ -770,10 +884,15 @@ impl World {
         }
         if virtualized {
             let tick = w.hv.host.tick_period;
-            w.sched = sched::SchedState::build(s, &[vm_core], tick).map(Box::new);
+            let vcpu_cores: Vec<usize> = views.iter().map(|v| v.core).collect();
+            w.sched = sched::SchedState::build(s, &vcpu_cores, tick).map(Box::new);
             w.sched_start();
         }
-        w.guest_run(vm_core);
+        for (c, first) in first_on_core.iter().enumerate() {
+            if first.is_some() {
+                w.guest_run(c);
+            }
+        }
         Ok(w)
     }
 
@@ -963,8 +1082,8 @@ impl World {
                     self.nic_action(a);
                 }
             }
-            Ev::ClientTx => {
-                if let Some(c) = &mut self.client {
+            Ev::ClientTx { vm } => {
+                if let Some(c) = &mut self.clients[vm as usize] {
                     let frame = c.frame_bytes;
                     let seq = c.sent;
                     let next = c.advance();
@@ -972,19 +1091,19 @@ impl World {
                     self.q.schedule(
                         arrive,
                         Ev::WireRx {
-                            vf: 0,
+                            vf: vm,
                             len: frame,
                             sent: now,
                             seq,
                         },
                     );
-                    self.q.schedule(next, Ev::ClientTx);
+                    self.q.schedule(next, Ev::ClientTx { vm });
                 }
             }
             Ev::Background { vcpu, kind } => {
                 let vcpu = vcpu as usize;
                 let r = self.bg_rate[kind as usize];
-                let dt = from_s(self.rng_bg.exponential(1.0 / r));
+                let dt = from_s(self.rng_bg[vcpu].exponential(1.0 / r));
                 self.q.schedule_in(
                     dt.max(1),
                     Ev::Background {
@@ -1081,6 +1200,7 @@ impl World {
         }
         let vm = self.hv.vcpus[vcpu].vm;
         self.checker.set_running(vm, true);
+        self.hv.last_vcpu[core] = Some(vcpu);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
             vcpu,
@@ -1139,7 +1259,9 @@ impl World {
         if let Some(b) = &mut self.blk {
             b.backend.counters = Default::default();
         }
-        self.nic_base = self.m.nic.counters(0).unwrap_or_default();
+        for (vf, base) in self.nic_base.iter_mut().enumerate() {
+            *base = self.m.nic.counters(vf as u16).unwrap_or_default();
+        }
         self.measure_start = now;
         self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
         self.sched_reset(now);
@@ -1678,27 +1800,47 @@ impl World {
         crate::report::RunReport::from_world(self.snapshot())
     }
 
+    /// One VM's guest and VF metrics over the measured interval.
+    fn vm_metrics(&self, vm: usize, out: &mut Metrics, dur: f64) {
+        let g = &self.guests[vm];
+        g.metrics(out);
+        let vf = vm as u16;
+        let nic = self.m.nic.counters(vf).unwrap_or_default();
+        let base = self.nic_base[vm];
+        out.insert(
+            "nic.rx_packets".into(),
+            (nic.rx_packets - base.rx_packets) as f64,
+        );
+        out.insert(
+            "nic.rx_missed".into(),
+            (nic.rx_missed - base.rx_missed) as f64,
+        );
+        out.insert(
+            "nic.interrupts_per_s".into(),
+            (nic.interrupts - base.interrupts) as f64 / dur,
+        );
+        let gc = g.counters;
+        out.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        out.insert("guest.rx_packets".into(), gc.rx_packets as f64);
+        out.insert("guest.socket_drops".into(), gc.socket_drops as f64);
+        out.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);
+    }
+
     fn snapshot(&self) -> crate::report::Snapshot<'_> {
         let mut metrics = Metrics::new();
-        for g in &self.guests {
-            g.metrics(&mut metrics);
-        }
-        let nic = self.m.nic.counters(0).unwrap_or_default();
-        let gc = self.guests[0].counters;
         let dur = (self.end - self.measure_start) as f64 / SEC as f64;
-        metrics.insert(
-            "nic.rx_packets".into(),
-            (nic.rx_packets - self.nic_base.rx_packets) as f64,
-        );
-        metrics.insert(
-            "nic.rx_missed".into(),
-            (nic.rx_missed - self.nic_base.rx_missed) as f64,
-        );
-        metrics.insert(
-            "nic.interrupts_per_s".into(),
-            (nic.interrupts - self.nic_base.interrupts) as f64 / dur,
-        );
-        metrics.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        // VM 0's metrics by their plain names, VM i's prefixed `vm<i>.`.
+        for vm in 0..self.guests.len() {
+            if vm == 0 {
+                self.vm_metrics(0, &mut metrics, dur);
+            } else {
+                let mut m = Metrics::new();
+                self.vm_metrics(vm, &mut m, dur);
+                for (k, v) in m {
+                    metrics.insert(format!("vm{vm}.{k}"), v);
+                }
+            }
+        }
         for link in &self.peers {
             link.peer.metrics(&mut metrics);
         }
@@ -1743,9 +1885,6 @@ impl World {
                 metrics.insert(k.into(), n as f64);
             }
         }
-        metrics.insert("guest.rx_packets".into(), gc.rx_packets as f64);
-        metrics.insert("guest.socket_drops".into(), gc.socket_drops as f64);
-        metrics.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);
         crate::report::Snapshot {
             scenario: &self.scenario,
             scheme: self.scheme.name(),

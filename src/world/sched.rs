@@ -26,14 +26,18 @@ pub struct SchedState {
     tick: Time,
     /// Per vCPU thread: (wait, switches in) at the end of the warm-up.
     base: Vec<(Time, u64)>,
+    /// Switches the scheme deferred (its vCPU was not preemptible).
+    deferred: u64,
 }
 
 impl SchedState {
-    /// The scheduler a scenario asks for: none unless it has host threads.
+    /// The scheduler a scenario asks for: none unless it has host threads
+    /// or vCPUs that share a core.
     /// Threads 0..vcpus are the vCPU threads (pinned to their cores), then
     /// the burners.
     pub fn build(s: &Scenario, vcpu_cores: &[usize], tick: Time) -> Option<SchedState> {
-        if s.host.burners.is_empty() {
+        let shared = (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
+        if s.host.burners.is_empty() && !shared {
             return None;
         }
         let mut sched = HostScheduler::new(s.machine.cores);
@@ -49,6 +53,7 @@ impl SchedState {
             switch_to: vec![None; s.machine.cores],
             tick: tick.max(1),
             base: vec![(0, 0); vcpu_cores.len()],
+            deferred: 0,
         })
     }
 
@@ -100,6 +105,17 @@ impl World {
     fn sched_switch(&mut self, core: usize) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
+        let curr = self.sched.as_ref().and_then(|st| st.s.current(core));
+        if let Some(v) = curr.filter(|&v| v < vcpus) {
+            let (cx, scheme) = self.cx();
+            if !scheme.preemptible(&cx, v) {
+                // need_resched stays set: the next tick tries again.
+                if let Some(st) = &mut self.sched {
+                    st.deferred += 1;
+                }
+                return;
+            }
+        }
         let Some(st) = &mut self.sched else { return };
         let (prev, next) = st.s.pick_next(core, now);
         if prev == next {
@@ -133,6 +149,7 @@ impl World {
     /// Statistics restart (end of warm-up).
     pub(super) fn sched_reset(&mut self, now: Time) {
         let Some(st) = &mut self.sched else { return };
+        st.deferred = 0;
         for v in 0..st.base.len() {
             let th = st.s.thread(v);
             st.base[v] = (st.s.waited(v, now), th.switches_in);
@@ -142,6 +159,7 @@ impl World {
     /// The scheduler's metrics for the measured interval.
     pub(super) fn sched_metrics(&self, out: &mut Metrics, now: Time, dur_s: f64) {
         let Some(st) = &self.sched else { return };
+        out.insert("host.switches_deferred".into(), st.deferred as f64);
         let ps = dur_s * 1e12;
         for v in 0..st.base.len() {
             let (w0, s0) = st.base[v];

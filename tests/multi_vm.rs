@@ -1,0 +1,108 @@
+//! Several VMs on one machine (`[[vm]]`): each VM gets its own VF, IRT
+//! entry, vCPU and guest kernel; VMs pinned to one core are multiplexed by
+//! the host scheduler, with every scheme's schedule-out/in hooks.
+
+mod common;
+use common::*;
+
+const THREE_VMS: &str = "name = \"three\"\nseed = 2\nduration_s = 0.2\nwarmup_s = 0.05\n\
+    [machine]\ncores = 4\n\
+    [[vm]]\ncore = 1\n[vm.workload.udp]\nrate_pps = 50000\n\
+    [[vm]]\ncore = 1\n[vm.workload.cyclictest]\ninterval_us = 1000\n\
+    [[vm]]\ncore = 2\n[vm.workload.udp]\nrate_pps = 50000\n";
+
+#[test]
+fn vms_sharing_a_core_split_it_and_a_vm_alone_keeps_its_own() {
+    for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
+        let r = run_text(THREE_VMS, &[&format!("scheme={scheme}")]);
+        let first: Vec<_> = r.invariants.violations.iter().take(3).collect();
+        assert_eq!(r.violations(), 0, "{scheme}: {first:?}");
+        assert_eq!(r.vms.len(), 3);
+        for v in [
+            "host.vcpu_runqueue_wait_pct",
+            "host.vcpu1_runqueue_wait_pct",
+        ] {
+            let w = metric(&r, v);
+            assert!((40.0..60.0).contains(&w), "{scheme} {v}: {w}");
+        }
+        assert_eq!(metric(&r, "host.vcpu2_runqueue_wait_pct"), 0.0);
+        // VM 2 has its core to itself: every datagram arrives, fast.
+        assert_eq!(metric(&r, "vm2.udp.received"), 10_000.0, "{scheme}");
+        assert!(metric(&r, "vm2.udp.latency_mean_us") < 20.0, "{scheme}");
+        // VM 0 waits for its core half the time: its VF's interrupts wait
+        // for its schedule-in (about one scheduling slice).
+        assert!(metric(&r, "irq.descheduled") > 0.0);
+        assert!(metric(&r, "irq.descheduled_delay_mean_us") > 1000.0);
+        assert!(metric(&r, "udp.latency_mean_us") > 100.0);
+        // The cyclictest VM got its timer interrupts on its own vector.
+        assert!(metric(&r, "vm1.latency_mean_us") > 0.0);
+        assert!(metric(&r, "vm1.guest.timer_irqs_per_s") > 0.0);
+    }
+}
+
+#[test]
+fn each_vm_owns_its_vf_irte_and_interrupts() {
+    let r = run_text(THREE_VMS, &["scheme=did"]);
+    // DID: both UDP VMs' interrupts are delivered (no exits for them on
+    // the core-2 VM, which is never descheduled).
+    assert!(r.vms[2].exits_per_s < 200.0, "{}", r.vms[2].exits_per_s);
+    assert!(metric(&r, "vm2.nic.interrupts_per_s") > 1000.0);
+    assert!(metric(&r, "nic.interrupts_per_s") > 100.0);
+    assert_eq!(metric(&r, "vm1.nic.interrupts_per_s"), 0.0);
+}
+
+#[test]
+fn several_vm_scenarios_repeat_byte_for_byte() {
+    let a = serde_json::to_string(&run_text(THREE_VMS, &["scheme=apicv"])).unwrap();
+    let b = serde_json::to_string(&run_text(THREE_VMS, &["scheme=apicv"])).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn unsupported_or_inconsistent_vm_tables_are_rejected_by_key() {
+    let parse = |t: &str| {
+        exitless::scenario::Scenario::parse(t, &[])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let base = "scheme = \"did\"\nduration_s = 0.1\n[machine]\ncores = 3\n";
+    let e = parse(&format!(
+        "{base}[workload.udp]\nrate_pps = 1000\n[[vm]]\ncore = 1\n"
+    ));
+    assert!(e.contains("workload"), "{e}");
+    let e = parse(&format!("{base}[[vm]]\ncore = 0\n"));
+    assert!(e.contains("vm[0].core"), "{e}");
+    let e = parse(&format!("{base}[[vm]]\ncore = 3\n"));
+    assert!(e.contains("vm[0].core"), "{e}");
+    let e = parse(&format!("{base}[[vm]]\ncore = 1\nvcpus = 2\n"));
+    assert!(e.contains("vm[0].vcpus"), "{e}");
+    let e = parse(&format!(
+        "{base}[[vm]]\ncore = 1\n[[vm]]\ncore = 2\n[vm.workload.netpipe]\nmsg_bytes = 64\n"
+    ));
+    assert!(e.contains("vm[1].workload"), "{e}");
+    // Bare metal has no hypervisor to host two VMs.
+    let s = exitless::scenario::Scenario::parse(
+        &format!("{base}[[vm]]\ncore = 1\n[[vm]]\ncore = 2\n"),
+        &["scheme=bare-metal".to_string()],
+    )
+    .unwrap();
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("several VMs"), "{e}");
+}
+
+#[test]
+fn one_vm_table_is_the_same_as_the_top_level_form() {
+    let top = "scheme = \"did\"\nseed = 4\nduration_s = 0.05\n[workload.udp]\nrate_pps = 80000\n";
+    let table = "scheme = \"did\"\nseed = 4\nduration_s = 0.05\n[[vm]]\ncore = 1\n[vm.workload.udp]\nrate_pps = 80000\n";
+    let a = run_text(top, &[]);
+    let b = run_text(table, &[]);
+    assert_eq!(
+        serde_json::to_string(&a.metrics).unwrap(),
+        serde_json::to_string(&b.metrics).unwrap()
+    );
+    assert_eq!(a.vms[0].exits_per_s, b.vms[0].exits_per_s);
+}
