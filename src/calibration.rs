@@ -39,6 +39,7 @@ section!(Exit {
     pending_interrupt_us,
     exception_np_us,
     nmi_us,
+    hlt_us,
 });
 section!(Host {
     hz,

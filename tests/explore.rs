@@ -48,10 +48,25 @@ fn the_naive_design_is_caught_with_a_counterexample() {
 #[test]
 fn correct_schemes_have_no_failing_interleaving() {
     let cal = Calibration::default_host();
-    for file in ["vf-udp", "pv-netpipe", "timer", "vf-udp-cfs", "three-vms"] {
-        for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
-            let set = format!("scheme={scheme}");
-            let s = scenario(&format!("scenarios/explore/{file}.toml"), &[&set]);
+    for file in [
+        "vf-udp",
+        "pv-netpipe",
+        "timer",
+        "vf-udp-cfs",
+        "three-vms",
+        "halt-cfs",
+    ] {
+        for scheme in ["kvm", "apicv", "apicv-pi", "eli", "elvis", "did"] {
+            let (name, pi) = match scheme {
+                "apicv-pi" => ("apicv", "hv.vtd_posted_interrupts=true"),
+                s => (s, "hv.vtd_posted_interrupts=false"),
+            };
+            let set = format!("scheme={name}");
+            let mut sets = vec![set.as_str()];
+            if name == "apicv" {
+                sets.push(pi);
+            }
+            let s = scenario(&format!("scenarios/explore/{file}.toml"), &sets);
             let x = explore(&s, &cal, opts(30), |_, _| {}).unwrap();
             assert_eq!(x.runs, 30);
             assert!(x.events > 30 * 1000, "{file} {scheme}: {} events", x.events);

@@ -85,3 +85,47 @@ fn burners_and_scripted_preemptions_cannot_be_combined() {
         .to_string();
     assert!(e.contains("host.burners[0].cores"), "{e}");
 }
+
+#[test]
+fn a_halting_guest_sleeps_between_interrupts_and_wakes_for_each_under_every_scheme() {
+    let t = "name = \"halt\"\nseed = 5\nduration_s = 0.1\nwarmup_s = 0.02\n\
+             [guest]\nidle = \"halt\"\ntick = \"nohz-idle\"\n[workload.udp]\nrate_pps = 20000\n";
+    for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
+        let r = run_text(t, &[&format!("scheme={scheme}")]);
+        assert_eq!(
+            r.violations(),
+            0,
+            "{scheme}: {:?}",
+            r.invariants.violations.first()
+        );
+        assert_eq!(metric(&r, "udp.received"), 2000.0, "{scheme}");
+        // It halts about once per datagram and runs a small part of the time.
+        let halts = metric(&r, "host.vcpu_halts_per_s");
+        assert!(halts > 5_000.0, "{scheme}: {halts} halts/s");
+        assert!(r.vms[0].tig_pct < 50.0, "{scheme}: {}", r.vms[0].tig_pct);
+        assert!(
+            rate(&r, "HLT") > 5_000.0,
+            "{scheme}: {} HLT exits/s",
+            rate(&r, "HLT")
+        );
+    }
+}
+
+#[test]
+fn a_halting_vm_leaves_its_core_to_a_burner() {
+    let poll = run_text(&scenario("apicv", "[[host.burners]]\ncores = [1]\n"), &[]);
+    let halt = run_text(
+        &scenario("apicv", "[[host.burners]]\ncores = [1]\n"),
+        &["guest.idle=halt"],
+    );
+    assert_eq!(halt.violations(), 0);
+    // Polling, the vCPU holds the core for whole slices and its interrupts
+    // wait for it; halting, it sleeps, wakes as a favoured sleeper and
+    // preempts the burner: its interrupts no longer wait a slice.
+    let (p, h) = (
+        metric(&poll, "udp.latency_mean_us"),
+        metric(&halt, "udp.latency_mean_us"),
+    );
+    assert!(h < p / 10.0, "poll {p} us, halt {h} us");
+    assert!(halt.vms[0].tig_pct < poll.vms[0].tig_pct);
+}

@@ -92,11 +92,13 @@ proptest! {
         len_frac in 0.1f64..0.8,
         offsets in proptest::collection::vec(0.0f64..10.0, 300),
         ipi_per_s in prop_oneof![Just(0.0), 1_000.0f64..50_000.0],
+        halt in any::<bool>(),
     ) {
         let len_us = every_us * len_frac;
         for scheme in SCHEMES {
             let text = scenario(scheme, PATHS[path], seed, every_us, len_us, &offsets, ipi_per_s);
-            let r = run_text(&text, &[]);
+            let idle = if halt { "guest.idle=halt" } else { "guest.idle=poll" };
+            let r = run_text(&text, &[idle]);
             check(&r, &format!("{scheme} {} seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s", PATHS[path]));
         }
     }

@@ -56,6 +56,19 @@ pub struct GuestCosts {
     pub blk_complete: Time,
 }
 
+/// The guest's idle loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IdleMode {
+    /// `idle=poll`: spin until an interrupt arrives (no exit, the vCPU
+    /// keeps its core).
+    #[default]
+    Poll,
+    /// `default_idle`: `sti; hlt`. With HLT exiting the vCPU exits and its
+    /// thread sleeps until an interrupt for it is pending.
+    Halt,
+}
+
 /// Static configuration of one guest kernel.
 #[derive(Clone, Debug)]
 pub struct GuestConfig {
@@ -76,6 +89,8 @@ pub struct GuestConfig {
     /// Handlers run with interrupts enabled and EOI at their end (a kernel
     /// that nests interrupts). Linux 3.6 does neither: EOI first, IF=0.
     pub irq_nesting: bool,
+    /// What the idle loop does.
+    pub idle: IdleMode,
     /// APIC timer tick after the divider (bus period × 16, TDCR = 0b0011).
     pub apic_timer_period: Time,
     /// Socket receive buffer, in datagrams.
@@ -126,6 +141,8 @@ pub enum Instr {
         /// Value.
         value: u64,
     },
+    /// HLT (with interrupts on: the idle loop's `sti; hlt`).
+    Hlt,
     /// MMIO write to the VF's BAR (mapped into the guest: never exits).
     VfWrite {
         /// VF.
@@ -937,7 +954,10 @@ impl Kernel {
             return None;
         }
         let Some(t) = self.current else {
-            return Some(Action::Spin);
+            return Some(match self.cfg.idle {
+                IdleMode::Halt if self.if_flag => Action::Instr(Instr::Hlt),
+                _ => Action::Spin,
+            });
         };
         if self.tasks[t].state != TaskState::Runnable {
             self.need_resched = true;

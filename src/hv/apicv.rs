@@ -14,6 +14,10 @@ use super::HvCx;
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
 
+/// KVM's `POSTED_INTR_WAKEUP_VECTOR`: a blocked vCPU's descriptor notifies
+/// the host with it.
+pub const POSTED_INTR_WAKEUP_VECTOR: u8 = 0xF1;
+
 /// The `apicv` scheme.
 #[derive(Default)]
 pub struct Apicv {
@@ -21,6 +25,18 @@ pub struct Apicv {
     /// IRTE is in posted format, so its interrupts reach a running guest
     /// without an exit.
     pub vtd_posted_interrupts: bool,
+    /// Per vCPU: halted with its descriptor on the wakeup vector.
+    blocked: Vec<bool>,
+}
+
+impl Apicv {
+    /// APICv, with VT-d posted interrupts for the VF if asked.
+    pub fn new(vtd_posted_interrupts: bool) -> Self {
+        Apicv {
+            vtd_posted_interrupts,
+            blocked: Vec::new(),
+        }
+    }
 }
 
 impl Scheme for Apicv {
@@ -32,6 +48,7 @@ impl Scheme for Apicv {
         // The VF's MSI-X is a host IRQ, as in stock KVM, unless VT-d posted
         // interrupts are on (below).
         kvm::setup(cx, vm);
+        self.blocked.resize(cx.hv.vcpus.len(), false);
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             let vmcs = Vmcs::kvm_apicv();
             let nv = vmcs.posted_intr_nv;
@@ -62,8 +79,11 @@ impl Scheme for Apicv {
     }
 
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
-        // vmx_vcpu_pi_put for a preempted vCPU: suppress notifications.
-        cx.m.pi_desc[vcpu].sn = true;
+        // vmx_vcpu_pi_put for a preempted vCPU: suppress notifications; a
+        // blocking one keeps them, aimed at the wakeup vector.
+        if !self.blocked[vcpu] {
+            cx.m.pi_desc[vcpu].sn = true;
+        }
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
@@ -80,6 +100,30 @@ impl Scheme for Apicv {
             let nv = cx.m.pi_desc[vcpu].nv;
             cx.send_ipi(from, core, nv, DeliveryMode::Fixed);
         }
+        cx.kick(vcpu);
+    }
+
+    /// `pi_pre_block`: a halting vCPU's descriptor notifies the wakeup
+    /// vector on this core, not the guest, and is not suppressed, so a
+    /// VT-d posted interrupt wakes it.
+    fn vcpu_blocking(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let core = cx.hv.vcpus[vcpu].core;
+        let pi = &mut cx.m.pi_desc[vcpu];
+        pi.nv = POSTED_INTR_WAKEUP_VECTOR;
+        pi.ndst = cx.m.cores[core].apic_id;
+        self.blocked[vcpu] = true;
+    }
+
+    /// `pi_post_block`: notifications go to the guest again.
+    fn vcpu_unblocking(&mut self, cx: &mut HvCx, vcpu: usize) {
+        cx.m.pi_desc[vcpu].nv = cx.m.vmcs[vcpu].posted_intr_nv;
+        self.blocked[vcpu] = false;
+    }
+
+    /// Posted requests and the virtual IRR count as pending.
+    fn vcpu_has_interrupt(&self, cx: &HvCx, vcpu: usize) -> bool {
+        let pi = &cx.m.pi_desc[vcpu];
+        pi.on || !pi.pir.is_empty() || cx.m.vapic[vcpu].deliverable().is_some()
     }
 
     /// `vmx_sync_pir_to_irr`: move posted requests into the virtual IRR and
@@ -98,9 +142,20 @@ impl Scheme for Apicv {
 
     /// The posted-interrupt notification vector taken in host mode needs no
     /// work (`kvm_posted_intr_ipi`); the rest is the host IDT.
+    /// `pi_wakeup_handler`: the wakeup vector wakes every blocked vCPU of
+    /// this core whose descriptor has ON set.
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
-        if vector != crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR {
-            self.host_idt(cx, core, vector);
+        match vector {
+            crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR => {}
+            POSTED_INTR_WAKEUP_VECTOR => {
+                let apic = cx.m.cores[core].apic_id;
+                for v in 0..self.blocked.len() {
+                    if self.blocked[v] && cx.m.pi_desc[v].ndst == apic && cx.m.pi_desc[v].on {
+                        cx.kick(v);
+                    }
+                }
+            }
+            _ => self.host_idt(cx, core, vector),
         }
     }
 }

@@ -197,7 +197,10 @@ impl Scheme for Did {
     /// VM's).
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
         match cx.hv.vcpu_owning(core) {
-            Some(vcpu) if core != cx.hv.designated_core => self.pending[vcpu].set(vector),
+            Some(vcpu) if core != cx.hv.designated_core => {
+                self.pending[vcpu].set(vector);
+                cx.kick(vcpu);
+            }
             _ => self.host_idt(cx, core, vector),
         }
     }
@@ -246,7 +249,15 @@ impl Scheme for Did {
             cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
         } else {
             self.pending[vcpu].set(vector);
+            cx.kick(vcpu);
         }
+    }
+
+    /// Pending virtual interrupts wait in the self-IPI bitmap; the core's
+    /// IRR holds what arrived for the VM while it ran.
+    fn vcpu_has_interrupt(&self, cx: &HvCx, vcpu: usize) -> bool {
+        let core = cx.hv.vcpus[vcpu].core;
+        !self.pending[vcpu].is_empty() || !cx.m.lapics[core].irr.is_empty()
     }
 
     /// §4.2 step 3: one self-IPI per pending virtual interrupt. Host

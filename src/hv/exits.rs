@@ -115,6 +115,8 @@ pub enum ExitInfo {
         /// The vector whose EOI-exit-bitmap bit is set.
         vector: u8,
     },
+    /// HLT with "HLT exiting" on.
+    Hlt,
 }
 
 impl ExitInfo {
@@ -129,6 +131,7 @@ impl ExitInfo {
             ExitInfo::EptViolation => ExitReason::EPT_VIOLATION,
             ExitInfo::PreemptionTimer => ExitReason::PREEMPTION_TIMER,
             ExitInfo::EoiInduced { .. } => ExitReason::EOI_INDUCED,
+            ExitInfo::Hlt => ExitReason::HLT,
         }
     }
 }

@@ -67,6 +67,13 @@ pub fn exit<S: Scheme + ?Sized>(
                 cx.q.schedule_in(0, crate::world::event::Ev::Eventfd { fd });
             }
         }
+        // kvm_emulate_halt: with nothing pending the vCPU halts and its
+        // thread sleeps once the exit is done (kvm_vcpu_block).
+        ExitInfo::Hlt => {
+            if !scheme.vcpu_has_interrupt(cx, vcpu) {
+                cx.hv.vcpus[vcpu].halted = true;
+            }
+        }
         // EPT fault handling, the EOI-induced exit's ack notifiers
         // (level-triggered only): cost only.
         ExitInfo::EptViolation | ExitInfo::PreemptionTimer | ExitInfo::EoiInduced { .. } => {}
@@ -86,6 +93,7 @@ pub fn raise(cx: &mut HvCx, vcpu: usize, vector: u8) {
         let from = cx.hv.designated_core;
         cx.send_ipi(from, core, RESCHEDULE_VECTOR, DeliveryMode::Fixed);
     }
+    cx.kick(vcpu);
 }
 
 impl Scheme for Kvm {

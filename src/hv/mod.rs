@@ -51,6 +51,7 @@ pub struct HvCosts {
     pub ipi_latency: Time,
     pub self_ipi: Time,
     pub irt_update: Time,
+    pub hlt: Time,
     /// APIC timer period after the host's divide-by-16.
     pub apic_timer_period: Time,
 }
@@ -110,6 +111,9 @@ pub struct VcpuState {
     pub vlapic: Lapic,
     /// Loaded on its core (scheduled in).
     pub loaded: bool,
+    /// Halted (KVM's `KVM_MP_STATE_HALTED`): its thread sleeps until an
+    /// interrupt for it is pending.
+    pub halted: bool,
 }
 
 /// Hypervisor state shared by all schemes.
@@ -193,6 +197,17 @@ impl HvCx<'_> {
     }
 
     /// Whether `vcpu`'s core is in guest mode running it right now.
+    /// `kvm_vcpu_kick` for a halted vCPU: an interrupt is now pending for
+    /// it, so its thread wakes (the world does it: the host scheduler
+    /// decides when it runs).
+    pub fn kick(&mut self, vcpu: usize) {
+        if self.hv.vcpus[vcpu].halted {
+            self.q
+                .schedule_in(0, crate::world::event::Ev::WakeVcpu { vcpu: vcpu as u16 });
+        }
+    }
+
+    /// Whether `vcpu` is in guest mode on its core.
     pub fn in_guest_mode(&self, vcpu: usize) -> bool {
         let c = self.hv.vcpus[vcpu].core;
         self.m.cores[c].mode == CoreMode::Guest { vcpu }

@@ -44,6 +44,22 @@ pub trait Scheme {
         true
     }
 
+    /// `kvm_arch_vcpu_blocking`: `vcpu` halted and its thread is about to
+    /// sleep (called before its `vcpu_put`).
+    fn vcpu_blocking(&mut self, _cx: &mut HvCx, _vcpu: usize) {}
+
+    /// `kvm_arch_vcpu_unblocking`: `vcpu`'s thread was woken.
+    fn vcpu_unblocking(&mut self, _cx: &mut HvCx, _vcpu: usize) {}
+
+    /// `kvm_cpu_has_interrupt` at a HLT exit: whether an interrupt is
+    /// pending for `vcpu`, so it must not sleep. Default: the emulated
+    /// LAPIC has a deliverable vector, or the physical LAPIC of its core
+    /// latched one for it.
+    fn vcpu_has_interrupt(&self, cx: &HvCx, vcpu: usize) -> bool {
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.hv.vcpus[vcpu].vlapic.deliverable().is_some() || !cx.m.lapics[core].irr.is_empty()
+    }
+
     /// Schedule-out of `vcpu` from its core.
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
         cx.hv.vcpus[vcpu].loaded = false;
@@ -175,9 +191,7 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "bare-metal" => Box::new(super::bare_metal::BareMetal),
         "eli" => Box::new(super::eli::Eli::new(opts.eli_critical)),
         "elvis" => Box::new(super::elvis::Elvis::new(opts.eli_critical)),
-        "apicv" => Box::new(super::apicv::Apicv {
-            vtd_posted_interrupts: opts.vtd_posted_interrupts,
-        }),
+        "apicv" => Box::new(super::apicv::Apicv::new(opts.vtd_posted_interrupts)),
         _ => return None,
     })
 }

@@ -244,6 +244,9 @@ pub struct GuestSpec {
     pub tick: TickMode,
     /// Handlers run with IF=1 and EOI at the end (nesting kernel).
     pub irq_nesting: bool,
+    /// Idle loop: `poll` (spin, the default) or `halt` (HLT: the vCPU
+    /// exits and sleeps, giving its core to other threads).
+    pub idle: crate::guest::IdleMode,
     /// UDP socket buffer, datagrams.
     pub rcvbuf_packets: usize,
     /// Guest LOCAL_TIMER_VECTOR.
@@ -260,6 +263,7 @@ impl Default for GuestSpec {
             hz: 1000,
             tick: TickMode::Periodic,
             irq_nesting: false,
+            idle: crate::guest::IdleMode::Poll,
             rcvbuf_packets: 256,
             timer_vector: 0xEF,
             vf_vector: 0x41,

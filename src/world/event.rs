@@ -133,6 +133,11 @@ pub enum Ev {
         /// Core.
         core: u16,
     },
+    /// A halted vCPU was kicked: its thread wakes.
+    WakeVcpu {
+        /// vCPU.
+        vcpu: u16,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

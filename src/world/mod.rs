@@ -451,6 +451,7 @@ impl World {
             ipi_latency: t_us(&cal.host.ipi_latency_us),
             self_ipi: t_us(&cal.host.self_ipi_us),
             irt_update: t_us(&cal.host.irt_update_us),
+            hlt: t_us(&cal.exit.hlt_us),
             apic_timer_period,
         };
         let hz = cal.host.hz.value.max(1.0);
@@ -480,6 +481,7 @@ impl World {
                     core: v.core,
                     vlapic: crate::hv::vlapic::new(clocks),
                     loaded: false,
+                    halted: false,
                 })
                 .collect(),
             last_vcpu: vec![None; cores],
@@ -497,6 +499,7 @@ impl World {
             hz: s.guest.hz,
             tick: s.guest.tick,
             irq_nesting: s.guest.irq_nesting,
+            idle: s.guest.idle,
             apic_timer_period,
             rcvbuf_packets: s.guest.rcvbuf_packets,
             napi_weight: s
@@ -1155,6 +1158,7 @@ impl World {
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
             Ev::SchedTick { core } => self.sched_tick(core as usize),
+            Ev::WakeVcpu { vcpu } => self.sched_wake_vcpu(vcpu as usize),
         }
     }
 
@@ -1536,6 +1540,16 @@ impl World {
                     let vm = self.vm_of_kernel(k);
                     self.checker.handler_returned(vm, v);
                 }
+                // sti; hlt: in guest mode with HLT exiting it exits;
+                // otherwise the core waits for an interrupt (a poke).
+                Action::Instr(Instr::Hlt) => {
+                    if let CoreMode::Guest { vcpu } = self.m.cores[core].mode {
+                        if self.m.vmcs[vcpu].proc.hlt_exiting {
+                            return self.vm_exit(core, ExitInfo::Hlt, None);
+                        }
+                    }
+                    return;
+                }
                 Action::Instr(i) => {
                     if let Some((info, eoi)) = self.execute(core, k, i) {
                         return self.vm_exit(core, info, eoi);
@@ -1569,6 +1583,8 @@ impl World {
                 (msr::TMICT, count as u64, None)
             }
             Instr::WrMsr { msr: r, value } => (r, value, None),
+            // Handled by guest_run before it gets here.
+            Instr::Hlt => return None,
             Instr::PioWrite { port, .. } => {
                 // KVM exits on every IN/OUT; on bare metal there is no
                 // virtio device behind the port.
@@ -1676,6 +1692,7 @@ impl World {
             },
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
+            ExitInfo::Hlt => c.hlt,
             ExitInfo::Nmi => c.nmi,
             // Like EXTERNAL_INTERRUPT, the host handler is charged apart.
             ExitInfo::Exception { .. } => c.exception_np.saturating_sub(c.irq_handler),
@@ -1774,6 +1791,19 @@ impl World {
             if e.timer_landed {
                 self.timer_exits[reason.index()].record(service);
             }
+        }
+        if self.hv.vcpus[vcpu].halted {
+            // kvm_vcpu_block: the vCPU thread sleeps instead of entering,
+            // unless an interrupt came in since the HLT exit began
+            // (kvm_vcpu_check_block looks again right before sleeping).
+            let runnable = {
+                let (cx, scheme) = self.cx();
+                scheme.vcpu_has_interrupt(&cx, vcpu)
+            };
+            if !runnable {
+                return self.sched_block(core, vcpu);
+            }
+            self.hv.vcpus[vcpu].halted = false;
         }
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;

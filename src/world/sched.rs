@@ -28,6 +28,8 @@ pub struct SchedState {
     base: Vec<(Time, u64)>,
     /// Switches the scheme deferred (its vCPU was not preemptible).
     deferred: u64,
+    /// vCPU halts (HLT exits that put the thread to sleep).
+    halts: u64,
 }
 
 impl SchedState {
@@ -37,7 +39,8 @@ impl SchedState {
     /// the burners.
     pub fn build(s: &Scenario, vcpu_cores: &[usize], tick: Time) -> Option<SchedState> {
         let shared = (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
-        if s.host.burners.is_empty() && !shared {
+        let halts = s.guest.idle == crate::guest::IdleMode::Halt;
+        if s.host.burners.is_empty() && !shared && !halts {
             return None;
         }
         let mut sched = HostScheduler::new(s.machine.cores);
@@ -54,6 +57,7 @@ impl SchedState {
             tick: tick.max(1),
             base: vec![(0, 0); vcpu_cores.len()],
             deferred: 0,
+            halts: 0,
         })
     }
 
@@ -138,6 +142,48 @@ impl World {
         }
     }
 
+    /// `kvm_vcpu_block`: halted `vcpu` gives up `core` (its HLT exit is
+    /// done); the scheduler runs the next thread there, if any.
+    pub(super) fn sched_block(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        {
+            let (mut cx, scheme) = self.cx();
+            scheme.vcpu_blocking(&mut cx, vcpu);
+        }
+        self.put(core, vcpu);
+        let vcpus = self.hv.vcpus.len();
+        let Some(st) = &mut self.sched else { return };
+        st.halts += 1;
+        st.s.block(core, now);
+        let (_, next) = st.s.pick_next(core, now);
+        if let Some(n) = next.filter(|&n| n < vcpus) {
+            self.reschedule(n);
+        }
+    }
+
+    /// A kicked halted vCPU's thread wakes; it runs at once on an idle
+    /// core, preempts per CFS, or waits its turn.
+    pub(super) fn sched_wake_vcpu(&mut self, vcpu: usize) {
+        if !self.hv.vcpus[vcpu].halted {
+            return;
+        }
+        self.hv.vcpus[vcpu].halted = false;
+        {
+            let (mut cx, scheme) = self.cx();
+            scheme.vcpu_unblocking(&mut cx, vcpu);
+        }
+        let now = self.q.now();
+        let Some(st) = &mut self.sched else { return };
+        match st.s.wake(vcpu, now) {
+            Some(Wake::RunIdle { core }) => {
+                st.s.pick_next(core, now);
+                self.reschedule(vcpu);
+            }
+            Some(Wake::Preempt { core }) => self.sched_switch(core),
+            Some(Wake::Queued { .. }) | None => {}
+        }
+    }
+
     /// After a deferred schedule-out on `core`: the vCPU waiting for the
     /// core comes in.
     pub(super) fn sched_after_put(&mut self, core: usize) {
@@ -150,6 +196,7 @@ impl World {
     pub(super) fn sched_reset(&mut self, now: Time) {
         let Some(st) = &mut self.sched else { return };
         st.deferred = 0;
+        st.halts = 0;
         for v in 0..st.base.len() {
             let th = st.s.thread(v);
             st.base[v] = (st.s.waited(v, now), th.switches_in);
@@ -160,6 +207,10 @@ impl World {
     pub(super) fn sched_metrics(&self, out: &mut Metrics, now: Time, dur_s: f64) {
         let Some(st) = &self.sched else { return };
         out.insert("host.switches_deferred".into(), st.deferred as f64);
+        out.insert(
+            "host.vcpu_halts_per_s".into(),
+            st.halts as f64 / dur_s.max(1e-12),
+        );
         let ps = dur_s * 1e12;
         for v in 0..st.base.len() {
             let (w0, s0) = st.base[v];
