@@ -43,6 +43,7 @@ section!(Exit {
 });
 section!(Host {
     hz,
+    vcpu_wakeup_us,
     tick_handler_us,
     hrtimer_interrupt_us,
     kvm_timer_fn_us,

@@ -56,7 +56,9 @@ fn correct_schemes_have_no_failing_interleaving() {
         "three-vms",
         "halt-cfs",
     ] {
-        for scheme in ["kvm", "apicv", "apicv-pi", "eli", "elvis", "did"] {
+        for scheme in [
+            "kvm", "apicv", "apicv-pi", "kvm-2026", "eli", "elvis", "did",
+        ] {
             let (name, pi) = match scheme {
                 "apicv-pi" => ("apicv", "hv.vtd_posted_interrupts=true"),
                 s => (s, "hv.vtd_posted_interrupts=false"),

@@ -13,7 +13,7 @@ const THREE_VMS: &str = "name = \"three\"\nseed = 2\nduration_s = 0.2\nwarmup_s 
 
 #[test]
 fn vms_sharing_a_core_split_it_and_a_vm_alone_keeps_its_own() {
-    for scheme in ["kvm", "apicv", "eli", "elvis", "did"] {
+    for scheme in ["kvm", "apicv", "kvm-2026", "eli", "elvis", "did"] {
         let r = run_text(THREE_VMS, &[&format!("scheme={scheme}")]);
         let first: Vec<_> = r.invariants.violations.iter().take(3).collect();
         assert_eq!(r.violations(), 0, "{scheme}: {first:?}");

@@ -10,7 +10,9 @@ use exitless::report::RunReport;
 use proptest::prelude::*;
 
 /// The schemes that must be correct (naive is broken by design).
-const SCHEMES: [&str; 7] = ["kvm", "apicv", "apicv-pi", "eli", "eli-nmi", "elvis", "did"];
+const SCHEMES: [&str; 8] = [
+    "kvm", "apicv", "apicv-pi", "kvm-2026", "eli", "eli-nmi", "elvis", "did",
+];
 
 /// One I/O path per case: the VF under a UDP stream, a virtio-net
 /// ping-pong, or a cyclictest timer.

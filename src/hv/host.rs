@@ -66,6 +66,21 @@ impl HostKernel {
         s
     }
 
+    /// Removes the first timer matching `f`: (its serving core, deadline,
+    /// timer).
+    pub fn take_first(
+        &mut self,
+        mut f: impl FnMut(&HostTimer) -> bool,
+    ) -> Option<(usize, Time, HostTimer)> {
+        for (s, q) in self.queues.iter_mut().enumerate() {
+            if let Some(i) = q.iter().position(|(_, t)| f(t)) {
+                let (at, t) = q.swap_remove(i);
+                return Some((s, at, t));
+            }
+        }
+        None
+    }
+
     /// Removes every timer matching `f`; returns the serving cores touched
     /// (as a bitmask of up to 64 cores).
     pub fn cancel(&mut self, mut f: impl FnMut(&HostTimer) -> bool) -> u64 {

@@ -13,6 +13,7 @@ pub mod elvis;
 pub mod exits;
 pub mod host;
 pub mod kvm;
+pub mod kvm2026;
 pub mod naive;
 pub mod sched;
 pub mod scheme;
@@ -52,6 +53,7 @@ pub struct HvCosts {
     pub self_ipi: Time,
     pub irt_update: Time,
     pub hlt: Time,
+    pub vcpu_wakeup: Time,
     /// APIC timer period after the host's divide-by-16.
     pub apic_timer_period: Time,
 }
@@ -276,6 +278,17 @@ impl HvCx<'_> {
                 .clamp(1, u32::MAX as u64),
         };
         self.apic_write(s, msr::TMICT, count);
+    }
+
+    /// Moves the first host timer matching `f` to be served by `to`'s LAPIC
+    /// timer (an hrtimer migrated to a housekeeping core).
+    pub fn host_timer_move(&mut self, f: impl FnMut(&HostTimer) -> bool, to: usize) {
+        if let Some((s, at, t)) = self.hv.host.take_first(f) {
+            self.host_timer_reprogram(s);
+            let s2 = self.hv.host.serving[to];
+            self.hv.host.add(s2, at, t);
+            self.host_timer_reprogram(s2);
+        }
     }
 
     /// The host's view of `core`'s LAPIC timer is gone (a scheme handed it to

@@ -60,6 +60,18 @@ pub trait Scheme {
         cx.hv.vcpus[vcpu].vlapic.deliverable().is_some() || !cx.m.lapics[core].irr.is_empty()
     }
 
+    /// Halt polling (`halt_poll_ns`): how long the host spins waiting for
+    /// an interrupt for halted `vcpu` before its thread sleeps. 0: sleep at
+    /// once (stock KVM of the period).
+    fn halt_poll_window(&self, _vcpu: usize) -> crate::engine::Time {
+        0
+    }
+
+    /// A halt of `vcpu` ended after `block` (polling included), woken
+    /// while still polling or not: where a polling scheme grows or
+    /// shrinks its window.
+    fn halt_ended(&mut self, _vcpu: usize, _block: crate::engine::Time, _in_poll: bool) {}
+
     /// Schedule-out of `vcpu` from its core.
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
         cx.hv.vcpus[vcpu].loaded = false;
@@ -180,6 +192,27 @@ pub struct SchemeOptions {
     /// `eli`, `elvis`: how host interrupts aimed at a core that runs an
     /// ELI guest reach the host (eli.md §2.7, protection 3).
     pub eli_critical: super::eli::Critical,
+    /// `kvm-2026`: posted timer interrupts from a housekeeping core.
+    pub posted_timers: Option<bool>,
+    /// `kvm-2026`: halt polling.
+    pub halt_poll: Option<bool>,
+    /// `kvm-2026`: cap of the halt-polling window, µs (default 200).
+    pub halt_poll_max_us: Option<f64>,
+    /// `kvm-2026`: IPI virtualization (no effect with one-vCPU guests).
+    pub ipiv: Option<bool>,
+}
+
+impl SchemeOptions {
+    /// The `kvm-2026` options these give (defaults: everything on).
+    pub fn kvm2026(&self) -> super::kvm2026::Kvm2026Options {
+        let d = super::kvm2026::Kvm2026Options::default();
+        super::kvm2026::Kvm2026Options {
+            posted_timers: self.posted_timers.unwrap_or(d.posted_timers),
+            halt_poll: self.halt_poll.unwrap_or(d.halt_poll),
+            halt_poll_max_us: self.halt_poll_max_us.unwrap_or(d.halt_poll_max_us),
+            ipiv: self.ipiv.unwrap_or(d.ipiv),
+        }
+    }
 }
 
 /// Builds a scheme by name with the scenario's options.
@@ -192,18 +225,29 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "eli" => Box::new(super::eli::Eli::new(opts.eli_critical)),
         "elvis" => Box::new(super::elvis::Elvis::new(opts.eli_critical)),
         "apicv" => Box::new(super::apicv::Apicv::new(opts.vtd_posted_interrupts)),
+        "kvm-2026" => Box::new(super::kvm2026::Kvm2026::new(opts.kvm2026())),
         _ => return None,
     })
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 7] = ["bare-metal", "kvm", "apicv", "eli", "elvis", "did", "naive"];
+pub const SCHEMES: [&str; 8] = [
+    "bare-metal",
+    "kvm",
+    "apicv",
+    "kvm-2026",
+    "eli",
+    "elvis",
+    "did",
+    "naive",
+];
 
 /// One line on each scheme, in the order of [`SCHEMES`].
-pub const SCHEME_SUMMARIES: [&str; 7] = [
+pub const SCHEME_SUMMARIES: [&str; 8] = [
     "the same guest on the machine without a hypervisor",
     "stock KVM: external interrupts and EOI/timer writes exit; software-emulated LAPIC and injection",
     "KVM + APICv: posted interrupts, virtual-interrupt delivery, EOI virtualization ([hv] vtd_posted_interrupts for VT-d PI)",
+    "KVM today: APICv + VT-d PI, posted timer interrupts, halt polling, IPIv ([hv] posted_timers, halt_poll, halt_poll_max_us, ipiv)",
     "ELI: shadow IDT, direct delivery and EOI of assigned interrupts, injection mode for the rest ([hv] eli_critical)",
     "ELVIS: ELI plus a vhost worker polling the virtqueues and exitless PV interrupts",
     "DID: interrupts and timer in guest mode as real IPIs, direct EOI, host traffic as NMIs (VEE '15)",

@@ -1086,6 +1086,11 @@ impl Scenario {
             }
         }
         self.validate_vms()?;
+        if let Some(m) = self.hv.halt_poll_max_us {
+            if !(m.is_finite() && (0.0..=100_000.0).contains(&m)) {
+                return bad("hv.halt_poll_max_us", format!("{m} must be in [0, 100000]"));
+            }
+        }
         if !self.host.burners.is_empty() && !self.preemptions.is_empty() {
             return bad(
                 "preemptions",

@@ -138,6 +138,19 @@ pub enum Ev {
         /// vCPU.
         vcpu: u16,
     },
+    /// The host scheduler switches threads on a core (a woken thread's
+    /// wake-up preemption, after its wake-up latency).
+    Resched {
+        /// Core.
+        core: u16,
+    },
+    /// A halted vCPU's polling window ran out (stale if `gen` moved on).
+    HaltPollEnd {
+        /// vCPU.
+        vcpu: u16,
+        /// Polling generation.
+        gen: u64,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

@@ -243,6 +243,11 @@ pub struct World {
     event_log: Option<Box<EventLog>>,
     /// The host scheduler, when host threads share the vCPUs' cores.
     sched: Option<Box<sched::SchedState>>,
+    /// Per vCPU: halt polling in progress (since, generation).
+    polling: Vec<Option<(Time, u64)>>,
+    poll_gen: u64,
+    /// Per vCPU: when its current (or last) halt began.
+    halt_start: Vec<Time>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -452,6 +457,7 @@ impl World {
             self_ipi: t_us(&cal.host.self_ipi_us),
             irt_update: t_us(&cal.host.irt_update_us),
             hlt: t_us(&cal.exit.hlt_us),
+            vcpu_wakeup: t_us(&cal.host.vcpu_wakeup_us),
             apic_timer_period,
         };
         let hz = cal.host.hz.value.max(1.0);
@@ -867,6 +873,9 @@ impl World {
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
             event_log: None,
             sched: None,
+            polling: vec![None; nvm],
+            poll_gen: 0,
+            halt_start: vec![0; nvm],
         };
         if virtualized {
             for (c, first) in first_on_core.iter().enumerate() {
@@ -1159,6 +1168,8 @@ impl World {
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
             Ev::SchedTick { core } => self.sched_tick(core as usize),
             Ev::WakeVcpu { vcpu } => self.sched_wake_vcpu(vcpu as usize),
+            Ev::HaltPollEnd { vcpu, gen } => self.halt_poll_end(vcpu as usize, gen),
+            Ev::Resched { core } => self.sched_switch(core as usize),
         }
     }
 
@@ -1188,10 +1199,36 @@ impl World {
         self.sched_after_put(core);
     }
 
+    /// Enters `vcpu`, still loaded on `core` in host mode, through the
+    /// last exit stages (pending host interrupts, then the entry).
+    fn resume(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        self.exits[core] = Some(ExitState {
+            vcpu,
+            info: ExitInfo::Hlt,
+            start: now,
+            stage: Stage::HostIrq,
+            timer_landed: false,
+            record: false,
+        });
+        self.exit_stage_done(core);
+    }
+
     /// Schedule-in: load `vcpu` and enter it.
     fn reschedule(&mut self, vcpu: usize) {
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             return;
+        }
+        if self.hv.vcpus[vcpu].halted {
+            // A sleeping vCPU comes back when it is kicked, not before.
+            return;
+        }
+        if let Some(st) = &self.sched {
+            // The host scheduler may have given the core to another
+            // thread since this schedule-in was decided.
+            if st.s.current(self.hv.vcpus[vcpu].core) != Some(vcpu) {
+                return;
+            }
         }
         let core = self.hv.vcpus[vcpu].core;
         if self.m.cores[core].mode != CoreMode::Idle {
@@ -1330,8 +1367,9 @@ impl World {
                 self.pause_guest(core);
                 self.guest_run(core);
             }
-            // Host code takes interrupts between exit-handling steps.
-            CoreMode::Host { .. } => {}
+            // Host code takes interrupts between exit-handling steps, and
+            // at once while it polls for a halted vCPU.
+            CoreMode::Host { vcpu } => self.halt_poll_check(core, vcpu),
             CoreMode::Idle => self.idle_host_interrupts(core),
         }
     }
@@ -1801,7 +1839,7 @@ impl World {
                 scheme.vcpu_has_interrupt(&cx, vcpu)
             };
             if !runnable {
-                return self.sched_block(core, vcpu);
+                return self.halt(core, vcpu);
             }
             self.hv.vcpus[vcpu].halted = false;
         }

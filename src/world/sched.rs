@@ -30,6 +30,9 @@ pub struct SchedState {
     deferred: u64,
     /// vCPU halts (HLT exits that put the thread to sleep).
     halts: u64,
+    /// Time spent halt-polling, and polls that ended with an interrupt.
+    poll_time: Time,
+    poll_success: u64,
 }
 
 impl SchedState {
@@ -58,6 +61,8 @@ impl SchedState {
             base: vec![(0, 0); vcpu_cores.len()],
             deferred: 0,
             halts: 0,
+            poll_time: 0,
+            poll_success: 0,
         })
     }
 
@@ -106,13 +111,14 @@ impl World {
     }
 
     /// `schedule()` on `core`: switch to the thread CFS picks.
-    fn sched_switch(&mut self, core: usize) {
+    pub(super) fn sched_switch(&mut self, core: usize) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
         let curr = self.sched.as_ref().and_then(|st| st.s.current(core));
         if let Some(v) = curr.filter(|&v| v < vcpus) {
+            let polling = self.is_polling(v);
             let (cx, scheme) = self.cx();
-            if !scheme.preemptible(&cx, v) {
+            if polling || !scheme.preemptible(&cx, v) {
                 // need_resched stays set: the next tick tries again.
                 if let Some(st) = &mut self.sched {
                     st.deferred += 1;
@@ -142,10 +148,107 @@ impl World {
         }
     }
 
+    /// `kvm_vcpu_halt`: halted `vcpu` (its HLT exit done, nothing
+    /// pending) polls for the scheme's window, or sleeps at once.
+    pub(super) fn halt(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        self.halt_start[vcpu] = now;
+        let window = self.scheme.halt_poll_window(vcpu);
+        // Polling only while nothing else wants the core
+        // (`single_task_running`).
+        let others = self
+            .sched
+            .as_ref()
+            .is_some_and(|st| st.s.nr_running(core) > 1);
+        if window == 0 || others {
+            return self.sched_block(core, vcpu);
+        }
+        // The vCPU thread spins in host mode on its core.
+        self.poll_gen += 1;
+        self.polling[vcpu] = Some((now, self.poll_gen));
+        self.q.schedule(
+            now + window,
+            Ev::HaltPollEnd {
+                vcpu: vcpu as u16,
+                gen: self.poll_gen,
+            },
+        );
+        self.halt_poll_check(core, vcpu);
+    }
+
+    /// While polling: host interrupts are taken at once, then the vCPU
+    /// resumes if one left something pending for it.
+    pub(super) fn halt_poll_check(&mut self, core: usize, vcpu: usize) {
+        if self.polling[vcpu].is_none() || self.exits[core].is_some() {
+            return;
+        }
+        self.idle_host_interrupts(core);
+        let runnable = {
+            let (cx, scheme) = self.cx();
+            scheme.vcpu_has_interrupt(&cx, vcpu)
+        };
+        if runnable {
+            self.halt_poll_success(core, vcpu);
+        }
+    }
+
+    /// An interrupt came within the window: no sleep, no schedule-out.
+    fn halt_poll_success(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        let Some((start, _)) = self.polling[vcpu].take() else {
+            return;
+        };
+        self.hv.vcpus[vcpu].halted = false;
+        self.note_poll(now - start, true);
+        let block = now - self.halt_start[vcpu];
+        self.scheme.halt_ended(vcpu, block, true);
+        self.resume(core, vcpu);
+    }
+
+    /// Another thread became runnable on `core`: a vCPU polling there
+    /// stops and sleeps (the poll loop checks `single_task_running`).
+    fn stop_polling_on(&mut self, core: usize) {
+        let Some(v) = self.sched.as_ref().and_then(|st| st.s.current(core)) else {
+            return;
+        };
+        if v < self.hv.vcpus.len() {
+            if let Some((_, gen)) = self.polling[v] {
+                self.halt_poll_end(v, gen);
+            }
+        }
+    }
+
+    /// The window ran out: the thread sleeps.
+    pub(super) fn halt_poll_end(&mut self, vcpu: usize, gen: u64) {
+        match self.polling[vcpu] {
+            Some((start, g)) if g == gen => {
+                self.polling[vcpu] = None;
+                let now = self.q.now();
+                self.note_poll(now - start, false);
+                let core = self.hv.vcpus[vcpu].core;
+                self.sched_block(core, vcpu);
+            }
+            _ => {}
+        }
+    }
+
+    fn note_poll(&mut self, spun: Time, success: bool) {
+        if let Some(st) = &mut self.sched {
+            st.poll_time += spun;
+            st.poll_success += success as u64;
+        }
+    }
+
+    /// Whether `vcpu` is polling in a halt.
+    pub(super) fn is_polling(&self, vcpu: usize) -> bool {
+        self.polling[vcpu].is_some()
+    }
+
     /// `kvm_vcpu_block`: halted `vcpu` gives up `core` (its HLT exit is
     /// done); the scheduler runs the next thread there, if any.
     pub(super) fn sched_block(&mut self, core: usize, vcpu: usize) {
         let now = self.q.now();
+        self.deschedule_pending[vcpu] = false;
         {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_blocking(&mut cx, vcpu);
@@ -167,20 +270,36 @@ impl World {
         if !self.hv.vcpus[vcpu].halted {
             return;
         }
+        if self.is_polling(vcpu) {
+            let core = self.hv.vcpus[vcpu].core;
+            return self.halt_poll_success(core, vcpu);
+        }
         self.hv.vcpus[vcpu].halted = false;
+        let now = self.q.now();
+        let block = now - self.halt_start[vcpu];
+        self.scheme.halt_ended(vcpu, block, false);
         {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_unblocking(&mut cx, vcpu);
         }
         let now = self.q.now();
         let Some(st) = &mut self.sched else { return };
+        // The sleeping thread runs after a trip through the scheduler
+        // (host.vcpu_wakeup_us): what halt polling saves.
+        let lat = self.costs.vcpu_wakeup;
         match st.s.wake(vcpu, now) {
             Some(Wake::RunIdle { core }) => {
                 st.s.pick_next(core, now);
-                self.reschedule(vcpu);
+                self.q
+                    .schedule(now + lat, Ev::Reschedule { vcpu: vcpu as u16 });
             }
-            Some(Wake::Preempt { core }) => self.sched_switch(core),
-            Some(Wake::Queued { .. }) | None => {}
+            Some(Wake::Preempt { core }) => {
+                self.stop_polling_on(core);
+                self.q
+                    .schedule(now + lat, Ev::Resched { core: core as u16 })
+            }
+            Some(Wake::Queued { core }) => self.stop_polling_on(core),
+            None => {}
         }
     }
 
@@ -197,6 +316,8 @@ impl World {
         let Some(st) = &mut self.sched else { return };
         st.deferred = 0;
         st.halts = 0;
+        st.poll_time = 0;
+        st.poll_success = 0;
         for v in 0..st.base.len() {
             let th = st.s.thread(v);
             st.base[v] = (st.s.waited(v, now), th.switches_in);
@@ -210,6 +331,14 @@ impl World {
         out.insert(
             "host.vcpu_halts_per_s".into(),
             st.halts as f64 / dur_s.max(1e-12),
+        );
+        out.insert(
+            "host.halt_poll_pct".into(),
+            100.0 * st.poll_time as f64 / (dur_s * 1e12).max(1.0),
+        );
+        out.insert(
+            "host.halt_poll_successes_per_s".into(),
+            st.poll_success as f64 / dur_s.max(1e-12),
         );
         let ps = dur_s * 1e12;
         for v in 0..st.base.len() {

@@ -1,0 +1,250 @@
+//! `kvm-2026`: KVM as users run it today — APICv with VT-d posted
+//! interrupts for assigned devices, plus the mechanisms added since the
+//! 2012–2015 papers, each switchable in `[hv]`:
+//!
+//! * **Posted timer interrupts** (`hv.posted_timers`): the guest's LAPIC
+//!   timer is an hrtimer on a housekeeping core, and its expiry is posted
+//!   to the vCPU's descriptor with a notification IPI, so it no longer
+//!   lands as an external-interrupt exit on the vCPU's core. Programming
+//!   the timer still exits (the MSR write is trapped).
+//! * **Halt polling** (`hv.halt_poll`, `hv.halt_poll_max_us`): on a HLT
+//!   with nothing pending, the vCPU thread spins up to its window before
+//!   sleeping; the window starts at 0, grows (×2, from 10 µs) after a halt
+//!   shorter than the cap, and resets to 0 after a longer one (upstream
+//!   `kvm_vcpu_halt`, `grow_halt_poll_ns` / `shrink_halt_poll_ns` with
+//!   `halt_poll_ns_shrink = 0`; x86 cap `KVM_HALT_POLL_NS_DEFAULT` =
+//!   200 µs).
+//! * **IPI virtualization** (`hv.ipiv`): unicast physical-mode ICR writes
+//!   post to the target's descriptor without a sender exit. The guests
+//!   modelled today have one vCPU and send no IPIs, so the switch has no
+//!   effect until SMP guests exist; it is kept so scenarios can name it.
+//! * **PV EOI** is not used: KVM turns it off when APICv virtualizes EOI.
+
+use super::apicv::Apicv;
+use super::exits::ExitInfo;
+use super::host::HostTimer;
+use super::scheme::{ExitOutcome, Scheme};
+use super::vlapic;
+use super::HvCx;
+use crate::engine::{Time, NS, US};
+use crate::hw::x86::lapic::{msr, ApicBitmap};
+
+/// `halt_poll_ns_grow_start`: the first window after a short halt.
+const HALT_POLL_GROW_START: Time = 10 * US;
+/// `halt_poll_ns_grow`.
+const HALT_POLL_GROW: u64 = 2;
+
+/// `[hv]` options of `kvm-2026`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Kvm2026Options {
+    /// Posted timer interrupts from a housekeeping core.
+    pub posted_timers: bool,
+    /// Halt polling.
+    pub halt_poll: bool,
+    /// Cap of the halt-polling window, µs (`halt_poll_ns` / 1000).
+    pub halt_poll_max_us: f64,
+    /// IPI virtualization (no effect with one-vCPU guests).
+    pub ipiv: bool,
+}
+
+impl Default for Kvm2026Options {
+    fn default() -> Self {
+        Kvm2026Options {
+            posted_timers: true,
+            halt_poll: true,
+            halt_poll_max_us: 200.0,
+            ipiv: true,
+        }
+    }
+}
+
+/// The `kvm-2026` scheme.
+pub struct Kvm2026 {
+    apicv: Apicv,
+    opts: Kvm2026Options,
+    /// Per vCPU: its current halt-polling window.
+    poll_window: Vec<Time>,
+    /// Halt-poll windows grown and reset, for reports.
+    grows: u64,
+    shrinks: u64,
+}
+
+impl Kvm2026 {
+    /// `kvm-2026` with `opts`; VT-d posted interrupts are always on.
+    pub fn new(opts: Kvm2026Options) -> Self {
+        Kvm2026 {
+            apicv: Apicv::new(true),
+            opts,
+            poll_window: Vec::new(),
+            grows: 0,
+            shrinks: 0,
+        }
+    }
+
+    fn max_poll(&self) -> Time {
+        (self.opts.halt_poll_max_us * 1000.0).round() as Time * NS
+    }
+
+    /// Posted timers: the vCPU's timer hrtimer lives on the housekeeping
+    /// core.
+    fn house_timer(&self, cx: &mut HvCx, vcpu: usize) {
+        if self.opts.posted_timers {
+            let hk = cx.hv.designated_core;
+            cx.host_timer_move(
+                |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
+                hk,
+            );
+        }
+    }
+}
+
+impl Scheme for Kvm2026 {
+    fn name(&self) -> &'static str {
+        "kvm-2026"
+    }
+
+    fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
+        self.apicv.setup_vm(cx, vm);
+        self.poll_window.resize(cx.hv.vcpus.len(), 0);
+    }
+
+    fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.apicv.vcpu_load(cx, vcpu)
+    }
+
+    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.apicv.vcpu_put(cx, vcpu)
+    }
+
+    fn vcpu_blocking(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.apicv.vcpu_blocking(cx, vcpu)
+    }
+
+    fn vcpu_unblocking(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.apicv.vcpu_unblocking(cx, vcpu)
+    }
+
+    fn vcpu_has_interrupt(&self, cx: &HvCx, vcpu: usize) -> bool {
+        self.apicv.vcpu_has_interrupt(cx, vcpu)
+    }
+
+    fn handle_exit(&mut self, cx: &mut HvCx, vcpu: usize, info: ExitInfo) -> ExitOutcome {
+        let out = self.apicv.handle_exit(cx, vcpu, info);
+        if let ExitInfo::MsrWrite {
+            msr: msr::TMICT | msr::LVT_TIMER | msr::TDCR | msr::TSC_DEADLINE,
+            ..
+        } = info
+        {
+            self.house_timer(cx, vcpu);
+        }
+        out
+    }
+
+    fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        self.apicv.host_interrupt(cx, core, vector)
+    }
+
+    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
+        self.apicv.virtual_interrupt(cx, vcpu, vector)
+    }
+
+    fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
+        self.apicv.prepare_entry(cx, vcpu)
+    }
+
+    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
+        self.apicv.guest_isr(cx, vcpu)
+    }
+
+    /// The guest timer's expiry is posted (from the housekeeping core when
+    /// posted timers are on); a periodic re-arm stays there.
+    fn host_timer(&mut self, cx: &mut HvCx, t: HostTimer) {
+        match t {
+            HostTimer::GuestTimer { vcpu, gen } => {
+                cx.charge(cx.costs.kvm_timer_fn);
+                if let Some(v) = vlapic::timer_fired(cx, vcpu, gen) {
+                    self.virtual_interrupt(cx, vcpu, v);
+                }
+                self.house_timer(cx, vcpu);
+            }
+            HostTimer::Tick { core } => {
+                cx.charge(cx.costs.tick_handler);
+                let next = cx.now + cx.hv.host.tick_period;
+                cx.hv.host.add(core, next, HostTimer::Tick { core });
+            }
+            HostTimer::ParkedTimer { vcpu, vector } => self.virtual_interrupt(cx, vcpu, vector),
+        }
+    }
+
+    fn halt_poll_window(&self, vcpu: usize) -> Time {
+        if self.opts.halt_poll {
+            self.poll_window.get(vcpu).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// `kvm_vcpu_halt`'s window update: a halt that ended within the
+    /// window keeps it; one longer than the cap resets it; a shorter one
+    /// grows it.
+    fn halt_ended(&mut self, vcpu: usize, block: Time, _in_poll: bool) {
+        if !self.opts.halt_poll {
+            return;
+        }
+        let max = self.max_poll();
+        let w = &mut self.poll_window[vcpu];
+        if block <= *w {
+            return;
+        }
+        if *w > 0 && block > max {
+            *w = 0;
+            self.shrinks += 1;
+        } else if *w < max && block < max {
+            *w = (*w * HALT_POLL_GROW).max(HALT_POLL_GROW_START).min(max);
+            self.grows += 1;
+        }
+    }
+
+    fn reset_metrics(&mut self) {
+        self.grows = 0;
+        self.shrinks = 0;
+    }
+
+    fn metrics(&self, out: &mut crate::guest::app::Metrics) {
+        out.insert("kvm2026.halt_poll_grows".into(), self.grows as f64);
+        out.insert("kvm2026.halt_poll_shrinks".into(), self.shrinks as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_halt_poll_window_grows_on_short_halts_and_resets_on_long_ones() {
+        let mut k = Kvm2026::new(Kvm2026Options::default());
+        k.poll_window = vec![0];
+        assert_eq!(k.halt_poll_window(0), 0);
+        k.halt_ended(0, 30 * US, false);
+        assert_eq!(k.halt_poll_window(0), 10 * US);
+        k.halt_ended(0, 30 * US, false);
+        assert_eq!(k.halt_poll_window(0), 20 * US);
+        k.halt_ended(0, 30 * US, false);
+        assert_eq!(k.halt_poll_window(0), 40 * US);
+        // Woken within the window: kept.
+        k.halt_ended(0, 35 * US, true);
+        assert_eq!(k.halt_poll_window(0), 40 * US);
+        for _ in 0..5 {
+            k.halt_ended(0, 190 * US, false);
+        }
+        assert_eq!(k.halt_poll_window(0), 200 * US, "capped");
+        k.halt_ended(0, 5_000 * US, false);
+        assert_eq!(k.halt_poll_window(0), 0, "a long halt resets it");
+        let off = Kvm2026::new(Kvm2026Options {
+            halt_poll: false,
+            ..Kvm2026Options::default()
+        });
+        assert_eq!(off.halt_poll_window(0), 0);
+    }
+}
