@@ -81,6 +81,10 @@ struct TcpWorkload {
     tcp: TcpConfig,
     conns: usize,
     peer_cpus: usize,
+    /// The guest programs wait on their connections with epoll
+    /// (`Sys::conns`), however many they have; otherwise the one program
+    /// uses its one socket directly (`Sys::tcp`).
+    epoll: bool,
 }
 
 /// The scenario's TCP workload.
@@ -99,6 +103,7 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             tcp,
             conns: 1,
             peer_cpus: 1,
+            epoll: false,
         });
     }
     if let Some(i) = &s.workload.iperf {
@@ -118,6 +123,7 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             tcp,
             conns: 1,
             peer_cpus: 1,
+            epoll: false,
         });
     }
     if let Some(m) = &s.workload.memcached {
@@ -153,6 +159,7 @@ fn tcp_workload(s: &Scenario, cal: &Calibration) -> Option<TcpWorkload> {
             tcp,
             conns,
             peer_cpus: m.client_threads as usize,
+            epoll: true,
         });
     }
     None
@@ -446,7 +453,10 @@ impl World {
         let mut peer_app = None;
         if let Some(w) = tcp_workload(s, cal) {
             let threads = w.guest.len();
-            if w.conns == 1 && threads == 1 {
+            // The socket interface is the program's, not a matter of how
+            // many connections it has (one memcached connection is still
+            // served from the worker's epoll loop).
+            if !w.epoll {
                 for app in w.guest {
                     let t = kernel.spawn(app, 0, false);
                     kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
