@@ -440,15 +440,25 @@ impl World {
             );
         }
         if let Some(w) = &s.workload.whileloop {
-            kernel.spawn(
-                Box::new(WhileLoop::new(
-                    w.iterations,
-                    g.whileloop_cycles_per_iter.value,
-                    cal.cpu.ghz.value,
-                )),
-                0,
-                false,
+            let lp = WhileLoop::new(
+                w.iterations,
+                g.whileloop_cycles_per_iter.value,
+                cal.cpu.ghz.value,
             );
+            // The run ends with the loop, and the loop needs at least its
+            // CPU time: one no longer than the warm-up could end before
+            // the measured interval begins (nothing measured).
+            if lp.work() <= from_s(s.warmup_s) {
+                return Err(BuildError::Scenario(format!(
+                    "workload.whileloop.iterations: {} iterations need {} s of CPU, which ends \
+                     within warmup_s = {} s and leaves nothing to measure; lower warmup_s or \
+                     raise the iterations",
+                    w.iterations,
+                    crate::engine::as_s(lp.work()),
+                    s.warmup_s
+                )));
+            }
+            kernel.spawn(Box::new(lp), 0, false);
         }
         let mut peer_app = None;
         if let Some(w) = tcp_workload(s, cal) {
@@ -744,7 +754,9 @@ impl World {
         while let Some((now, ev)) = self.q.pop_until(self.end) {
             self.dispatch(ev, now);
             if self.stop_on_task_exit && self.guests[0].counters.tasks_exited > 0 {
-                // A finite workload (WhileLoop) is done: the run ends here.
+                // A finite workload (WhileLoop) is done: the run ends here
+                // (after the warm-up: `build` refuses a shorter loop).
+                debug_assert!(now > self.measure_start);
                 self.end = now;
                 break;
             }
