@@ -6,6 +6,7 @@
 mod blk;
 pub mod event;
 mod net;
+mod vectors;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
@@ -310,6 +311,20 @@ impl World {
             s.workload.udp.is_some() || (s.workload.peers() && s.net.device == NetDevice::Vf);
         let has_blk = virtualized && s.workload.fio.is_some();
         let has_virtio = virtualized && s.net.device == NetDevice::Virtio && s.workload.peers();
+        // Fixed vectors first, so a collision names the key that moved.
+        let mut guest_vectors = Vec::with_capacity(5);
+        if has_virtio {
+            guest_vectors.push(("the virtio-net RX queue", VIRTIO_NET_VECTORS[0]));
+            guest_vectors.push(("the virtio-net TX queue", VIRTIO_NET_VECTORS[1]));
+        }
+        if has_blk {
+            guest_vectors.push(("the virtio-blk request queue", VIRTIO_BLK_VECTOR));
+        }
+        guest_vectors.push(("guest.timer_vector", s.guest.timer_vector));
+        if has_vf {
+            guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
+        }
+        vectors::check_guest_vectors(&guest_vectors)?;
         let vf = has_vf.then_some(VfAssignment {
             vf: 0,
             irte: 0,
