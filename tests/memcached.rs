@@ -56,3 +56,28 @@ fn overload_misses_the_qos_bound() {
     assert!(metric(&r, "memcached.within_10ms_pct") < 95.0);
     assert_eq!(r.violations(), 0);
 }
+
+#[test]
+fn one_connection_and_one_worker_answer_requests() {
+    // A single connection served by a single worker thread still goes
+    // through the worker's epoll loop.
+    for scheme in ["kvm", "did"] {
+        let r = run_file(
+            "memcached.toml",
+            &[
+                &format!("scheme={scheme}"),
+                "rate_rps=20000",
+                "duration_s=0.05",
+                "workload.memcached.connections=1",
+                "workload.memcached.threads=1",
+            ],
+        );
+        let done = metric(&r, "memcached.completed");
+        // 20K/s for 50 ms, give or take the Poisson count and the edges.
+        assert!((800.0..=1200.0).contains(&done), "{scheme}: {done}");
+        // Served by the one worker (the window's edges aside).
+        let served = metric(&r, "memcached.served.thread0");
+        assert!((served - done).abs() <= 5.0, "{scheme}: {served} vs {done}");
+        assert!(metric(&r, "memcached.within_10ms_pct") > 99.0);
+    }
+}

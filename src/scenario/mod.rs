@@ -844,7 +844,7 @@ impl Scenario {
             if v < 0x20 {
                 return bad(
                     k,
-                    format!("{v:#x} is a reserved exception vector; use 0x20..=0xff"),
+                    format!("{v:#x} is a reserved exception vector; use 0x20..=0xfe"),
                 );
             }
         }

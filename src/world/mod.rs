@@ -7,6 +7,7 @@ mod blk;
 pub mod event;
 mod net;
 mod sched;
+mod vectors;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
@@ -83,6 +84,10 @@ struct TcpWorkload {
     tcp: TcpConfig,
     conns: usize,
     peer_cpus: usize,
+    /// The guest programs wait on their connections with epoll
+    /// (`Sys::conns`), however many they have; otherwise the one program
+    /// uses its one socket directly (`Sys::tcp`).
+    epoll: bool,
 }
 
 /// A VM's TCP workload.
@@ -105,6 +110,7 @@ fn tcp_workload(
             tcp,
             conns: 1,
             peer_cpus: 1,
+            epoll: false,
         });
     }
     if let Some(i) = &w.iperf {
@@ -124,6 +130,7 @@ fn tcp_workload(
             tcp,
             conns: 1,
             peer_cpus: 1,
+            epoll: false,
         });
     }
     if let Some(m) = &w.memcached {
@@ -159,6 +166,7 @@ fn tcp_workload(
             tcp,
             conns,
             peer_cpus: m.client_threads as usize,
+            epoll: true,
         });
     }
     None
@@ -301,10 +309,11 @@ fn t_ns(e: &crate::calibration::Entry) -> Time {
 fn spawn_timer_and_cpu_tasks(
     kernel: &mut Kernel,
     w: &crate::scenario::WorkloadSpec,
-    seed: u64,
+    s: &Scenario,
     vm: usize,
+    loop_ends_run: bool,
     cal: &Calibration,
-) {
+) -> Result<(), BuildError> {
     let g = &cal.guest;
     if let Some(c) = &w.cyclictest {
         let stream = if vm == 0 {
@@ -315,7 +324,7 @@ fn spawn_timer_and_cpu_tasks(
         kernel.spawn(
             Box::new(Cyclictest::new(
                 from_us(c.interval_us),
-                from_s(RngStream::new(seed, &stream).uniform() * c.interval_us * 1e-6),
+                from_s(RngStream::new(s.seed, &stream).uniform() * c.interval_us * 1e-6),
                 t_ns(&g.syscall_ns),
                 t_ns(&g.cyclictest_loop_ns),
             )),
@@ -324,16 +333,27 @@ fn spawn_timer_and_cpu_tasks(
         );
     }
     if let Some(l) = &w.whileloop {
-        kernel.spawn(
-            Box::new(WhileLoop::new(
-                l.iterations,
-                g.whileloop_cycles_per_iter.value,
-                cal.cpu.ghz.value,
-            )),
-            0,
-            false,
+        let lp = WhileLoop::new(
+            l.iterations,
+            g.whileloop_cycles_per_iter.value,
+            cal.cpu.ghz.value,
         );
+        // When the run ends with the loop, the loop needs at least its
+        // CPU time: one no longer than the warm-up could end before the
+        // measured interval begins (nothing measured).
+        if loop_ends_run && lp.work() <= from_s(s.warmup_s) {
+            return Err(BuildError::Scenario(format!(
+                "workload.whileloop.iterations: {} iterations need {} s of CPU, which ends \
+                 within warmup_s = {} s and leaves nothing to measure; lower warmup_s or \
+                 raise the iterations",
+                l.iterations,
+                crate::engine::as_s(lp.work()),
+                s.warmup_s
+            )));
+        }
+        kernel.spawn(Box::new(lp), 0, false);
     }
+    Ok(())
 }
 
 /// The UDP receiver: "sender and receiver at the lowest priority" (DID §5.2).
@@ -423,6 +443,21 @@ impl World {
         // VM i's VF is VF i, its queue vector's IRT entry i.
         let mut vfs = Vec::with_capacity(nvm);
         for (i, v) in views.iter().enumerate() {
+            // The guest's vectors must be distinct: fixed ones first, so a
+            // collision names the key that moved.
+            let mut guest_vectors = Vec::with_capacity(5);
+            if i == 0 && has_virtio {
+                guest_vectors.push(("the virtio-net RX queue", VIRTIO_NET_VECTORS[0]));
+                guest_vectors.push(("the virtio-net TX queue", VIRTIO_NET_VECTORS[1]));
+            }
+            if i == 0 && has_blk {
+                guest_vectors.push(("the virtio-blk request queue", VIRTIO_BLK_VECTOR));
+            }
+            guest_vectors.push(("guest.timer_vector", s.guest.timer_vector));
+            if vm_has_vf(v.workload) {
+                guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
+            }
+            vectors::check_guest_vectors(&guest_vectors)?;
             let a = vm_has_vf(v.workload).then_some(VfAssignment {
                 vf: i as u16,
                 irte: i as u16,
@@ -556,11 +591,14 @@ impl World {
             })
             .collect();
         let mut kernel = Kernel::new(gcfg);
-        spawn_timer_and_cpu_tasks(&mut kernel, w0, s.seed, 0, cal);
+        spawn_timer_and_cpu_tasks(&mut kernel, w0, s, 0, nvm == 1, cal)?;
         let mut peer_app = None;
         if let Some(w) = tcp_workload(w0, s, cal) {
             let threads = w.guest.len();
-            if w.conns == 1 && threads == 1 {
+            // The socket interface is the program's, not a matter of how
+            // many connections it has (one memcached connection is still
+            // served from the worker's epoll loop).
+            if !w.epoll {
                 for app in w.guest {
                     let t = kernel.spawn(app, 0, false);
                     kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
@@ -623,7 +661,7 @@ impl World {
         for (i, cfg) in other_cfgs.into_iter().enumerate() {
             let vm = i + 1;
             let mut k = Kernel::new(cfg);
-            spawn_timer_and_cpu_tasks(&mut k, views[vm].workload, s.seed, vm, cal);
+            spawn_timer_and_cpu_tasks(&mut k, views[vm].workload, s, vm, false, cal)?;
             if views[vm].workload.udp.is_some() {
                 spawn_udp_receiver(&mut k, cal);
             }
@@ -919,7 +957,9 @@ impl World {
             }
             self.dispatch(ev, now);
             if self.stop_on_task_exit && self.guests[0].counters.tasks_exited > 0 {
-                // A finite workload (WhileLoop) is done: the run ends here.
+                // A finite workload (WhileLoop) is done: the run ends here
+                // (after the warm-up: `build` refuses a shorter loop).
+                debug_assert!(now > self.measure_start);
                 self.end = now;
                 break;
             }
