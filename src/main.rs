@@ -102,30 +102,57 @@ fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
     }
 }
 
-/// Writes to stdout; a closed pipe (`exitless ... | head`) ends output
-/// quietly instead of panicking.
-fn emit(text: &str) {
+/// Progress and diagnostics on stderr. Never the print macros, which
+/// panic when stderr is a closed pipe (`exitless ... 2>&1 | head -1`):
+/// a failing stderr must not stop a run or lose its results, so its write
+/// errors are ignored.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Why the command failed.
+enum Failure {
+    /// Bad input (scenario, calibration, arguments): exit status 2.
+    Input(String),
+    /// The results could not be written to stdout: exit status 1.
+    Output(std::io::Error),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Input(e)
+    }
+}
+
+/// Writes the results to stdout. A failure (a closed pipe, a full disk)
+/// means the results are lost, so it fails the command.
+fn emit(text: &str) -> Result<(), Failure> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("exitless: error: writing output: {e}");
-        }
-    }
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(Failure::Output)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("exitless: error: {e}");
+        Err(Failure::Input(e)) => {
+            note!("exitless: error: {e}\n");
             ExitCode::from(2)
+        }
+        Err(Failure::Output(e)) => {
+            note!("exitless: error: writing the results to stdout: {e}\n");
+            ExitCode::from(1)
         }
     }
 }
 
-fn real_main(cli: Cli) -> Result<ExitCode, String> {
+fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
     let cal = load_cal(&cli.calibration)?;
     let show = !cli.quiet && std::io::stderr().is_terminal();
     match cli.cmd {
@@ -148,21 +175,25 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             let t0 = Instant::now();
             w.run(|f| {
                 if show {
-                    eprint!("\r  simulating {:5.1}%", f * 100.0);
+                    note!("\r  simulating {:5.1}%", f * 100.0);
                 }
             });
             let wall = t0.elapsed().as_secs_f64();
             if show {
-                eprintln!("\r  simulating 100.0%");
+                note!("\r  simulating 100.0%\n");
             }
             let rep = w.report();
             if let (Some(path), Some(t)) = (&trace, w.trace()) {
                 let title = format!("exitless {} ({})", s.name, rep.scheme);
-                std::fs::write(path, t.to_chrome_json(&title, w.cores()))
-                    .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
+                // Through a temporary file and a rename: an interrupted
+                // write never leaves a truncated JSON at `path`.
+                exitless::report::write_file_atomically(path, |out| {
+                    t.write_chrome_json(out, &title, w.cores())
+                })
+                .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
                 if !cli.quiet {
-                    eprintln!(
-                        "trace: {} events to {}{}",
+                    note!(
+                        "trace: {} events to {}{}\n",
                         t.events().len(),
                         path.display(),
                         if t.dropped > 0 {
@@ -179,8 +210,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             if !cli.quiet {
                 let ev = w.events() as f64;
                 let sim = s.duration_s + s.warmup_s;
-                eprintln!(
-                    "engine: {:.0} events in {:.3} s wall ({:.2} M events/s); {:.3} s simulated, {:.2} s wall per simulated s",
+                note!(
+                    "engine: {:.0} events in {:.3} s wall ({:.2} M events/s); {:.3} s simulated, {:.2} s wall per simulated s\n",
                     ev,
                     wall,
                     ev / wall.max(1e-9) / 1e6,
@@ -190,9 +221,9 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             }
             if json {
                 let j = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"));
+                emit(&format!("{j}\n"))?;
             } else {
-                emit(&rep.to_text());
+                emit(&rep.to_text())?;
             }
             if fail_on_violation && rep.violations() > 0 {
                 return Ok(ExitCode::from(3));
@@ -213,15 +244,15 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             let quiet = cli.quiet;
             let rows = validation::reproduce(&paper, only.as_deref(), &sets, &cal, threads, &|m| {
                 if !quiet {
-                    eprintln!("  {m}");
+                    note!("  {m}\n");
                 }
             })
             .map_err(|e| e.to_string())?;
             if json {
                 let j = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"));
+                emit(&format!("{j}\n"))?;
             } else {
-                emit(&validation::to_text(&rows));
+                emit(&validation::to_text(&rows))?;
             }
         }
         Cmd::Schemes => {
@@ -230,7 +261,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             for (name, what) in SCHEMES.iter().zip(SCHEME_SUMMARIES) {
                 text.push_str(&format!("{name:<11} {what}\n"));
             }
-            emit(&text);
+            emit(&text)?;
         }
         Cmd::Calibration => {
             let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;
@@ -246,7 +277,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
                     }
                 }
             }
-            emit(&text);
+            emit(&text)?;
         }
     }
     Ok(ExitCode::SUCCESS)
