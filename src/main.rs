@@ -49,9 +49,11 @@ enum Cmd {
         /// Trace window START_MS:LENGTH_MS, from the end of the warm-up.
         #[arg(long, value_name = "START_MS:LENGTH_MS", default_value = "0:10")]
         trace_window: String,
-        /// Most trace events kept (later ones are counted as dropped).
-        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
-        trace_limit: usize,
+        /// Most trace events kept (later ones are counted as dropped), at
+        /// most 10,000,000 (about 1 GB of JSON).
+        #[arg(long, value_name = "N", default_value_t = 1_000_000,
+              value_parser = clap::value_parser!(u64).range(1..=MAX_TRACE_EVENTS))]
+        trace_limit: u64,
     },
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
@@ -66,15 +68,19 @@ enum Cmd {
         /// Override applied to every run (e.g. duration_s=0.2 for a quick look).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
-        /// Simulations in parallel (default: available cores).
-        #[arg(long)]
-        threads: Option<usize>,
+        /// Simulations in parallel, 1 to 1024 (default: available cores).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        threads: Option<u64>,
     },
     /// List the delivery schemes.
     Schemes,
     /// Print the calibration with each value's source.
     Calibration,
 }
+
+/// Largest `--trace-limit`: the events are kept in memory and then
+/// written as ~100 bytes of JSON each.
+const MAX_TRACE_EVENTS: u64 = 10_000_000;
 
 /// `START_MS:LENGTH_MS` → (start, length) in ps.
 fn parse_window(w: &str) -> Result<(exitless::engine::Time, exitless::engine::Time), String> {
@@ -95,7 +101,7 @@ fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
     match p {
         None => Ok(Calibration::default_host()),
         Some(p) => {
-            let t = std::fs::read_to_string(p)
+            let t = exitless::scenario::read_input(p)
                 .map_err(|e| format!("cannot read calibration {}: {e}", p.display()))?;
             Calibration::from_toml(&t).map_err(|e| format!("{}: {e}", p.display()))
         }
@@ -166,11 +172,14 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             trace_limit,
         } => {
             let s = Scenario::load(&scenario, &sets).map_err(|e| e.to_string())?;
+            for w in &s.warnings {
+                note!("exitless: warning: {w}\n");
+            }
             let mut w = World::build(&s, &cal).map_err(|e| e.to_string())?;
             if trace.is_some() {
                 let (from, len) = parse_window(&trace_window)?;
                 let start = w.measure_start() + from;
-                w.enable_trace(start, start.saturating_add(len), trace_limit);
+                w.enable_trace(start, start.saturating_add(len), trace_limit as usize);
             }
             let t0 = Instant::now();
             w.run(|f| {
@@ -236,7 +245,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             sets,
             threads,
         } => {
-            let threads = threads.unwrap_or_else(|| {
+            let threads = threads.map(|t| t as usize).unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())
                     .unwrap_or(1)

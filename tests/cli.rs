@@ -329,3 +329,68 @@ fn the_trace_is_written_whole_through_a_temporary_file() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot write trace"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn options_without_effect_warn_on_stderr_and_in_the_json_report() {
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "scheme=kvm",
+        "--set",
+        "hv.vtd_posted_interrupts=true",
+        "--set",
+        "duration_s=0.01",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("warning") && err.contains("hv.vtd_posted_interrupts"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let w = v["warnings"].as_array().unwrap();
+    assert_eq!(w.len(), 1);
+    assert!(w[0].as_str().unwrap().contains("kvm"));
+}
+
+#[test]
+fn oversized_inputs_and_limits_are_refused() {
+    if std::path::Path::new("/dev/zero").exists() {
+        for args in [
+            vec!["-q", "run", "/dev/zero"],
+            vec![
+                "-q",
+                "--calibration",
+                "/dev/zero",
+                "run",
+                "validation/did/fig4.toml",
+            ],
+        ] {
+            let o = exitless(&args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("/dev/zero") && err.contains("larger than"),
+                "{err}"
+            );
+        }
+    }
+    for args in [
+        vec![
+            "run",
+            "validation/did/fig4.toml",
+            "--trace",
+            "t.json",
+            "--trace-limit",
+            "100000000000",
+        ],
+        vec!["reproduce", "did", "--threads", "0"],
+        vec!["reproduce", "did", "--threads", "1000000"],
+    ] {
+        let o = exitless(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}

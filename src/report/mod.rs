@@ -156,6 +156,10 @@ pub struct RunReport {
     pub invariants: Invariants,
     /// Assumptions the scenario makes.
     pub assumptions: Vec<Assumption>,
+    /// Options the scenario gives that have no effect (validation's
+    /// warnings); absent when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
@@ -236,6 +240,7 @@ impl RunReport {
                 merged: s.checker.merged,
             },
             assumptions: s.scenario.assumptions.clone(),
+            warnings: s.scenario.warnings.clone(),
         }
     }
 
