@@ -152,26 +152,138 @@ pub enum CalibrationError {
     /// The TOML did not parse or a key is missing, unknown or mistyped.
     #[error("calibration: {0}")]
     Parse(#[from] toml::de::Error),
-    /// A value is negative or not finite.
-    #[error("calibration: {key} = {value} must be a finite, non-negative number")]
-    Bad {
+    /// A value outside its key's range (see [`range_of`]).
+    #[error("calibration: {key} = {value} is out of range: must be {range}")]
+    OutOfRange {
         /// Dotted key.
         key: String,
         /// Offending value.
         value: f64,
+        /// The range, in words.
+        range: String,
     },
+    /// An entry whose key has no range rule (a new key needs one).
+    #[error("calibration: {0} has no range rule")]
+    NoRange(String),
+    /// The parsed calibration could not be walked (never expected).
+    #[error("calibration: {0}")]
+    Internal(String),
+}
+
+/// The values a calibration entry may take. A primitive cost or rate may
+/// be zero (the primitive is free, the source silent); a frequency, a
+/// link speed or a count the model divides or iterates by may not. Upper
+/// bounds keep every value far from overflowing the picosecond clock and
+/// every size from allocating without bound.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Range {
+    /// Lowest value.
+    pub min: f64,
+    /// Whether `min` itself is excluded (a value that must be > 0).
+    pub min_exclusive: bool,
+    /// Highest value.
+    pub max: f64,
+    /// Whether the value must be a whole number (counts, register values).
+    pub integer: bool,
+}
+
+impl Range {
+    const fn closed(min: f64, max: f64) -> Self {
+        Range {
+            min,
+            min_exclusive: false,
+            max,
+            integer: false,
+        }
+    }
+    const fn positive(max: f64) -> Self {
+        Range {
+            min: 0.0,
+            min_exclusive: true,
+            max,
+            integer: false,
+        }
+    }
+    const fn count(min: f64, max: f64) -> Self {
+        Range {
+            min,
+            min_exclusive: false,
+            max,
+            integer: true,
+        }
+    }
+
+    /// Whether `x` lies in the range (never for NaN or an infinity).
+    pub fn contains(&self, x: f64) -> bool {
+        x.is_finite()
+            && (x > self.min || (!self.min_exclusive && x == self.min))
+            && x <= self.max
+            && (!self.integer || x.fract() == 0.0)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} in {}{}, {}]",
+            if self.integer {
+                "a whole number"
+            } else {
+                "a number"
+            },
+            if self.min_exclusive { "(" } else { "[" },
+            self.min,
+            self.max
+        )
+    }
+}
+
+/// The range of the entry `key` (dotted, `section.name`). Costs (`_us`,
+/// `_ns`) are at most 1 s; rates (`_per_s`) at most 10^6/s; the rest are
+/// named one by one. `None`: the key has no rule.
+pub fn range_of(key: &str) -> Option<Range> {
+    Some(match key {
+        // Frequencies, divided by: > 0.
+        "cpu.ghz" => Range::closed(0.01, 100.0),
+        "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
+        "host.hz" => Range::closed(1.0, 10_000.0),
+        "nic.link_gbps" => Range::closed(0.001, 1000.0),
+        // 82599 EITR interval granularity: 2.048 µs at 10 GbE, and larger
+        // at lower link speeds.
+        "nic.itr_unit_us" => Range::closed(0.001, 100.0),
+        "guest.whileloop_cycles_per_iter" => Range::positive(1e6),
+        // EITR register values: the 12-bit field as written (0x0FFF).
+        "nic.itr_lowest_reg" | "nic.itr_low_reg" | "nic.itr_bulk_reg" => Range::count(0.0, 4095.0),
+        "nic.itr_low_threshold_bytes_per_us" | "nic.itr_bulk_threshold_bytes_per_us" => {
+            Range::count(0.0, 1e6)
+        }
+        // ixgbevf: 64..=4096 descriptors (IXGBEVF_MIN_RXD, _MAX_RXD).
+        "nic.rx_ring_size" => Range::count(64.0, 4096.0),
+        "nic.rx_refill_batch" => Range::count(1.0, 4096.0),
+        "nic.napi_weight" => Range::count(1.0, crate::scenario::MAX_NAPI_WEIGHT as f64),
+        "nic.netdev_budget" => Range::count(1.0, 1e6),
+        // The tap queue is allocated up front; Linux's default
+        // tx_queue_len is 1000.
+        "vhost.tap_queue_frames" => Range::count(1.0, 65_536.0),
+        k if k.ends_with("_us") => Range::closed(0.0, 1e6),
+        k if k.ends_with("_ns") => Range::closed(0.0, 1e9),
+        k if k.ends_with("_per_s") => Range::closed(0.0, 1e6),
+        _ => return None,
+    })
 }
 
 impl Calibration {
     /// Parses and checks a calibration file's text.
     pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
         let c: Calibration = toml::from_str(text)?;
-        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Bad {
-            key: e.to_string(),
-            value: f64::NAN,
-        })?;
-        check(&v, "")?;
+        c.check()?;
         Ok(c)
+    }
+
+    /// Checks every entry against its range ([`range_of`]); for a
+    /// calibration built or edited in code rather than read from a file.
+    pub fn check(&self) -> Result<(), CalibrationError> {
+        let v =
+            toml::Value::try_from(self).map_err(|e| CalibrationError::Internal(e.to_string()))?;
+        check(&v, "")
     }
 
     /// The shipped calibration.
@@ -187,10 +299,12 @@ fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
                 .as_float()
                 .or(x.as_integer().map(|i| i as f64))
                 .unwrap_or(f64::NAN);
-            if !x.is_finite() || x < 0.0 {
-                return Err(CalibrationError::Bad {
+            let r = range_of(path).ok_or_else(|| CalibrationError::NoRange(path.to_string()))?;
+            if !r.contains(x) {
+                return Err(CalibrationError::OutOfRange {
                     key: path.to_string(),
                     value: x,
+                    range: r.describe(),
                 });
             }
             return Ok(());
@@ -236,6 +350,64 @@ mod tests {
         let mut n = 0;
         walk(&v, &mut n);
         assert!(n > 40, "{n} entries");
+    }
+
+    /// The shipped calibration with `key` (dotted) set to `value`.
+    fn with(key: &str, value: toml::Value) -> String {
+        let mut t: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+        let (sec, k) = key.split_once('.').unwrap();
+        t[sec][k]["value"] = value;
+        toml::to_string(&t).unwrap()
+    }
+
+    #[test]
+    fn every_entry_has_a_range_that_holds_its_shipped_value() {
+        let v = toml::Value::try_from(Calibration::default_host()).unwrap();
+        let mut n = 0;
+        for (sec, entries) in v.as_table().unwrap() {
+            for (k, e) in entries.as_table().unwrap() {
+                let key = format!("{sec}.{k}");
+                let r = range_of(&key).unwrap_or_else(|| panic!("{key} has no range"));
+                let x = e["value"].as_float().unwrap();
+                assert!(r.contains(x), "{key} = {x} outside {r:?}");
+                n += 1;
+            }
+        }
+        assert!(n > 40);
+    }
+
+    #[test]
+    fn zero_absurd_and_non_finite_values_name_the_key() {
+        use toml::Value::{Float, Integer};
+        for (key, value) in [
+            ("nic.link_gbps", Integer(0)),
+            ("cpu.ghz", Float(0.0)),
+            ("apic.bus_mhz", Integer(0)),
+            ("nic.napi_weight", Integer(0)),
+            ("vhost.tap_queue_frames", Float(1e9)),
+            ("nic.rx_ring_size", Float(512.5)),
+            ("nic.rx_ring_size", Integer(1_000_000)),
+            ("nic.itr_low_reg", Integer(0x1000)),
+            ("host.hz", Float(f64::INFINITY)),
+            ("guest.rx_per_packet_ns", Float(f64::NAN)),
+            ("exit.nmi_us", Float(1e300)),
+            ("background.io_instruction_per_s", Float(-1.0)),
+            ("guest.whileloop_cycles_per_iter", Integer(0)),
+        ] {
+            let e = Calibration::from_toml(&with(key, value.clone()))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains("out of range"),
+                "{key} = {value}: {e}"
+            );
+        }
+        // Zero is a legal cost or rate: the primitive is free.
+        assert!(Calibration::from_toml(&with("guest.rx_per_packet_ns", Integer(0))).is_ok());
+        assert!(
+            Calibration::from_toml(&with("background.io_instruction_per_s", Integer(0))).is_ok()
+        );
     }
 
     #[test]

@@ -49,9 +49,11 @@ enum Cmd {
         /// Trace window START_MS:LENGTH_MS, from the end of the warm-up.
         #[arg(long, value_name = "START_MS:LENGTH_MS", default_value = "0:10")]
         trace_window: String,
-        /// Most trace events kept (later ones are counted as dropped).
-        #[arg(long, value_name = "N", default_value_t = 1_000_000)]
-        trace_limit: usize,
+        /// Most trace events kept (later ones are counted as dropped), at
+        /// most 10,000,000 (about 1 GB of JSON).
+        #[arg(long, value_name = "N", default_value_t = 1_000_000,
+              value_parser = clap::value_parser!(u64).range(1..=MAX_TRACE_EVENTS))]
+        trace_limit: u64,
     },
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
@@ -66,9 +68,9 @@ enum Cmd {
         /// Override applied to every run (e.g. duration_s=0.2 for a quick look).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
-        /// Simulations in parallel (default: available cores).
-        #[arg(long)]
-        threads: Option<usize>,
+        /// Simulations in parallel, 1 to 1024 (default: available cores).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        threads: Option<u64>,
     },
     /// List the delivery schemes.
     Schemes,
@@ -110,6 +112,10 @@ struct ExploreArgs {
     threads: Option<usize>,
 }
 
+/// Largest `--trace-limit`: the events are kept in memory and then
+/// written as ~100 bytes of JSON each.
+const MAX_TRACE_EVENTS: u64 = 10_000_000;
+
 /// `START_MS:LENGTH_MS` → (start, length) in ps.
 fn parse_window(w: &str) -> Result<(exitless::engine::Time, exitless::engine::Time), String> {
     let bad = || format!("--trace-window `{w}`: expected START_MS:LENGTH_MS, e.g. 0:10");
@@ -129,37 +135,64 @@ fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
     match p {
         None => Ok(Calibration::default_host()),
         Some(p) => {
-            let t = std::fs::read_to_string(p)
+            let t = exitless::scenario::read_input(p)
                 .map_err(|e| format!("cannot read calibration {}: {e}", p.display()))?;
             Calibration::from_toml(&t).map_err(|e| format!("{}: {e}", p.display()))
         }
     }
 }
 
-/// Writes to stdout; a closed pipe (`exitless ... | head`) ends output
-/// quietly instead of panicking.
-fn emit(text: &str) {
+/// Progress and diagnostics on stderr. Never the print macros, which
+/// panic when stderr is a closed pipe (`exitless ... 2>&1 | head -1`):
+/// a failing stderr must not stop a run or lose its results, so its write
+/// errors are ignored.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Why the command failed.
+enum Failure {
+    /// Bad input (scenario, calibration, arguments): exit status 2.
+    Input(String),
+    /// The results could not be written to stdout: exit status 1.
+    Output(std::io::Error),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Input(e)
+    }
+}
+
+/// Writes the results to stdout. A failure (a closed pipe, a full disk)
+/// means the results are lost, so it fails the command.
+fn emit(text: &str) -> Result<(), Failure> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("exitless: error: writing output: {e}");
-        }
-    }
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(Failure::Output)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("exitless: error: {e}");
+        Err(Failure::Input(e)) => {
+            note!("exitless: error: {e}\n");
             ExitCode::from(2)
+        }
+        Err(Failure::Output(e)) => {
+            note!("exitless: error: writing the results to stdout: {e}\n");
+            ExitCode::from(1)
         }
     }
 }
 
-fn real_main(cli: Cli) -> Result<ExitCode, String> {
+fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
     let cal = load_cal(&cli.calibration)?;
     let show = !cli.quiet && std::io::stderr().is_terminal();
     match cli.cmd {
@@ -173,30 +206,37 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             trace_limit,
         } => {
             let s = Scenario::load(&scenario, &sets).map_err(|e| e.to_string())?;
+            for w in &s.warnings {
+                note!("exitless: warning: {w}\n");
+            }
             let mut w = World::build(&s, &cal).map_err(|e| e.to_string())?;
             if trace.is_some() {
                 let (from, len) = parse_window(&trace_window)?;
                 let start = w.measure_start() + from;
-                w.enable_trace(start, start.saturating_add(len), trace_limit);
+                w.enable_trace(start, start.saturating_add(len), trace_limit as usize);
             }
             let t0 = Instant::now();
             w.run(|f| {
                 if show {
-                    eprint!("\r  simulating {:5.1}%", f * 100.0);
+                    note!("\r  simulating {:5.1}%", f * 100.0);
                 }
             });
             let wall = t0.elapsed().as_secs_f64();
             if show {
-                eprintln!("\r  simulating 100.0%");
+                note!("\r  simulating 100.0%\n");
             }
             let rep = w.report();
             if let (Some(path), Some(t)) = (&trace, w.trace()) {
                 let title = format!("exitless {} ({})", s.name, rep.scheme);
-                std::fs::write(path, t.to_chrome_json(&title, w.cores()))
-                    .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
+                // Through a temporary file and a rename: an interrupted
+                // write never leaves a truncated JSON at `path`.
+                exitless::report::write_file_atomically(path, |out| {
+                    t.write_chrome_json(out, &title, w.cores())
+                })
+                .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
                 if !cli.quiet {
-                    eprintln!(
-                        "trace: {} events to {}{}",
+                    note!(
+                        "trace: {} events to {}{}\n",
                         t.events().len(),
                         path.display(),
                         if t.dropped > 0 {
@@ -213,8 +253,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             if !cli.quiet {
                 let ev = w.events() as f64;
                 let sim = s.duration_s + s.warmup_s;
-                eprintln!(
-                    "engine: {:.0} events in {:.3} s wall ({:.2} M events/s); {:.3} s simulated, {:.2} s wall per simulated s",
+                note!(
+                    "engine: {:.0} events in {:.3} s wall ({:.2} M events/s); {:.3} s simulated, {:.2} s wall per simulated s\n",
                     ev,
                     wall,
                     ev / wall.max(1e-9) / 1e6,
@@ -224,9 +264,9 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             }
             if json {
                 let j = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"));
+                emit(&format!("{j}\n"))?;
             } else {
-                emit(&rep.to_text());
+                emit(&rep.to_text())?;
             }
             if fail_on_violation && rep.violations() > 0 {
                 return Ok(ExitCode::from(3));
@@ -239,7 +279,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             sets,
             threads,
         } => {
-            let threads = threads.unwrap_or_else(|| {
+            let threads = threads.map(|t| t as usize).unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())
                     .unwrap_or(1)
@@ -247,15 +287,15 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             let quiet = cli.quiet;
             let rows = validation::reproduce(&paper, only.as_deref(), &sets, &cal, threads, &|m| {
                 if !quiet {
-                    eprintln!("  {m}");
+                    note!("  {m}\n");
                 }
             })
             .map_err(|e| e.to_string())?;
             if json {
                 let j = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"));
+                emit(&format!("{j}\n"))?;
             } else {
-                emit(&validation::to_text(&rows));
+                emit(&validation::to_text(&rows))?;
             }
         }
         Cmd::Schemes => {
@@ -264,7 +304,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
             for (name, what) in SCHEMES.iter().zip(SCHEME_SUMMARIES) {
                 text.push_str(&format!("{name:<11} {what}\n"));
             }
-            emit(&text);
+            emit(&text)?;
         }
         Cmd::Calibration => {
             let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;
@@ -280,7 +320,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
                     }
                 }
             }
-            emit(&text);
+            emit(&text)?;
         }
         Cmd::Explore(a) => return explore_cmd(a, &cal, cli.quiet),
     }
@@ -288,16 +328,16 @@ fn real_main(cli: Cli) -> Result<ExitCode, String> {
 }
 
 /// `exitless explore`: the race explorer over one or more schemes.
-fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCode, String> {
+fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCode, Failure> {
     use exitless::explore::{self, ExploreOptions, Perturbation};
     if !(a.jitter_ns >= 0.0 && a.jitter_ns <= 1e9) {
-        return Err(format!(
+        return Err(Failure::Input(format!(
             "--jitter-ns {}: must be between 0 and 1e9 ns",
             a.jitter_ns
-        ));
+        )));
     }
     if a.runs == 0 {
-        return Err("--runs must be at least 1".into());
+        return Err(Failure::Input("--runs must be at least 1".into()));
     }
     let opts = ExploreOptions {
         runs: a.runs,
@@ -335,14 +375,14 @@ fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCod
                 s.scheme,
                 c.violations.len(),
                 explore::render_counterexample(&c, &s.scheme, &path)
-            ));
+            ))?;
             continue;
         }
         let show = !quiet && std::io::stderr().is_terminal();
         let runs = opts.runs;
         let x = explore::explore(&s, cal, opts, |done, failing| {
             if show {
-                eprint!(
+                note!(
                     "\r  {}: {done}/{runs} interleavings, {failing} failing",
                     s.scheme
                 );
@@ -350,10 +390,10 @@ fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCod
         })
         .map_err(|e| e.to_string())?;
         if show {
-            eprintln!();
+            note!("\n");
         }
         found |= x.failing_runs > 0;
-        emit(&explore::render(&x, &opts, &path));
+        emit(&explore::render(&x, &opts, &path))?;
     }
     Ok(if found {
         ExitCode::from(3)

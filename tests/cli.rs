@@ -208,3 +208,189 @@ fn schemes_lists_every_buildable_scheme_with_a_summary() {
         assert_eq!(exitless::hv::scheme::by_name(name).unwrap().name(), name);
     }
 }
+
+/// A pipe whose reading end is already closed: every write to it fails
+/// with EPIPE, as `exitless ... | head -1` sees once head has exited.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    writer
+}
+
+fn exitless_with(
+    args: &[&str],
+    stdout: impl Into<std::process::Stdio>,
+    stderr: impl Into<std::process::Stdio>,
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(stderr)
+        .output()
+        .expect("binary runs")
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_a_run_or_lose_its_results() {
+    use std::process::Stdio;
+    // Not -q: the run writes its engine line to stderr, reproduce its
+    // progress; both go to the closed pipe.
+    let o = exitless_with(
+        &[
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.02",
+            "--json",
+        ],
+        Stdio::piped(),
+        closed_pipe(),
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["vms"][0]["exits_per_s"].as_f64().is_some());
+    let o = exitless_with(
+        &[
+            "reproduce",
+            "did",
+            "--only",
+            "cyclictest",
+            "--set",
+            "duration_s=0.05",
+            "--json",
+        ],
+        Stdio::piped(),
+        closed_pipe(),
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!rows.is_empty());
+}
+
+#[test]
+fn results_that_cannot_be_written_fail_the_command() {
+    use std::process::Stdio;
+    let run = [
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.02",
+    ];
+    // stdout closed, stderr readable: a non-zero status and the reason.
+    let o = exitless_with(&run, closed_pipe(), Stdio::piped());
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("writing the results to stdout"), "{err}");
+    // `2>&1 | true`: both closed; still no panic (status 101).
+    let w = closed_pipe();
+    let o = exitless_with(&run, w.try_clone().unwrap(), w);
+    assert_eq!(o.status.code(), Some(1));
+    // A full disk.
+    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        let o = exitless_with(&["schemes"], full, Stdio::piped());
+        assert_eq!(o.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("writing the results to stdout"), "{err}");
+    }
+}
+
+#[test]
+fn the_trace_is_written_whole_through_a_temporary_file() {
+    let dir = std::env::temp_dir().join(format!("exitless-trace-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.json");
+    std::fs::write(&path, "an older trace").unwrap();
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.01",
+        "--trace",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(v["traceEvents"].as_array().unwrap().len() > 3);
+    // Only the trace itself is left in the directory.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    // A trace path that is a directory fails cleanly and leaves nothing.
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.01",
+        "--trace",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot write trace"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn options_without_effect_warn_on_stderr_and_in_the_json_report() {
+    let o = exitless(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "scheme=kvm",
+        "--set",
+        "hv.vtd_posted_interrupts=true",
+        "--set",
+        "duration_s=0.01",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("warning") && err.contains("hv.vtd_posted_interrupts"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let w = v["warnings"].as_array().unwrap();
+    assert_eq!(w.len(), 1);
+    assert!(w[0].as_str().unwrap().contains("kvm"));
+}
+
+#[test]
+fn oversized_inputs_and_limits_are_refused() {
+    if std::path::Path::new("/dev/zero").exists() {
+        for args in [
+            vec!["-q", "run", "/dev/zero"],
+            vec![
+                "-q",
+                "--calibration",
+                "/dev/zero",
+                "run",
+                "validation/did/fig4.toml",
+            ],
+        ] {
+            let o = exitless(&args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("/dev/zero") && err.contains("larger than"),
+                "{err}"
+            );
+        }
+    }
+    for args in [
+        vec![
+            "run",
+            "validation/did/fig4.toml",
+            "--trace",
+            "t.json",
+            "--trace-limit",
+            "100000000000",
+        ],
+        vec!["reproduce", "did", "--threads", "0"],
+        vec!["reproduce", "did", "--threads", "1000000"],
+    ] {
+        let o = exitless(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}

@@ -9,7 +9,6 @@
 
 use crate::engine::Time;
 use crate::hv::exits::ExitReason;
-use std::fmt::Write;
 
 /// What one trace event shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,51 +94,63 @@ impl Trace {
     /// The trace as Chrome trace-event JSON (`{"traceEvents": [...]}`),
     /// times in µs with picosecond precision. `title` names the process.
     pub fn to_chrome_json(&self, title: &str, cores: usize) -> String {
-        let mut s = String::with_capacity(64 + self.events.len() * 96);
-        s.push_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
-        let _ = write!(
-            s,
+        let mut v = Vec::with_capacity(64 + self.events.len() * 96);
+        // Writing into a Vec cannot fail.
+        let _ = self.write_chrome_json(&mut v, title, cores);
+        String::from_utf8(v).unwrap_or_default()
+    }
+
+    /// Streams the Chrome trace-event JSON of [`Trace::to_chrome_json`] to
+    /// `out` without building it in memory first.
+    pub fn write_chrome_json(
+        &self,
+        out: &mut dyn std::io::Write,
+        title: &str,
+        cores: usize,
+    ) -> std::io::Result<()> {
+        out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+        write!(
+            out,
             "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{{\"name\":{}}}}}",
             json_string(title)
-        );
+        )?;
         for c in 0..cores {
-            let _ = write!(
-                s,
+            write!(
+                out,
                 ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{c},\"args\":{{\"name\":\"core {c}\"}}}}"
-            );
+            )?;
         }
         for e in &self.events {
             let ts = us(e.start);
             let tid = e.core;
-            let _ = match e.kind {
+            match e.kind {
                 TraceKind::Guest => write!(
-                    s,
+                    out,
                     ",\n{{\"name\":\"guest\",\"cat\":\"guest\",\"ph\":\"X\",\"ts\":{ts},\"dur\":{},\"pid\":0,\"tid\":{tid}}}",
                     us(e.dur)
                 ),
                 TraceKind::Exit(r) => write!(
-                    s,
+                    out,
                     ",\n{{\"name\":\"{}\",\"cat\":\"exit\",\"ph\":\"X\",\"ts\":{ts},\"dur\":{},\"pid\":0,\"tid\":{tid}}}",
                     r.name(),
                     us(e.dur)
                 ),
                 TraceKind::ScheduleIn => write!(
-                    s,
+                    out,
                     ",\n{{\"name\":\"schedule in\",\"cat\":\"host\",\"ph\":\"X\",\"ts\":{ts},\"dur\":{},\"pid\":0,\"tid\":{tid}}}",
                     us(e.dur)
                 ),
                 TraceKind::Deliver { vector } => write!(
-                    s,
+                    out,
                     ",\n{{\"name\":\"irq 0x{vector:02x}\",\"cat\":\"interrupt\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":0,\"tid\":{tid},\"args\":{{\"vector\":{vector}}}}}"
                 ),
                 TraceKind::Eoi { vector } => write!(
-                    s,
+                    out,
                     ",\n{{\"name\":\"eoi 0x{vector:02x}\",\"cat\":\"eoi\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":0,\"tid\":{tid},\"args\":{{\"vector\":{vector}}}}}"
                 ),
-            };
+            }?;
         }
-        s.push_str("\n]}\n");
-        s
+        out.write_all(b"\n]}\n")
     }
 }
 

@@ -72,6 +72,31 @@ pub struct Scenario {
     /// does not state, chosen with its reason), shown in reports.
     #[serde(default)]
     pub assumptions: Vec<Assumption>,
+    /// What validation found legal but pointless (an option the chosen
+    /// scheme ignores): for the caller to show, never fatal. Not a key.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
+}
+
+/// The largest scenario, calibration or experiment file read (1 MiB; the
+/// shipped ones are a few KiB). Anything bigger is not one: a path such
+/// as /dev/zero must not be read into memory without end.
+pub const MAX_INPUT_BYTES: u64 = 1 << 20;
+
+/// Reads a text input file of at most [`MAX_INPUT_BYTES`].
+pub fn read_input(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_INPUT_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_INPUT_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_INPUT_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
 }
 
 fn one() -> u64 {
@@ -247,15 +272,26 @@ pub struct GuestSpec {
     /// Idle loop: `poll` (spin, the default) or `halt` (HLT: the vCPU
     /// exits and sleeps, giving its core to other threads).
     pub idle: crate::guest::IdleMode,
-    /// UDP socket buffer, datagrams.
+    /// UDP socket buffer, datagrams (1 to [`MAX_RCVBUF_PACKETS`]).
     pub rcvbuf_packets: usize,
     /// Guest LOCAL_TIMER_VECTOR.
     pub timer_vector: u8,
     /// Vector the guest programs into its VF's MSI-X entry.
     pub vf_vector: u8,
-    /// NAPI weight (budget per poll).
+    /// NAPI weight (budget per poll), 1 to [`MAX_NAPI_WEIGHT`]; default:
+    /// the calibration's `nic.napi_weight`.
     pub napi_weight: Option<u32>,
 }
+
+/// Largest `guest.rcvbuf_packets`: 64K datagrams, far above what Linux's
+/// `net.core.rmem_max` admits for small datagrams (each is charged its
+/// skb truesize, ~1 KiB); the queue is allocated up front.
+pub const MAX_RCVBUF_PACKETS: usize = 65_536;
+
+/// Largest NAPI weight (`guest.napi_weight`, calibration
+/// `nic.napi_weight`). Linux warns above 64 (NAPI_POLL_WEIGHT); a weight
+/// above the ring size (ixgbevf: at most 4096) changes nothing.
+pub const MAX_NAPI_WEIGHT: u32 = 4096;
 
 impl Default for GuestSpec {
     fn default() -> Self {
@@ -290,7 +326,9 @@ pub enum ItrMode {
 pub struct NicSpec {
     /// Throttling mode.
     pub itr: ItrMode,
-    /// Interval for `fixed`, µs.
+    /// Interval for `fixed`, µs, in (0, 1022]. Checked whatever `itr`
+    /// says (a bad value is an error even where it is unused); given
+    /// with another mode it draws a warning, since it has no effect.
     pub itr_interval_us: f64,
 }
 
@@ -334,6 +372,13 @@ impl Default for NetSpec {
         }
     }
 }
+
+/// Largest `workload.fio.disk_bytes`: 1 TiB (the RAM disk is not
+/// allocated, but offsets stay far from overflow).
+pub const MAX_DISK_BYTES: u64 = 1 << 40;
+
+/// Largest `workload.memcached.client_threads` (the paper: 8).
+pub const MAX_CLIENT_THREADS: u16 = 1024;
 
 /// A configuration of DID's evaluation: its scheme and network device.
 pub fn config_of(name: &str) -> Option<(&'static str, NetDevice)> {
@@ -733,7 +778,7 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
 impl Scenario {
     /// Reads a scenario file and applies overrides.
     pub fn load(path: &Path, sets: &[String]) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|err| ScenarioError::Io {
+        let text = read_input(path).map_err(|err| ScenarioError::Io {
             path: path.display().to_string(),
             err,
         })?;
@@ -753,22 +798,102 @@ impl Scenario {
             sets.iter()
                 .any(|s| s.split_once('=').is_some_and(|(k, _)| k.trim() == key))
         };
+        // The same for the file's net.device.
         if sets_key("config") && !sets_key("scheme") {
             tree.remove("scheme");
+        }
+        if sets_key("config") && !sets_key("net.device") {
+            if let Some(toml::Value::Table(net)) = tree.get_mut("net") {
+                net.remove("device");
+            }
         }
         for s in sets {
             apply_set(&mut tree, s)?;
         }
+        let given = |section: &str, key: &str| {
+            tree.get(section)
+                .and_then(|t| t.as_table())
+                .is_some_and(|t| t.contains_key(key))
+        };
+        let device_given = given("net", "device");
+        let given_keys: Vec<&'static str> = [
+            ("hv", "vtd_posted_interrupts", "hv.vtd_posted_interrupts"),
+            ("hv", "eli_critical", "hv.eli_critical"),
+            ("nic", "itr_interval_us", "nic.itr_interval_us"),
+        ]
+        .into_iter()
+        .filter(|(sec, k, _)| given(sec, k))
+        .map(|(_, _, dotted)| dotted)
+        .collect();
         let mut s: Scenario = toml::Value::Table(tree)
             .try_into()
             .map_err(|e: toml::de::Error| ScenarioError::Parse(e.to_string()))?;
-        s.resolve_config()?;
+        s.resolve_config(device_given)?;
         s.validate()?;
+        s.warnings = s.pointless_options(&given_keys);
         Ok(s)
     }
 
-    /// Expands `config` into `scheme` and `net.device`.
-    fn resolve_config(&mut self) -> Result<(), ScenarioError> {
+    /// Options that are legal but have no effect under this scenario's
+    /// scheme and settings. `given` holds the dotted keys the scenario or
+    /// a `--set` stated explicitly (a default is never worth a warning).
+    fn pointless_options(&self, given: &[&str]) -> Vec<String> {
+        let mut w = Vec::new();
+        let scheme = self.scheme.as_str();
+        if given.contains(&"hv.vtd_posted_interrupts") && scheme != "apicv" {
+            w.push(format!(
+                "hv.vtd_posted_interrupts has no effect under scheme `{scheme}` (only apicv uses VT-d posted interrupts)"
+            ));
+        }
+        if given.contains(&"hv.eli_critical") && !matches!(scheme, "eli" | "elvis") {
+            w.push(format!(
+                "hv.eli_critical has no effect under scheme `{scheme}` (only eli and elvis use it)"
+            ));
+        }
+        for key in [
+            "hv.posted_timers",
+            "hv.halt_poll",
+            "hv.halt_poll_max_us",
+            "hv.ipiv",
+        ] {
+            if given.contains(&key) && scheme != "kvm-2026" {
+                w.push(format!(
+                    "{key} has no effect under scheme `{scheme}` (only kvm-2026 uses it)"
+                ));
+            }
+        }
+        if given.contains(&"hv.ipiv") && scheme == "kvm-2026" {
+            w.push("hv.ipiv has no effect with one-vCPU guests (they send no IPIs)".into());
+        }
+        if given.contains(&"nic.itr_interval_us") && self.nic.itr != ItrMode::Fixed {
+            w.push(format!(
+                "nic.itr_interval_us has no effect with nic.itr = {} (only with `fixed`)",
+                match self.nic.itr {
+                    ItrMode::Dynamic => "dynamic",
+                    ItrMode::Off => "off",
+                    ItrMode::Fixed => "fixed",
+                }
+            ));
+        }
+        if scheme == "bare-metal" {
+            // Without a hypervisor there is no vCPU to deschedule and no
+            // host sharing the core.
+            if !self.preemptions.is_empty() {
+                w.push(
+                    "preemptions have no effect under scheme `bare-metal` (no vCPU to deschedule)"
+                        .into(),
+                );
+            }
+            if self.host.ipi_per_s > 0.0 {
+                w.push("host.ipi_per_s has no effect under scheme `bare-metal` (no host beside the guest)".into());
+            }
+        }
+        w
+    }
+
+    /// Expands `config` into `scheme` and `net.device`; `device_given`:
+    /// the scenario or a `--set` also states `net.device`.
+    fn resolve_config(&mut self, device_given: bool) -> Result<(), ScenarioError> {
         let Some(c) = &self.config else {
             if self.scheme.is_empty() {
                 return Err(ScenarioError::Invalid {
@@ -794,6 +919,20 @@ impl Scenario {
                 ),
             });
         }
+        if device_given && self.net.device != device {
+            let name = |d: NetDevice| match d {
+                NetDevice::Vf => "vf",
+                NetDevice::Virtio => "virtio",
+            };
+            return Err(ScenarioError::Invalid {
+                key: "config".into(),
+                problem: format!(
+                    "`{c}` uses net.device = `{}` but the scenario also says net.device = `{}`; give one",
+                    name(device),
+                    name(self.net.device)
+                ),
+            });
+        }
         self.scheme = scheme.into();
         self.net.device = device;
         Ok(())
@@ -816,10 +955,12 @@ impl Scenario {
                 ),
             );
         }
-        if !(self.duration_s > 0.0 && self.duration_s.is_finite() && self.duration_s <= 3600.0) {
+        // At least a microsecond: shorter measures nothing (and below a
+        // picosecond, the engine's tick, it would be zero).
+        if !(self.duration_s >= 1e-6 && self.duration_s <= 3600.0) {
             return bad(
                 "duration_s",
-                format!("{} must be in (0, 3600]", self.duration_s),
+                format!("{} must be in [1e-6, 3600]", self.duration_s),
             );
         }
         if !(self.warmup_s >= 0.0 && self.warmup_s <= 60.0) {
@@ -854,15 +995,25 @@ impl Scenario {
                 "must differ from guest.timer_vector".into(),
             );
         }
-        if self.guest.rcvbuf_packets == 0 {
-            return bad("guest.rcvbuf_packets", "must be at least 1".into());
+        if !(1..=MAX_RCVBUF_PACKETS).contains(&self.guest.rcvbuf_packets) {
+            return bad(
+                "guest.rcvbuf_packets",
+                format!(
+                    "{} must be 1..={MAX_RCVBUF_PACKETS}",
+                    self.guest.rcvbuf_packets
+                ),
+            );
         }
-        if self.guest.napi_weight == Some(0) {
-            return bad("guest.napi_weight", "must be at least 1".into());
+        if let Some(n) = self.guest.napi_weight {
+            if !(1..=MAX_NAPI_WEIGHT).contains(&n) {
+                return bad(
+                    "guest.napi_weight",
+                    format!("{n} must be 1..={MAX_NAPI_WEIGHT}"),
+                );
+            }
         }
-        if self.nic.itr == ItrMode::Fixed
-            && !(self.nic.itr_interval_us > 0.0 && self.nic.itr_interval_us <= 1022.0)
-        {
+        // Checked in every mode: see NicSpec::itr_interval_us.
+        if !(self.nic.itr_interval_us > 0.0 && self.nic.itr_interval_us <= 1022.0) {
             return bad(
                 "nic.itr_interval_us",
                 format!("{} must be in (0, 1022]", self.nic.itr_interval_us),
@@ -901,10 +1052,13 @@ impl Scenario {
                     format!("{} must be 0..=100", f.read_pct),
                 );
             }
-            if f.disk_bytes < f.block_bytes as u64 {
+            if f.disk_bytes < f.block_bytes as u64 || f.disk_bytes > MAX_DISK_BYTES {
                 return bad(
                     "workload.fio.disk_bytes",
-                    "must hold at least one block".into(),
+                    format!(
+                        "{} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)",
+                        f.disk_bytes
+                    ),
                 );
             }
             if !(0.0..=10_000.0).contains(&f.guard_ms) {
@@ -936,10 +1090,10 @@ impl Scenario {
                     "must be at least 1 and at most the connections".into(),
                 );
             }
-            if m.client_threads == 0 {
+            if !(1..=MAX_CLIENT_THREADS).contains(&m.client_threads) {
                 return bad(
                     "workload.memcached.client_threads",
-                    "must be at least 1".into(),
+                    format!("{} must be 1..={MAX_CLIENT_THREADS}", m.client_threads),
                 );
             }
             if m.value_bytes == 0
@@ -1098,14 +1252,21 @@ impl Scenario {
                     .into(),
             );
         }
+        // The longest run is 60 s of warm-up and 3600 s measured; a
+        // preemption is at most that long and starts within it (later
+        // times would overflow the picosecond clock).
+        const RUN_MS: f64 = 3_660_000.0;
         for (i, p) in self.preemptions.iter().enumerate() {
-            if !(p.at_ms >= 0.0 && p.for_ms > 0.0 && p.at_ms.is_finite() && p.for_ms.is_finite()) {
+            if !(p.at_ms >= 0.0 && p.at_ms <= RUN_MS) {
                 return bad(
-                    &format!("preemptions[{i}]"),
-                    format!(
-                        "at_ms = {} must be >= 0 and for_ms = {} > 0",
-                        p.at_ms, p.for_ms
-                    ),
+                    &format!("preemptions[{i}].at_ms"),
+                    format!("{} must be in [0, {RUN_MS}]", p.at_ms),
+                );
+            }
+            if !(p.for_ms >= 1e-6 && p.for_ms <= RUN_MS) {
+                return bad(
+                    &format!("preemptions[{i}].for_ms"),
+                    format!("{} must be in [1e-6, {RUN_MS}] (1 ns at least)", p.for_ms),
                 );
             }
             let count = p.count.unwrap_or(1);
@@ -1133,9 +1294,22 @@ impl Scenario {
                 }
                 _ => {}
             }
+            let last = p.at_ms + (count - 1) as f64 * p.every_ms.unwrap_or(0.0);
+            if last > RUN_MS {
+                return bad(
+                    &format!("preemptions[{i}]"),
+                    format!("the last occurrence starts at {last} ms, after the longest run ({RUN_MS} ms)"),
+                );
+            }
         }
-        if self.check.lost_grace_ms.is_nan() || self.check.lost_grace_ms <= 0.0 {
-            return bad("check.lost_grace_ms", "must be > 0".into());
+        if !(self.check.lost_grace_ms >= 1e-6 && self.check.lost_grace_ms <= RUN_MS) {
+            return bad(
+                "check.lost_grace_ms",
+                format!(
+                    "{} must be in [1e-6, {RUN_MS}] (1 ns up to the longest run)",
+                    self.check.lost_grace_ms
+                ),
+            );
         }
         Ok(())
     }
@@ -1167,6 +1341,133 @@ rate_pps = 100000
         assert_eq!(s.scheme, "kvm");
         assert_eq!(s.guest.hz, 250);
         assert_eq!(s.machine.cores, 2);
+    }
+
+    fn err(text: &str, sets: &[&str]) -> String {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Scenario::parse(text, &sets).unwrap_err().to_string()
+    }
+
+    fn ok(text: &str, sets: &[&str]) -> Scenario {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Scenario::parse(text, &sets).unwrap()
+    }
+
+    #[test]
+    fn sizes_durations_and_non_finite_values_are_bounded_by_key() {
+        for (set, key) in [
+            (
+                "guest.rcvbuf_packets=1000000000000000",
+                "guest.rcvbuf_packets",
+            ),
+            ("guest.napi_weight=100000", "guest.napi_weight"),
+            ("duration_s=1e-13", "duration_s"),
+            ("duration_s=nan", "duration_s"),
+            ("warmup_s=nan", "warmup_s"),
+            ("check.lost_grace_ms=inf", "check.lost_grace_ms"),
+            ("check.lost_grace_ms=nan", "check.lost_grace_ms"),
+            ("rate_pps=nan", "workload.udp.rate_pps"),
+            ("host.ipi_per_s=inf", "host.ipi_per_s"),
+        ] {
+            let e = err(BASE, &[set]);
+            assert!(e.contains(key), "{set}: {e}");
+        }
+        let e = err(
+            &format!("{BASE}[[preemptions]]\nat_ms = 1e300\nfor_ms = 1\n"),
+            &[],
+        );
+        assert!(e.contains("preemptions[0].at_ms"), "{e}");
+        let e = err(
+            &format!("{BASE}[[preemptions]]\nat_ms = 1\nfor_ms = 1e-12\n"),
+            &[],
+        );
+        assert!(e.contains("preemptions[0].for_ms"), "{e}");
+        let fio = "scheme = \"kvm\"\nduration_s = 0.1\n[workload.fio]\n";
+        let e = err(fio, &["workload.fio.disk_bytes=9000000000000000000"]);
+        assert!(e.contains("workload.fio.disk_bytes"), "{e}");
+        let mc = "scheme = \"kvm\"\nduration_s = 0.1\n[workload.memcached]\nrate_rps = 1000\n";
+        let e = err(mc, &["workload.memcached.client_threads=60000"]);
+        assert!(e.contains("workload.memcached.client_threads"), "{e}");
+    }
+
+    #[test]
+    fn itr_interval_is_checked_in_every_mode_and_warned_about_where_unused() {
+        for itr in ["dynamic", "off", "fixed"] {
+            let e = err(BASE, &[&format!("nic.itr={itr}"), "nic.itr_interval_us=-5"]);
+            assert!(e.contains("nic.itr_interval_us"), "{itr}: {e}");
+        }
+        let s = ok(BASE, &["nic.itr=dynamic", "nic.itr_interval_us=100"]);
+        assert_eq!(s.warnings.len(), 1);
+        assert!(
+            s.warnings[0].contains("nic.itr_interval_us"),
+            "{:?}",
+            s.warnings
+        );
+        assert!(ok(BASE, &["nic.itr=fixed", "nic.itr_interval_us=100"])
+            .warnings
+            .is_empty());
+        // The default is not a choice: no warning.
+        assert!(ok(BASE, &["nic.itr=off"]).warnings.is_empty());
+    }
+
+    #[test]
+    fn config_and_a_disagreeing_net_device_are_an_error() {
+        let file = "config = \"pv\"\nduration_s = 0.1\n[net]\ndevice = \"vf\"\n[workload.netpipe]\nmsg_bytes = 64\n";
+        let e = err(file, &[]);
+        assert!(e.contains("config") && e.contains("net.device"), "{e}");
+        let e = err(
+            "duration_s = 0.1\n[workload.netpipe]\nmsg_bytes = 64\n",
+            &["config=sriov", "net.device=virtio"],
+        );
+        assert!(e.contains("net.device"), "{e}");
+        // Agreeing is fine.
+        let agree = file.replace("\"vf\"", "\"virtio\"");
+        assert_eq!(ok(&agree, &[]).net.device, NetDevice::Virtio);
+        // `--set config` replaces the file's device as it replaces its scheme.
+        let s = ok(
+            &agree.replace("config = \"pv\"", "scheme = \"kvm\""),
+            &["config=sriov-did"],
+        );
+        assert_eq!((s.scheme.as_str(), s.net.device), ("did", NetDevice::Vf));
+    }
+
+    #[test]
+    fn options_the_scheme_ignores_are_warnings_not_errors() {
+        for (scheme, set, warns) in [
+            ("kvm", "hv.vtd_posted_interrupts=true", true),
+            ("did", "hv.vtd_posted_interrupts=true", true),
+            ("apicv", "hv.vtd_posted_interrupts=true", false),
+            ("kvm", "hv.eli_critical=nmi", true),
+            ("apicv", "hv.eli_critical=nmi", true),
+            ("eli", "hv.eli_critical=nmi", false),
+            ("elvis", "hv.eli_critical=bounce", false),
+            ("bare-metal", "host.ipi_per_s=1000", true),
+            ("kvm", "host.ipi_per_s=1000", false),
+        ] {
+            let s = ok(BASE, &[&format!("scheme={scheme}"), set]);
+            assert_eq!(
+                !s.warnings.is_empty(),
+                warns,
+                "{scheme} {set}: {:?}",
+                s.warnings
+            );
+            let key = set.split_once('=').unwrap().0;
+            assert!(
+                s.warnings.iter().all(|w| w.contains(key)),
+                "{:?}",
+                s.warnings
+            );
+        }
+    }
+
+    #[test]
+    fn input_files_are_read_up_to_a_cap() {
+        let e = Scenario::load(Path::new("/dev/zero"), &[]);
+        if let Err(ScenarioError::Io { err, .. }) = &e {
+            assert!(err.to_string().contains("larger than"), "{err}");
+        } else if Path::new("/dev/zero").exists() {
+            panic!("/dev/zero read as a scenario: {e:?}");
+        }
     }
 
     #[test]

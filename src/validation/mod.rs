@@ -358,7 +358,7 @@ pub fn reproduce(
 ) -> Result<Vec<Row>, ReproduceError> {
     let dir = validation_root().join(paper);
     let file = dir.join("experiments.toml");
-    let text = std::fs::read_to_string(&file)
+    let text = crate::scenario::read_input(&file)
         .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
     let ef: ExperimentFile = toml::from_str(&text)
         .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
@@ -428,17 +428,24 @@ pub fn reproduce(
         }
     }
     // Parse all scenarios up front so a bad file fails before any run.
-    let mut scenarios = Vec::new();
+    let mut scenarios: Vec<Scenario> = Vec::new();
+    let mut warned = std::collections::BTreeSet::new();
     for j in &jobs {
         let s =
             Scenario::load(&j.scenario, &j.sets).map_err(|e| ReproduceError::Bad(e.to_string()))?;
+        for w in &s.warnings {
+            if warned.insert(w.clone()) {
+                progress(&format!("warning: {}: {w}", j.scenario.display()));
+            }
+        }
         scenarios.push(s);
     }
     let results: Vec<Mutex<Option<Outcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {
-        for _ in 0..threads.max(1) {
+        // No more threads than jobs, however many were asked for.
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             sc.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= jobs.len() {

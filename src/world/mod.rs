@@ -200,6 +200,9 @@ pub enum BuildError {
     /// The scenario names something that cannot be built.
     #[error("scenario: {0}")]
     Scenario(String),
+    /// A calibration value out of its range.
+    #[error("{0}")]
+    Calibration(#[from] crate::calibration::CalibrationError),
 }
 
 /// A built, runnable simulation.
@@ -381,6 +384,8 @@ impl World {
         cal: &Calibration,
         mut scheme: Box<dyn Scheme>,
     ) -> Result<World, BuildError> {
+        // A calibration built in code has not been through from_toml.
+        cal.check()?;
         let virtualized = scheme.virtualized();
         let cores = s.machine.cores;
         let views = s.vm_views();
@@ -414,7 +419,17 @@ impl World {
             ItrMode::Dynamic => itr.low_reg,
             ItrMode::Off => 0,
             ItrMode::Fixed => {
-                ((s.nic.itr_interval_us * 1e6 / itr_unit_ps as f64).round() as u32).max(1) << 3
+                // The EITR interval field is 9 bits (bits 11:3) of
+                // itr_unit_us each.
+                let units = (s.nic.itr_interval_us * 1e6 / itr_unit_ps as f64).round();
+                if units > 511.0 {
+                    return Err(BuildError::Scenario(format!(
+                        "nic.itr_interval_us = {} exceeds the EITR field: at most {} us with this calibration's nic.itr_unit_us",
+                        s.nic.itr_interval_us,
+                        511.0 * cal.nic.itr_unit_us.value
+                    )));
+                }
+                (units as u32).max(1) << 3
             }
         };
         // One VF per VM, each its own PCIe function.
