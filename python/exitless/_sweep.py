@@ -196,11 +196,12 @@ def sweep(
     polars.DataFrame
         Long form, one row per point × seed × metric, sorted by point, seed
         and metric: ``point`` (0-based point id), one column per grid key,
-        ``scheme``, ``seed``, ``metric``, ``value`` (Float64; null where the
-        run could not compute it). Metrics are those of
-        :func:`exitless.flatten`; exit and timer-exit counts absent from a
-        run (no such exit) are 0. :func:`summarize` gives mean and 95% CI
-        across seeds.
+        ``scheme``, ``seed``, ``metric``, ``value`` (Float64). Metrics are
+        those of :func:`exitless.flatten`, and every run has a row for every
+        metric any run of the sweep reported: exit and timer-exit counts a
+        run does not report (no such exit) are 0, other values it has not
+        got (a mean over no samples, e.g. ``timer_exit_us.<REASON>``) are
+        null. :func:`summarize` gives mean and 95% CI across seeds.
 
     Every point is checked before anything runs: a bad key or value raises
     :class:`ScenarioError` naming the point and the key. The frame is the
@@ -269,12 +270,15 @@ def sweep(
     else:
         results = _run_local(text, cal_text, [t[2] for t in tasks], jobs, report)
 
-    # Counts absent from a run are zero; every (point, seed) gets them all.
-    zero_names = sorted({m for r in results for m in r if _zero_when_absent(m)})
+    # Every (point, seed) gets every metric any run reported: counts and
+    # rates a run does not report are 0, anything else (a mean over no
+    # samples, such as timer_exit_us.<REASON>) is null.
+    all_names = {m for r in results for m in r}
     cols: Dict[str, List[Any]] = {c: [] for c in ["point", *keys, "scheme", "seed", "metric", "value"]}
     for (pi, sd, _), flat in zip(tasks, results):
-        for z in zero_names:
-            flat.setdefault(z, 0.0)
+        for m in all_names:
+            if m not in flat:
+                flat[m] = 0.0 if _zero_when_absent(m) else None
         combo, sch, _, _ = points[pi]
         names = sorted(flat)
         n = len(names)
