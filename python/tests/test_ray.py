@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import exitless
-from conftest import FIG4, SHORT
+from conftest import FIG4, SHORT, need
 
 GRID = {"rate_pps": [1e5, 3e5]}
 
@@ -26,7 +26,10 @@ def test_ray_backend_without_ray_says_how_to_install(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ray():
-    ray = pytest.importorskip("ray")
+    try:
+        import ray
+    except ImportError:
+        need("ray is not installed (pip install 'ray>=2,<3')")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import exitless
-from conftest import CYCLICTEST, FIG4, REPO, SHORT
+from conftest import CYCLICTEST, FIG4, REPO, SHORT, need
 
 
 def test_run_file_returns_report_in_cli_schema():
@@ -160,7 +160,7 @@ def test_naive_scheme_violations_reach_python():
 def _cli() -> Path:
     exe = REPO / "target" / "release" / ("exitless.exe" if os.name == "nt" else "exitless")
     if not exe.exists():
-        pytest.skip("target/release/exitless not built (cargo build --release)")
+        need("target/release/exitless not built (cargo build --release)")
     return exe
 
 
