@@ -49,8 +49,10 @@ def main():
         gap, last, ticks = max(gap, now - last), now, ticks + 1
     wall = time.perf_counter() - w0
     verdict = "the GIL is released" if gap < wall / 2 else "the GIL is HELD during the run"
-    print(f"main thread during a {wall:.2f} s run in another thread: "
-          f"{ticks} loop iterations, longest pause {gap * 1e3:.1f} ms ({verdict})")
+    print(
+        f"main thread during a {wall:.2f} s run in another thread: "
+        f"{ticks} loop iterations, longest pause {gap * 1e3:.1f} ms ({verdict})"
+    )
 
     grid = {"rate_pps": [1e5, 2e5, 4e5, 6e5]}
     kw = dict(grid=grid, schemes=["kvm", "did"], seeds=2, duration_s=1.0)
@@ -58,10 +60,12 @@ def main():
     exitless.run(FIG4, duration_s=0.01)  # warm the page cache and allocator
     res = {}
     for jobs in (1, 2):
-        w, c = timed(lambda: exitless.sweep(FIG4, jobs=jobs, **kw), a.repeat)
+        w, c = timed(lambda j=jobs: exitless.sweep(FIG4, jobs=j, **kw), a.repeat)
         res[jobs] = w
-        print(f"sweep of {runs} runs (fig4, 1 simulated s each), jobs={jobs}: "
-              f"wall {w:.2f} s, CPU {c:.2f} s, CPU/wall {c / w:.2f}")
+        print(
+            f"sweep of {runs} runs (fig4, 1 simulated s each), jobs={jobs}: "
+            f"wall {w:.2f} s, CPU {c:.2f} s, CPU/wall {c / w:.2f}"
+        )
     print(f"speed-up 1 -> 2 jobs: {res[1] / res[2]:.2f}x")
 
     if a.ray:
@@ -76,10 +80,14 @@ def main():
         exitless.sweep(FIG4, backend="ray", **tiny)  # start the workers, register the task
         w_ray, _ = timed(lambda: exitless.sweep(FIG4, backend="ray", **tiny), a.repeat)
         ray.shutdown()
-        print(f"{n} tiny runs (1 ms simulated): local 2 threads {w_local:.3f} s "
-              f"({w_local / n * 1e3:.2f} ms/run), Ray {w_ray:.3f} s ({w_ray / n * 1e3:.2f} ms/run)")
-        print(f"Ray overhead per task: {(w_ray - w_local) / n * 1e3:.2f} ms of wall on 2 workers "
-              f"({2 * (w_ray - w_local) / n * 1e3:.2f} ms of a core per task); ray.init {t_init:.1f} s")
+        print(
+            f"{n} tiny runs (1 ms simulated): local 2 threads {w_local:.3f} s "
+            f"({w_local / n * 1e3:.2f} ms/run), Ray {w_ray:.3f} s ({w_ray / n * 1e3:.2f} ms/run)"
+        )
+        print(
+            f"Ray overhead per task: {(w_ray - w_local) / n * 1e3:.2f} ms of wall on 2 workers "
+            f"({2 * (w_ray - w_local) / n * 1e3:.2f} ms of a core per task); ray.init {t_init:.1f} s"
+        )
 
 
 if __name__ == "__main__":

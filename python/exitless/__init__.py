@@ -25,13 +25,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Union
 
 from . import _exitless
 from ._exitless import ScenarioError
-
-if TYPE_CHECKING:  # polars is imported lazily: `run` does not need it.
-    import polars as pl
 
 __version__: str = _exitless.__version__
 
@@ -68,7 +65,7 @@ def _dict_to_toml(d: Mapping[str, Any], what: str) -> str:
     return _exitless.toml_from_json(text)
 
 
-def _scenario_kwargs(scenario: Scenario) -> Dict[str, str]:
+def _scenario_kwargs(scenario: Scenario) -> dict[str, str]:
     """`path=` or `text=` for the native functions."""
     if isinstance(scenario, Mapping):
         return {"text": _dict_to_toml(scenario, "scenario")}
@@ -79,7 +76,7 @@ def _scenario_kwargs(scenario: Scenario) -> Dict[str, str]:
     )
 
 
-def _calibration_kwargs(calibration: Calibration) -> Dict[str, str]:
+def _calibration_kwargs(calibration: Calibration) -> dict[str, str]:
     if calibration is None:
         return {}
     if isinstance(calibration, Mapping):
@@ -101,9 +98,9 @@ def _set_string(key: str, value: Any) -> str:
     return _exitless.set_string(str(key), value_json)
 
 
-def _sets(overrides: Overrides, kwargs: Mapping[str, Any], seed: Optional[int] = None) -> List[str]:
+def _sets(overrides: Overrides, kwargs: Mapping[str, Any], seed: int | None = None) -> list[str]:
     """Overrides as the CLI's ``--set`` strings, in the order given."""
-    out: List[str] = []
+    out: list[str] = []
     if overrides is None:
         pass
     elif isinstance(overrides, Mapping):
@@ -129,11 +126,11 @@ def _check_seed(seed: Any) -> int:
 
 def run(
     scenario: Scenario,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     calibration: Calibration = None,
     overrides: Overrides = None,
     **kwargs: Any,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Run one scenario and return its report.
 
     Parameters
@@ -178,16 +175,19 @@ def run(
     The simulation runs with the GIL released.
     """
     sets = _sets(overrides, kwargs, seed)
-    text = _exitless.run(sets=sets, **_scenario_kwargs(scenario), **_calibration_kwargs(calibration))
-    return json.loads(text)
+    text = _exitless.run(
+        sets=sets, **_scenario_kwargs(scenario), **_calibration_kwargs(calibration)
+    )
+    report: dict[str, Any] = json.loads(text)
+    return report
 
 
 def resolve(
     scenario: Scenario,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     overrides: Overrides = None,
     **kwargs: Any,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Parse and check a scenario with its overrides, without running it.
 
     Returns the scenario as the library sees it (``config`` expanded into
@@ -196,10 +196,13 @@ def resolve(
     for :func:`run`.
     """
     sets = _sets(overrides, kwargs, seed)
-    return json.loads(_exitless.resolve(sets=sets, **_scenario_kwargs(scenario)))
+    resolved: dict[str, Any] = json.loads(
+        _exitless.resolve(sets=sets, **_scenario_kwargs(scenario))
+    )
+    return resolved
 
 
-def schemes() -> List[Tuple[str, str]]:
+def schemes() -> list[tuple[str, str]]:
     """The delivery schemes as (name, summary) pairs."""
     return list(_exitless.schemes())
 

@@ -1,7 +1,6 @@
 """Type stubs for the native module `exitless._exitless` (PyO3)."""
 
 from os import PathLike
-from typing import List, Optional, Tuple, Union
 
 __version__: str
 
@@ -10,26 +9,24 @@ class ScenarioError(ValueError):
 
 def run(
     *,
-    path: Optional[Union[str, PathLike[str]]] = None,
-    text: Optional[str] = None,
-    sets: List[str] = ...,
-    calibration_path: Optional[Union[str, PathLike[str]]] = None,
-    calibration_text: Optional[str] = None,
+    path: str | PathLike[str] | None = None,
+    text: str | None = None,
+    sets: list[str] = ...,
+    calibration_path: str | PathLike[str] | None = None,
+    calibration_text: str | None = None,
 ) -> str:
     """Runs one scenario (a file or TOML text) with `KEY=VALUE` overrides,
     GIL released; returns the report as JSON (the CLI's `--json` schema)."""
 
 def resolve(
     *,
-    path: Optional[Union[str, PathLike[str]]] = None,
-    text: Optional[str] = None,
-    sets: List[str] = ...,
+    path: str | PathLike[str] | None = None,
+    text: str | None = None,
+    sets: list[str] = ...,
 ) -> str:
     """Parses and checks a scenario with overrides; returns it, resolved, as JSON."""
 
-def check_calibration(
-    *, path: Optional[Union[str, PathLike[str]]] = None, text: Optional[str] = None
-) -> None:
+def check_calibration(*, path: str | PathLike[str] | None = None, text: str | None = None) -> None:
     """Raises ScenarioError (or OSError) if the calibration is rejected."""
 
 def toml_from_json(json: str) -> str:
@@ -38,7 +35,7 @@ def toml_from_json(json: str) -> str:
 def set_string(key: str, value_json: str) -> str:
     """`KEY=VALUE` with the value (given as JSON) written as a TOML literal."""
 
-def schemes() -> List[Tuple[str, str]]:
+def schemes() -> list[tuple[str, str]]:
     """(name, summary) of every delivery scheme."""
 
 def default_calibration() -> str:

@@ -5,7 +5,7 @@ Ray is optional: it is imported only when ``backend="ray"`` is asked for.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable
 
 _remote: Any = None
 
@@ -35,10 +35,10 @@ def _task() -> Any:
 
 def run_ray(
     text: str,
-    calibration_text: Optional[str],
-    sets_list: List[List[str]],
-    report: Optional[Callable[[int, int], None]],
-) -> List[Dict[str, Optional[float]]]:
+    calibration_text: str | None,
+    sets_list: list[list[str]],
+    report: Callable[[int, int], None] | None,
+) -> list[dict[str, float | None]]:
     """Runs every simulation as a Ray task; results in submission order."""
     ray = _ray()
     if not ray.is_initialized():

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from . import _exitless
 from ._exitless import ScenarioError
@@ -28,7 +28,7 @@ _ZERO_WHEN_ABSENT = ("exits_per_s.", "timer_exits.")
 Progress = Union[None, bool, Callable[[int, int], None]]
 
 
-def flatten(report: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+def flatten(report: Mapping[str, Any]) -> dict[str, float | None]:
     """A run report's numbers as ``{metric: value}``, the names a sweep uses.
 
     - VM 0: ``exits_per_s``, ``tig_pct``, ``eht_pct`` and
@@ -41,7 +41,7 @@ def flatten(report: Mapping[str, Any]) -> Dict[str, Optional[float]]:
 
     A value the report could not compute (NaN, written as JSON null) is None.
     """
-    out: Dict[str, Optional[float]] = {}
+    out: dict[str, float | None] = {}
 
     def put(k: str, v: Any) -> None:
         if k in out:
@@ -62,11 +62,12 @@ def flatten(report: Mapping[str, Any]) -> Dict[str, Optional[float]]:
 
 
 def _zero_when_absent(name: str) -> bool:
-    base = name.split(".", 1)[1] if name.startswith("vm") and "." in name and name[2:].split(".", 1)[0].isdigit() else name
+    vm, _, rest = name.partition(".")
+    base = rest if vm[:2] == "vm" and vm[2:].isdigit() else name  # vm<N>.<metric>
     return base.startswith(_ZERO_WHEN_ABSENT)
 
 
-def _scenario_text(scenario: Any) -> Tuple[str, str]:
+def _scenario_text(scenario: Any) -> tuple[str, str]:
     """(TOML text, origin for messages). The text, not the path, travels to
     the workers, so a cluster needs no shared file system."""
     from . import _dict_to_toml
@@ -82,7 +83,7 @@ def _scenario_text(scenario: Any) -> Tuple[str, str]:
     )
 
 
-def _calibration_text(calibration: Any) -> Optional[str]:
+def _calibration_text(calibration: Any) -> str | None:
     from . import _dict_to_toml
 
     if calibration is None:
@@ -101,14 +102,14 @@ def _calibration_text(calibration: Any) -> Optional[str]:
     )
 
 
-def run_flat(text: str, sets: List[str], calibration_text: Optional[str]) -> Dict[str, Optional[float]]:
+def run_flat(text: str, sets: list[str], calibration_text: str | None) -> dict[str, float | None]:
     """One simulation of a sweep: scenario text + overrides → flat metrics.
     (The unit of work of both back ends; module level so Ray can ship it.)"""
     kw = {} if calibration_text is None else {"calibration_text": calibration_text}
     return flatten(json.loads(_exitless.run(text=text, sets=sets, **kw)))
 
 
-def _grid_column(values: List[Any]) -> List[Any]:
+def _grid_column(values: list[Any]) -> list[Any]:
     """Grid values as one column type: numbers stay numbers (ints widened to
     float when mixed with floats), anything else mixed becomes text."""
     kinds = {type(v) for v in values}
@@ -119,7 +120,7 @@ def _grid_column(values: List[Any]) -> List[Any]:
     return [v if isinstance(v, str) else json.dumps(v) for v in values]
 
 
-def _progress_fn(progress: Progress) -> Optional[Callable[[int, int], None]]:
+def _progress_fn(progress: Progress) -> Callable[[int, int], None] | None:
     if progress is None or progress is False:
         return None
     if progress is True:
@@ -136,19 +137,19 @@ def _progress_fn(progress: Progress) -> Optional[Callable[[int, int], None]]:
 
 def sweep(
     scenario: Any,
-    grid: Optional[Mapping[str, Sequence[Any]]] = None,
-    schemes: Optional[Sequence[str]] = None,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    schemes: Sequence[str] | None = None,
     seeds: int = 1,
     *,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     overrides: Any = None,
     calibration: Any = None,
     backend: str = "local",
-    jobs: Optional[int] = None,
+    jobs: int | None = None,
     progress: Progress = None,
-    out: Union[None, str, "os.PathLike[str]"] = None,
+    out: None | str | os.PathLike[str] = None,
     **kwargs: Any,
-) -> "pl.DataFrame":
+) -> pl.DataFrame:
     """Run a scenario over a grid, several schemes and several seeds.
 
     Points are the cartesian product of the ``grid`` values (in the dict's
@@ -216,10 +217,14 @@ def sweep(
         if not isinstance(k, str) or not k:
             raise ScenarioError(f"grid key {k!r}: expected a dotted scenario key")
         if k in RESERVED or k in ("scheme", "seed"):
-            hint = {"scheme": "use schemes=[...]", "seed": "use seeds=N and seed=BASE"}.get(k, "the column name is taken")
+            hint = {"scheme": "use schemes=[...]", "seed": "use seeds=N and seed=BASE"}.get(
+                k, "the column name is taken"
+            )
             raise ScenarioError(f"grid key `{k}`: not a grid key ({hint})")
         if isinstance(vals, (str, bytes)) or not isinstance(vals, Sequence) or len(vals) == 0:
-            raise ScenarioError(f"grid key `{k}`: expected a non-empty list of values, got {vals!r}")
+            raise ScenarioError(
+                f"grid key `{k}`: expected a non-empty list of values, got {vals!r}"
+            )
     if isinstance(schemes, str):
         raise TypeError('schemes must be a list of scheme names, e.g. ["kvm", "did"]')
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
@@ -236,14 +241,14 @@ def sweep(
     base_sets = _sets(overrides, kwargs)
     keys = list(grid)
     combos = list(itertools.product(*(grid[k] for k in keys)))
-    scheme_list: List[Optional[str]] = list(schemes) if schemes is not None else [None]
+    scheme_list: list[str | None] = list(schemes) if schemes is not None else [None]
     if not scheme_list:
         raise ScenarioError("schemes: empty list (leave it out to run the scenario's scheme)")
 
     from . import _set_string
 
     # Points, each resolved (checked) once before anything runs.
-    points: List[Tuple[Tuple[Any, ...], str, List[str], int]] = []
+    points: list[tuple[tuple[Any, ...], str, list[str], int]] = []
     for combo in combos:
         for sch in scheme_list:
             sets = base_sets + [_set_string(k, v) for k, v in zip(keys, combo)]
@@ -261,7 +266,11 @@ def sweep(
                 raise ScenarioError(f"seed {base} + {seeds} runs: past the largest seed")
             points.append((combo, s["scheme"], sets, base))
 
-    tasks = [(pi, base + i, sets + [f"seed={base + i}"]) for pi, (_, _, sets, base) in enumerate(points) for i in range(seeds)]
+    tasks = [
+        (pi, base + i, sets + [f"seed={base + i}"])
+        for pi, (_, _, sets, base) in enumerate(points)
+        for i in range(seeds)
+    ]
     report = _progress_fn(progress)
     if backend == "ray":
         from ._ray import run_ray
@@ -274,7 +283,9 @@ def sweep(
     # rates a run does not report are 0, anything else (a mean over no
     # samples, such as timer_exit_us.<REASON>) is null.
     all_names = {m for r in results for m in r}
-    cols: Dict[str, List[Any]] = {c: [] for c in ["point", *keys, "scheme", "seed", "metric", "value"]}
+    cols: dict[str, list[Any]] = {
+        c: [] for c in ["point", *keys, "scheme", "seed", "metric", "value"]
+    }
     for (pi, sd, _), flat in zip(tasks, results):
         for m in all_names:
             if m not in flat:
@@ -289,7 +300,7 @@ def sweep(
         cols["seed"].extend([sd] * n)
         cols["metric"].extend(names)
         cols["value"].extend(flat[m] for m in names)
-    schema: Dict[str, Any] = {
+    schema: dict[str, Any] = {
         "point": pl.Int64,
         "scheme": pl.String,
         "seed": pl.UInt64,
@@ -298,7 +309,9 @@ def sweep(
     }
     series = [pl.Series("point", cols["point"], dtype=pl.Int64)]
     series += [pl.Series(k, _grid_column(cols[k])) for k in keys]
-    series += [pl.Series(c, cols[c], dtype=schema[c]) for c in ("scheme", "seed", "metric", "value")]
+    series += [
+        pl.Series(c, cols[c], dtype=schema[c]) for c in ("scheme", "seed", "metric", "value")
+    ]
     df = pl.DataFrame(series)
     if out is not None:
         write_results(df, out)
@@ -307,14 +320,14 @@ def sweep(
 
 def _run_local(
     text: str,
-    cal_text: Optional[str],
-    sets_list: List[List[str]],
-    jobs: Optional[int],
-    report: Optional[Callable[[int, int], None]],
-) -> List[Dict[str, Optional[float]]]:
+    cal_text: str | None,
+    sets_list: list[list[str]],
+    jobs: int | None,
+    report: Callable[[int, int], None] | None,
+) -> list[dict[str, float | None]]:
     jobs = jobs or os.cpu_count() or 1
     total = len(sets_list)
-    results: List[Optional[Dict[str, Optional[float]]]] = [None] * total
+    results: list[dict[str, float | None] | None] = [None] * total
     if jobs == 1:
         for i, sets in enumerate(sets_list):
             results[i] = run_flat(text, sets, cal_text)
@@ -322,7 +335,9 @@ def _run_local(
                 report(i + 1, total)
     else:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="exitless") as ex:
-            futs = {ex.submit(run_flat, text, sets, cal_text): i for i, sets in enumerate(sets_list)}
+            futs = {
+                ex.submit(run_flat, text, sets, cal_text): i for i, sets in enumerate(sets_list)
+            }
             try:
                 for done, f in enumerate(as_completed(futs), 1):
                     results[futs[f]] = f.result()
@@ -335,7 +350,7 @@ def _run_local(
     return results  # type: ignore[return-value]
 
 
-def summarize(df: "pl.DataFrame", confidence: float = 0.95) -> "pl.DataFrame":
+def summarize(df: pl.DataFrame, confidence: float = 0.95) -> pl.DataFrame:
     """Mean and Student-t confidence interval across seeds.
 
     Groups ``df`` (a :func:`sweep` frame) by every column but ``seed`` and
@@ -360,7 +375,9 @@ def summarize(df: "pl.DataFrame", confidence: float = 0.95) -> "pl.DataFrame":
     )
     p = 1.0 - (1.0 - confidence) / 2.0
     quantile = {n: t_ppf(p, n - 1) for n in set(g["n"].to_list()) if n is not None and n >= 2}
-    g = g.with_columns(pl.Series("_t", [quantile.get(n) for n in g["n"].to_list()], dtype=pl.Float64))
+    g = g.with_columns(
+        pl.Series("_t", [quantile.get(n) for n in g["n"].to_list()], dtype=pl.Float64)
+    )
     half = pl.col("_t") * pl.col("std") / pl.col("n").cast(pl.Float64).sqrt()
     return g.with_columns(
         half.alias("ci_half"),
@@ -370,18 +387,17 @@ def summarize(df: "pl.DataFrame", confidence: float = 0.95) -> "pl.DataFrame":
 
 
 def _writer(path: Any) -> str:
-    p = os.fspath(path)
+    p = str(os.fspath(path))
     ext = os.path.splitext(p)[1].lower()
     if ext not in (".parquet", ".csv"):
         raise ValueError(f"{p}: write .parquet or .csv (by the file's suffix)")
     return ext
 
 
-def write_results(df: "pl.DataFrame", path: Union[str, "os.PathLike[str]"]) -> None:
+def write_results(df: pl.DataFrame, path: str | os.PathLike[str]) -> None:
     """Write a sweep (or :func:`summarize`) frame to ``.parquet`` or ``.csv``,
     chosen by the suffix: ``df.write_parquet`` / ``df.write_csv``."""
     if _writer(path) == ".parquet":
         df.write_parquet(os.fspath(path))
     else:
         df.write_csv(os.fspath(path))
-

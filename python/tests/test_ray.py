@@ -4,17 +4,20 @@ and the package's independence from Ray."""
 import subprocess
 import sys
 
-import pytest
-
 import exitless
+import pytest
 from conftest import FIG4, SHORT, need
 
 GRID = {"rate_pps": [1e5, 3e5]}
 
 
 def test_import_needs_neither_ray_nor_polars():
-    code = "import sys, exitless; exitless.run; print('ray' in sys.modules, 'polars' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    code = (
+        "import sys, exitless; exitless.run; print('ray' in sys.modules, 'polars' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
     assert out.split() == ["False", "False"]
 
 

@@ -4,12 +4,11 @@ determinism, and agreement with the CLI."""
 import json
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
-import pytest
-
 import exitless
+import pytest
+import tomllib
 from conftest import CYCLICTEST, FIG4, REPO, SHORT, need
 
 
@@ -58,7 +57,12 @@ def test_dict_with_none_value_names_the_key():
 
 
 def test_kwargs_and_dotted_overrides_reach_the_scenario():
-    s = exitless.resolve(FIG4, scheme="apicv", rate_pps=2.5e5, overrides={"guest.tick": "nohz-idle", "nic.itr": "off"})
+    s = exitless.resolve(
+        FIG4,
+        scheme="apicv",
+        rate_pps=2.5e5,
+        overrides={"guest.tick": "nohz-idle", "nic.itr": "off"},
+    )
     assert s["scheme"] == "apicv"
     assert s["workload"]["udp"]["rate_pps"] == 2.5e5
     assert s["guest"]["tick"] == "nohz-idle"
@@ -167,7 +171,14 @@ def _cli() -> Path:
 def test_same_report_as_the_cli_json():
     sets = ["scheme=kvm", "duration_s=0.02", "warmup_s=0.005", "seed=3"]
     out = subprocess.run(
-        [str(_cli()), "-q", "run", str(CYCLICTEST), "--json", *sum((["--set", s] for s in sets), [])],
+        [
+            str(_cli()),
+            "-q",
+            "run",
+            str(CYCLICTEST),
+            "--json",
+            *sum((["--set", s] for s in sets), []),
+        ],
         check=True,
         capture_output=True,
         text=True,

@@ -2,16 +2,16 @@
 
 import math
 
+import exitless
 import polars as pl
 import pytest
-
-import exitless
 from exitless._stats import t_ppf
 
 
 # Two-sided 95% critical values from standard t tables.
 @pytest.mark.parametrize(
-    "df, t", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (29, 2.045), (120, 1.980)]
+    "df, t",
+    [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (29, 2.045), (120, 1.980)],
 )
 def test_t_quantile_matches_tables(df, t):
     assert t_ppf(0.975, df) == pytest.approx(t, abs=5e-4)
@@ -43,7 +43,18 @@ def _frame(values_by_point):
 
 def test_summarize_mean_std_and_ci():
     s = exitless.summarize(_frame({(0, 1.0): [1.0, 2.0, 3.0], (1, 2.0): [10.0, 14.0]}))
-    assert s.columns == ["point", "rate", "scheme", "metric", "n", "mean", "std", "ci_half", "ci_low", "ci_high"]
+    assert s.columns == [
+        "point",
+        "rate",
+        "scheme",
+        "metric",
+        "n",
+        "mean",
+        "std",
+        "ci_half",
+        "ci_low",
+        "ci_high",
+    ]
     a = s.row(0, named=True)
     assert (a["point"], a["rate"], a["n"], a["mean"], a["std"]) == (0, 1.0, 3, 2.0, 1.0)
     assert a["ci_half"] == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)

@@ -1,9 +1,8 @@
 """exitless.sweep: shape, seeds, agreement with run(), back ends, output files."""
 
+import exitless
 import polars as pl
 import pytest
-
-import exitless
 from conftest import FIG4, SHORT
 
 GRID = {"rate_pps": [1e5, 3e5]}
@@ -21,11 +20,20 @@ def test_columns_and_long_form_shape(frame):
     points = frame.select("point", "rate_pps", "scheme").unique(maintain_order=True).rows()
     assert points == [(0, 1e5, "kvm"), (1, 1e5, "did"), (2, 3e5, "kvm"), (3, 3e5, "did")]
     # Every (point, seed) carries the same metrics, once each.
-    per_run = frame.group_by("point", "seed").agg(pl.col("metric").sort()).get_column("metric").to_list()
+    per_run = (
+        frame.group_by("point", "seed").agg(pl.col("metric").sort()).get_column("metric").to_list()
+    )
     assert all(m == per_run[0] for m in per_run)
     assert len(set(per_run[0])) == len(per_run[0])
     assert frame.height == 4 * 3 * len(per_run[0])
-    for m in ("exits_per_s", "tig_pct", "eht_pct", "violations", "udp.received", "exits_per_s.MSR_WRITE"):
+    for m in (
+        "exits_per_s",
+        "tig_pct",
+        "eht_pct",
+        "violations",
+        "udp.received",
+        "exits_per_s.MSR_WRITE",
+    ):
         assert m in per_run[0]
 
 
@@ -38,7 +46,11 @@ def test_seeds_count_up_from_the_scenario_seed(frame):
 def test_values_are_those_of_run(frame):
     rep = exitless.run(FIG4, seed=2, scheme="kvm", rate_pps=3e5, overrides=SHORT)
     flat = exitless.flatten(rep)
-    got = dict(frame.filter((pl.col("point") == 2) & (pl.col("seed") == 2)).select("metric", "value").rows())
+    got = dict(
+        frame.filter((pl.col("point") == 2) & (pl.col("seed") == 2))
+        .select("metric", "value")
+        .rows()
+    )
     for k, v in flat.items():
         assert got[k] == v
 
@@ -46,7 +58,7 @@ def test_values_are_those_of_run(frame):
 def test_absent_exit_reasons_are_zero(frame):
     # DID delivers the VF's interrupts without exits; the reason KVM takes
     # for them appears in DID's rows as 0, not as a missing row.
-    ext = frame.filter((pl.col("metric") == "exits_per_s.EXTERNAL_INTERRUPT"))
+    ext = frame.filter(pl.col("metric") == "exits_per_s.EXTERNAL_INTERRUPT")
     assert ext.height == 12
     assert ext.filter(pl.col("scheme") == "did")["value"].to_list() == [0.0] * 6
     assert all(v > 0 for v in ext.filter(pl.col("scheme") == "kvm")["value"])
@@ -62,7 +74,9 @@ def test_dict_scenario_and_string_grid_values():
 
     with open(FIG4, "rb") as f:
         d = tomllib.load(f)
-    df = exitless.sweep(d, grid={"net.device": ["vf", "virtio"], "nic.itr": ["dynamic", "off"]}, overrides=SHORT)
+    df = exitless.sweep(
+        d, grid={"net.device": ["vf", "virtio"], "nic.itr": ["dynamic", "off"]}, overrides=SHORT
+    )
     assert df.columns[:3] == ["point", "net.device", "nic.itr"]
     assert df.select("net.device", "nic.itr").unique(maintain_order=True).rows() == [
         ("vf", "dynamic"),
@@ -88,7 +102,12 @@ def test_summarize_a_sweep(frame):
 def test_bad_point_fails_before_anything_runs():
     calls = []
     with pytest.raises(exitless.ScenarioError, match=r"nic\.itr.*sometimes|sometimes") as e:
-        exitless.sweep(FIG4, grid={"nic.itr": ["off", "sometimes"]}, overrides=SHORT, progress=lambda d, t: calls.append(d))
+        exitless.sweep(
+            FIG4,
+            grid={"nic.itr": ["off", "sometimes"]},
+            overrides=SHORT,
+            progress=lambda d, t: calls.append(d),
+        )
     assert "point" in str(e.value)
     assert calls == []
 
@@ -114,7 +133,9 @@ def test_argument_checks():
 
 def test_progress_callback_counts_every_run():
     seen = []
-    exitless.sweep(FIG4, grid=GRID, seeds=2, overrides=SHORT, progress=lambda d, t: seen.append((d, t)))
+    exitless.sweep(
+        FIG4, grid=GRID, seeds=2, overrides=SHORT, progress=lambda d, t: seen.append((d, t))
+    )
     assert seen[-1] == (4, 4) and [d for d, _ in seen] == [1, 2, 3, 4]
 
 
