@@ -301,30 +301,25 @@ fn the_trace_is_written_whole_through_a_temporary_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t.json");
     std::fs::write(&path, "an older trace").unwrap();
-    let o = exitless(&[
-        "-q",
-        "run",
-        "validation/did/fig4.toml",
-        "--set",
-        "duration_s=0.01",
-        "--trace",
-        path.to_str().unwrap(),
-    ]);
+    let traced = |to: &std::path::Path| {
+        exitless(&[
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.01",
+            "--trace",
+            to.to_str().unwrap(),
+        ])
+    };
+    let o = traced(&path);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert!(v["traceEvents"].as_array().unwrap().len() > 3);
     // Only the trace itself is left in the directory.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     // A trace path that is a directory fails cleanly and leaves nothing.
-    let o = exitless(&[
-        "-q",
-        "run",
-        "validation/did/fig4.toml",
-        "--set",
-        "duration_s=0.01",
-        "--trace",
-        dir.to_str().unwrap(),
-    ]);
+    let o = traced(&dir);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot write trace"));
     std::fs::remove_dir_all(&dir).ok();
