@@ -80,6 +80,9 @@ pub struct MemcachedClient {
     next_arrival: Time,
     /// Scheduled times of the arrivals not yet written, oldest first.
     backlog: VecDeque<Time>,
+    /// Every connection was full at the last try: only a segment arriving
+    /// (a response, an ACK) makes room.
+    full: bool,
     rr: usize,
     sent_n: Vec<u64>,
     outstanding: Vec<VecDeque<(Time, u32)>>,
@@ -103,6 +106,7 @@ impl MemcachedClient {
             rate,
             next_arrival: 0,
             backlog: VecDeque::with_capacity(64),
+            full: false,
             rr: 0,
             sent_n: vec![0; conns],
             outstanding: (0..conns).map(|_| VecDeque::with_capacity(64)).collect(),
@@ -168,10 +172,15 @@ impl PeerApp for MemcachedClient {
             }
         }
         self.arrivals(now);
+        self.full &= conns.ready().is_empty();
         while let Some(&at) = self.backlog.front() {
+            if self.full {
+                break;
+            }
             let Some((i, req, resp)) = self.writable(conns) else {
                 // Every pipeline or socket buffer is full: a response or
                 // an ACK runs the generator again.
+                self.full = true;
                 break;
             };
             self.rr = i + 1;
