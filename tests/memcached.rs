@@ -81,3 +81,40 @@ fn one_connection_and_one_worker_answer_requests() {
         assert!(metric(&r, "memcached.within_10ms_pct") > 99.0);
     }
 }
+
+#[test]
+fn a_rate_beyond_the_client_places_no_more_than_offered_and_stays_bounded() {
+    use exitless::workloads::memcached::{BACKLOG_LIMIT, PIPELINE_DEPTH};
+    // 5M requests/s: more than the client's CPUs write (150 ns a request
+    // plus its segments) and far more than the server answers.
+    let rate = 5e6;
+    let r = run_file(
+        "memcached.toml",
+        &[
+            "scheme=kvm",
+            "rate_rps=5000000",
+            "warmup_s=0.01",
+            "duration_s=0.02",
+        ],
+    );
+    assert_eq!(r.violations(), 0);
+    // Everything ever written (answered in the window or still open) is
+    // within what 30 ms of arrivals offer.
+    let written = metric(&r, "memcached.completed") + metric(&r, "memcached.outstanding");
+    assert!(written <= rate * 0.03 * 1.01, "{written} written");
+    // What the window offered is the Poisson count of 20 ms at the rate
+    // (the last few microseconds may be after the client's last run).
+    let offered = metric(&r, "memcached.offered");
+    let mean = rate * 0.02;
+    assert!(
+        (0.99 * mean..=mean + 5.0 * mean.sqrt()).contains(&offered),
+        "{offered} offered"
+    );
+    let sent = metric(&r, "memcached.sent");
+    assert!(sent <= offered, "{sent} sent of {offered}");
+    // The rest waits in a bounded backlog or is counted as never sent.
+    assert!(metric(&r, "memcached.not_sent") > 0.0);
+    assert!(metric(&r, "memcached.backlog_peak") <= BACKLOG_LIMIT as f64);
+    assert!(metric(&r, "memcached.outstanding") <= (200 * PIPELINE_DEPTH) as f64);
+    assert!(metric(&r, "memcached.within_10ms_pct") < 95.0);
+}

@@ -75,3 +75,28 @@ fn overload_drops_datagrams_and_retransmits_invites() {
     // Retransmitted INVITEs are answered as duplicates, not new calls.
     assert!(metric(&r, "sip.uas_invites") <= metric(&r, "sip.calls_placed"));
 }
+
+#[test]
+fn a_rate_beyond_the_uac_places_no_more_calls_than_offered() {
+    // 50,000 calls/s for 0.5 s: the UAC's CPU (20 us a message) opens at
+    // most a few thousand a second.
+    let r = run_file(
+        "sip.toml",
+        &[
+            "scheme=kvm",
+            "workload.sip.rate_cps=50000",
+            "workload.sip.calls=1000000",
+            "workload.sip.call_duration_s=0.1",
+            "duration_s=0.5",
+        ],
+    );
+    assert_eq!(r.violations(), 0);
+    let offered = metric(&r, "sip.calls_offered");
+    let placed = metric(&r, "sip.calls_placed");
+    // Calls at 0, 20 us, ... up to the UAC's last run before 0.5 s.
+    assert!((0.99 * 25_000.0..=25_001.0).contains(&offered), "{offered}");
+    assert!(placed <= offered, "{placed} placed of {offered}");
+    assert!(placed < 0.5 * offered, "{placed} placed of {offered}");
+    assert_eq!(placed + metric(&r, "sip.calls_not_placed"), offered);
+    assert!(metric(&r, "sip.open_calls_peak") <= placed);
+}

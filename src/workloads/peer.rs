@@ -72,8 +72,14 @@ pub struct PeerHost {
     /// deadline has moved is stale and skipped.
     timer_heap: BinaryHeap<Reverse<(Time, usize)>>,
     due: Vec<usize>,
+    /// Connections that received, timed out or were written since their
+    /// output was last sent (the kernel's work list).
     touched: Vec<usize>,
     seen: Vec<bool>,
+    /// Connections that received or timed out since the process last ran
+    /// (what its next epoll_wait returns).
+    pending: Vec<usize>,
+    pending_seen: Vec<bool>,
     /// The connections that received or timed out before the app's poll.
     ready: Vec<usize>,
     /// Frames sent.
@@ -109,6 +115,8 @@ impl PeerHost {
             touched: Vec::with_capacity(n),
             ready: Vec::with_capacity(n),
             seen: vec![false; n],
+            pending: Vec::with_capacity(n),
+            pending_seen: vec![false; n],
             frames_out: 0,
             frames_in: 0,
         }
@@ -140,10 +148,16 @@ impl PeerHost {
         conn.into_iter().chain(self.app_timer).min()
     }
 
+    /// Connection `i` received or timed out: the kernel has output to
+    /// send, and the process has it ready.
     fn touch(&mut self, i: usize) {
         if !self.seen[i] {
             self.seen[i] = true;
             self.touched.push(i);
+        }
+        if !self.pending_seen[i] {
+            self.pending_seen[i] = true;
+            self.pending.push(i);
         }
     }
 
@@ -163,14 +177,15 @@ impl PeerHost {
             }
             self.frames_in += 1;
             let cpu = self.cpu_of(i);
-            let idle = self.busy_until[cpu] <= now && self.udp_rx.is_empty();
+            let busy = self.busy_until[cpu] > now;
+            let idle = !busy && self.udp_rx.is_empty();
             let mut t = self.busy_until[cpu].max(now) + self.costs.udp_rx;
             if idle {
                 t += self.costs.wakeup;
             }
             self.busy_until[cpu] = t;
             self.udp_rx.push_back(d);
-            self.run_app(cpu, out);
+            self.run_app_when_free(cpu, busy, out);
             return;
         }
         let Transport::Tcp(seg) = f.transport else {
@@ -181,15 +196,37 @@ impl PeerHost {
         }
         self.frames_in += 1;
         let cpu = self.cpu_of(i);
-        let idle = self.busy_until[cpu] <= now;
+        let busy = self.busy_until[cpu] > now;
         let mut t = self.busy_until[cpu].max(now) + self.costs.rx_segment;
         self.conns[i].on_segment(seg, t);
-        if self.conns[i].readable() > 0 && idle {
+        if self.conns[i].readable() > 0 && !busy {
             t += self.costs.wakeup;
         }
         self.busy_until[cpu] = t;
         self.touch(i);
-        self.run_app(cpu, out);
+        self.run_app_when_free(cpu, busy, out);
+    }
+
+    /// Runs the process after a frame's receive path on `cpu`; but if the
+    /// CPU was still busy with earlier work when the frame came (`busy`),
+    /// only the kernel's part runs now (ACKs, window updates) and the
+    /// process runs once the CPU is free. A process run early would see
+    /// and act on a time the simulation has not reached: an open-loop
+    /// generator would place requests not yet due, whose cost pushes its
+    /// next run further ahead, and run away from the simulated clock.
+    fn run_app_when_free(&mut self, cpu: usize, busy: bool, out: &mut Vec<(Time, Frame)>) {
+        if busy {
+            let from = self.busy_until[cpu];
+            self.send_output(from, out);
+            self.defer_app(self.busy_until[cpu]);
+        } else {
+            self.run_app(cpu, out);
+        }
+    }
+
+    /// The process is due to run at `at`.
+    fn defer_app(&mut self, at: Time) {
+        self.app_timer = Some(self.app_timer.map_or(at, |t| t.min(at)));
     }
 
     /// A timer of the peer came due at `now`.
@@ -215,18 +252,27 @@ impl PeerHost {
         if self.app_timer.is_some_and(|d| d <= now) {
             self.app_timer = None;
         }
-        // The application runs on the least busy CPU.
+        // The application runs on the least busy CPU, once that one is
+        // free (see `run_app_when_free`).
         let cpu = (0..self.busy_until.len())
             .min_by_key(|&c| self.busy_until[c])
             .unwrap_or(0);
-        self.busy_until[cpu] = self.busy_until[cpu].max(now);
+        if self.busy_until[cpu] > now {
+            self.send_output(now, out);
+            self.defer_app(self.busy_until[cpu]);
+            return;
+        }
+        self.busy_until[cpu] = now;
         self.run_app(cpu, out);
     }
 
     fn run_app(&mut self, cpu: usize, out: &mut Vec<(Time, Frame)>) {
         // What arrived or timed out since the last poll: its ready list.
         self.ready.clear();
-        self.ready.extend_from_slice(&self.touched);
+        for i in self.pending.drain(..) {
+            self.pending_seen[i] = false;
+            self.ready.push(i);
+        }
         self.ready.sort_unstable();
         let mut io = PeerIo {
             conns: Conns::new(&mut self.conns, &mut self.touched, &mut self.seen)
@@ -236,21 +282,27 @@ impl PeerHost {
         };
         let (cost, wake) = self.app.poll(&mut io, self.busy_until[cpu]);
         self.busy_until[cpu] += cost;
-        if wake.is_some() {
-            self.app_timer = wake;
-        }
+        // This poll was any deferred one; the process asks anew.
+        self.app_timer = wake;
         for d in self.udp_tx.drain(..) {
             self.busy_until[cpu] += self.costs.udp_tx;
             self.frames_out += 1;
             let t = self.busy_until[cpu];
             out.push((t, Frame::udp(d.flow, d.len, d.seq, t)));
         }
+        let from = self.busy_until[cpu];
+        self.send_output(from, out);
+    }
+
+    /// Sends the touched connections' output, each on its CPU and not
+    /// before `from`, and re-arms their timers.
+    fn send_output(&mut self, from: Time, out: &mut Vec<(Time, Frame)>) {
         // Only connections that received, timed out or were acted on can
         // have output or new timers.
         while let Some(i) = self.touched.pop() {
             self.seen[i] = false;
             let c = self.cpu_of(i);
-            let start = self.busy_until[c].max(self.busy_until[cpu]);
+            let start = self.busy_until[c].max(from);
             self.busy_until[c] = start;
             while let Some(seg) = self.conns[i].poll_output(self.busy_until[c]) {
                 self.busy_until[c] += self.costs.tx_segment;
@@ -277,5 +329,57 @@ impl PeerHost {
     /// Adds the application's metrics.
     pub fn metrics(&self, out: &mut Metrics) {
         self.app.metrics(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::US;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// Reads every datagram (100 us each) and records when it ran.
+    struct Reader(Rc<RefCell<Vec<(Time, usize)>>>);
+
+    impl PeerApp for Reader {
+        fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
+            let n = io.udp_rx.drain(..).count();
+            self.0.borrow_mut().push((now, n));
+            (n as Time * 100 * US, None)
+        }
+        fn reset_metrics(&mut self) {}
+        fn metrics(&self, _: &mut Metrics) {}
+    }
+
+    #[test]
+    fn a_busy_cpu_runs_the_process_when_it_is_free_not_earlier() {
+        let runs = Rc::new(RefCell::new(vec![]));
+        let costs = PeerCosts {
+            udp_rx: US,
+            wakeup: 2 * US,
+            ..PeerCosts::default()
+        };
+        let mut p = PeerHost::udp(5, Box::new(Reader(runs.clone())), costs);
+        let mut out = vec![];
+        p.timer(0, &mut out);
+        runs.borrow_mut().clear();
+        // Idle: receive path and wake-up, then the process (busy to 103 us).
+        p.receive(Frame::udp(5, 100, 1, 0), 0, &mut out);
+        assert_eq!(*runs.borrow(), [(3 * US, 1)]);
+        // Two more while it is busy: their receive paths queue behind it,
+        // and the process runs when the CPU is free, not now.
+        p.receive(Frame::udp(5, 100, 2, 0), 10 * US, &mut out);
+        p.receive(Frame::udp(5, 100, 3, 0), 20 * US, &mut out);
+        assert_eq!(runs.borrow().len(), 1);
+        // It was due when the first of them was through (104 us), but the
+        // CPU still had the second's receive path: later again.
+        assert_eq!(p.next_timer(), Some(104 * US));
+        p.timer(104 * US, &mut out);
+        assert_eq!(runs.borrow().len(), 1);
+        assert_eq!(p.next_timer(), Some(105 * US));
+        p.timer(105 * US, &mut out);
+        assert_eq!(*runs.borrow(), [(3 * US, 1), (105 * US, 2)]);
+        assert_eq!(p.next_timer(), None);
     }
 }

@@ -30,7 +30,7 @@
 //! size is that of SIPp's built-in scenario messages.
 
 use super::peer::{PeerApp, PeerIo};
-use crate::engine::{Time, MS, SEC};
+use crate::engine::{as_s, Time, MS, SEC};
 use crate::guest::app::{App, Datagram, Metrics, Sys, TaskStep};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -443,15 +443,35 @@ struct UacCall {
 /// Set-up latency buckets, as SIPp's response-time repartition reports them.
 const BUCKET_MS: [Time; 3] = [10, 100, 200];
 
+/// How long SIPp's call-generation task keeps opening due calls in one
+/// run: it stops when its millisecond clock ticks, and the calls it did
+/// not get to are not opened later (it counts them as made when it
+/// computes how many are due). A UAC whose CPU cannot keep up thus places
+/// fewer calls than the rate, instead of falling further behind.
+const SCHEDULER_TICK: Time = MS;
+
 /// A SIPp-like UAC on the load generator.
+///
+/// Call k is due k / `rate_cps` seconds after the start (`-r`); a call
+/// not placed when due is not placed later. It keeps at most
+/// [`SipUac::open_limit`] calls open (SIPp's `-l`, at its default), so its
+/// state is bounded whatever the rate; due calls beyond the limit, or
+/// beyond what it opens in one scheduler tick, are counted as not placed.
 pub struct SipUac {
     flow: u16,
     pattern: CallPattern,
     message_cost: Time,
     calls: Vec<UacCall>,
     timers: TimerHeap,
+    /// Index of the next call placed (calls are numbered as placed).
     next_call: u32,
-    next_call_at: Time,
+    /// Arrival slots elapsed: slot k is due k / rate_cps after the start.
+    slot: u64,
+    open: u32,
+    open_limit: u32,
+    open_peak: u32,
+    offered: u64,
+    not_placed: u64,
     /// Calls placed since the measurement started count.
     measured_from: u32,
     buckets: [u64; 4],
@@ -476,7 +496,12 @@ impl SipUac {
             calls: vec![UacCall::default(); n],
             timers: TimerHeap::with_capacity(n.min(1 << 16)),
             next_call: 0,
-            next_call_at: 0,
+            slot: 0,
+            open: 0,
+            open_limit: Self::open_limit(&pattern),
+            open_peak: 0,
+            offered: 0,
+            not_placed: 0,
             measured_from: 0,
             buckets: [0; 4],
             setup_sum: 0,
@@ -487,6 +512,25 @@ impl SipUac {
             first_setup: None,
             last_setup: 0,
         }
+    }
+
+    /// SIPp's default `-l`: three times the calls a rate keeps open,
+    /// rate × call duration, with the duration taken as at least 1 s; at
+    /// least one call.
+    pub fn open_limit(p: &CallPattern) -> u32 {
+        let hold = as_s(p.duration).max(1.0);
+        ((3.0 * p.rate_cps * hold) as u32).max(1)
+    }
+
+    /// When arrival slot `k` is due (computed from k, so the interval's
+    /// rounding does not add up).
+    fn slot_at(&self, k: u64) -> Time {
+        (k as f64 * SEC as f64 / self.pattern.rate_cps).round() as Time
+    }
+
+    /// A call left the open set (completed or failed).
+    fn closed(&mut self) {
+        self.open = self.open.saturating_sub(1);
     }
 
     fn send(io: &mut PeerIo, m: Msg, call: u32, flow: u16) {
@@ -548,6 +592,7 @@ impl SipUac {
             (Msg::Ok, UacState::Established) => Self::send(io, Msg::Ack, call, flow),
             (Msg::ByeOk, UacState::Closing) => {
                 self.calls[call as usize].state = UacState::Done;
+                self.closed();
                 if self.measured(call) {
                     self.completed += 1;
                 }
@@ -577,6 +622,7 @@ impl SipUac {
                     }
                 } else {
                     c.state = UacState::Failed;
+                    self.closed();
                     if measured {
                         self.failed += 1;
                     }
@@ -601,11 +647,21 @@ impl PeerApp for SipUac {
         while let Some((t, call)) = self.timers.pop_due(now) {
             self.timer(io, t, call, now);
         }
-        // SIPp paces new calls at a fixed interval.
-        let gap = (SEC as f64 / self.pattern.rate_cps.max(1e-9)) as Time;
-        while self.next_call < self.pattern.calls && self.next_call_at <= now {
+        // New calls at a fixed interval, within the open-call limit and
+        // one scheduler tick of work.
+        let mut opening = 0;
+        while self.next_call < self.pattern.calls && self.slot_at(self.slot) <= now {
+            self.slot += 1;
+            self.offered += 1;
+            if self.open >= self.open_limit || opening >= SCHEDULER_TICK {
+                self.not_placed += 1;
+                continue;
+            }
+            opening += self.message_cost;
             let call = self.next_call;
             self.next_call += 1;
+            self.open += 1;
+            self.open_peak = self.open_peak.max(self.open);
             self.calls[call as usize] = UacCall {
                 state: UacState::Inviting,
                 started: now,
@@ -614,10 +670,9 @@ impl PeerApp for SipUac {
             };
             self.timers.push(now + T1, call);
             Self::send(io, Msg::Invite, call, self.flow);
-            self.next_call_at += gap.max(1);
         }
         let cost = (handled + io.udp_tx.len() as u64) * self.message_cost;
-        let next_call = (self.next_call < self.pattern.calls).then_some(self.next_call_at);
+        let next_call = (self.next_call < self.pattern.calls).then(|| self.slot_at(self.slot));
         let wake = [self.timers.peek(), next_call].into_iter().flatten().min();
         (cost, wake)
     }
@@ -625,6 +680,9 @@ impl PeerApp for SipUac {
     fn reset_metrics(&mut self) {
         // Calls placed from now on are measured.
         self.measured_from = self.next_call;
+        self.offered = 0;
+        self.not_placed = 0;
+        self.open_peak = self.open;
         self.buckets = [0; 4];
         self.setup_sum = 0;
         self.established = 0;
@@ -638,7 +696,11 @@ impl PeerApp for SipUac {
         let placed = self.next_call.saturating_sub(self.measured_from) as f64;
         let n = self.established.max(1) as f64;
         let pct = |b: u64| 100.0 * b as f64 / n;
+        out.insert("sip.calls_offered".into(), self.offered as f64);
         out.insert("sip.calls_placed".into(), placed);
+        out.insert("sip.calls_not_placed".into(), self.not_placed as f64);
+        out.insert("sip.open_calls".into(), self.open as f64);
+        out.insert("sip.open_calls_peak".into(), self.open_peak as f64);
         out.insert("sip.calls_established".into(), self.established as f64);
         out.insert("sip.calls_completed".into(), self.completed as f64);
         out.insert("sip.calls_failed".into(), self.failed as f64);
@@ -870,6 +932,81 @@ mod tests {
         u.metrics(&mut m);
         assert_eq!(m["sip.calls_completed"], 1.0);
         assert!(m["sip.invite_retrans"] >= 1.0);
+    }
+
+    fn uac_metric(u: &SipUac, k: &str) -> f64 {
+        let mut m = Metrics::new();
+        u.metrics(&mut m);
+        m[k]
+    }
+
+    #[test]
+    fn uac_places_calls_at_the_rate_and_no_more() {
+        // 1000 calls/s polled at every call it asks for, for 1 s.
+        let pattern = CallPattern {
+            rate_cps: 1000.0,
+            duration: 10 * SEC,
+            calls: 100_000,
+        };
+        let mut u = SipUac::new(1, pattern, 0);
+        let mut now = 0;
+        while now <= SEC {
+            run(&mut u, &[], now);
+            // Its wake-up: the next call (Timer A comes later).
+            now = u.slot_at(u.slot);
+        }
+        // Calls at 0, 1 ms, ..., 1 s: exactly 1001, all placed.
+        assert_eq!(uac_metric(&u, "sip.calls_offered"), 1001.0);
+        assert_eq!(uac_metric(&u, "sip.calls_placed"), 1001.0);
+        // A rate whose interval is not a whole number of picoseconds does
+        // not drift: call 3,000,000 of 3 calls/s is due at exactly 1e6 s.
+        let p3 = CallPattern {
+            rate_cps: 3.0,
+            ..pattern
+        };
+        assert_eq!(SipUac::new(1, p3, 0).slot_at(3_000_000), 1_000_000 * SEC);
+    }
+
+    #[test]
+    fn uac_behind_its_schedule_skips_calls_instead_of_bursting() {
+        // 100,000 calls/s, 20 us per message: the UAC first runs 1 s late.
+        let pattern = CallPattern {
+            rate_cps: 1e5,
+            duration: SEC,
+            calls: 1_000_000,
+        };
+        let mut u = SipUac::new(1, pattern, 20 * crate::engine::US);
+        let out = run(&mut u, &[], SEC);
+        // 100,001 calls due; one scheduler tick (1 ms) opens 50 of them.
+        assert_eq!(uac_metric(&u, "sip.calls_offered"), 100_001.0);
+        assert_eq!(out.len(), 50);
+        assert_eq!(uac_metric(&u, "sip.calls_placed"), 50.0);
+        assert_eq!(uac_metric(&u, "sip.calls_not_placed"), 100_001.0 - 50.0);
+    }
+
+    #[test]
+    fn uac_keeps_at_most_its_open_call_limit() {
+        // SIPp's default -l: 3 × 100 calls/s × 2 s = 600 calls.
+        let pattern = CallPattern {
+            rate_cps: 100.0,
+            duration: 2 * SEC,
+            calls: 100_000,
+        };
+        assert_eq!(SipUac::open_limit(&pattern), 600);
+        let mut u = SipUac::new(1, pattern, 0);
+        // Nothing is ever answered: calls stay open until Timer B (32 s).
+        for k in 0..=20 {
+            run(&mut u, &[], k * SEC);
+        }
+        assert_eq!(uac_metric(&u, "sip.calls_offered"), 2001.0);
+        assert_eq!(uac_metric(&u, "sip.calls_placed"), 600.0);
+        assert_eq!(uac_metric(&u, "sip.open_calls_peak"), 600.0);
+        assert_eq!(uac_metric(&u, "sip.calls_not_placed"), 1401.0);
+        // Past Timer B the first calls fail and free their places.
+        run(&mut u, &[], 40 * SEC);
+        assert!(uac_metric(&u, "sip.open_calls") <= 600.0);
+        assert!(uac_metric(&u, "sip.calls_failed") > 0.0);
+        assert!(uac_metric(&u, "sip.calls_placed") > 600.0);
     }
 
     #[test]
