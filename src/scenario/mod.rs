@@ -743,6 +743,67 @@ fn scalar(text: &str) -> toml::Value {
     }
 }
 
+/// A typed-deserialization error of the scenario `text` (as written back
+/// from its tree, overrides applied), named by the dotted key at its
+/// position: `[section]` headers above the line give the table, the
+/// line its key; an error on a header is the table's own.
+fn typed_error(text: &str, e: &toml::de::Error) -> ScenarioError {
+    let Some(span) = e.span().filter(|s| s.start <= text.len()) else {
+        return ScenarioError::Parse(e.message().to_string());
+    };
+    let line_start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    // `[a.b]` → a.b; `[[a]]` → a[i], its i-th element up to `upto`.
+    let header = |l: &str, upto: usize| {
+        let l = l.trim();
+        if let Some(h) = l.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            let h = h.trim();
+            let marker = format!("[[{h}]]");
+            let i = text[..upto].lines().filter(|x| x.trim() == marker).count();
+            return Some(format!("{h}[{}]", i.saturating_sub(1)));
+        }
+        l.strip_prefix('[')
+            .and_then(|r| r.strip_suffix(']'))
+            .map(|h| h.trim().to_string())
+    };
+    let here = header(line, line_start + line.len());
+    // The last header above the line.
+    let section = || {
+        let mut sec = None;
+        let mut end = 0;
+        for l in text[..line_start].split_inclusive('\n') {
+            end += l.len();
+            if let Some(h) = header(l, end) {
+                sec = Some(h);
+            }
+        }
+        sec
+    };
+    let join = |sec: Option<String>, leaf: &str| match sec {
+        Some(sec) => format!("{sec}.{leaf}"),
+        None => leaf.to_string(),
+    };
+    let msg = e.message().trim();
+    let key = if let Some(field) = msg
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split('`').next())
+    {
+        // The span is the table that lacks the field.
+        join(here, field)
+    } else if let Some(h) = here {
+        h
+    } else {
+        join(section(), line.split('=').next().unwrap_or("").trim())
+    };
+    if key.is_empty() {
+        return ScenarioError::Parse(msg.to_string());
+    }
+    ScenarioError::Invalid {
+        key,
+        problem: msg.to_string(),
+    }
+}
+
 /// Applies one `key=value` override to a TOML tree.
 pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> {
     let (k, v) = kv
@@ -753,6 +814,13 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
         return Err(ScenarioError::Set(format!("`{kv}`: empty key")));
     }
     let parts: Vec<&str> = key.split('.').collect();
+    // A workload key needs the workload: `--set` tunes a workload the
+    // scenario runs, it does not add one. A table given with all its
+    // defaults (`[workload.sip]` alone) is a workload too.
+    let workload_given = tree
+        .get("workload")
+        .and_then(|w| w.as_table())
+        .is_some_and(|w| parts.get(1).is_some_and(|n| w.contains_key(*n)));
     let mut t = tree;
     for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
         let entry = t
@@ -765,7 +833,7 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
             ))
         })?;
     }
-    if key.starts_with("workload.") && parts.len() == 3 && t.is_empty() {
+    if key.starts_with("workload.") && parts.len() == 3 && !workload_given {
         return Err(ScenarioError::Set(format!(
             "`{k}`: this scenario has no `{}` workload",
             parts[1]
@@ -825,9 +893,14 @@ impl Scenario {
         .filter(|(sec, k, _)| given(sec, k))
         .map(|(_, _, dotted)| dotted)
         .collect();
-        let mut s: Scenario = toml::Value::Table(tree)
-            .try_into()
-            .map_err(|e: toml::de::Error| ScenarioError::Parse(e.to_string()))?;
+        // Deserialized from text, not from the tree: the text's errors
+        // carry a position, which names the key (the tree's do not).
+        let mut s: Scenario = match toml::to_string(&tree) {
+            Ok(t) => toml::from_str(&t).map_err(|e| typed_error(&t, &e))?,
+            Err(_) => toml::Value::Table(tree)
+                .try_into()
+                .map_err(|e: toml::de::Error| ScenarioError::Parse(e.to_string()))?,
+        };
         s.resolve_config(device_given)?;
         s.validate()?;
         s.warnings = s.pointless_options(&given_keys);
@@ -1488,6 +1561,31 @@ rate_pps = 100000
             .unwrap_err()
             .to_string();
         assert!(e.contains("duration_s"), "{e}");
+        // A wrong type names its dotted key, in a table or not.
+        for (set, key) in [
+            ("rate_pps=\"fast\"", "`workload.udp.rate_pps`"),
+            ("guest.irq_nesting=3", "`guest.irq_nesting`"),
+            ("guest.tick={}", "`guest.tick`"),
+            ("guest.vf_vector=1000", "`guest.vf_vector`"),
+            ("seed=-1", "`seed`"),
+            (
+                "preemptions=[{at_ms=1,for_ms=1},{at_ms=\"x\",for_ms=1}]",
+                "`preemptions[1].at_ms`",
+            ),
+        ] {
+            let e = Scenario::parse(BASE, &[set.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{set}: {e}");
+        }
+        let e = Scenario::parse("scheme = \"kvm\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`duration_s`") && e.contains("missing"), "{e}");
+        let e = Scenario::parse(&format!("{BASE}[workload.netpipe]\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`workload.netpipe.msg_bytes`"), "{e}");
         let e = Scenario::parse(BASE, &["nokey".into()])
             .unwrap_err()
             .to_string();
@@ -1496,5 +1594,9 @@ rate_pps = 100000
             .unwrap_err()
             .to_string();
         assert!(e.contains("no `whileloop` workload"), "{e}");
+        // A workload given with all its defaults can be tuned.
+        let sip = "scheme = \"kvm\"\nduration_s = 0.1\n[workload.sip]\n";
+        let s = Scenario::parse(sip, &["workload.sip.calls=5".into()]).unwrap();
+        assert_eq!(s.workload.sip.unwrap().calls, 5);
     }
 }

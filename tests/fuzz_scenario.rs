@@ -1,0 +1,699 @@
+//! Fuzzing of scenario parsing, calibration parsing and World building
+//! (issue 8 item 7): generated scenario TOML, both structurally valid with
+//! random and extreme values for every key and garbled by random edits,
+//! and calibrations with one entry pushed to an extreme. Whatever is
+//! accepted is built and run briefly. Nothing may panic, hang, or
+//! allocate beyond a budget.
+//!
+//! Cases per property: `PROPTEST_CASES` (default 200; CI cost about
+//! 10-20 s in release). For a longer local run:
+//! `PROPTEST_CASES=20000 cargo test --release --test fuzz_scenario`.
+
+use exitless::calibration::{Calibration, DEFAULT_TOML};
+use exitless::scenario::{Scenario, ScenarioError};
+use exitless::world::World;
+use proptest::prelude::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+// ---- Allocation accounting -------------------------------------------
+
+/// The system allocator, counting the live and peak bytes of each thread
+/// (a build and run happen on one thread; the harness's other threads
+/// and parallel tests do not disturb the count).
+struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn account(delta: isize) {
+    let _ = LIVE.try_with(|l| {
+        let now = l.get() + delta;
+        l.set(now);
+        let _ = PEAK.try_with(|p| {
+            if now > p.get() {
+                p.set(now)
+            }
+        });
+    });
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            account(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        account(-(layout.size() as isize));
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            account(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Most bytes a build plus a short run of any accepted scenario may hold
+/// at once. The largest accepted sizes (every size key at its maximum,
+/// `every_size_key_at_its_maximum_builds_within_the_budget`) stay well
+/// under it; an unbounded key would not.
+const BUDGET: isize = 512 << 20;
+
+/// Wall time one case may take before it counts as a hang.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs `f` on a fresh thread and returns its result and the peak bytes
+/// it held; a panic is returned as its message, a hang fails the test.
+fn measured<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> (T, isize) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let base = LIVE.with(|l| l.get());
+        PEAK.with(|p| p.set(base));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let peak = PEAK.with(|p| p.get()) - base;
+        let _ = tx.send((r, peak));
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok((Ok(v), peak)) => (v, peak),
+        Ok((Err(e), _)) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("panicked: {msg}")
+        }
+        Err(_) => panic!("no answer within {DEADLINE:?}: a hang"),
+    }
+}
+
+/// How far a case got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Parsing or validation refused it (with an error, not a panic);
+    /// the error's key, if it names one.
+    Refused(Option<String>),
+    /// Accepted, but World building refused it.
+    NotBuilt,
+    /// Built and run.
+    Ran,
+}
+
+/// Parses `text` and, if it is accepted, builds it and runs 2 ms after a
+/// 1 ms warm-up (the run is shortened by `--set`, as a user would), then
+/// writes its report. Returns how far it got and its peak bytes.
+fn parse_build_run(text: String, cal: Calibration) -> (Outcome, isize) {
+    measured(move || {
+        let s = match Scenario::parse(&text, &[]) {
+            Ok(s) => s,
+            Err(ScenarioError::Invalid { key, .. }) => return Outcome::Refused(Some(key)),
+            Err(_) => return Outcome::Refused(None),
+        };
+        // Built at its own length too: building must not depend on it.
+        if World::build(&s, &cal).is_err() {
+            return Outcome::NotBuilt;
+        }
+        let short = ["duration_s=0.002".to_string(), "warmup_s=0.001".to_string()];
+        let s = Scenario::parse(&text, &short).expect("a shorter run of an accepted scenario");
+        let mut w = World::build(&s, &cal).expect("a shorter run builds");
+        w.run(|_| {});
+        let r = w.report();
+        let _ = r.to_text();
+        serde_json::to_string(&r).expect("the report serializes");
+        Outcome::Ran
+    })
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
+// ---- Scenario generation ---------------------------------------------
+
+/// Highest generated memcached and SIP rates. Above about 6.7M rps and
+/// 50K cps the load generators run away (issue 8 item 2: memcached at
+/// 7M rps holds 17 GB after 3 ms of simulated time), a defect being
+/// fixed separately; raise these to the validation bounds (1e7, 1e5)
+/// once it is.
+const MEMCACHED_RPS_MAX: f64 = 6e6;
+const SIP_CPS_MAX: f64 = 2e4;
+
+/// A TOML value, as text.
+type V = String;
+
+/// Values that break things: zero, negatives, huge integers, floats out
+/// of every range, NaN and infinities, wrong types.
+fn extreme() -> impl Strategy<Value = V> {
+    prop::sample::select(vec![
+        "0",
+        "-1",
+        "1",
+        "-0.0",
+        "0.5",
+        "0.001",
+        "18",
+        "32",
+        "1022",
+        "1472",
+        "4000",
+        "14880952",
+        "1e7",
+        "100000",
+        "3600",
+        "255",
+        "256",
+        "65535",
+        "65536",
+        "4294967295",
+        "4294967296",
+        "1000000000000000",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "1e-13",
+        "1e-300",
+        "1e15",
+        "1e300",
+        "nan",
+        "inf",
+        "-inf",
+        "true",
+        "\"\"",
+        "\"x\"",
+        "[]",
+        "{}",
+    ])
+    .prop_map(str::to_string)
+}
+
+fn int(lo: i64, hi: i64) -> BoxedStrategy<V> {
+    (lo..=hi).prop_map(|v| v.to_string()).boxed()
+}
+
+fn float(lo: f64, hi: f64) -> BoxedStrategy<V> {
+    (lo..=hi).prop_map(|v| format!("{v:?}")).boxed()
+}
+
+fn word(options: &'static [&'static str]) -> BoxedStrategy<V> {
+    prop::sample::select(options.to_vec())
+        .prop_map(|w| format!("\"{w}\""))
+        .boxed()
+}
+
+fn boolean() -> BoxedStrategy<V> {
+    any::<bool>().prop_map(|b| b.to_string()).boxed()
+}
+
+/// Every scalar key of a scenario with a strategy for values validation
+/// accepts on their own (combinations may still be refused); wrong and
+/// out-of-range values come from [`extreme`] and from garbling.
+fn keys() -> Vec<(&'static str, BoxedStrategy<V>)> {
+    vec![
+        ("seed", int(0, 1 << 40)),
+        ("duration_s", float(1e-6, 0.01)),
+        ("warmup_s", float(0.0, 0.01)),
+        ("machine.cores", int(2, 64)),
+        ("guest.hz", int(1, 10_000)),
+        ("guest.tick", word(&["periodic", "nohz-idle", "off"])),
+        ("guest.irq_nesting", boolean()),
+        ("guest.rcvbuf_packets", int(1, 65_536)),
+        ("guest.timer_vector", int(0x20, 0xff)),
+        ("guest.vf_vector", int(0x20, 0xff)),
+        ("guest.napi_weight", int(1, 4096)),
+        ("nic.itr", word(&["dynamic", "fixed", "off"])),
+        ("nic.itr_interval_us", float(0.001, 1022.0)),
+        ("net.device", word(&["vf", "virtio"])),
+        ("net.event_idx", boolean()),
+        (
+            "net.queue_size",
+            (4u32..=12).prop_map(|b| (1u32 << b).to_string()).boxed(),
+        ),
+        ("background.enabled", boolean()),
+        ("check.lost_grace_ms", float(1e-6, 100.0)),
+        ("host.ipi_per_s", float(0.0, 2e5)),
+        ("hv.vtd_posted_interrupts", boolean()),
+        ("hv.eli_critical", word(&["bounce", "nmi"])),
+        ("workload.udp.rate_pps", float(1e-3, 14_880_952.0)),
+        ("workload.udp.payload_bytes", int(18, 1472)),
+        ("workload.whileloop.iterations", float(1.0, 1e7)),
+        ("workload.cyclictest.interval_us", float(10.0, 2000.0)),
+        ("workload.netpipe.msg_bytes", int(1, 65_536)),
+        ("workload.iperf.direction", word(&["to-vm", "from-vm"])),
+        ("workload.iperf.len_bytes", int(1, 1 << 17)),
+        (
+            "workload.fio.block_bytes",
+            (1u32..=2048).prop_map(|k| (k * 512).to_string()).boxed(),
+        ),
+        ("workload.fio.read_pct", float(0.0, 100.0)),
+        ("workload.fio.disk_bytes", int(1 << 20, 1 << 40)),
+        ("workload.fio.guard_ms", float(0.0, 20.0)),
+        (
+            "workload.memcached.rate_rps",
+            float(1e-3, MEMCACHED_RPS_MAX),
+        ),
+        ("workload.memcached.connections", int(1, 4000)),
+        ("workload.memcached.threads", int(1, 16)),
+        ("workload.memcached.client_threads", int(1, 1024)),
+        ("workload.memcached.key_bytes", int(1, 250)),
+        ("workload.memcached.value_bytes", int(1, 1 << 20)),
+        ("workload.sip.rate_cps", float(1e-3, SIP_CPS_MAX)),
+        ("workload.sip.call_duration_s", float(0.0, 20.0)),
+        ("workload.sip.calls", int(1, 2000)),
+    ]
+}
+
+/// The top-level keys and tables of a scenario.
+const TOP_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "scheme",
+    "config",
+    "seed",
+    "duration_s",
+    "warmup_s",
+    "machine",
+    "guest",
+    "nic",
+    "net",
+    "background",
+    "workload",
+    "check",
+    "host",
+    "hv",
+    "preemptions",
+    "assumptions",
+];
+
+const SCHEMES: &[&str] = &[
+    "kvm",
+    "apicv",
+    "eli",
+    "elvis",
+    "did",
+    "naive",
+    "bare-metal",
+    "vmware",
+];
+const CONFIGS: &[&str] = &[
+    "bare-metal",
+    "sriov-bm",
+    "sriov",
+    "sriov-did",
+    "pv",
+    "pv-did",
+    "xen",
+];
+const WORKLOADS: &[&str] = &[
+    "udp",
+    "whileloop",
+    "cyclictest",
+    "netpipe",
+    "iperf",
+    "fio",
+    "memcached",
+    "sip",
+];
+
+/// The keys of a workload table that have no default.
+fn required(workload: &str) -> &'static [&'static str] {
+    match workload {
+        "udp" => &["rate_pps"],
+        "whileloop" => &["iterations"],
+        "netpipe" => &["msg_bytes"],
+        "memcached" => &["rate_rps"],
+        _ => &[],
+    }
+}
+
+/// A scenario as TOML text: a scheme or config, some workload tables,
+/// each key present or not, each value sensible or (with probability
+/// `chaos`) extreme, some preemptions.
+fn scenario_text() -> impl Strategy<Value = String> {
+    let ks = keys();
+    let values: Vec<BoxedStrategy<(bool, f64, V, V)>> = ks
+        .into_iter()
+        .map(|(_, s)| (any::<bool>(), 0.0..1.0, s, extreme()).boxed())
+        .collect();
+    let names: Vec<&'static str> = keys().into_iter().map(|(k, _)| k).collect();
+    (
+        prop::sample::select(SCHEMES.to_vec()),
+        prop::option::weighted(0.2, prop::sample::select(CONFIGS.to_vec())),
+        prop::sample::subsequence(WORKLOADS.to_vec(), 0..=2),
+        values,
+        prop::sample::select(vec![0.0, 0.0, 0.02, 0.3]),
+        prop::collection::vec(
+            (
+                prop_oneof![float(0.0, 5.0), extreme()],
+                prop_oneof![float(0.0, 1.0), extreme()],
+            ),
+            0..3,
+        ),
+    )
+        .prop_map(
+            move |(scheme, config, workloads, values, chaos, preemptions)| {
+                let mut top = String::new();
+                let mut tables: std::collections::BTreeMap<String, String> = Default::default();
+                match config {
+                    Some(c) => top.push_str(&format!("config = \"{c}\"\n")),
+                    None => top.push_str(&format!("scheme = \"{scheme}\"\n")),
+                }
+                let mut duration = false;
+                for w in &workloads {
+                    // The table exists even if none of its keys is drawn.
+                    tables.entry(format!("workload.{w}")).or_default();
+                }
+                for (i, (present, roll, sane, extreme)) in values.into_iter().enumerate() {
+                    let key = names[i];
+                    let (section, leaf) = match key.rsplit_once('.') {
+                        Some((s, l)) => (Some(s), l),
+                        None => (None, key),
+                    };
+                    let needed = section.is_some_and(|s| {
+                        s.strip_prefix("workload.")
+                            .is_some_and(|w| workloads.contains(&w) && required(w).contains(&leaf))
+                    });
+                    let in_workload = section.is_none_or(|s| {
+                        s.strip_prefix("workload.")
+                            .is_none_or(|w| workloads.contains(&w))
+                    });
+                    if !(present || needed || key == "duration_s") || !in_workload {
+                        continue;
+                    }
+                    // The case's chaos level is the share of extreme values.
+                    let v = if roll < chaos { extreme } else { sane };
+                    if key == "duration_s" {
+                        duration = true;
+                    }
+                    match section {
+                        None => top.push_str(&format!("{leaf} = {v}\n")),
+                        Some(s) => {
+                            let t = tables.entry(s.to_string()).or_default();
+                            t.push_str(&format!("{leaf} = {v}\n"));
+                        }
+                    }
+                }
+                if !duration {
+                    top.push_str("duration_s = 0.002\n");
+                }
+                let mut text = top;
+                for (name, body) in tables {
+                    text.push_str(&format!("[{name}]\n{body}"));
+                }
+                for (at, len) in preemptions {
+                    text.push_str(&format!("[[preemptions]]\nat_ms = {at}\nfor_ms = {len}\n"));
+                }
+                text
+            },
+        )
+}
+
+/// One random edit of a text: delete a span, insert junk, duplicate or
+/// drop a line, truncate.
+#[derive(Clone, Debug)]
+enum Edit {
+    Delete(usize, usize),
+    Insert(usize, String),
+    DuplicateLine(usize),
+    DropLine(usize),
+    Truncate(usize),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let junk = prop_oneof![
+        prop::sample::select(vec![
+            "[",
+            "]",
+            "[[",
+            "]]",
+            "=",
+            "\"",
+            "'''",
+            "\"\"\"",
+            "\n",
+            "#",
+            ".",
+            ",",
+            "{",
+            "}",
+            "\\",
+            "nan",
+            "inf",
+            "-",
+            "1e999",
+            "0x",
+            "\u{0}",
+            "é",
+            "\u{feff}",
+            "[workload.udp]\n",
+            "[net]\n",
+            "scheme = \"kvm\"\n",
+            "a.b.c.d = 1\n",
+        ])
+        .prop_map(str::to_string),
+        "[ -~]{0,8}",
+    ];
+    prop_oneof![
+        (any::<usize>(), 1usize..16).prop_map(|(a, n)| Edit::Delete(a, n)),
+        (any::<usize>(), junk).prop_map(|(a, s)| Edit::Insert(a, s)),
+        any::<usize>().prop_map(Edit::DuplicateLine),
+        any::<usize>().prop_map(Edit::DropLine),
+        any::<usize>().prop_map(Edit::Truncate),
+    ]
+}
+
+fn apply(text: &str, e: &Edit) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let at = |a: usize| {
+        if chars.is_empty() {
+            0
+        } else {
+            a % (chars.len() + 1)
+        }
+    };
+    let mut lines: Vec<&str> = text.lines().collect();
+    match e {
+        Edit::Delete(a, n) => {
+            let a = at(*a);
+            let b = (a + n).min(chars.len());
+            chars[..a].iter().chain(&chars[b..]).collect()
+        }
+        Edit::Insert(a, s) => {
+            let a = at(*a);
+            let mut out: String = chars[..a].iter().collect();
+            out.push_str(s);
+            out.extend(&chars[a..]);
+            out
+        }
+        Edit::DuplicateLine(i) if !lines.is_empty() => {
+            let i = i % lines.len();
+            lines.insert(i, lines[i]);
+            lines.join("\n")
+        }
+        Edit::DropLine(i) if !lines.is_empty() => {
+            lines.remove(i % lines.len());
+            lines.join("\n")
+        }
+        Edit::Truncate(a) => chars[..at(*a)].iter().collect(),
+        _ => text.to_string(),
+    }
+}
+
+// ---- Properties ------------------------------------------------------
+
+/// How far cases got.
+#[derive(Default, Debug)]
+struct Tally {
+    cases: u32,
+    accepted: u32,
+    ran: u32,
+    peak: isize,
+}
+
+impl Tally {
+    fn add(&mut self, o: Outcome, peak: isize) {
+        self.cases += 1;
+        self.accepted += u32::from(!matches!(o, Outcome::Refused(_)));
+        self.ran += u32::from(o == Outcome::Ran);
+        self.peak = self.peak.max(peak);
+    }
+}
+
+/// Runs `test` over `strategy` for [`cases`] cases and prints the tally
+/// (visible with `--nocapture`); a failure panics with the shrunk input.
+fn fuzz<S: Strategy>(
+    name: &str,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(Outcome, isize), TestCaseError>,
+) where
+    S::Value: std::fmt::Debug,
+{
+    let config = ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let tally = std::sync::Mutex::new(Tally::default());
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let r = runner.run(&strategy, |v| {
+        let (o, peak) = test(v)?;
+        tally.lock().unwrap().add(o, peak);
+        Ok(())
+    });
+    let t = tally.into_inner().unwrap();
+    eprintln!(
+        "{name}: {} cases, {} accepted, {} built and ran; peak {} MiB",
+        t.cases,
+        t.accepted,
+        t.ran,
+        t.peak >> 20
+    );
+    if let Err(e) = r {
+        panic!("{name}: {e}");
+    }
+}
+
+#[test]
+fn generated_scenarios_never_panic_or_allocate_without_bound() {
+    fuzz("generated", scenario_text(), |text| {
+        let (o, peak) = parse_build_run(text.clone(), Calibration::default_host());
+        prop_assert!(peak <= BUDGET, "{peak} bytes for\n{text}");
+        // The text is well-formed TOML: a refusal names a key (perhaps
+        // one left at its default, which clashes with one given).
+        if let Outcome::Refused(key) = &o {
+            let key = key.as_deref().unwrap_or("");
+            let top = key.split(['.', '[']).next().unwrap_or("");
+            prop_assert!(TOP_KEYS.contains(&top), "refused naming `{key}`:\n{text}");
+        }
+        Ok((o, peak))
+    });
+}
+
+#[test]
+fn garbled_scenarios_never_panic() {
+    let garbled = (scenario_text(), prop::collection::vec(edit(), 1..6))
+        .prop_map(|(text, edits)| edits.iter().fold(text, |t, e| apply(&t, e)));
+    fuzz("garbled", garbled, |text| {
+        let (o, peak) = parse_build_run(text.clone(), Calibration::default_host());
+        prop_assert!(peak <= BUDGET, "{peak} bytes for\n{text}");
+        Ok((o, peak))
+    });
+}
+
+#[test]
+fn calibration_extremes_are_refused_or_run() {
+    let keys: Vec<(String, String)> = {
+        let t: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+        t.iter()
+            .flat_map(|(s, e)| {
+                e.as_table()
+                    .unwrap()
+                    .keys()
+                    .map(move |k| (s.clone(), k.clone()))
+            })
+            .collect()
+    };
+    let strategy = (
+        prop::sample::select(keys),
+        prop_oneof![extreme(), (0.0f64..1e4).prop_map(|v| format!("{v:?}"))],
+        prop::sample::select(vec![BASE_UDP, BASE_PV, BASE_FIO, BASE_SIP, BASE_CYCLIC]),
+        prop::sample::select(SCHEMES[..7].to_vec()),
+    );
+    fuzz(
+        "calibration",
+        strategy,
+        |((sec, key), value, base, scheme)| {
+            let mut t: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+            let v: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or(toml::Value::String(value.clone()));
+            t[sec.as_str()][key.as_str()]["value"] = v;
+            let text = toml::to_string(&t).unwrap();
+            let (cal, _) = measured(move || Calibration::from_toml(&text).ok());
+            let Some(cal) = cal else {
+                return Ok((Outcome::Refused(None), 0));
+            };
+            let (o, peak) = parse_build_run(base.replace("SCHEME", scheme), cal);
+            prop_assert!(peak <= BUDGET, "{peak} bytes with {sec}.{key} = {value}");
+            Ok((o, peak))
+        },
+    );
+}
+
+const BASE_UDP: &str = "scheme = \"SCHEME\"\nduration_s = 0.002\nwarmup_s = 0.001\n[host]\nipi_per_s = 20000\n[workload.udp]\nrate_pps = 300000\n[[preemptions]]\nat_ms = 1.5\nfor_ms = 0.2\n";
+const BASE_PV: &str = "scheme = \"SCHEME\"\nduration_s = 0.002\nwarmup_s = 0.001\n[net]\ndevice = \"virtio\"\n[workload.iperf]\n";
+const BASE_FIO: &str =
+    "scheme = \"SCHEME\"\nduration_s = 0.002\nwarmup_s = 0.001\n[workload.fio]\n";
+const BASE_SIP: &str = "scheme = \"SCHEME\"\nduration_s = 0.002\nwarmup_s = 0.001\n[workload.sip]\nrate_cps = 2000\ncall_duration_s = 0.001\n";
+const BASE_CYCLIC: &str = "scheme = \"SCHEME\"\nduration_s = 0.002\nwarmup_s = 0.001\n[nic]\nitr = \"fixed\"\nitr_interval_us = 1022\n[workload.cyclictest]\ninterval_us = 10\n[workload.whileloop]\niterations = 1e9\n";
+
+/// Every size-like key at its largest accepted value, on each device:
+/// building and a short run stay under the budget (the property tests
+/// rarely draw all maxima at once).
+#[test]
+fn every_size_key_at_its_maximum_builds_within_the_budget() {
+    let mut cal: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+    cal["vhost"]["tap_queue_frames"]["value"] = toml::Value::Integer(65_536);
+    cal["nic"]["rx_ring_size"]["value"] = toml::Value::Integer(4096);
+    let cal = Calibration::from_toml(&toml::to_string(&cal).unwrap()).unwrap();
+    let guest =
+        "machine.cores=64 guest.rcvbuf_packets=65536 guest.napi_weight=4096 net.queue_size=4096";
+    let sets: &[(&str, &str)] = &[
+        (
+            "[workload.memcached]\nrate_rps = 6e6\n",
+            "workload.memcached.connections=4000 workload.memcached.threads=4000 workload.memcached.client_threads=1024 workload.memcached.key_bytes=250 workload.memcached.value_bytes=1048576",
+        ),
+        (
+            "[workload.sip]\n",
+            "workload.sip.calls=1000000 workload.sip.rate_cps=20000",
+        ),
+        ("[workload.iperf]\n", "workload.iperf.len_bytes=16777216"),
+        ("[workload.netpipe]\nmsg_bytes = 65536\n", ""),
+        (
+            "[workload.fio]\n",
+            "workload.fio.block_bytes=1048576 workload.fio.disk_bytes=1099511627776",
+        ),
+        ("[workload.udp]\nrate_pps = 14880952\npayload_bytes = 1472\n", ""),
+    ];
+    for device in ["vf", "virtio"] {
+        for (table, extra) in sets {
+            let text = format!("scheme = \"kvm\"\nduration_s = 0.002\nwarmup_s = 0.001\n{table}");
+            let mut all: Vec<String> = guest
+                .split(' ')
+                .chain(extra.split(' ').filter(|s| !s.is_empty()))
+                .map(str::to_string)
+                .collect();
+            if !table.contains("udp") {
+                all.push(format!("net.device={device}"));
+            }
+            let cal = cal.clone();
+            let (ran, peak) = measured(move || {
+                let s = Scenario::parse(&text, &all).expect("maximal scenario is accepted");
+                let mut w = World::build(&s, &cal).expect("and builds");
+                w.run(|_| {});
+                w.events()
+            });
+            assert!(ran > 0);
+            eprintln!(
+                "maximal {} on {device}: peak {} MiB",
+                table.lines().next().unwrap_or(""),
+                peak >> 20
+            );
+            assert!(peak <= BUDGET, "{table} on {device}: {} MiB", peak >> 20);
+        }
+    }
+}
