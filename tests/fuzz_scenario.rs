@@ -296,25 +296,17 @@ const TOP_KEYS: &[&str] = &[
     "assumptions",
 ];
 
-const SCHEMES: &[&str] = &[
-    "kvm",
-    "apicv",
-    "eli",
-    "elvis",
-    "did",
-    "naive",
-    "bare-metal",
-    "vmware",
-];
-const CONFIGS: &[&str] = &[
-    "bare-metal",
-    "sriov-bm",
-    "sriov",
-    "sriov-did",
-    "pv",
-    "pv-did",
-    "xen",
-];
+/// The library's scheme and configuration names, plus one unknown each.
+fn schemes_and_an_unknown() -> Vec<&'static str> {
+    let mut v = exitless::hv::scheme::SCHEMES.to_vec();
+    v.push("vmware");
+    v
+}
+fn configs_and_an_unknown() -> Vec<&'static str> {
+    let mut v = exitless::scenario::CONFIGS.to_vec();
+    v.push("xen");
+    v
+}
 const WORKLOADS: &[&str] = &[
     "udp",
     "whileloop",
@@ -348,8 +340,8 @@ fn scenario_text() -> impl Strategy<Value = String> {
         .collect();
     let names: Vec<&'static str> = keys().into_iter().map(|(k, _)| k).collect();
     (
-        prop::sample::select(SCHEMES.to_vec()),
-        prop::option::weighted(0.2, prop::sample::select(CONFIGS.to_vec())),
+        prop::sample::select(schemes_and_an_unknown()),
+        prop::option::weighted(0.2, prop::sample::select(configs_and_an_unknown())),
         prop::sample::subsequence(WORKLOADS.to_vec(), 0..=2),
         values,
         prop::sample::select(vec![0.0, 0.0, 0.02, 0.3]),
@@ -608,7 +600,7 @@ fn calibration_extremes_are_refused_or_run() {
         prop::sample::select(keys),
         prop_oneof![extreme(), (0.0f64..1e4).prop_map(|v| format!("{v:?}"))],
         prop::sample::select(vec![BASE_UDP, BASE_PV, BASE_FIO, BASE_SIP, BASE_CYCLIC]),
-        prop::sample::select(SCHEMES[..7].to_vec()),
+        prop::sample::select(exitless::hv::scheme::SCHEMES.to_vec()),
     );
     fuzz(
         "calibration",
