@@ -61,9 +61,32 @@ struct VmTrack {
     timer: Option<(u8, Time)>,
 }
 
+impl VmTrack {
+    fn new() -> Self {
+        VmTrack {
+            pending: ApicBitmap::default(),
+            running: true,
+            raised_descheduled: ApicBitmap::default(),
+            first_raise: Box::new([0; 256]),
+            stack: Vec::with_capacity(16),
+            timer: None,
+        }
+    }
+}
+
 /// Counters and stored violations of one run.
+///
+/// Per-CPU state (handlers in progress, the timer, per-CPU vectors such as
+/// IPIs) is tracked per vCPU; device interrupts are owned by a VM and may
+/// be handled by any of its vCPUs (the guest's MSI affinity, or the
+/// hypervisor's lowest-priority arbitration, picks which).
 pub struct Checker {
+    /// Per vCPU.
     vms: Vec<VmTrack>,
+    /// Per VM: device interrupts raised and not yet handled.
+    devs: Vec<VmTrack>,
+    /// vCPU → its VM.
+    vm_of: Vec<usize>,
     stored: Vec<Violation>,
     counts: [u64; 5],
     /// Raises that merged with one already pending (edge semantics, DID §7.8).
@@ -81,18 +104,17 @@ pub struct Checker {
 impl Checker {
     /// A checker for `vms` VMs.
     pub fn new(vms: usize) -> Self {
+        Self::with_vcpus((0..vms).collect())
+    }
+
+    /// A checker for vCPUs whose VMs are `vm_of[vcpu]`. Every method but
+    /// [`Checker::raised`] names a vCPU.
+    pub fn with_vcpus(vm_of: Vec<usize>) -> Self {
+        let nvm = vm_of.iter().max().map_or(0, |m| m + 1);
         Checker {
-            vms: vec![
-                VmTrack {
-                    pending: ApicBitmap::default(),
-                    running: true,
-                    raised_descheduled: ApicBitmap::default(),
-                    first_raise: Box::new([0; 256]),
-                    stack: Vec::with_capacity(16),
-                    timer: None,
-                };
-                vms
-            ],
+            vms: vec![VmTrack::new(); vm_of.len()],
+            devs: vec![VmTrack::new(); nvm],
+            vm_of,
             stored: Vec::new(),
             counts: [0; 5],
             merged: 0,
@@ -102,9 +124,12 @@ impl Checker {
         }
     }
 
-    /// The vCPU of `vm` was scheduled in (`true`) or out.
-    pub fn set_running(&mut self, vm: usize, running: bool) {
-        self.vms[vm].running = running;
+    /// `vcpu` was scheduled in (`true`) or out.
+    pub fn set_running(&mut self, vcpu: usize, running: bool) {
+        self.vms[vcpu].running = running;
+        let vm = self.vm_of[vcpu];
+        self.devs[vm].running =
+            (0..self.vms.len()).any(|c| self.vm_of[c] == vm && self.vms[c].running);
     }
 
     fn violate(&mut self, now: Time, vm: usize, kind: ViolationKind, vector: u8, detail: String) {
@@ -133,10 +158,13 @@ impl Checker {
         }
     }
 
-    fn raise(&mut self, vm: usize, vector: u8, at: Time) {
-        let t = &mut self.vms[vm];
+    fn raise(&mut self, vcpu: usize, vector: u8, at: Time) {
+        Self::raise_in(&mut self.vms[vcpu], &mut self.merged, vector, at);
+    }
+
+    fn raise_in(t: &mut VmTrack, merged: &mut u64, vector: u8, at: Time) {
         if t.pending.test(vector) {
-            self.merged += 1;
+            *merged += 1;
         } else {
             t.pending.set(vector);
             t.first_raise[vector as usize] = at;
@@ -148,31 +176,42 @@ impl Checker {
 
     /// A device interrupt owned by `vm` fired (observed at the device).
     pub fn raised(&mut self, vm: usize, vector: u8, now: Time) {
-        self.raise(vm, vector, now);
+        Self::raise_in(&mut self.devs[vm], &mut self.merged, vector, now);
+    }
+
+    /// An interrupt for one vCPU (an IPI the guest sent) was raised.
+    pub fn raised_on(&mut self, vcpu: usize, vector: u8, now: Time) {
+        self.raise(vcpu, vector, now);
     }
 
     /// The guest of `vm` programmed its one-shot timer to raise `vector` at
     /// `deadline` (or stopped it with `None`). Reprogramming cancels an
     /// unexpired deadline; an expired one is already raised.
-    pub fn timer_programmed(&mut self, vm: usize, vector: u8, deadline: Option<Time>, now: Time) {
-        if let Some((v, d)) = self.vms[vm].timer.take() {
+    pub fn timer_programmed(&mut self, vcpu: usize, vector: u8, deadline: Option<Time>, now: Time) {
+        if let Some((v, d)) = self.vms[vcpu].timer.take() {
             if d <= now {
-                self.raise(vm, v, d);
+                self.raise(vcpu, v, d);
             }
         }
-        self.vms[vm].timer = deadline.map(|d| (vector, d));
+        self.vms[vcpu].timer = deadline.map(|d| (vector, d));
     }
 
     /// The guest of `vm` entered its IDT handler for `vector`.
-    pub fn handler_entered(&mut self, vm: usize, vector: u8, now: Time) {
+    pub fn handler_entered(&mut self, vcpu: usize, vector: u8, now: Time) {
         // A due timer counts as raised.
-        if let Some((v, d)) = self.vms[vm].timer {
+        if let Some((v, d)) = self.vms[vcpu].timer {
             if v == vector && d <= now + self.early_tolerance {
-                self.vms[vm].timer = None;
-                self.raise(vm, v, d.min(now));
+                self.vms[vcpu].timer = None;
+                self.raise(vcpu, v, d.min(now));
             }
         }
-        let t = &mut self.vms[vm];
+        let vm = self.vm_of[vcpu];
+        // The vCPU's own interrupts first, then its VM's device interrupts.
+        let t = if self.vms[vcpu].pending.test(vector) {
+            &mut self.vms[vcpu]
+        } else {
+            &mut self.devs[vm]
+        };
         if t.pending.test(vector) {
             t.pending.clear(vector);
             self.delivered += 1;
@@ -187,10 +226,10 @@ impl Checker {
                 vm,
                 ViolationKind::Misdelivered,
                 vector,
-                format!("vector {vector:#x} entered VM {vm} with no pending interrupt of that vector for it"),
+                format!("vector {vector:#x} entered VM {vm} (vCPU {vcpu}) with no pending interrupt of that vector for it"),
             );
         }
-        let t = &self.vms[vm];
+        let t = &self.vms[vcpu];
         if let Some(&u) = t.stack.iter().find(|&&u| u >> 4 >= vector >> 4) {
             self.violate(
                 now,
@@ -200,12 +239,12 @@ impl Checker {
                 format!("vector {vector:#x} preempted the handler of higher-or-equal priority vector {u:#x}"),
             );
         }
-        self.vms[vm].stack.push(vector);
+        self.vms[vcpu].stack.push(vector);
     }
 
     /// The handler for `vector` returned (iret).
-    pub fn handler_returned(&mut self, vm: usize, vector: u8) {
-        let s = &mut self.vms[vm].stack;
+    pub fn handler_returned(&mut self, vcpu: usize, vector: u8) {
+        let s = &mut self.vms[vcpu].stack;
         if let Some(i) = s.iter().rposition(|&u| u == vector) {
             s.remove(i);
         }
@@ -213,7 +252,8 @@ impl Checker {
 
     /// The guest of `vm` wrote EOI to complete `expected`; the LAPIC that
     /// received the write (physical or emulated) cleared `cleared`.
-    pub fn eoi(&mut self, vm: usize, expected: u8, cleared: Option<u8>, now: Time) {
+    pub fn eoi(&mut self, vcpu: usize, expected: u8, cleared: Option<u8>, now: Time) {
+        let vm = self.vm_of[vcpu];
         match cleared {
             None => self.violate(
                 now,
@@ -237,11 +277,12 @@ impl Checker {
     /// yet EOI'd) against the LAPIC state that will receive its EOIs.
     pub fn isr_at_entry(
         &mut self,
-        vm: usize,
+        vcpu: usize,
         guest_in_service: ApicBitmap,
         lapic_isr: ApicBitmap,
         now: Time,
     ) {
+        let vm = self.vm_of[vcpu];
         if guest_in_service != lapic_isr {
             let v = lapic_isr
                 .highest()
@@ -264,8 +305,9 @@ impl Checker {
     /// End of run: whatever was raised more than `grace` ago and never
     /// delivered is lost.
     pub fn finish(&mut self, now: Time, grace: Time) {
-        for vm in 0..self.vms.len() {
-            if let Some((v, d)) = self.vms[vm].timer {
+        for vcpu in 0..self.vms.len() {
+            let vm = self.vm_of[vcpu];
+            if let Some((v, d)) = self.vms[vcpu].timer {
                 if d + grace < now {
                     self.violate_from(
                         now,
@@ -277,8 +319,19 @@ impl Checker {
                     );
                 }
             }
-            for v in vectors(self.vms[vm].pending) {
-                let r = self.vms[vm].first_raise[v as usize];
+            self.lost_pending(vcpu, false, vm, now, grace);
+        }
+        for vm in 0..self.devs.len() {
+            self.lost_pending(vm, true, vm, now, grace);
+        }
+    }
+
+    fn lost_pending(&mut self, i: usize, dev: bool, vm: usize, now: Time, grace: Time) {
+        let t = if dev { &self.devs[i] } else { &self.vms[i] };
+        {
+            for v in vectors(t.pending) {
+                let t = if dev { &self.devs[i] } else { &self.vms[i] };
+                let r = t.first_raise[v as usize];
                 if r + grace < now {
                     self.violate_from(
                         now,

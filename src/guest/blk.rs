@@ -56,7 +56,7 @@ impl Kernel {
         }
         if n > 0 {
             // The guard timers of the completed requests are cancelled.
-            self.hrtimers.retain(|h| h.1 != HrKind::Guard);
+            self.cpu.hrtimers.retain(|h| h.1 != HrKind::Guard);
             if let Some(t) = self.blk_task {
                 self.wake(t);
             }
@@ -91,7 +91,7 @@ impl Kernel {
                     return None;
                 }
                 if cfg.guard > 0 {
-                    self.hrtimers.push((now + cfg.guard, HrKind::Guard));
+                    self.cpu.hrtimers.push((now + cfg.guard, HrKind::Guard));
                 }
                 self.set_stage(top, 1, self.cfg.costs.blk_submit);
                 None

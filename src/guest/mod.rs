@@ -199,6 +199,8 @@ struct Task {
     /// Its sockets that received since its last step (the epoll ready
     /// list).
     ready: Vec<usize>,
+    /// The CPU it is bound to.
+    cpu: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,24 +260,85 @@ pub struct GuestCounters {
     pub tasks_exited: u64,
 }
 
-/// One guest kernel (per vCPU).
-pub struct Kernel {
-    cfg: GuestConfig,
+/// The per-CPU part of the kernel: what Linux keeps per CPU (the run
+/// queue's current task and resched flag, the clockevent and its
+/// hrtimers, RFLAGS.IF and the interrupt stack, pending softirqs).
+struct Cpu {
     if_flag: bool,
     frames: Vec<Frame>,
     in_service: ApicBitmap,
     if_rose: bool,
+    /// NAPI of the VF scheduled on this CPU (it took the VF's interrupt).
     net_rx: bool,
     in_softirq: bool,
-    tasks: Vec<Task>,
     current: Option<usize>,
     need_resched: bool,
-    sockets: Vec<VecDeque<Datagram>>,
-    /// Datagrams sent on UDP sockets, waiting for the transmit path.
-    udp_tx: VecDeque<Datagram>,
     hrtimers: Vec<(Time, HrKind)>,
     programmed: Option<Time>,
     tick_on: bool,
+    /// NAPI of virtio-net scheduled on this CPU.
+    napi_virtio: bool,
+    softirq_done: u32,
+    ksoftirqd: bool,
+    task_stepped: bool,
+    /// Other CPUs this one must send a reschedule IPI (`smp_send_reschedule`).
+    ipi_pending: u64,
+    /// Other CPUs whose polling idle loop will see a need_resched set from
+    /// here (TIF_POLLING_NRFLAG: no IPI).
+    poke_pending: u64,
+}
+
+impl Cpu {
+    fn new() -> Self {
+        Cpu {
+            if_flag: false,
+            frames: {
+                let mut v = Vec::with_capacity(32);
+                v.push(Frame {
+                    kind: FrameKind::Boot,
+                    stage: 0,
+                    compute: 0,
+                    saved_if: true,
+                });
+                v
+            },
+            in_service: ApicBitmap::default(),
+            if_rose: false,
+            net_rx: false,
+            in_softirq: false,
+            current: None,
+            need_resched: false,
+            hrtimers: Vec::with_capacity(16),
+            programmed: None,
+            tick_on: false,
+            napi_virtio: false,
+            softirq_done: 0,
+            ksoftirqd: false,
+            task_stepped: false,
+            ipi_pending: 0,
+            poke_pending: 0,
+        }
+    }
+}
+
+/// Linux's RESCHEDULE_VECTOR: the IPI `smp_send_reschedule` sends.
+pub const RESCHEDULE_VECTOR: u8 = 0xfd;
+
+/// One guest kernel: one per VM, with per-CPU state for each of its vCPUs
+/// (one per core on bare metal). Calls name the CPU they run on; the
+/// kernel swaps that CPU's state in.
+pub struct Kernel {
+    cfg: GuestConfig,
+    /// The CPU whose state is in `cpu`.
+    on: usize,
+    /// The state of CPU `on`.
+    cpu: Cpu,
+    /// Every CPU's state; entry `on` is stale while `cpu` holds it.
+    parked: Vec<Cpu>,
+    tasks: Vec<Task>,
+    sockets: Vec<VecDeque<Datagram>>,
+    /// Datagrams sent on UDP sockets, waiting for the transmit path.
+    udp_tx: VecDeque<Datagram>,
     itr: DynamicItr,
     cleaned_unrefilled: u16,
     tcp_socks: Vec<TcpSock>,
@@ -297,10 +360,6 @@ pub struct Kernel {
     tx_backlog: VecDeque<WireFrame>,
     tx_stopped: bool,
     tx_rr: usize,
-    napi_virtio: bool,
-    softirq_done: u32,
-    ksoftirqd: bool,
-    task_stepped: bool,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -309,31 +368,20 @@ pub struct Kernel {
 impl Kernel {
     /// A kernel that boots (programs its LAPIC timer) on its first step.
     pub fn new(cfg: GuestConfig) -> Self {
+        Self::smp(cfg, 1)
+    }
+
+    /// A kernel of `cpus` CPUs, each booting on its first step.
+    pub fn smp(cfg: GuestConfig, cpus: usize) -> Self {
         let itr = DynamicItr::new(&cfg.itr);
+        let cpus = cpus.clamp(1, 64);
         Kernel {
-            if_flag: false,
-            frames: {
-                let mut v = Vec::with_capacity(32);
-                v.push(Frame {
-                    kind: FrameKind::Boot,
-                    stage: 0,
-                    compute: 0,
-                    saved_if: true,
-                });
-                v
-            },
-            in_service: ApicBitmap::default(),
-            if_rose: false,
-            net_rx: false,
-            in_softirq: false,
+            on: 0,
+            cpu: Cpu::new(),
+            parked: (0..cpus).map(|_| Cpu::new()).collect(),
             tasks: Vec::new(),
-            current: None,
-            need_resched: false,
             sockets: Vec::new(),
             udp_tx: VecDeque::with_capacity(app::UDP_SNDBUF_DATAGRAMS),
-            hrtimers: Vec::with_capacity(16),
-            programmed: None,
-            tick_on: false,
             itr,
             cleaned_unrefilled: 0,
             tcp_socks: Vec::new(),
@@ -350,14 +398,40 @@ impl Kernel {
             tx_backlog: VecDeque::with_capacity(256),
             tx_stopped: false,
             tx_rr: 0,
-            napi_virtio: false,
-            softirq_done: 0,
-            ksoftirqd: false,
-            task_stepped: false,
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
         }
+    }
+
+    /// Number of CPUs.
+    pub fn cpus(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Swaps CPU `c`'s state in.
+    fn on_cpu(&mut self, c: usize) {
+        if c != self.on {
+            std::mem::swap(&mut self.cpu, &mut self.parked[self.on]);
+            std::mem::swap(&mut self.cpu, &mut self.parked[c]);
+            self.on = c;
+        }
+    }
+
+    /// CPU `c`'s state, read only.
+    fn cpu_ref(&self, c: usize) -> &Cpu {
+        if c == self.on {
+            &self.cpu
+        } else {
+            &self.parked[c]
+        }
+    }
+
+    /// CPUs other than the caller's that must get a reschedule IPI or
+    /// whose polling idle loop was poked, since the last call (bitmasks).
+    pub fn take_pokes(&mut self, c: usize) -> u64 {
+        self.on_cpu(c);
+        std::mem::take(&mut self.cpu.poke_pending)
     }
 
     /// Gives task `t` the block queue of the virtio-blk device.
@@ -373,6 +447,12 @@ impl Kernel {
     /// Adds a task. `prio`: higher runs first (RT above normal above idle
     /// class). `socket`: give it a UDP socket that receives the VF's traffic.
     pub fn spawn(&mut self, app: Box<dyn App>, prio: i32, socket: bool) -> usize {
+        self.spawn_on(0, app, prio, socket)
+    }
+
+    /// Adds a task bound to CPU `cpu` (`sched_setaffinity` to one CPU).
+    pub fn spawn_on(&mut self, cpu: usize, app: Box<dyn App>, prio: i32, socket: bool) -> usize {
+        let cpu = cpu.min(self.parked.len() - 1);
         let socket = socket.then(|| {
             self.sockets
                 .push(VecDeque::with_capacity(self.cfg.rcvbuf_packets));
@@ -387,19 +467,24 @@ impl Kernel {
             tcp: None,
             multi_tcp: false,
             ready: Vec::new(),
+            cpu,
         });
-        self.need_resched = true;
+        if cpu == self.on {
+            self.cpu.need_resched = true;
+        } else {
+            self.parked[cpu].need_resched = true;
+        }
         self.tasks.len() - 1
     }
 
     /// RFLAGS.IF.
-    pub fn interrupts_enabled(&self) -> bool {
-        self.if_flag
+    pub fn interrupts_enabled(&self, cpu: usize) -> bool {
+        self.cpu_ref(cpu).if_flag
     }
 
-    /// Vectors the guest has taken and not yet EOI'd.
-    pub fn in_service(&self) -> ApicBitmap {
-        self.in_service
+    /// Vectors CPU `cpu` has taken and not yet EOI'd.
+    pub fn in_service(&self, cpu: usize) -> ApicBitmap {
+        self.cpu_ref(cpu).in_service
     }
 
     /// Task metrics of every task.
@@ -424,24 +509,26 @@ impl Kernel {
 
     /// The interrupt gate for `vector` is taken: IF is cleared and the
     /// handler frame starts (the caller has already moved IRR to ISR).
-    pub fn take_interrupt(&mut self, vector: u8) {
+    pub fn take_interrupt(&mut self, cpu: usize, vector: u8) {
+        self.on_cpu(cpu);
         self.counters.irqs += 1;
-        self.in_service.set(vector);
-        self.frames.push(Frame {
+        self.cpu.in_service.set(vector);
+        self.cpu.frames.push(Frame {
             kind: FrameKind::Irq { vector },
             stage: 0,
             compute: self.cfg.costs.irq_entry,
-            saved_if: self.if_flag,
+            saved_if: self.cpu.if_flag,
         });
-        self.if_flag = false;
+        self.cpu.if_flag = false;
     }
 
     /// The last `Compute` ran to completion.
-    pub fn compute_done(&mut self) {
-        match self.frames.last_mut() {
+    pub fn compute_done(&mut self, cpu: usize) {
+        self.on_cpu(cpu);
+        match self.cpu.frames.last_mut() {
             Some(f) => f.compute = 0,
             None => {
-                if let Some(t) = self.current {
+                if let Some(t) = self.cpu.current {
                     self.tasks[t].compute = 0;
                 }
             }
@@ -449,10 +536,11 @@ impl Kernel {
     }
 
     /// The last `Compute` was preempted after `elapsed`.
-    pub fn charge(&mut self, elapsed: Time) {
-        let c = match self.frames.last_mut() {
+    pub fn charge(&mut self, cpu: usize, elapsed: Time) {
+        self.on_cpu(cpu);
+        let c = match self.cpu.frames.last_mut() {
             Some(f) => &mut f.compute,
-            None => match self.current {
+            None => match self.cpu.current {
                 Some(t) => &mut self.tasks[t].compute,
                 None => return,
             },
@@ -466,9 +554,25 @@ impl Kernel {
             TaskState::Blocked | TaskState::Sleeping
         ) {
             self.tasks[t].state = TaskState::Runnable;
-            let cur = self.current.map(|c| self.tasks[c].prio);
-            if cur.is_none_or(|p| self.tasks[t].prio > p) || self.current == Some(t) {
-                self.need_resched = true;
+            let c = self.tasks[t].cpu;
+            let cpu = if c == self.on {
+                &mut self.cpu
+            } else {
+                &mut self.parked[c]
+            };
+            let cur = cpu.current.map(|c| self.tasks[c].prio);
+            if cur.is_none_or(|p| self.tasks[t].prio > p) || cpu.current == Some(t) {
+                cpu.need_resched = true;
+                if c != self.on {
+                    // try_to_wake_up on a remote CPU: resched_task sends
+                    // it a reschedule IPI unless its idle loop polls
+                    // need_resched (TIF_POLLING_NRFLAG).
+                    if cpu.current.is_none() && self.cfg.idle == IdleMode::Poll {
+                        self.cpu.poke_pending |= 1 << c;
+                    } else {
+                        self.cpu.ipi_pending |= 1 << c;
+                    }
+                }
             }
         }
     }
@@ -476,7 +580,10 @@ impl Kernel {
     fn pick(&self) -> Option<usize> {
         let mut best: Option<usize> = None;
         for (i, t) in self.tasks.iter().enumerate() {
-            if t.state == TaskState::Runnable && best.is_none_or(|b| t.prio > self.tasks[b].prio) {
+            if t.cpu == self.on
+                && t.state == TaskState::Runnable
+                && best.is_none_or(|b| t.prio > self.tasks[b].prio)
+            {
                 best = Some(i);
             }
         }
@@ -488,26 +595,26 @@ impl Kernel {
     }
 
     fn start_tick(&mut self, now: Time) {
-        if self.tick_on || self.cfg.tick == TickMode::Off {
+        if self.cpu.tick_on || self.cfg.tick == TickMode::Off {
             return;
         }
-        self.tick_on = true;
+        self.cpu.tick_on = true;
         let p = self.tick_period();
-        self.hrtimers.push(((now / p + 1) * p, HrKind::Tick));
+        self.cpu.hrtimers.push(((now / p + 1) * p, HrKind::Tick));
     }
 
     fn stop_tick(&mut self) {
-        self.tick_on = false;
-        self.hrtimers.retain(|h| h.1 != HrKind::Tick);
+        self.cpu.tick_on = false;
+        self.cpu.hrtimers.retain(|h| h.1 != HrKind::Tick);
     }
 
     /// Reprograms the clockevent if the earliest hrtimer changed.
     fn reprogram(&mut self, now: Time) -> Option<Instr> {
-        let next = self.hrtimers.iter().map(|h| h.0).min();
-        if next == self.programmed {
+        let next = self.cpu.hrtimers.iter().map(|h| h.0).min();
+        if next == self.cpu.programmed {
             return None;
         }
-        self.programmed = next;
+        self.cpu.programmed = next;
         // With no timer left Linux does not touch the device
         // (hrtimer_force_reprogram skips KTIME_MAX): an armed one-shot may
         // still fire and finds nothing expired.
@@ -527,9 +634,9 @@ impl Kernel {
     fn expire_hrtimers(&mut self, now: Time) -> u32 {
         let mut ticks = 0;
         let mut i = 0;
-        while i < self.hrtimers.len() {
-            if self.hrtimers[i].0 <= now {
-                let (t, k) = self.hrtimers.swap_remove(i);
+        while i < self.cpu.hrtimers.len() {
+            if self.cpu.hrtimers[i].0 <= now {
+                let (t, k) = self.cpu.hrtimers.swap_remove(i);
                 match k {
                     HrKind::Tick => {
                         ticks += 1;
@@ -538,7 +645,7 @@ impl Kernel {
                         while n <= now {
                             n += p;
                         }
-                        self.hrtimers.push((n, HrKind::Tick));
+                        self.cpu.hrtimers.push((n, HrKind::Tick));
                     }
                     HrKind::Wake(task) => self.wake(task),
                     HrKind::TcpWheel => self.tcp_wheel_run(now),
@@ -570,42 +677,53 @@ impl Kernel {
 
     /// Sets RFLAGS.IF, noting a rising edge for the hardware.
     fn set_if(&mut self, on: bool) {
-        if on && !self.if_flag {
-            self.if_rose = true;
+        if on && !self.cpu.if_flag {
+            self.cpu.if_rose = true;
         }
-        self.if_flag = on;
+        self.cpu.if_flag = on;
     }
 
     fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
-        self.frames.push(Frame {
+        self.cpu.frames.push(Frame {
             kind,
             stage: 0,
             compute,
-            saved_if: self.if_flag,
+            saved_if: self.cpu.if_flag,
         });
         self.set_if(if_flag);
     }
 
     fn pop(&mut self) {
-        if let Some(f) = self.frames.pop() {
+        if let Some(f) = self.cpu.frames.pop() {
             self.set_if(f.saved_if);
         }
     }
 
     /// The guest's next action at `now`. `dev` is the device memory its
     /// drivers see (the VF's BAR and DMA rings, the virtqueues).
-    pub fn next(&mut self, now: Time, dev: &mut Devices) -> Action {
+    pub fn next(&mut self, cpu: usize, now: Time, dev: &mut Devices) -> Action {
+        self.on_cpu(cpu);
         loop {
-            if std::mem::take(&mut self.if_rose) {
+            if std::mem::take(&mut self.cpu.if_rose) {
                 return Action::InterruptsEnabled;
             }
-            let Some(top) = self.frames.len().checked_sub(1) else {
+            if self.cpu.ipi_pending != 0 {
+                // smp_send_reschedule: a fixed IPI through the x2APIC ICR
+                // to the CPU's APIC ID (the guest numbers them 0..n).
+                let c = self.cpu.ipi_pending.trailing_zeros();
+                self.cpu.ipi_pending &= !(1 << c);
+                return Action::Instr(Instr::WrMsr {
+                    msr: msr::ICR,
+                    value: ((c as u64) << 32) | RESCHEDULE_VECTOR as u64,
+                });
+            }
+            let Some(top) = self.cpu.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
                     return a;
                 }
                 continue;
             };
-            let f = self.frames[top];
+            let f = self.cpu.frames[top];
             if f.compute > 0 {
                 return Action::Compute(f.compute);
             }
@@ -616,8 +734,8 @@ impl Kernel {
     }
 
     fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
-        self.frames[top].stage = stage;
-        self.frames[top].compute = compute;
+        self.cpu.frames[top].stage = stage;
+        self.cpu.frames[top].compute = compute;
     }
 
     fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
@@ -673,14 +791,15 @@ impl Kernel {
             FrameKind::Switch { to } => match f.stage {
                 0 => {
                     self.counters.context_switches += 1;
-                    let from = self.current;
-                    self.current = to;
+                    let from = self.cpu.current;
+                    self.cpu.current = to;
                     self.set_stage(top, 1, 0);
                     if self.cfg.tick == TickMode::NohzIdle {
                         if to.is_none() && from.is_some() {
                             // tick_nohz_stop_sched_tick keeps the tick when
                             // the next timer is at most one jiffy away.
                             let next = self
+                                .cpu
                                 .hrtimers
                                 .iter()
                                 .filter(|h| h.1 != HrKind::Tick)
@@ -705,7 +824,7 @@ impl Kernel {
                     self.set_stage(top, 1, 0);
                     // A task sleeps on one timer at a time (an earlier one
                     // an early wake-up left armed is cancelled).
-                    self.hrtimers.retain(|h| h.1 != HrKind::Wake(task));
+                    self.cpu.hrtimers.retain(|h| h.1 != HrKind::Wake(task));
                     let ready = wait
                         && self.tasks[task]
                             .socket
@@ -714,13 +833,13 @@ impl Kernel {
                         return self.reprogram(now).map(Action::Instr);
                     }
                     self.tasks[task].state = TaskState::Sleeping;
-                    self.hrtimers.push((until, HrKind::Wake(task)));
+                    self.cpu.hrtimers.push((until, HrKind::Wake(task)));
                     self.reprogram(now).map(Action::Instr)
                 }
                 _ => {
                     self.pop();
                     if self.tasks[task].state != TaskState::Runnable {
-                        self.need_resched = true;
+                        self.cpu.need_resched = true;
                     }
                     None
                 }
@@ -748,19 +867,19 @@ impl Kernel {
                     self.set_if(true);
                     return None;
                 }
-                self.in_service.clear(vector);
+                self.cpu.in_service.clear(vector);
                 Some(Action::Instr(Instr::Eoi { vector }))
             }
             1 => {
                 let work = if is_timer {
                     self.counters.timer_irqs += 1;
                     // The one-shot clockevent has fired: it must be reprogrammed.
-                    self.programmed = None;
+                    self.cpu.programmed = None;
                     let ticks = self.expire_hrtimers(now);
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
-                    self.net_rx = true;
+                    self.cpu.net_rx = true;
                     c.vf_irq_handler
                 } else if self.is_virtio_vector(vector) {
                     self.virtio_irq(vector, dev);
@@ -784,8 +903,8 @@ impl Kernel {
             3 => {
                 self.set_stage(top, 4, c.irq_exit);
                 if nest {
-                    self.if_flag = false;
-                    self.in_service.clear(vector);
+                    self.cpu.if_flag = false;
+                    self.cpu.in_service.clear(vector);
                     return Some(Action::Instr(Instr::Eoi { vector }));
                 }
                 None
@@ -809,8 +928,8 @@ impl Kernel {
     ) -> Option<Action> {
         let c = self.cfg.costs;
         let Some(vf) = self.cfg.vf else {
-            self.net_rx = false;
-            self.in_softirq = false;
+            self.cpu.net_rx = false;
+            self.cpu.in_softirq = false;
             self.pop();
             return None;
         };
@@ -823,11 +942,11 @@ impl Kernel {
                 }
                 if round < self.cfg.napi_weight {
                     if let Ok(Some(p)) = nic.rx_poll(vf) {
-                        self.frames[top].kind = FrameKind::Softirq { round: round + 1 };
+                        self.cpu.frames[top].kind = FrameKind::Softirq { round: round + 1 };
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
                         let extra = self.netif_receive(p.frame, now);
-                        self.frames[top].compute = c.rx_per_packet + extra;
+                        self.cpu.frames[top].compute = c.rx_per_packet + extra;
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
@@ -841,8 +960,8 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.frames[top].kind = FrameKind::Softirq { round: 0 };
-                    self.frames[top].compute = c.napi_poll_base;
+                    self.cpu.frames[top].kind = FrameKind::Softirq { round: 0 };
+                    self.cpu.frames[top].compute = c.napi_poll_base;
                     return None;
                 }
                 // Ring empty: napi_complete, then the dynamic ITR update.
@@ -850,7 +969,7 @@ impl Kernel {
                     let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
                     self.cleaned_unrefilled = 0;
                 }
-                self.net_rx = false;
+                self.cpu.net_rx = false;
                 let new = self.itr.update(&self.cfg.itr);
                 self.set_stage(top, 1, c.itr_update);
                 new.map(|v| {
@@ -868,7 +987,7 @@ impl Kernel {
                 }))
             }
             _ => {
-                self.in_softirq = false;
+                self.cpu.in_softirq = false;
                 self.pop();
                 self.raise_softirq();
                 None
@@ -882,12 +1001,12 @@ impl Kernel {
     /// poll stays scheduled, the vector masked). Returns true if the
     /// softirq frame was left for that reason.
     fn softirq_budget_spent(&mut self) -> bool {
-        self.softirq_done += self.cfg.napi_weight;
-        if self.softirq_done < self.cfg.netdev_budget {
+        self.cpu.softirq_done += self.cfg.napi_weight;
+        if self.cpu.softirq_done < self.cfg.netdev_budget {
             return false;
         }
-        self.ksoftirqd = true;
-        self.in_softirq = false;
+        self.cpu.ksoftirqd = true;
+        self.cpu.in_softirq = false;
         self.pop();
         true
     }
@@ -900,16 +1019,16 @@ impl Kernel {
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
     /// the VF or virtio-net, else NET_TX for pending TCP output.
     fn raise_softirq(&mut self) {
-        if self.in_softirq || self.ksoftirqd {
+        if self.cpu.in_softirq || self.cpu.ksoftirqd {
             return;
         }
         let c = self.cfg.costs;
-        self.softirq_done = 0;
-        if self.net_rx {
-            self.in_softirq = true;
+        self.cpu.softirq_done = 0;
+        if self.cpu.net_rx {
+            self.cpu.in_softirq = true;
             self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
-        } else if self.napi_virtio {
-            self.in_softirq = true;
+        } else if self.cpu.napi_virtio {
+            self.cpu.in_softirq = true;
             self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
         } else if self.tx_ready() {
             self.push(FrameKind::NetTx, 0, true);
@@ -926,10 +1045,10 @@ impl Kernel {
             self.push(FrameKind::NetTx, 0, true);
             return None;
         }
-        if self.need_resched {
-            self.need_resched = false;
+        if self.cpu.need_resched {
+            self.cpu.need_resched = false;
             let next = self.pick();
-            if next != self.current {
+            if next != self.cpu.current {
                 self.push(
                     FrameKind::Switch { to: next },
                     self.cfg.costs.context_switch,
@@ -938,14 +1057,14 @@ impl Kernel {
                 return None;
             }
         }
-        if self.ksoftirqd && (self.current.is_none() || self.task_stepped) {
+        if self.cpu.ksoftirqd && (self.cpu.current.is_none() || self.cpu.task_stepped) {
             // ksoftirqd's turn: the deferred NET_RX poll goes on.
-            self.ksoftirqd = false;
-            self.task_stepped = false;
-            self.softirq_done = 0;
-            self.in_softirq = true;
+            self.cpu.ksoftirqd = false;
+            self.cpu.task_stepped = false;
+            self.cpu.softirq_done = 0;
+            self.cpu.in_softirq = true;
             let c = self.cfg.costs;
-            let kind = if self.net_rx {
+            let kind = if self.cpu.net_rx {
                 FrameKind::Softirq { round: 0 }
             } else {
                 FrameKind::VirtioPoll { round: 0 }
@@ -953,14 +1072,14 @@ impl Kernel {
             self.push(kind, c.napi_poll_base + c.context_switch, true);
             return None;
         }
-        let Some(t) = self.current else {
+        let Some(t) = self.cpu.current else {
             return Some(match self.cfg.idle {
-                IdleMode::Halt if self.if_flag => Action::Instr(Instr::Hlt),
+                IdleMode::Halt if self.cpu.if_flag => Action::Instr(Instr::Hlt),
                 _ => Action::Spin,
             });
         };
         if self.tasks[t].state != TaskState::Runnable {
-            self.need_resched = true;
+            self.cpu.need_resched = true;
             return None;
         }
         if self.tasks[t].compute > 0 {
@@ -992,7 +1111,7 @@ impl Kernel {
             _ => {}
         }
         let step = task.app.step(&mut sys);
-        self.task_stepped = true;
+        self.cpu.task_stepped = true;
         if !self.udp_tx.is_empty() {
             // sendto() → udp_sendmsg → dev_queue_xmit.
             self.tx_pending = true;
@@ -1033,7 +1152,7 @@ impl Kernel {
                     self.tasks[t].state = TaskState::Runnable;
                     return None;
                 }
-                self.need_resched = true;
+                self.cpu.need_resched = true;
                 None
             }
             TaskStep::SleepUntil(until) | TaskStep::WaitUntil(until) => {
@@ -1052,7 +1171,7 @@ impl Kernel {
             TaskStep::Exit => {
                 self.tasks[t].state = TaskState::Exited;
                 self.counters.tasks_exited += 1;
-                self.need_resched = true;
+                self.cpu.need_resched = true;
                 None
             }
         }

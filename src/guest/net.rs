@@ -207,9 +207,9 @@ impl Kernel {
         }
         let next = self.tcp_wheel.peek().map(|r| r.0 .0);
         if next != self.tcp_wheel_armed {
-            self.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            self.cpu.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
             if let Some(t) = next {
-                self.hrtimers.push((t, HrKind::TcpWheel));
+                self.cpu.hrtimers.push((t, HrKind::TcpWheel));
             }
             self.tcp_wheel_armed = next;
         }
@@ -262,7 +262,7 @@ impl Kernel {
     /// included); a CPU about to run a woken task restarts its tick on the
     /// switch instead.
     fn irq_exit_nohz(&mut self, now: Time) -> Option<Action> {
-        if self.current.is_some() || self.need_resched {
+        if self.cpu.current.is_some() || self.cpu.need_resched {
             return None;
         }
         self.reprogram(now).map(Action::Instr)
@@ -394,7 +394,7 @@ impl Kernel {
         self.net.virtio_irqs += 1;
         if vector == cfg.rx_vector {
             vn.rx_disable_cb();
-            self.napi_virtio = true;
+            self.cpu.napi_virtio = true;
         } else if vector == cfg.tx_vector {
             vn.tx_disable_cb();
             if self.tx_stopped {
@@ -422,8 +422,8 @@ impl Kernel {
         dev: &mut Devices,
     ) -> Option<Action> {
         let (Some(cfg), Some(vn)) = (self.cfg.virtio_net, dev.virtio_net.as_deref_mut()) else {
-            self.napi_virtio = false;
-            self.in_softirq = false;
+            self.cpu.napi_virtio = false;
+            self.cpu.in_softirq = false;
             self.pop();
             return None;
         };
@@ -436,8 +436,8 @@ impl Kernel {
                         self.net.virtio_rx_frames += 1;
                         self.counters.rx_packets += 1;
                         let extra = self.netif_receive(f, now);
-                        self.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
-                        self.frames[top].compute = c.rx_per_packet + extra;
+                        self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
+                        self.cpu.frames[top].compute = c.rx_per_packet + extra;
                         return None;
                     }
                 }
@@ -449,7 +449,7 @@ impl Kernel {
                         added += 1;
                     }
                     if added > 0 {
-                        self.frames[top].compute = c.napi_poll_base;
+                        self.cpu.frames[top].compute = c.napi_poll_base;
                         if vn.rx_kick_prepare() {
                             self.net.kicks_rx += 1;
                             return Some(Action::Instr(Instr::PioWrite {
@@ -469,22 +469,22 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
                     self.set_stage(top, 0, c.napi_poll_base);
                     return None;
                 }
                 if !vn.rx_enable_cb() {
                     vn.rx_disable_cb();
-                    self.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
                     self.set_stage(top, 0, 0);
                     return None;
                 }
-                self.napi_virtio = false;
+                self.cpu.napi_virtio = false;
                 self.set_stage(top, 2, 0);
                 None
             }
             _ => {
-                self.in_softirq = false;
+                self.cpu.in_softirq = false;
                 self.pop();
                 self.raise_softirq();
                 self.irq_exit_nohz(now)

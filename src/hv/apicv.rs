@@ -61,7 +61,7 @@ impl Scheme for Apicv {
         if let (true, Some(a)) = (self.vtd_posted_interrupts, cx.hv.vms[vm].vf) {
             // vmx_update_pi_irte: posted format, the guest's vector, the
             // vCPU's descriptor.
-            let vcpu = cx.hv.vms[vm].vcpus[0];
+            let vcpu = cx.hv.device_home(vm);
             let irte = a.irte(0, a.guest_vector, DeliveryMode::Fixed);
             if cx.m.irt.write_posted(a.irte, irte, vcpu as u16).is_ok() {
                 cx.m.irt.invalidate(a.irte);

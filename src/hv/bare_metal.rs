@@ -21,7 +21,7 @@ impl Scheme for BareMetal {
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         // The native OS's IRQ setup: its own vector, aimed at its core.
         if let Some(a) = cx.hv.vms[vm].vf {
-            let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
+            let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
             let irte = a.irte(
                 cx.m.cores[core].apic_id,
                 a.guest_vector,

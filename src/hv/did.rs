@@ -49,7 +49,19 @@ pub struct Did {
 }
 
 impl Did {
-    fn vf_irte(cx: &HvCx, vm: usize, core: usize, mode: DeliveryMode) -> Option<(u16, Irte)> {
+    /// The VF's IRT entry aimed at `core`. Only the vCPU the guest's IRQ
+    /// affinity names (the entry's one destination) moves it: `vcpu` None
+    /// is the VM's setup.
+    fn vf_irte(
+        cx: &HvCx,
+        vm: usize,
+        vcpu: Option<usize>,
+        core: usize,
+        mode: DeliveryMode,
+    ) -> Option<(u16, Irte)> {
+        if vcpu.is_some_and(|v| v != cx.hv.device_home(vm)) {
+            return None;
+        }
         let a = cx.hv.vms[vm].vf?;
         Some((
             a.irte,
@@ -85,8 +97,8 @@ impl Scheme for Did {
             cx.host_timer_forget(core);
         }
         // Until its first schedule-in, the VF's interrupts force exits.
-        let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
-        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Nmi) {
+        let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
+        if let Some((i, e)) = Did::vf_irte(cx, vm, None, core, DeliveryMode::Nmi) {
             cx.irt_update(i, e);
         }
     }
@@ -96,7 +108,7 @@ impl Scheme for Did {
         let vm = cx.hv.vcpus[vcpu].vm;
         let core = cx.hv.vcpus[vcpu].core;
         // 1. Retarget the VF's IRT entries at this core, fixed mode.
-        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Fixed) {
+        if let Some((i, e)) = Did::vf_irte(cx, vm, Some(vcpu), core, DeliveryMode::Fixed) {
             cx.irt_update(i, e);
         }
         // 2. Install the VM's timer on this core's LAPIC: its LVTT and
@@ -145,7 +157,7 @@ impl Scheme for Did {
         // 1. NMI mode: later MSIs force an exit wherever they land. One
         // already in flight is remapped when it arrives, so it too comes as
         // an NMI and host_nmi finds it by the entry's NMI count.
-        if let Some((i, e)) = Did::vf_irte(cx, vm, core, DeliveryMode::Nmi) {
+        if let Some((i, e)) = Did::vf_irte(cx, vm, Some(vcpu), core, DeliveryMode::Nmi) {
             cx.irt_update(i, e);
         }
         // 2. Park the VM's timer on the designated core.
@@ -180,6 +192,12 @@ impl Scheme for Did {
         // LAPIC the guest owns while it runs.
         if reg == msr::TSC_DEADLINE {
             self.uncovered_writes += 1;
+        }
+        if reg == msr::ICR {
+            // did.md open point 9: guest IPIs trap; each target gets the
+            // vector as a virtual interrupt (§4.3: a fixed IPI to its core
+            // if it runs, else queued for its schedule-in).
+            return kvm::exit(self, cx, vcpu, info);
         }
         let out = vlapic::emulate_write(cx, vcpu, reg, value);
         if matches!(reg, msr::LVT_TIMER | msr::TDCR) && cx.hv.vcpus[vcpu].loaded {
@@ -234,7 +252,7 @@ impl Scheme for Did {
             let nmis = cx.m.irt.nmi_deliveries(a.irte);
             if nmis != self.vf_nmis_seen[vm] {
                 self.vf_nmis_seen[vm] = nmis;
-                let vcpu = cx.hv.vms[vm].vcpus[0];
+                let vcpu = cx.hv.device_home(vm);
                 self.virtual_interrupt(cx, vcpu, a.guest_vector);
             }
         }

@@ -10,7 +10,7 @@ use super::host::RESCHEDULE_VECTOR;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
-use crate::hw::x86::lapic::DeliveryMode;
+use crate::hw::x86::lapic::{msr as apic_msr, DeliveryMode, IpiDest};
 use crate::hw::x86::vmcs::Vmcs;
 
 /// The `kvm` scheme: the trait's default hooks are stock KVM, so this is
@@ -26,7 +26,7 @@ pub fn setup(cx: &mut HvCx, vm: usize) {
     if let Some(a) = cx.hv.vms[vm].vf {
         // The VF's MSI-X is a host IRQ aimed at the VM's core; its handler
         // injects the guest's vector.
-        let core = cx.hv.vcpus[cx.hv.vms[vm].vcpus[0]].core;
+        let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
         let irte = a.irte(cx.m.cores[core].apic_id, a.host_vector, DeliveryMode::Fixed);
         cx.irt_update(a.irte, irte);
     }
@@ -49,6 +49,32 @@ pub fn exit<S: Scheme + ?Sized>(
         // Not acknowledged on exit: the host takes it from its LAPIC once
         // it enables interrupts (between exit-handling steps).
         ExitInfo::ExternalInterrupt { vector: None } => {}
+        ExitInfo::MsrWrite {
+            msr: apic_msr::ICR,
+            value,
+        } => {
+            // kvm_apic_send_ipi: the emulated ICR decides the targets among
+            // the VM's vCPUs; each gets the vector as a virtual interrupt.
+            if let Some(ipi) = vlapic::emulate_icr(cx, vcpu, value) {
+                // Guest NMIs by IPI are not modelled (the model's guests
+                // send fixed reschedule IPIs only).
+                if ipi.mode != DeliveryMode::Nmi {
+                    let vm = cx.hv.vcpus[vcpu].vm;
+                    for i in 0..cx.hv.vms[vm].vcpus.len() {
+                        let t = cx.hv.vms[vm].vcpus[i];
+                        let hit = match ipi.dest {
+                            IpiDest::Physical(id) => id as usize == i,
+                            IpiDest::SelfOnly => t == vcpu,
+                            IpiDest::AllIncludingSelf => true,
+                            IpiDest::AllExcludingSelf => t != vcpu,
+                        };
+                        if hit {
+                            scheme.virtual_interrupt(cx, t, ipi.vector);
+                        }
+                    }
+                }
+            }
+        }
         ExitInfo::MsrWrite { msr, value } => {
             return ExitOutcome {
                 eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),

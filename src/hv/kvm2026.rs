@@ -14,10 +14,11 @@
 //!   `kvm_vcpu_halt`, `grow_halt_poll_ns` / `shrink_halt_poll_ns` with
 //!   `halt_poll_ns_shrink = 0`; x86 cap `KVM_HALT_POLL_NS_DEFAULT` =
 //!   200 µs).
-//! * **IPI virtualization** (`hv.ipiv`): unicast physical-mode ICR writes
-//!   post to the target's descriptor without a sender exit. The guests
-//!   modelled today have one vCPU and send no IPIs, so the switch has no
-//!   effect until SMP guests exist; it is kept so scenarios can name it.
+//! * **IPI virtualization** (`hv.ipiv`): unicast fixed physical-mode ICR
+//!   writes of SMP guests post to the target's descriptor through the
+//!   PID-pointer table, without a sender exit; a halted target's
+//!   descriptor notifies the wakeup vector, a preempted one's is
+//!   suppressed until its next entry.
 //! * **PV EOI** is not used: KVM turns it off when APICv virtualizes EOI.
 
 use super::apicv::Apicv;
@@ -44,7 +45,7 @@ pub struct Kvm2026Options {
     pub halt_poll: bool,
     /// Cap of the halt-polling window, µs (`halt_poll_ns` / 1000).
     pub halt_poll_max_us: f64,
-    /// IPI virtualization (no effect with one-vCPU guests).
+    /// IPI virtualization.
     pub ipiv: bool,
 }
 
@@ -107,6 +108,18 @@ impl Scheme for Kvm2026 {
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         self.apicv.setup_vm(cx, vm);
         self.poll_window.resize(cx.hv.vcpus.len(), 0);
+        if self.opts.ipiv {
+            // vmx_vcpu_after_set_cpuid / the PID-pointer table
+            // (`kvm_vmx->pid_table`): one entry per vCPU, indexed by its
+            // APIC ID; the ICR write intercept is dropped.
+            let pid: Vec<u16> = cx.hv.vms[vm].vcpus.iter().map(|&v| v as u16).collect();
+            for &vcpu in &cx.hv.vms[vm].vcpus {
+                let vmcs = &mut cx.m.vmcs[vcpu];
+                vmcs.proc2.ipi_virtualization = true;
+                vmcs.pid_table = pid.clone();
+                let _ = vmcs.msr_bitmap.set_write_intercept(msr::ICR, false);
+            }
+        }
     }
 
     fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {

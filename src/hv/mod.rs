@@ -91,8 +91,12 @@ impl VfAssignment {
 /// One VM.
 #[derive(Clone, Debug)]
 pub struct VmState {
-    /// Its vCPUs.
+    /// Its vCPUs (global indices; the guest's APIC ID of `vcpus[i]` is i).
     pub vcpus: Vec<usize>,
+    /// The vCPUs its VF's MSI names (the guest's IRQ affinity).
+    pub irq_affinity: Vec<usize>,
+    /// The MSI asks for lowest-priority delivery among `irq_affinity`.
+    pub msi_lowest_priority: bool,
     /// Its VF, if any.
     pub vf: Option<VfAssignment>,
     /// The guest vectors of its paravirtual devices' queues (the irqfd
@@ -106,6 +110,10 @@ pub struct VmState {
 pub struct VcpuState {
     /// Owning VM.
     pub vm: usize,
+    /// Its place in the VM (its APIC ID in the guest).
+    pub index: usize,
+    /// KVM's `apic_arb_prio`: lowest-priority deliveries it has taken.
+    pub arb_prio: u64,
     /// Core it is pinned to.
     pub core: usize,
     /// KVM's emulated LAPIC of this vCPU (the register file the guest sees
@@ -152,6 +160,38 @@ impl HvState {
             .or_else(|| self.vcpus.iter().position(|v| v.core == core))
     }
 
+    /// The vCPU whose core a remapped (hardware-delivered) device interrupt
+    /// of `vm` is aimed at: the first of its IRQ affinity. An IRTE names
+    /// one destination.
+    pub fn device_home(&self, vm: usize) -> usize {
+        let v = &self.vms[vm];
+        v.irq_affinity.first().copied().unwrap_or(v.vcpus[0])
+    }
+
+    /// The vCPU KVM's software delivery picks for a device interrupt of
+    /// `vm` (`kvm_irq_delivery_to_apic`): the one named, or with
+    /// lowest-priority delivery the vCPU of the set with the smallest
+    /// `apic_arb_prio` (ties to the lowest APIC ID), whose count then grows.
+    pub fn device_vcpu(&mut self, vm: usize) -> usize {
+        let v = &self.vms[vm];
+        if !v.msi_lowest_priority || v.irq_affinity.len() < 2 {
+            return self.device_home(vm);
+        }
+        let pick = v
+            .irq_affinity
+            .iter()
+            .copied()
+            .min_by_key(|&c| (self.vcpus[c].arb_prio, self.vcpus[c].index))
+            .unwrap_or(v.vcpus[0]);
+        self.vcpus[pick].arb_prio += 1;
+        pick
+    }
+
+    /// The vCPU of `vm` whose guest APIC ID is `apic_id`.
+    pub fn vcpu_by_apic_id(&self, vm: usize, apic_id: u32) -> Option<usize> {
+        self.vms[vm].vcpus.get(apic_id as usize).copied()
+    }
+
     /// The eventfd registered for guest writes to `port`, if any.
     pub fn ioeventfd(&self, port: u16) -> Option<u16> {
         self.ioeventfds
@@ -195,7 +235,8 @@ impl HvCx<'_> {
 
     /// Guest RFLAGS.IF of `vcpu`.
     pub fn guest_if(&self, vcpu: usize) -> bool {
-        self.guests[vcpu].interrupts_enabled()
+        let v = &self.hv.vcpus[vcpu];
+        self.guests[v.vm].interrupts_enabled(v.index)
     }
 
     /// Whether `vcpu`'s core is in guest mode running it right now.

@@ -169,7 +169,7 @@ pub trait Scheme {
                 if let Some((vm, a)) = cx.hv.vf_by_host_vector(v) {
                     // The assigned device's host IRQ handler (irqfd to kvm_set_irq).
                     cx.charge(cx.costs.irq_handler);
-                    let vcpu = cx.hv.vms[vm].vcpus[0];
+                    let vcpu = cx.hv.device_vcpu(vm);
                     self.virtual_interrupt(cx, vcpu, a.guest_vector);
                 }
             }
@@ -198,7 +198,7 @@ pub struct SchemeOptions {
     pub halt_poll: Option<bool>,
     /// `kvm-2026`: cap of the halt-polling window, µs (default 200).
     pub halt_poll_max_us: Option<f64>,
-    /// `kvm-2026`: IPI virtualization (no effect with one-vCPU guests).
+    /// `kvm-2026`: IPI virtualization (SMP guests' IPIs without sender exits).
     pub ipiv: Option<bool>,
 }
 

@@ -5,7 +5,7 @@
 
 use super::host::HostTimer;
 use super::HvCx;
-use crate::hw::x86::lapic::{ApicClocks, ApicEffect, Lapic, TimerModeChange};
+use crate::hw::x86::lapic::{ApicClocks, ApicEffect, Ipi, Lapic, TimerModeChange};
 use crate::hw::x86::vmcs::EntryEvent;
 
 /// A vCPU's emulated LAPIC (`kvm_create_lapic`): the register file of the
@@ -42,10 +42,22 @@ pub fn emulate_write(cx: &mut HvCx, vcpu: usize, reg: u32, value: u64) -> Option
                 |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
             );
         }
-        // Multi-vCPU guests (ICR emulation) come with multiplexing.
+        // ICR writes go through emulate_icr.
         ApicEffect::SendIpi(_) | ApicEffect::None => {}
     }
     None
+}
+
+/// Emulates a trapped ICR write on `vcpu`'s emulated LAPIC: the IPI it
+/// asks for, if the write is valid (the caller delivers it to the targets).
+pub fn emulate_icr(cx: &mut HvCx, vcpu: usize, value: u64) -> Option<Ipi> {
+    match cx.hv.vcpus[vcpu]
+        .vlapic
+        .write_msr(crate::hw::x86::lapic::msr::ICR, value, cx.now)
+    {
+        Ok(ApicEffect::SendIpi(ipi)) => Some(ipi),
+        _ => None,
+    }
 }
 
 /// The emulated timer's hrtimer fired: latch the timer vector in the
@@ -76,7 +88,7 @@ pub fn inject_pending(cx: &mut HvCx, vcpu: usize) {
     }
     let deliverable = cx.hv.vcpus[vcpu].vlapic.deliverable();
     match deliverable {
-        Some(_) if cx.guests[vcpu].interrupts_enabled() => {
+        Some(_) if cx.guest_if(vcpu) => {
             if let Some(v) = cx.hv.vcpus[vcpu].vlapic.ack() {
                 let vmcs = &mut cx.m.vmcs[vcpu];
                 vmcs.entry_event = Some(EntryEvent::ExternalInterrupt(v));

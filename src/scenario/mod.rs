@@ -113,16 +113,64 @@ pub struct VmSpec {
     /// Its name in reports (default `vm<i>`).
     #[serde(default)]
     pub name: String,
-    /// vCPUs (1; SMP guests are not modelled yet).
+    /// vCPUs (1 to [`Self::MAX_VCPUS`]).
     #[serde(default = "one_u32")]
     pub vcpus: u32,
     /// The core its vCPU thread is pinned to (1..cores; core 0 is the
     /// host's). VMs may share a core: the host scheduler multiplexes them.
-    pub core: usize,
+    /// With several vCPUs, give `cores` instead (or vCPU i goes to
+    /// `core + i`).
+    #[serde(default)]
+    pub core: Option<usize>,
+    /// The core each vCPU thread is pinned to, one per vCPU.
+    #[serde(default)]
+    pub cores: Option<Vec<usize>>,
+    /// The vCPU the workload's tasks are bound to.
+    #[serde(default)]
+    pub app_vcpu: u32,
+    /// The vCPUs the VF's MSI targets (the guest's `smp_affinity` for its
+    /// IRQ). Default: vCPU 0.
+    #[serde(default)]
+    pub irq_affinity: Option<Vec<u32>>,
+    /// The MSI's delivery mode: `fixed` (one vCPU) or `lowest-priority`
+    /// (any vCPU of `irq_affinity`; Linux's flat-mode default up to 8 CPUs).
+    #[serde(default)]
+    pub msi_mode: MsiMode,
+    /// A lowest-priority CPU-bound task on every vCPU (ES2's burn
+    /// scripts: the vCPUs never idle, so the host keeps switching them).
+    #[serde(default)]
+    pub burn: bool,
     /// Its workload. With several VMs: `udp`, `cyclictest`, `whileloop`
     /// (a CPU-bound guest that does not end the run).
     #[serde(default)]
     pub workload: WorkloadSpec,
+}
+
+/// How a device MSI picks its vCPU among the affinity set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MsiMode {
+    /// The one vCPU named.
+    #[default]
+    Fixed,
+    /// The lowest-priority vCPU of the set (KVM arbitrates in software;
+    /// a remapping IRTE names the set's first vCPU).
+    LowestPriority,
+}
+
+impl VmSpec {
+    /// Most vCPUs a VM may have (the guest's reschedule IPIs are a 64-bit
+    /// mask).
+    pub const MAX_VCPUS: u32 = 64;
+
+    /// The core of each vCPU.
+    pub fn vcpu_cores(&self) -> Vec<usize> {
+        match (&self.cores, self.core) {
+            (Some(c), _) => c.clone(),
+            (None, Some(c)) => (0..self.vcpus as usize).map(|i| c + i).collect(),
+            (None, None) => (0..self.vcpus as usize).map(|i| 1 + i).collect(),
+        }
+    }
 }
 
 fn one_u32() -> u32 {
@@ -134,8 +182,18 @@ fn one_u32() -> u32 {
 pub struct VmView<'a> {
     /// Name.
     pub name: String,
-    /// Core of its vCPU.
+    /// Core of its first vCPU.
     pub core: usize,
+    /// Core of each vCPU.
+    pub cores: Vec<usize>,
+    /// The vCPU its workload's tasks run on.
+    pub app_vcpu: usize,
+    /// The vCPUs its VF's MSI may target.
+    pub irq_affinity: Vec<usize>,
+    /// The MSI's delivery mode.
+    pub msi_mode: MsiMode,
+    /// Lowest-priority burners on every vCPU.
+    pub burn: bool,
     /// Its workload.
     pub workload: &'a WorkloadSpec,
 }
@@ -147,6 +205,11 @@ impl Scenario {
             return vec![VmView {
                 name: "vm0".into(),
                 core: 1,
+                cores: vec![1],
+                app_vcpu: 0,
+                irq_affinity: vec![0],
+                msi_mode: MsiMode::Fixed,
+                burn: false,
                 workload: &self.workload,
             }];
         }
@@ -159,7 +222,15 @@ impl Scenario {
                 } else {
                     v.name.clone()
                 },
-                core: v.core,
+                core: v.vcpu_cores()[0],
+                cores: v.vcpu_cores(),
+                app_vcpu: v.app_vcpu as usize,
+                irq_affinity: v
+                    .irq_affinity
+                    .as_ref()
+                    .map_or(vec![0], |a| a.iter().map(|&x| x as usize).collect()),
+                msi_mode: v.msi_mode,
+                burn: v.burn,
                 workload: &v.workload,
             })
             .collect()
@@ -193,22 +264,72 @@ impl Scenario {
         }
         let several = self.vms.len() > 1;
         for (i, v) in self.vms.iter().enumerate() {
-            if v.vcpus != 1 {
+            if v.vcpus == 0 || v.vcpus > VmSpec::MAX_VCPUS {
                 return bad(
                     format!("vm[{i}].vcpus"),
+                    format!("{}: must be in 1..={}", v.vcpus, VmSpec::MAX_VCPUS),
+                );
+            }
+            if v.core.is_some() && v.cores.is_some() {
+                return bad(
+                    format!("vm[{i}].cores"),
+                    "give `core` or `cores`, not both".into(),
+                );
+            }
+            if v.core.is_none() && v.cores.is_none() {
+                return bad(
+                    format!("vm[{i}].core"),
+                    "missing: the core its vCPU runs on (or `cores`, one per vCPU)".into(),
+                );
+            }
+            let cores = v.vcpu_cores();
+            let key = if v.cores.is_some() { "cores" } else { "core" };
+            if cores.len() != v.vcpus as usize {
+                return bad(
+                    format!("vm[{i}].cores"),
                     format!(
-                        "{}: SMP guests are not modelled yet (1 vCPU per VM)",
+                        "{} cores for {} vCPUs: give one per vCPU",
+                        cores.len(),
                         v.vcpus
                     ),
                 );
             }
-            if v.core == 0 || v.core >= self.machine.cores {
+            if let Some(c) = cores.iter().find(|&&c| c == 0 || c >= self.machine.cores) {
                 return bad(
-                    format!("vm[{i}].core"),
+                    format!("vm[{i}].{key}"),
                     format!(
-                        "{} must be in 1..{} (core 0 is the host's)",
-                        v.core, self.machine.cores
+                        "core {c} (of vCPU {}) must be in 1..{} (core 0 is the host's)",
+                        cores.iter().position(|x| x == c).unwrap_or(0),
+                        self.machine.cores
                     ),
+                );
+            }
+            if v.app_vcpu >= v.vcpus {
+                return bad(
+                    format!("vm[{i}].app_vcpu"),
+                    format!("{}: the VM has vCPUs 0..{}", v.app_vcpu, v.vcpus),
+                );
+            }
+            if let Some(a) = &v.irq_affinity {
+                if a.is_empty() || a.iter().any(|&x| x >= v.vcpus) || a.len() > 64 {
+                    return bad(
+                        format!("vm[{i}].irq_affinity"),
+                        format!("{a:?}: a non-empty list of vCPUs in 0..{}", v.vcpus),
+                    );
+                }
+                if v.msi_mode == MsiMode::Fixed && a.len() > 1 {
+                    return bad(
+                        format!("vm[{i}].irq_affinity"),
+                        format!(
+                            "{a:?}: fixed delivery names one vCPU; set msi_mode = \"lowest-priority\" for a set"
+                        ),
+                    );
+                }
+            }
+            if v.vcpus > 1 && (v.workload.peers() || v.workload.fio.is_some()) {
+                return bad(
+                    format!("vm[{i}].workload"),
+                    "SMP guests run udp, cyclictest and whileloop workloads only (TCP, SIP and fio need a 1-vCPU VM)".into(),
                 );
             }
             if several && (v.workload.peers() || v.workload.fio.is_some()) {

@@ -1,6 +1,7 @@
 //! Workloads: programs inside guests (as [`crate::guest::app::App`]s) and
 //! the external client host's traffic generator.
 
+pub mod burn;
 pub mod cyclictest;
 pub mod fio;
 pub mod iperf;

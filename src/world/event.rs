@@ -5,6 +5,12 @@ use crate::hw::x86::lapic::DeliveryMode;
 /// One scheduled occurrence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ev {
+    /// A guest CPU's polling idle loop sees need_resched set by a sibling
+    /// (no IPI: TIF_POLLING_NRFLAG).
+    GuestPoke {
+        /// The vCPU.
+        vcpu: u16,
+    },
     /// A core's work segment finished (stale if `gen` moved on).
     Segment {
         /// Core.

@@ -35,6 +35,7 @@ use crate::hw::x86::vmcs::WrmsrOutcome;
 use crate::hw::x86::Machine;
 use crate::report::trace::{Trace, TraceKind};
 use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
+use crate::workloads::burn::Burn;
 use crate::workloads::cyclictest::Cyclictest;
 use crate::workloads::fio::Fio;
 use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
@@ -171,6 +172,10 @@ fn tcp_workload(
     }
     None
 }
+
+/// Priority of in-guest CPU burners: below every workload task (the UDP
+/// receiver runs at -20).
+const BURN_PRIO: i32 = -40;
 
 /// Longest single work segment: long computations are cut into chunks so a
 /// preempted chunk leaves at most one stale completion event this far ahead.
@@ -311,6 +316,7 @@ fn t_ns(e: &crate::calibration::Entry) -> Time {
 /// single-VM name.
 fn spawn_timer_and_cpu_tasks(
     kernel: &mut Kernel,
+    cpu: usize,
     w: &crate::scenario::WorkloadSpec,
     s: &Scenario,
     vm: usize,
@@ -324,7 +330,8 @@ fn spawn_timer_and_cpu_tasks(
         } else {
             format!("cyclictest-phase.vm{vm}")
         };
-        kernel.spawn(
+        kernel.spawn_on(
+            cpu,
             Box::new(Cyclictest::new(
                 from_us(c.interval_us),
                 from_s(RngStream::new(s.seed, &stream).uniform() * c.interval_us * 1e-6),
@@ -354,14 +361,15 @@ fn spawn_timer_and_cpu_tasks(
                 s.warmup_s
             )));
         }
-        kernel.spawn(Box::new(lp), 0, false);
+        kernel.spawn_on(cpu, Box::new(lp), 0, false);
     }
     Ok(())
 }
 
 /// The UDP receiver: "sender and receiver at the lowest priority" (DID §5.2).
-fn spawn_udp_receiver(kernel: &mut Kernel, cal: &Calibration) {
-    kernel.spawn(
+fn spawn_udp_receiver(kernel: &mut Kernel, cpu: usize, cal: &Calibration) {
+    kernel.spawn_on(
+        cpu,
         Box::new(UdpReceiver::new(t_ns(&cal.guest.udp_recv_per_packet_ns))),
         -20,
         true,
@@ -449,7 +457,23 @@ impl World {
             bits_per_sec: (cal.nic.link_gbps.value * 1e9) as u64,
             propagation_ps: 500_000,
         };
-        let mut m = Machine::new(cores, nvm, clocks, nic, link);
+        // Every vCPU, VM by VM: (VM, index in the VM, core).
+        let vcpu_list: Vec<(usize, usize, usize)> = views
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| v.cores.iter().enumerate().map(move |(j, &c)| (i, j, c)))
+            .collect();
+        let nvcpu = vcpu_list.len();
+        if !virtualized && nvcpu > 1 {
+            return Err(BuildError::Scenario(format!(
+                "scheme {}: SMP guests on bare metal are not modelled",
+                scheme.name()
+            )));
+        }
+        let vm_vcpus: Vec<Vec<usize>> = (0..nvm)
+            .map(|i| (0..nvcpu).filter(|&k| vcpu_list[k].0 == i).collect())
+            .collect();
+        let mut m = Machine::new(cores, nvcpu, clocks, nic, link);
         let vm_has_vf = |w: &crate::scenario::WorkloadSpec| {
             w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
         };
@@ -514,7 +538,14 @@ impl World {
         let mut hv = HvState {
             vms: (0..nvm)
                 .map(|i| VmState {
-                    vcpus: vec![i],
+                    vcpus: vm_vcpus[i].clone(),
+                    irq_affinity: views[i]
+                        .irq_affinity
+                        .iter()
+                        .map(|&j| vm_vcpus[i][j])
+                        .collect(),
+                    msi_lowest_priority: views[i].msi_mode
+                        == crate::scenario::MsiMode::LowestPriority,
                     vf: vfs[i],
                     pv_vectors: {
                         let mut v = Vec::new();
@@ -529,15 +560,16 @@ impl World {
                     stats: Default::default(),
                 })
                 .collect(),
-            vcpus: views
+            vcpus: vcpu_list
                 .iter()
-                .enumerate()
-                .map(|(i, v)| VcpuState {
-                    vm: i,
-                    core: v.core,
+                .map(|&(vm, index, core)| VcpuState {
+                    vm,
+                    index,
+                    core,
                     vlapic: crate::hv::vlapic::new(clocks),
                     loaded: false,
                     halted: false,
+                    arb_prio: 0,
                 })
                 .collect(),
             last_vcpu: vec![None; cores],
@@ -605,8 +637,8 @@ impl World {
                 ..gcfg.clone()
             })
             .collect();
-        let mut kernel = Kernel::new(gcfg);
-        spawn_timer_and_cpu_tasks(&mut kernel, w0, s, 0, nvm == 1, cal)?;
+        let mut kernel = Kernel::smp(gcfg, views[0].cores.len());
+        spawn_timer_and_cpu_tasks(&mut kernel, views[0].app_vcpu, w0, s, 0, nvm == 1, cal)?;
         let mut peer_app = None;
         if let Some(w) = tcp_workload(w0, s, cal) {
             let threads = w.guest.len();
@@ -670,24 +702,33 @@ impl World {
             );
         }
         if w0.udp.is_some() {
-            spawn_udp_receiver(&mut kernel, cal);
+            spawn_udp_receiver(&mut kernel, views[0].app_vcpu, cal);
         }
         let mut guests = vec![kernel];
         for (i, cfg) in other_cfgs.into_iter().enumerate() {
             let vm = i + 1;
-            let mut k = Kernel::new(cfg);
-            spawn_timer_and_cpu_tasks(&mut k, views[vm].workload, s, vm, false, cal)?;
-            if views[vm].workload.udp.is_some() {
-                spawn_udp_receiver(&mut k, cal);
+            let v = &views[vm];
+            let mut k = Kernel::smp(cfg, v.cores.len());
+            spawn_timer_and_cpu_tasks(&mut k, v.app_vcpu, v.workload, s, vm, false, cal)?;
+            if v.workload.udp.is_some() {
+                spawn_udp_receiver(&mut k, v.app_vcpu, cal);
             }
             guests.push(k);
         }
+        for (vm, v) in views.iter().enumerate() {
+            if v.burn {
+                // Below every other task (SCHED_IDLE-like).
+                for cpu in 0..v.cores.len() {
+                    guests[vm].spawn_on(cpu, Box::new(Burn::new()), BURN_PRIO, false);
+                }
+            }
+        }
 
         let mut q = EventQueue::with_capacity(4096);
-        let mut checker = Checker::new(nvm);
+        let mut checker = Checker::with_vcpus(vcpu_list.iter().map(|v| v.0).collect());
         let mut first_on_core: Vec<Option<usize>> = vec![None; cores];
-        for (i, v) in views.iter().enumerate() {
-            first_on_core[v.core].get_or_insert(i);
+        for (k, v) in vcpu_list.iter().enumerate() {
+            first_on_core[v.2].get_or_insert(k);
         }
         checker.early_tolerance = apic_timer_period * 2;
 
@@ -736,9 +777,9 @@ impl World {
                 };
             }
         }
-        for vm in 0..nvm {
-            if first_on_core[views[vm].core] != Some(vm) {
-                checker.set_running(vm, false);
+        for (k, v) in vcpu_list.iter().enumerate() {
+            if first_on_core[v.2] != Some(k) {
+                checker.set_running(k, false);
             }
         }
 
@@ -765,17 +806,20 @@ impl World {
         } else {
             [0.0, 0.0]
         };
-        // One background stream per vCPU; VM 0's keeps its single-VM name.
-        let mut rng_bg: Vec<RngStream> = (0..nvm)
-            .map(|i| {
-                if i == 0 {
-                    RngStream::new(s.seed, "background")
-                } else {
-                    RngStream::new(s.seed, &format!("background.vm{i}"))
-                }
+        // One background stream per VM (the paper's rates are an idle
+        // VM's), on its first vCPU; VM 0's keeps its single-VM name.
+        let mut rng_bg: Vec<RngStream> = vcpu_list
+            .iter()
+            .map(|&(i, j, _)| match (i, j) {
+                (0, 0) => RngStream::new(s.seed, "background"),
+                (i, 0) => RngStream::new(s.seed, &format!("background.vm{i}")),
+                (i, j) => RngStream::new(s.seed, &format!("background.vm{i}.cpu{j}")),
             })
             .collect();
         for (vcpu, rng) in rng_bg.iter_mut().enumerate() {
+            if vcpu_list[vcpu].1 != 0 {
+                continue;
+            }
             for (k, r) in bg_rate.iter().enumerate() {
                 if *r > 0.0 {
                     let dt = from_s(rng.exponential(1.0 / r));
@@ -896,14 +940,14 @@ impl World {
             guests,
             checker,
             exits: vec![None; cores],
-            bg_pending: vec![0; nvm],
+            bg_pending: vec![0; nvcpu],
             bg_rate,
             rng_bg,
             rng_exit: RngStream::new(s.seed, "exit-service"),
             clients,
             msi_latency: t_us(&cal.nic.msi_latency_us),
             vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
-            timer_due: vec![None; nvm],
+            timer_due: vec![None; nvcpu],
             timer_exits: Default::default(),
             msi_faults: 0,
             measure_start: warm,
@@ -914,7 +958,7 @@ impl World {
             // A WhileLoop ends a one-VM run; among several VMs it is a
             // CPU-bound guest.
             stop_on_task_exit: nvm == 1 && w0.whileloop.is_some(),
-            deschedule_pending: vec![false; nvm],
+            deschedule_pending: vec![false; nvcpu],
             ptimer_gen: vec![0; cores],
             tsc_hz: clocks.tsc_hz,
             rng_host: RngStream::new(s.seed, "host-ipi"),
@@ -926,9 +970,9 @@ impl World {
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
             event_log: None,
             sched: None,
-            polling: vec![None; nvm],
+            polling: vec![None; nvcpu],
             poll_gen: 0,
-            halt_start: vec![0; nvm],
+            halt_start: vec![0; nvcpu],
         };
         if virtualized {
             for (c, first) in first_on_core.iter().enumerate() {
@@ -949,7 +993,7 @@ impl World {
         }
         if virtualized {
             let tick = w.hv.host.tick_period;
-            let vcpu_cores: Vec<usize> = views.iter().map(|v| v.core).collect();
+            let vcpu_cores: Vec<usize> = vcpu_list.iter().map(|v| v.2).collect();
             w.sched = sched::SchedState::build(s, &vcpu_cores, tick).map(Box::new);
             w.sched_start();
         }
@@ -1060,8 +1104,8 @@ impl World {
                 }
                 match self.m.cores[core].mode {
                     CoreMode::Guest { .. } | CoreMode::Native { .. } => {
-                        let k = self.kernel_of(core);
-                        self.guests[k].charge(now - start);
+                        let (k, c) = self.kcpu(self.kernel_of(core));
+                        self.guests[k].charge(c, now - start);
                         self.guest_run(core);
                     }
                     CoreMode::Host { .. } => self.exit_stage_done(core),
@@ -1219,6 +1263,14 @@ impl World {
                     self.vm_exit(core, ExitInfo::PreemptionTimer, None);
                 }
             }
+            Ev::GuestPoke { vcpu } => {
+                let vcpu = vcpu as usize;
+                let core = self.hv.vcpus[vcpu].core;
+                if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+                    self.pause_guest(core);
+                    self.guest_run(core);
+                }
+            }
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
             Ev::SchedTick { core } => self.sched_tick(core as usize),
@@ -1248,8 +1300,7 @@ impl World {
         self.m.cores[core].mode = CoreMode::Idle;
         let (mut cx, scheme) = self.cx();
         scheme.vcpu_put(&mut cx, vcpu);
-        let vm = self.hv.vcpus[vcpu].vm;
-        self.checker.set_running(vm, false);
+        self.checker.set_running(vcpu, false);
         self.idle_host_interrupts(core);
         self.sched_after_put(core);
     }
@@ -1294,8 +1345,7 @@ impl World {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_load(&mut cx, vcpu);
         }
-        let vm = self.hv.vcpus[vcpu].vm;
-        self.checker.set_running(vm, true);
+        self.checker.set_running(vcpu, true);
         self.hv.last_vcpu[core] = Some(vcpu);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
@@ -1363,16 +1413,19 @@ impl World {
         self.sched_reset(now);
     }
 
+    /// The kernel (VM) and CPU in it of `vcpu` (the kernel index of a
+    /// bare-metal core).
+    fn kcpu(&self, vcpu: usize) -> (usize, usize) {
+        let v = &self.hv.vcpus[vcpu];
+        (v.vm, v.index)
+    }
+
     fn kernel_of(&self, core: usize) -> usize {
         match self.m.cores[core].mode {
             CoreMode::Guest { vcpu } | CoreMode::Host { vcpu } => vcpu,
             CoreMode::Native { kernel } => kernel,
             CoreMode::Idle => 0,
         }
-    }
-
-    fn vm_of_kernel(&self, k: usize) -> usize {
-        self.hv.vcpus[k].vm
     }
 
     fn nic_action(&mut self, a: IrqAction) {
@@ -1496,8 +1549,8 @@ impl World {
         let now = self.q.now();
         let ran = self.m.cores[core].preempt(now);
         if ran > 0 {
-            let k = self.kernel_of(core);
-            self.guests[k].charge(ran);
+            let (k, c) = self.kcpu(self.kernel_of(core));
+            self.guests[k].charge(c, ran);
         }
     }
 
@@ -1505,8 +1558,8 @@ impl World {
     /// exit, a delivery through the guest IDT, or nothing.
     fn interrupt_decision(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
         let mode = self.m.cores[core].mode;
-        let k = self.kernel_of(core);
-        let if_on = self.guests[k].interrupts_enabled();
+        let (k, c) = self.kcpu(self.kernel_of(core));
+        let if_on = self.guests[k].interrupts_enabled(c);
         let lapic = &mut self.m.lapics[core];
         match mode {
             CoreMode::Native { .. } => {
@@ -1592,12 +1645,12 @@ impl World {
     }
 
     fn deliver(&mut self, core: usize, vector: u8) {
-        let k = self.kernel_of(core);
-        let vm = self.vm_of_kernel(k);
+        let vcpu = self.kernel_of(core);
+        let (k, c) = self.kcpu(vcpu);
         let now = self.q.now();
-        self.checker.handler_entered(vm, vector, now);
+        self.checker.handler_entered(vcpu, vector, now);
         self.trace_event(TraceKind::Deliver { vector }, core, now, now);
-        self.guests[k].take_interrupt(vector);
+        self.guests[k].take_interrupt(c, vector);
     }
 
     /// Runs the guest on `core` until it computes, spins, or exits.
@@ -1611,14 +1664,19 @@ impl World {
                 }
                 None => {}
             }
-            let k = self.kernel_of(core);
+            let vcpu = self.kernel_of(core);
+            let (k, c) = self.kcpu(vcpu);
             let now = self.q.now();
             let mut dev = Devices {
                 nic: &mut self.m.nic,
                 virtio_net: self.m.virtio_net.get_mut(k),
                 virtio_blk: self.m.virtio_blk.get_mut(k),
             };
-            let action = self.guests[k].next(now, &mut dev);
+            let action = self.guests[k].next(c, now, &mut dev);
+            let pokes = self.guests[k].take_pokes(c);
+            if pokes != 0 {
+                self.poke_siblings(k, pokes);
+            }
             if self.pv.is_some() {
                 self.pv_poll_observe();
             }
@@ -1630,8 +1688,7 @@ impl World {
                 Action::Spin => return,
                 Action::InterruptsEnabled => {}
                 Action::Returned(v) => {
-                    let vm = self.vm_of_kernel(k);
-                    self.checker.handler_returned(vm, v);
+                    self.checker.handler_returned(vcpu, v);
                 }
                 // sti; hlt: in guest mode with HLT exiting it exits;
                 // otherwise the core waits for an interrupt (a poke).
@@ -1644,7 +1701,7 @@ impl World {
                     return;
                 }
                 Action::Instr(i) => {
-                    if let Some((info, eoi)) = self.execute(core, k, i) {
+                    if let Some((info, eoi)) = self.execute(core, vcpu, i) {
                         return self.vm_exit(core, info, eoi);
                     }
                 }
@@ -1656,7 +1713,6 @@ impl World {
     /// (with the vector an exiting EOI completes).
     fn execute(&mut self, core: usize, k: usize, i: Instr) -> Option<(ExitInfo, Option<u8>)> {
         let now = self.q.now();
-        let vm = self.vm_of_kernel(k);
         let vmcs = match self.m.cores[core].mode {
             CoreMode::Guest { vcpu } => Some(vcpu),
             _ => None,
@@ -1671,11 +1727,16 @@ impl World {
                 deadline,
                 vector,
             } => {
-                self.checker.timer_programmed(vm, vector, deadline, now);
+                self.checker.timer_programmed(k, vector, deadline, now);
                 self.timer_due[k] = deadline;
                 (msr::TMICT, count as u64, None)
             }
-            Instr::WrMsr { msr: r, value } => (r, value, None),
+            Instr::WrMsr { msr: r, value } => {
+                if r == msr::ICR {
+                    self.guest_ipi_sent(k, value, now);
+                }
+                (r, value, None)
+            }
             // Handled by guest_run before it gets here.
             Instr::Hlt => return None,
             Instr::PioWrite { port, .. } => {
@@ -1723,7 +1784,7 @@ impl World {
                 // the EOI; an EOI-exit-bitmap vector then exits.
                 let cleared = self.m.vapic[vcpu].eoi();
                 if let Some(expected) = eoi {
-                    self.checker.eoi(vm, expected, cleared, now);
+                    self.checker.eoi(k, expected, cleared, now);
                 }
                 return match cleared {
                     Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
@@ -1740,6 +1801,14 @@ impl World {
                 let _ = self.m.vapic[vcpu].self_ipi(value);
                 return None;
             }
+            Some((vcpu, WrmsrOutcome::IpiVirtualization)) => {
+                if self.ipi_virtualization(vcpu, value) {
+                    return None;
+                }
+                // Anything else is an APIC-write VM exit, handled as KVM
+                // handles an ICR write.
+                return Some((ExitInfo::MsrWrite { msr: reg, value }, None));
+            }
             Some((_, WrmsrOutcome::Msr)) | None => {}
         }
         let eff = self.m.lapics[core].write_msr(reg, value, now);
@@ -1752,10 +1821,80 @@ impl World {
                     Some(v) => cleared.map(|c| self.m.idt_gate(v, c).unwrap_or(c)),
                     None => cleared,
                 };
-                self.checker.eoi(vm, expected, cleared, now);
+                self.checker.eoi(k, expected, cleared, now);
             }
         }
         None
+    }
+
+    /// The guest on `vcpu` wrote its ICR: the checker notes the IPI as
+    /// raised for its target (unicast fixed IPIs to a sibling; the model's
+    /// guests send no other kind).
+    fn guest_ipi_sent(&mut self, vcpu: usize, icr: u64, now: Time) {
+        let fixed = (icr >> 8) & 0b111 == 0;
+        let no_shorthand = (icr >> 18) & 0b11 == 0;
+        if !(fixed && no_shorthand) {
+            return;
+        }
+        let vm = self.hv.vcpus[vcpu].vm;
+        if let Some(&t) = self.hv.vms[vm].vcpus.get((icr >> 32) as usize) {
+            self.checker.raised_on(t, icr as u8, now);
+        }
+    }
+
+    /// IPI virtualization (SDM 30.1.6, "virtualizing ICR writes"): a
+    /// unicast fixed physical-mode IPI is posted by the processor to the
+    /// descriptor the VM's PID-pointer table gives for the destination's
+    /// virtual APIC ID, with a notification if ON was clear and SN is not
+    /// set. No VM exit.
+    fn ipi_virtualization(&mut self, vcpu: usize, icr: u64) -> bool {
+        let dest = (icr >> 32) as usize;
+        let vector = icr as u8;
+        let fixed = (icr >> 8) & 0b111 == 0;
+        let physical = (icr >> 11) & 1 == 0;
+        let no_shorthand = (icr >> 18) & 0b11 == 0;
+        if !(fixed && physical && no_shorthand && vector >= 0x10) {
+            return false;
+        }
+        let Some(&pid) = self.m.vmcs[vcpu].pid_table.get(dest) else {
+            return false;
+        };
+        let Some(pi) = self.m.pi_desc.get_mut(pid as usize) else {
+            return false;
+        };
+        if pi.post(vector) {
+            let (nv, ndst) = (pi.nv, pi.ndst);
+            if let Some(to) = self.m.core_of_apic(ndst) {
+                // The notification is an ordinary IPI from the sender's core.
+                self.q.schedule_in_async(
+                    self.costs.ipi_latency,
+                    Ev::ApicArrive {
+                        core: to as u16,
+                        vector: nv,
+                        mode: DeliveryMode::Fixed,
+                    },
+                );
+            }
+        }
+        true
+    }
+
+    /// The guest kernel set need_resched on sibling CPUs whose idle loop
+    /// polls it (`pokes`, a bitmask): each that is in guest mode looks
+    /// again now.
+    fn poke_siblings(&mut self, vm: usize, pokes: u64) {
+        let mut p = pokes;
+        while p != 0 {
+            let c = p.trailing_zeros() as usize;
+            p &= p - 1;
+            let Some(&vcpu) = self.hv.vms[vm].vcpus.get(c) else {
+                continue;
+            };
+            let core = self.hv.vcpus[vcpu].core;
+            if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+                self.q.schedule_in(0, Ev::GuestPoke { vcpu: vcpu as u16 });
+            }
+        }
     }
 
     fn exit_cost(&mut self, info: ExitInfo) -> Time {
@@ -1799,7 +1938,6 @@ impl World {
             return;
         };
         self.account_guest_time(core, vcpu, now);
-        let vm = self.hv.vcpus[vcpu].vm;
         // The preemption timer counts only in guest mode.
         self.ptimer_gen[core] += 1;
         self.m.cores[core].mode = CoreMode::Host { vcpu };
@@ -1820,7 +1958,7 @@ impl World {
         }
         let charged = cx.charged;
         if let (Some(expected), Some(cleared)) = (eoi_expect, out.eoi_cleared) {
-            self.checker.eoi(vm, expected, cleared, now);
+            self.checker.eoi(vcpu, expected, cleared, now);
         }
         self.start_segment(core, base + charged);
     }
@@ -1913,8 +2051,9 @@ impl World {
             let (cx, scheme) = self.cx();
             scheme.guest_isr(&cx, vcpu)
         };
-        let in_service = self.guests[vcpu].in_service();
-        self.checker.isr_at_entry(vm, in_service, guest_isr, now);
+        let (k, c) = self.kcpu(vcpu);
+        let in_service = self.guests[k].in_service(c);
+        self.checker.isr_at_entry(vcpu, in_service, guest_isr, now);
         self.guest_run(core);
     }
 

@@ -57,6 +57,10 @@ pub struct Proc2Controls {
     pub apic_register_virtualization: bool,
     /// The processor evaluates and delivers virtual interrupts (RVI/SVI) itself.
     pub virtual_interrupt_delivery: bool,
+    /// Tertiary control "IPI virtualization" (SDM 30.1.6): unicast fixed
+    /// physical-mode ICR writes are posted by the processor through the
+    /// PID-pointer table.
+    pub ipi_virtualization: bool,
 }
 
 /// VM-exit controls (SDM 24.7.1).
@@ -93,6 +97,11 @@ pub enum WrmsrOutcome {
     /// SELF IPI (83FH) with "virtualize x2APIC mode" and "virtual-interrupt
     /// delivery": self-IPI virtualization, vIRR and RVI (SDM 29.1.5).
     SelfIpiVirtualization,
+    /// ICR (830H) with "virtualize x2APIC mode", "virtual-interrupt
+    /// delivery" and "IPI virtualization": the processor sends a unicast
+    /// fixed physical-mode IPI through the PID-pointer table; any other
+    /// ICR value causes an APIC-write VM exit (SDM 30.1.6).
+    IpiVirtualization,
     /// The MSR itself is written: for an x2APIC register, the processor's
     /// own LAPIC.
     Msr,
@@ -270,6 +279,10 @@ pub struct Vmcs {
     pub svi: u8,
     /// Guest-state IDTR: the guest's own IDT or the hypervisor's shadow copy.
     pub guest_idtr: super::idt::Idtr,
+    /// PID-pointer table (IPI virtualization): entry i is the index of the
+    /// posted-interrupt descriptor of the vCPU whose APIC ID is i; its
+    /// length is the last PID-pointer index + 1.
+    pub pid_table: Vec<u16>,
 }
 
 impl Vmcs {
@@ -325,6 +338,7 @@ impl Vmcs {
             virtualize_x2apic: true,
             apic_register_virtualization: true,
             virtual_interrupt_delivery: true,
+            ipi_virtualization: false,
         };
         v.posted_intr_nv = KVM_POSTED_INTR_VECTOR;
         for m in apic_msr::X2APIC_RANGE {
@@ -358,6 +372,13 @@ impl Vmcs {
             }
             apic_msr::SELF_IPI if p2.virtualize_x2apic && p2.virtual_interrupt_delivery => {
                 WrmsrOutcome::SelfIpiVirtualization
+            }
+            apic_msr::ICR
+                if p2.virtualize_x2apic
+                    && p2.virtual_interrupt_delivery
+                    && p2.ipi_virtualization =>
+            {
+                WrmsrOutcome::IpiVirtualization
             }
             _ => WrmsrOutcome::Msr,
         }
