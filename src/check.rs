@@ -57,8 +57,16 @@ struct VmTrack {
     /// Pending vectors raised while the vCPU was descheduled.
     raised_descheduled: ApicBitmap,
     first_raise: Box<[Time; 256]>,
+    /// The owner's run clock at each pending vector's raise.
+    clock_at_raise: Box<[Time; 256]>,
     stack: Vec<u8>,
-    timer: Option<(u8, Time)>,
+    /// (vector, deadline, run clock and time when it was programmed).
+    timer: Option<(u8, Time, Time, Time)>,
+    /// Run clock: time its owner was scheduled in (for a VM's device
+    /// interrupts: time all its vCPUs were), up to `since`.
+    clock: Time,
+    /// Scheduled in since this time (None: out).
+    since: Option<Time>,
 }
 
 impl VmTrack {
@@ -68,8 +76,26 @@ impl VmTrack {
             running: true,
             raised_descheduled: ApicBitmap::default(),
             first_raise: Box::new([0; 256]),
+            clock_at_raise: Box::new([0; 256]),
             stack: Vec::with_capacity(16),
             timer: None,
+            clock: 0,
+            since: Some(0),
+        }
+    }
+
+    fn clock_at(&self, now: Time) -> Time {
+        self.clock + self.since.map_or(0, |t| now.saturating_sub(t))
+    }
+
+    fn set_clock_running(&mut self, on: bool, now: Time) {
+        match (on, self.since) {
+            (true, None) => self.since = Some(now),
+            (false, Some(t)) => {
+                self.clock += now.saturating_sub(t);
+                self.since = None;
+            }
+            _ => {}
         }
     }
 }
@@ -125,11 +151,21 @@ impl Checker {
     }
 
     /// `vcpu` was scheduled in (`true`) or out.
-    pub fn set_running(&mut self, vcpu: usize, running: bool) {
+    ///
+    /// A pending interrupt is lost only once its owner has run for the
+    /// grace time after its raise without taking it: a vCPU waiting in the
+    /// host's run queue cannot take anything. A VM's device interrupts count
+    /// only the time all its vCPUs ran (the checker does not know which
+    /// vCPU a device interrupt is aimed at).
+    pub fn set_running(&mut self, vcpu: usize, running: bool, now: Time) {
         self.vms[vcpu].running = running;
+        self.vms[vcpu].set_clock_running(running, now);
         let vm = self.vm_of[vcpu];
-        self.devs[vm].running =
-            (0..self.vms.len()).any(|c| self.vm_of[c] == vm && self.vms[c].running);
+        let mine = || (0..self.vms.len()).filter(|&c| self.vm_of[c] == vm);
+        let any = mine().any(|c| self.vms[c].running);
+        let all = mine().all(|c| self.vms[c].running);
+        self.devs[vm].running = any;
+        self.devs[vm].set_clock_running(all, now);
     }
 
     fn violate(&mut self, now: Time, vm: usize, kind: ViolationKind, vector: u8, detail: String) {
@@ -168,6 +204,7 @@ impl Checker {
         } else {
             t.pending.set(vector);
             t.first_raise[vector as usize] = at;
+            t.clock_at_raise[vector as usize] = t.clock_at(at);
             if !t.running {
                 t.raised_descheduled.set(vector);
             }
@@ -188,18 +225,19 @@ impl Checker {
     /// `deadline` (or stopped it with `None`). Reprogramming cancels an
     /// unexpired deadline; an expired one is already raised.
     pub fn timer_programmed(&mut self, vcpu: usize, vector: u8, deadline: Option<Time>, now: Time) {
-        if let Some((v, d)) = self.vms[vcpu].timer.take() {
+        if let Some((v, d, _, _)) = self.vms[vcpu].timer.take() {
             if d <= now {
                 self.raise(vcpu, v, d);
             }
         }
-        self.vms[vcpu].timer = deadline.map(|d| (vector, d));
+        let clock = self.vms[vcpu].clock_at(now);
+        self.vms[vcpu].timer = deadline.map(|d| (vector, d, clock, now));
     }
 
     /// The guest of `vm` entered its IDT handler for `vector`.
     pub fn handler_entered(&mut self, vcpu: usize, vector: u8, now: Time) {
         // A due timer counts as raised.
-        if let Some((v, d)) = self.vms[vcpu].timer {
+        if let Some((v, d, _, _)) = self.vms[vcpu].timer {
             if v == vector && d <= now + self.early_tolerance {
                 self.vms[vcpu].timer = None;
                 self.raise(vcpu, v, d.min(now));
@@ -307,15 +345,25 @@ impl Checker {
     pub fn finish(&mut self, now: Time, grace: Time) {
         for vcpu in 0..self.vms.len() {
             let vm = self.vm_of[vcpu];
-            if let Some((v, d)) = self.vms[vcpu].timer {
-                if d + grace < now {
+            if let Some((v, d, clock0, t0)) = self.vms[vcpu].timer {
+                // It ran at most d - t0 of the time between programming
+                // and the deadline: what it ran after the deadline is at
+                // least the rest.
+                let ran_after = self.vms[vcpu]
+                    .clock_at(now)
+                    .saturating_sub(clock0 + d.saturating_sub(t0));
+                if d + grace < now && ran_after > grace {
                     self.violate_from(
                         now,
                         d,
                         vm,
                         ViolationKind::Lost,
                         v,
-                        format!("timer due at {:.3} us never delivered", as_us(d)),
+                        format!(
+                            "timer due at {:.3} us never delivered ({:.3} us of run time since)",
+                            as_us(d),
+                            as_us(ran_after)
+                        ),
                     );
                 }
             }
@@ -328,20 +376,23 @@ impl Checker {
 
     fn lost_pending(&mut self, i: usize, dev: bool, vm: usize, now: Time, grace: Time) {
         let t = if dev { &self.devs[i] } else { &self.vms[i] };
-        {
-            for v in vectors(t.pending) {
-                let t = if dev { &self.devs[i] } else { &self.vms[i] };
-                let r = t.first_raise[v as usize];
-                if r + grace < now {
-                    self.violate_from(
-                        now,
-                        r,
-                        vm,
-                        ViolationKind::Lost,
-                        v,
-                        format!("raised at {:.3} us, never delivered", as_us(r)),
-                    );
-                }
+        for v in vectors(t.pending) {
+            let t = if dev { &self.devs[i] } else { &self.vms[i] };
+            let r = t.first_raise[v as usize];
+            let ran = t.clock_at(now).saturating_sub(t.clock_at_raise[v as usize]);
+            if r + grace < now && ran > grace {
+                self.violate_from(
+                    now,
+                    r,
+                    vm,
+                    ViolationKind::Lost,
+                    v,
+                    format!(
+                        "raised at {:.3} us, never delivered ({:.3} us of run time since)",
+                        as_us(r),
+                        as_us(ran)
+                    ),
+                );
             }
         }
     }
@@ -403,6 +454,33 @@ mod tests {
         // lost: VM 0's 0x41 was never delivered to it
         c.finish(10 * crate::engine::MS, crate::engine::MS);
         assert_eq!(c.count(ViolationKind::Lost), 1);
+    }
+
+    #[test]
+    fn an_interrupt_waiting_for_a_descheduled_vcpu_is_not_lost_until_it_runs() {
+        use crate::engine::MS;
+        let mut c = Checker::with_vcpus(vec![0, 0]);
+        // vCPU 1 is descheduled at 1 ms; its IPI is raised at 2 ms.
+        c.set_running(1, false, MS);
+        c.raised_on(1, 0xfd, 2 * MS);
+        c.finish(30 * MS, 10 * MS);
+        assert_eq!(c.total(), 0, "it never ran: waiting, not lost");
+        // Back in at 30 ms and runs 11 ms without taking it: lost.
+        c.set_running(1, true, 30 * MS);
+        c.finish(41 * MS, 10 * MS);
+        assert_eq!(c.count(ViolationKind::Lost), 1);
+    }
+
+    #[test]
+    fn per_cpu_vectors_must_enter_their_own_vcpu() {
+        let mut c = Checker::with_vcpus(vec![0, 0]);
+        c.raised_on(0, 0xfd, 0);
+        c.handler_entered(1, 0xfd, 5);
+        assert_eq!(c.count(ViolationKind::Misdelivered), 1);
+        // A device interrupt of the VM may enter any of its vCPUs.
+        c.raised(0, 0x41, 6);
+        c.handler_entered(1, 0x41, 7);
+        assert_eq!(c.count(ViolationKind::Misdelivered), 1);
     }
 
     #[test]

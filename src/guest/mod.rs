@@ -258,6 +258,8 @@ pub struct GuestCounters {
     pub tmict_writes: u64,
     pub context_switches: u64,
     pub tasks_exited: u64,
+    pub ipis_sent: u64,
+    pub resched_irqs: u64,
 }
 
 /// The per-CPU part of the kernel: what Linux keeps per CPU (the run
@@ -712,6 +714,7 @@ impl Kernel {
                 // to the CPU's APIC ID (the guest numbers them 0..n).
                 let c = self.cpu.ipi_pending.trailing_zeros();
                 self.cpu.ipi_pending &= !(1 << c);
+                self.counters.ipis_sent += 1;
                 return Action::Instr(Instr::WrMsr {
                     msr: msr::ICR,
                     value: ((c as u64) << 32) | RESCHEDULE_VECTOR as u64,
@@ -877,6 +880,11 @@ impl Kernel {
                     self.cpu.programmed = None;
                     let ticks = self.expire_hrtimers(now);
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
+                } else if vector == RESCHEDULE_VECTOR && self.parked.len() > 1 {
+                    // scheduler_ipi: need_resched is already set; the
+                    // switch happens on the way out.
+                    self.counters.resched_irqs += 1;
+                    0
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
                     self.cpu.net_rx = true;

@@ -112,9 +112,12 @@ pub struct VmReport {
     pub exits_per_s: f64,
     /// Per-reason exits per second (non-zero reasons).
     pub exits_per_s_by_reason: BTreeMap<&'static str, f64>,
-    /// Time in guest, % of the measured interval.
+    /// Its vCPUs.
+    pub vcpus: usize,
+    /// Time in guest, % of the measured interval × its vCPUs.
     pub tig_pct: f64,
-    /// Exit-handling time, % of the measured interval.
+    /// Exit-handling time, % of the measured interval × its vCPUs (ES2's
+    /// EHT denominator).
     pub eht_pct: f64,
     /// The table rows, most frequent first.
     pub exits: Vec<ExitRow>,
@@ -165,6 +168,7 @@ pub struct RunReport {
 fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
     let total = vm.stats.total();
     let secs = as_s(duration).max(1e-12);
+    let cpu_time = duration.saturating_mul(vm.vcpus.len().max(1) as Time);
     let mut rows: Vec<ExitRow> = ExitReason::ALL
         .iter()
         .filter_map(|r| {
@@ -191,8 +195,9 @@ fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
         vm: i,
         exits_per_s: total.count as f64 / secs,
         exits_per_s_by_reason: rows.iter().map(|r| (r.reason, r.per_s)).collect(),
-        tig_pct: 100.0 * vm.stats.guest_time as f64 / duration.max(1) as f64,
-        eht_pct: 100.0 * total.total as f64 / duration.max(1) as f64,
+        vcpus: vm.vcpus.len(),
+        tig_pct: 100.0 * vm.stats.guest_time as f64 / cpu_time.max(1) as f64,
+        eht_pct: 100.0 * total.total as f64 / cpu_time.max(1) as f64,
         exits: rows,
         total_samples: total.count,
         total_time_us: as_us(total.total),

@@ -493,6 +493,12 @@ impl World {
                 guest_vectors.push(("the virtio-blk request queue", VIRTIO_BLK_VECTOR));
             }
             guest_vectors.push(("guest.timer_vector", s.guest.timer_vector));
+            if v.cores.len() > 1 {
+                guest_vectors.push((
+                    "the guest's RESCHEDULE_VECTOR (SMP)",
+                    crate::guest::RESCHEDULE_VECTOR,
+                ));
+            }
             if vm_has_vf(v.workload) {
                 guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
             }
@@ -779,7 +785,7 @@ impl World {
         }
         for (k, v) in vcpu_list.iter().enumerate() {
             if first_on_core[v.2] != Some(k) {
-                checker.set_running(k, false);
+                checker.set_running(k, false, 0);
             }
         }
 
@@ -1300,7 +1306,8 @@ impl World {
         self.m.cores[core].mode = CoreMode::Idle;
         let (mut cx, scheme) = self.cx();
         scheme.vcpu_put(&mut cx, vcpu);
-        self.checker.set_running(vcpu, false);
+        let now = self.q.now();
+        self.checker.set_running(vcpu, false, now);
         self.idle_host_interrupts(core);
         self.sched_after_put(core);
     }
@@ -1345,7 +1352,7 @@ impl World {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_load(&mut cx, vcpu);
         }
-        self.checker.set_running(vcpu, true);
+        self.checker.set_running(vcpu, true, now);
         self.hv.last_vcpu[core] = Some(vcpu);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
@@ -2086,6 +2093,13 @@ impl World {
         out.insert("guest.rx_packets".into(), gc.rx_packets as f64);
         out.insert("guest.socket_drops".into(), gc.socket_drops as f64);
         out.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);
+        if g.cpus() > 1 {
+            out.insert("guest.ipis_sent_per_s".into(), gc.ipis_sent as f64 / dur);
+            out.insert(
+                "guest.resched_irqs_per_s".into(),
+                gc.resched_irqs as f64 / dur,
+            );
+        }
     }
 
     fn snapshot(&self) -> crate::report::Snapshot<'_> {
