@@ -722,6 +722,13 @@ impl Kernel {
             }
             let Some(top) = self.cpu.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
+                    if self.cpu.ipi_pending != 0
+                        && matches!(a, Action::Spin | Action::Instr(Instr::Hlt))
+                    {
+                        // The IPIs a wake-up here asked for go out before
+                        // the CPU idles.
+                        continue;
+                    }
                     return a;
                 }
                 continue;

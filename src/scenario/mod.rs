@@ -140,6 +140,9 @@ pub struct VmSpec {
     /// scripts: the vCPUs never idle, so the host keeps switching them).
     #[serde(default)]
     pub burn: bool,
+    /// This many identical VMs (consolidation sweeps: `--set vm.0.copies=4`).
+    #[serde(default = "one_u32")]
+    pub copies: u32,
     /// Its workload. With several VMs: `udp`, `cyclictest`, `whileloop`
     /// (a CPU-bound guest that does not end the run).
     #[serde(default)]
@@ -215,6 +218,7 @@ impl Scenario {
         }
         self.vms
             .iter()
+            .flat_map(|v| std::iter::repeat_n(v, v.copies as usize))
             .enumerate()
             .map(|(i, v)| VmView {
                 name: if v.name.is_empty() {
@@ -244,10 +248,14 @@ impl Scenario {
         if self.vms.is_empty() {
             return Ok(());
         }
-        if self.vms.len() > Self::MAX_VMS {
+        if let Some(i) = self.vms.iter().position(|v| v.copies == 0) {
+            return bad(format!("vm[{i}].copies"), "0: at least 1".into());
+        }
+        let total: usize = self.vms.iter().map(|v| v.copies as usize).sum();
+        if total > Self::MAX_VMS {
             return bad(
                 "vm".into(),
-                format!("{} VMs: at most {}", self.vms.len(), Self::MAX_VMS),
+                format!("{total} VMs: at most {}", Self::MAX_VMS),
             );
         }
         let w = &self.workload;
@@ -262,7 +270,7 @@ impl Scenario {
                 "with [[vm]] tables each VM has its own `workload`; the top-level one must be empty".into(),
             );
         }
-        let several = self.vms.len() > 1;
+        let several = total > 1;
         for (i, v) in self.vms.iter().enumerate() {
             if v.vcpus == 0 || v.vcpus > VmSpec::MAX_VCPUS {
                 return bad(
@@ -943,16 +951,43 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
         .and_then(|w| w.as_table())
         .is_some_and(|w| parts.get(1).is_some_and(|n| w.contains_key(*n)));
     let mut t = tree;
-    for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
+    let mut i = 0;
+    while i + 1 < parts.len() {
+        let p = parts[i];
         let entry = t
             .entry(p.to_string())
             .or_insert_with(|| toml::Value::Table(Default::default()));
+        // `vm.2.copies`: a number after an array of tables indexes it.
+        let entry = if entry.is_array() && i + 2 < parts.len() {
+            let toml::Value::Array(a) = entry else {
+                unreachable!("checked just above")
+            };
+            {
+                let n: usize = parts[i + 1].parse().map_err(|_| {
+                    ScenarioError::Set(format!(
+                        "`{kv}`: `{}` is an array: give an index after it",
+                        parts[..=i].join(".")
+                    ))
+                })?;
+                let len = a.len();
+                i += 1;
+                a.get_mut(n).ok_or_else(|| {
+                    ScenarioError::Set(format!(
+                        "`{kv}`: `{}` has {len} entries",
+                        parts[..i].join(".")
+                    ))
+                })?
+            }
+        } else {
+            entry
+        };
         t = entry.as_table_mut().ok_or_else(|| {
             ScenarioError::Set(format!(
                 "`{kv}`: `{}` is not a table",
                 parts[..=i].join(".")
             ))
         })?;
+        i += 1;
     }
     if key.starts_with("workload.") && parts.len() == 3 && !workload_given {
         return Err(ScenarioError::Set(format!(

@@ -89,6 +89,14 @@ impl App for UdpReceiver {
     fn metrics(&self, out: &mut Metrics) {
         out.insert("udp.received".into(), self.received as f64);
         out.insert("udp.latency_mean_us".into(), as_us(self.latency.mean()));
+        out.insert(
+            "udp.latency_p50_us".into(),
+            as_us(self.latency.percentile(50.0)),
+        );
+        out.insert(
+            "udp.latency_p99_us".into(),
+            as_us(self.latency.percentile(99.0)),
+        );
     }
 }
 
