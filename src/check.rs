@@ -67,6 +67,9 @@ struct VmTrack {
     clock: Time,
     /// Scheduled in since this time (None: out).
     since: Option<Time>,
+    /// Halted, its thread asleep: it must be woken for a pending
+    /// interrupt, so its clock runs.
+    blocked: bool,
 }
 
 impl VmTrack {
@@ -81,6 +84,7 @@ impl VmTrack {
             timer: None,
             clock: 0,
             since: Some(0),
+            blocked: false,
         }
     }
 
@@ -159,11 +163,26 @@ impl Checker {
     /// vCPU a device interrupt is aimed at).
     pub fn set_running(&mut self, vcpu: usize, running: bool, now: Time) {
         self.vms[vcpu].running = running;
-        self.vms[vcpu].set_clock_running(running, now);
+        self.update_clocks(vcpu, now);
+    }
+
+    /// `vcpu` halted and its thread sleeps (`true`), or was woken. A
+    /// sleeping vCPU must be woken for an interrupt pending for it, so the
+    /// time it sleeps counts against a lost interrupt; only time spent
+    /// runnable in the host's run queue does not.
+    pub fn set_blocked(&mut self, vcpu: usize, blocked: bool, now: Time) {
+        self.vms[vcpu].blocked = blocked;
+        self.update_clocks(vcpu, now);
+    }
+
+    fn update_clocks(&mut self, vcpu: usize, now: Time) {
+        let t = &mut self.vms[vcpu];
+        let on = t.running || t.blocked;
+        t.set_clock_running(on, now);
         let vm = self.vm_of[vcpu];
         let mine = || (0..self.vms.len()).filter(|&c| self.vm_of[c] == vm);
         let any = mine().any(|c| self.vms[c].running);
-        let all = mine().all(|c| self.vms[c].running);
+        let all = mine().all(|c| self.vms[c].running || self.vms[c].blocked);
         self.devs[vm].running = any;
         self.devs[vm].set_clock_running(all, now);
     }
@@ -468,6 +487,17 @@ mod tests {
         // Back in at 30 ms and runs 11 ms without taking it: lost.
         c.set_running(1, true, 30 * MS);
         c.finish(41 * MS, 10 * MS);
+        assert_eq!(c.count(ViolationKind::Lost), 1);
+    }
+
+    #[test]
+    fn an_interrupt_for_a_halted_vcpu_that_is_never_woken_is_lost() {
+        use crate::engine::MS;
+        let mut c = Checker::new(1);
+        c.set_running(0, false, MS);
+        c.set_blocked(0, true, MS);
+        c.timer_programmed(0, 0xef, Some(2 * MS), MS);
+        c.finish(30 * MS, 10 * MS);
         assert_eq!(c.count(ViolationKind::Lost), 1);
     }
 

@@ -1308,6 +1308,9 @@ impl World {
         scheme.vcpu_put(&mut cx, vcpu);
         let now = self.q.now();
         self.checker.set_running(vcpu, false, now);
+        if self.hv.vcpus[vcpu].halted {
+            self.checker.set_blocked(vcpu, true, now);
+        }
         self.idle_host_interrupts(core);
         self.sched_after_put(core);
     }
@@ -2020,7 +2023,8 @@ impl World {
             TraceKind::ScheduleIn
         };
         self.trace_event(kind, core, e.start, now);
-        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+        let deschedule = std::mem::take(&mut self.deschedule_pending[vcpu]);
+        if deschedule && !self.hv.vcpus[vcpu].halted {
             self.put(core, vcpu);
             return;
         }
@@ -2039,9 +2043,16 @@ impl World {
                 scheme.vcpu_has_interrupt(&cx, vcpu)
             };
             if !runnable {
+                // A schedule-out that came during the HLT exit is moot:
+                // the thread blocks (pi_pre_block and all), and the
+                // kick that makes an interrupt pending wakes it.
                 return self.halt(core, vcpu);
             }
             self.hv.vcpus[vcpu].halted = false;
+        }
+        if deschedule {
+            self.put(core, vcpu);
+            return;
         }
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;

@@ -199,6 +199,7 @@ impl World {
             return;
         };
         self.hv.vcpus[vcpu].halted = false;
+        self.checker.set_blocked(vcpu, false, self.q.now());
         self.note_poll(now - start, true);
         let block = now - self.halt_start[vcpu];
         self.scheme.halt_ended(vcpu, block, true);
@@ -275,6 +276,7 @@ impl World {
             return self.halt_poll_success(core, vcpu);
         }
         self.hv.vcpus[vcpu].halted = false;
+        self.checker.set_blocked(vcpu, false, self.q.now());
         let now = self.q.now();
         let block = now - self.halt_start[vcpu];
         self.scheme.halt_ended(vcpu, block, false);
