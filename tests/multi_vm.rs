@@ -75,7 +75,10 @@ fn unsupported_or_inconsistent_vm_tables_are_rejected_by_key() {
     assert!(e.contains("vm[0].core"), "{e}");
     let e = parse(&format!("{base}[[vm]]\ncore = 3\n"));
     assert!(e.contains("vm[0].core"), "{e}");
-    let e = parse(&format!("{base}[[vm]]\ncore = 1\nvcpus = 2\n"));
+    // Two vCPUs from core 2: the second would be on core 3, past the machine.
+    let e = parse(&format!("{base}[[vm]]\ncore = 2\nvcpus = 2\n"));
+    assert!(e.contains("vm[0].core"), "{e}");
+    let e = parse(&format!("{base}[[vm]]\ncore = 1\nvcpus = 0\n"));
     assert!(e.contains("vm[0].vcpus"), "{e}");
     let e = parse(&format!(
         "{base}[[vm]]\ncore = 1\n[[vm]]\ncore = 2\n[vm.workload.netpipe]\nmsg_bytes = 64\n"

@@ -87,8 +87,14 @@ fn icr_writes_exit_unless_ipi_virtualization_is_on() {
     // the trapped EOI of the injected reschedule vector.
     assert!(msr(&kvm) > 2.0 * ipis);
     assert!(rate(&kvm, "EXTERNAL_INTERRUPT") > ipis);
-    // Fewer exits, sooner wake-ups.
-    assert!(metric(&ipiv, "udp.latency_mean_us") < metric(&no_ipiv, "udp.latency_mean_us"));
+    // The sender's exits are gone: more of its time is the guest's. (The
+    // target's wake-up is as quick either way: KVM posts the vector at the
+    // start of the exit, the processor at the write.)
+    let (with, without) = (ipiv.vms[0].eht_pct, no_ipiv.vms[0].eht_pct);
+    assert!(
+        without > 2.0 * with,
+        "exit handling {without}% without IPIv, {with}% with"
+    );
 }
 
 #[test]
@@ -178,7 +184,7 @@ fn the_checker_catches_the_naive_scheme_on_smp_guests() {
 fn smp_scenario_errors_name_the_key() {
     let bad = |extra: &str| {
         let t = format!(
-            "name = \"t\"\nscheme = \"kvm\"\n[machine]\ncores = 3\n[[vm]]\nvcpus = 2\n{extra}\n\
+            "name = \"t\"\nscheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 3\n[[vm]]\nvcpus = 2\n{extra}\n\
              [vm.workload.udp]\nrate_pps = 1000\n"
         );
         exitless::scenario::Scenario::parse(&t, &[])
@@ -194,4 +200,106 @@ fn smp_scenario_errors_name_the_key() {
     assert!(bad("core = 1\ncores = [1, 2]").contains("not both"));
     assert!(bad("").contains("vm[0].core"));
     assert!(bad("cores = [1, 2]").is_empty(), "a valid one parses");
+}
+
+/// One random VM of a random SMP layout.
+#[derive(Debug, Clone)]
+struct VmDraw {
+    vcpus: usize,
+    first_core: usize,
+    app: usize,
+    affinity: Vec<bool>,
+    lowest: bool,
+    burn: bool,
+    cyclictest: bool,
+}
+
+fn vm_draw() -> impl Strategy<Value = VmDraw> {
+    (
+        1usize..=4,
+        1usize..=4,
+        0usize..4,
+        proptest::collection::vec(any::<bool>(), 4),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(vcpus, first_core, app, affinity, lowest, burn, cyclictest)| VmDraw {
+                vcpus,
+                first_core,
+                app: app % vcpus,
+                affinity,
+                lowest,
+                burn,
+                cyclictest,
+            },
+        )
+}
+
+fn layout_text(scheme: &str, seed: u64, halt: bool, vms: &[VmDraw]) -> String {
+    let idle = if halt { "halt" } else { "poll" };
+    let mut t = format!(
+        "name = \"smp-prop\"\nscheme = \"{scheme}\"\nseed = {seed}\nduration_s = 0.02\nwarmup_s = 0.002\n\
+         [guest]\nidle = \"{idle}\"\n[machine]\ncores = 6\n"
+    );
+    for v in vms {
+        // Siblings on consecutive cores of 1..=4, wrapping: never two on
+        // one core (at most 4 vCPUs); VMs overlap freely.
+        let cores: Vec<String> = (0..v.vcpus)
+            .map(|i| (1 + (v.first_core - 1 + i) % 4).to_string())
+            .collect();
+        // Lowest priority: the drawn set; fixed: its first vCPU. An empty
+        // draw means the receiver's vCPU.
+        let mut set: Vec<String> = (0..v.vcpus)
+            .filter(|&i| v.affinity[i])
+            .map(|i| i.to_string())
+            .collect();
+        if set.is_empty() {
+            set.push(v.app.to_string());
+        }
+        if !v.lowest {
+            set.truncate(1);
+        }
+        let mode = if v.lowest { "lowest-priority" } else { "fixed" };
+        t += &format!(
+            "[[vm]]\nvcpus = {}\ncores = [{}]\napp_vcpu = {}\nirq_affinity = [{}]\nmsi_mode = \"{mode}\"\nburn = {}\n\
+             [vm.workload.udp]\nrate_pps = 20000\n",
+            v.vcpus,
+            cores.join(", "),
+            v.app,
+            set.join(", "),
+            v.burn
+        );
+        if v.cyclictest {
+            t += "[vm.workload.cyclictest]\ninterval_us = 200\n";
+        }
+    }
+    t
+}
+
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("SMP_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random SMP layouts (1-3 VMs of 1-4 vCPUs on 4 shared cores, any
+    /// IRQ affinity, fixed or lowest-priority, burners or not, halting or
+    /// polling idle): every scheme delivers every interrupt to its owner.
+    #[test]
+    fn every_scheme_is_correct_on_random_smp_layouts(
+        seed in 1u64..10_000,
+        halt in any::<bool>(),
+        vms in proptest::collection::vec(vm_draw(), 1..=3),
+    ) {
+        for scheme in ["kvm", "apicv", "kvm-2026", "eli", "elvis", "did"] {
+            let text = layout_text(scheme, seed, halt, &vms);
+            let r = run_text(&text, &[]);
+            prop_assert_eq!(r.violations(), 0, "{}\n{}\n{:?}", scheme, text, r.invariants.violations.first());
+        }
+    }
 }
