@@ -96,13 +96,35 @@ impl<E> EventQueue<E> {
     /// to now: causality is never violated, the event just runs next.
     #[inline]
     pub fn schedule(&mut self, at: Time, event: E) {
-        let at = at.max(self.now);
+        let seq = self.reserve();
+        self.schedule_reserved(at, seq, event);
+    }
+
+    /// Takes the tie-break key that [`Self::schedule`] would give an event
+    /// scheduled now, without scheduling one. An owner that knows it will
+    /// need an event at some time, but not yet whether it must be queued,
+    /// reserves its place among the events due at that picosecond and
+    /// queues it later with [`Self::schedule_reserved`]: the order is the
+    /// same as if it had been scheduled now.
+    #[inline]
+    pub fn reserve(&mut self) -> u64 {
         self.seq += 1;
-        let seq = match &mut self.perturbation {
+        match &mut self.perturbation {
             Some(p) if p.shuffle_ties => p.rng.next_u64(),
             _ => self.seq,
-        };
-        self.heap.push(Entry { at, seq, event });
+        }
+    }
+
+    /// Schedules `event` at `at` (clamped to now) in the place among ties
+    /// that `key`, from [`Self::reserve`], holds.
+    #[inline]
+    pub fn schedule_reserved(&mut self, at: Time, key: u64, event: E) {
+        let at = at.max(self.now);
+        self.heap.push(Entry {
+            at,
+            seq: key,
+            event,
+        });
     }
 
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
@@ -147,6 +169,11 @@ impl<E> EventQueue<E> {
         }
     }
 
+    /// The pending events with their times, in no particular order.
+    pub fn pending(&self) -> impl Iterator<Item = (Time, &E)> {
+        self.heap.iter().map(|e| (e.at, &e.event))
+    }
+
     /// Number of pending events.
     pub fn len(&self) -> usize {
         self.heap.len()
@@ -188,6 +215,38 @@ mod tests {
         assert_eq!(q.pop_until(u64::MAX), Some((100, 1)));
         q.schedule(50, 2);
         assert_eq!(q.pop_until(u64::MAX), Some((100, 2)));
+    }
+
+    #[test]
+    fn a_reserved_key_pops_where_the_event_would_have_if_scheduled_then() {
+        let mut q = EventQueue::with_capacity(8);
+        q.schedule(50, 'a');
+        let key = q.reserve();
+        q.schedule(50, 'c');
+        q.schedule(10, 'x');
+        assert_eq!(q.pop_until(u64::MAX), Some((10, 'x')));
+        // Queued later, at 10, it still pops between 'a' and 'c'.
+        q.schedule_reserved(50, key, 'b');
+        let order: Vec<char> = std::iter::from_fn(|| q.pop_until(u64::MAX).map(|e| e.1)).collect();
+        assert_eq!(order, ['a', 'b', 'c']);
+        // Reserving took the key an event scheduled then would have had:
+        // events scheduled afterwards keep theirs.
+        let mut r = EventQueue::with_capacity(8);
+        r.schedule(50, 'a');
+        r.schedule(50, 'b');
+        r.schedule(50, 'c');
+        let keys = |q: &EventQueue<char>| {
+            let mut k: Vec<(u64, char)> = q.heap.iter().map(|e| (e.seq, e.event)).collect();
+            k.sort_unstable();
+            k
+        };
+        let mut q = EventQueue::with_capacity(8);
+        q.schedule(50, 'a');
+        let key = q.reserve();
+        q.schedule(50, 'c');
+        q.schedule_reserved(50, key, 'b');
+        assert_eq!(keys(&q), keys(&r));
+        assert_eq!(q.pending().filter(|e| *e.1 == 'b').count(), 1);
     }
 
     #[test]

@@ -110,12 +110,13 @@ pub enum Ev {
         /// VF.
         vf: u16,
     },
-    /// A peer process's timer (stale if `gen` moved on).
+    /// A peer process's timer (stale unless `key` is the one its owner
+    /// armed last).
     PeerTimer {
         /// Which peer.
         peer: u8,
-        /// Arming generation.
-        gen: u64,
+        /// The tie-break key it was queued with.
+        key: u64,
     },
     /// End of warm-up: statistics restart.
     WarmupEnd,

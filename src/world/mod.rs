@@ -1243,7 +1243,7 @@ impl World {
             Ev::VhostStep { .. } => self.pv_vhost_step(),
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
             Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
-            Ev::PeerTimer { peer, gen } => self.peer_timer(peer as usize, gen),
+            Ev::PeerTimer { peer, key } => self.peer_timer(peer as usize, key),
             Ev::VfTxDone { vf } => self.vf_tx_done(vf),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {

@@ -66,8 +66,21 @@ pub(super) struct PeerLink {
     to_peer: VecDeque<Frame>,
     to_guest: VecDeque<Frame>,
     out: Vec<(Time, Frame)>,
+    /// The peer's next deadline, as last seen.
     timer: Option<Time>,
-    timer_gen: u64,
+    /// When the peer must run for it and the tie-break key reserved when
+    /// the deadline was set: its place in the event order.
+    due: Option<(Time, u64)>,
+    /// The `PeerTimer` events queued, by time and key, latest first.
+    /// Timers are re-armed lazily: a deadline that moves later leaves the
+    /// queued events in place, and the earliest, when it comes, re-arms for
+    /// the deadline then current (with the key reserved for it) unless a
+    /// later queued one still comes first; only a deadline earlier than
+    /// every queued event queues one at once. Each is earlier than those
+    /// queued before it, so they come last in, first out. A TCP sender's
+    /// retransmission deadline moves with every ACK: eager re-arming queued
+    /// an event per ACK, tens of thousands of them pending in a stream.
+    armed: Vec<(Time, u64)>,
     /// When the last frame towards the guest is delivered (frames keep
     /// their order) or, over the link, when the peer's NIC is free.
     wire_free: Time,
@@ -84,7 +97,8 @@ impl PeerLink {
             to_guest: VecDeque::with_capacity(1024),
             out: Vec::with_capacity(1024),
             timer: None,
-            timer_gen: 0,
+            due: None,
+            armed: Vec::with_capacity(8),
             wire_free: 0,
             to_peer_last: 0,
         }
@@ -196,16 +210,34 @@ impl World {
         self.peer_sent(p);
     }
 
-    /// A timer of peer `p` came due.
-    pub(super) fn peer_timer(&mut self, p: usize, gen: u64) {
+    /// A timer event of peer `p`, queued with tie-break key `key`, came.
+    pub(super) fn peer_timer(&mut self, p: usize, key: u64) {
         let now = self.q.now();
         let Some(link) = self.peers.get_mut(p) else {
             return;
         };
-        if gen != link.timer_gen {
-            return;
+        // The earliest queued is the first to come.
+        let fired = link.armed.pop();
+        debug_assert_eq!(fired.map(|a| a.1), Some(key));
+        match link.due {
+            Some((_, k)) if k == key => {}
+            // The deadline moved later since this was queued (in the
+            // queue's order of (time, key): `due` is not earlier): wait for
+            // it in the place reserved for it.
+            Some(due) => {
+                if link.armed.last().is_none_or(|&a| due < a) {
+                    link.armed.push(due);
+                    let peer = p as u8;
+                    self.q
+                        .schedule_reserved(due.0, due.1, Ev::PeerTimer { peer, key: due.1 });
+                }
+                return;
+            }
+            // No deadline any more.
+            None => return,
         }
         link.timer = None;
+        link.due = None;
         link.out.clear();
         link.peer.timer(now, &mut link.out);
         self.peer_sent(p);
@@ -245,11 +277,14 @@ impl World {
         let next = link.peer.next_timer();
         if next != link.timer {
             link.timer = next;
-            link.timer_gen += 1;
-            if let Some(t) = next {
-                let gen = link.timer_gen;
-                let peer = p as u8;
-                self.q.schedule(t.max(now), Ev::PeerTimer { peer, gen });
+            link.due = next.map(|t| (t.max(now), self.q.reserve()));
+            if let Some((at, key)) = link.due {
+                if link.armed.last().is_none_or(|&a| (at, key) < a) {
+                    link.armed.push((at, key));
+                    let peer = p as u8;
+                    self.q
+                        .schedule_reserved(at, key, Ev::PeerTimer { peer, key });
+                }
             }
         }
     }
@@ -283,5 +318,64 @@ impl World {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::Calibration;
+    use crate::scenario::Scenario;
+
+    /// A TCP stream from a peer on the host to a PV guest: the sender's
+    /// retransmission deadline moves with every ACK.
+    fn iperf_world(duration_s: f64) -> World {
+        let text = format!(
+            "scheme = \"kvm\"\nseed = 1\nduration_s = {duration_s}\nwarmup_s = 0.01\n\
+             [net]\ndevice = \"virtio\"\n[workload.iperf]\ndirection = \"to-vm\"\n"
+        );
+        let s = Scenario::parse(&text, &[]).expect("scenario parses");
+        World::build(&s, &Calibration::default_host()).expect("world builds")
+    }
+
+    /// Peer timers are re-armed lazily: over a long stream the queue holds
+    /// a bounded handful of `PeerTimer` events, and nearly every one that
+    /// pops is the peer's live deadline (eagerly, every ACK that moves the
+    /// deadline queued one, and tens of thousands piled up stale).
+    #[test]
+    fn peer_timers_are_rearmed_lazily_and_the_queue_stays_bounded() {
+        let mut w = iperf_world(0.2);
+        let (mut popped, mut ran, mut most_queued, mut n) = (0u64, 0u64, 0usize, 0u64);
+        while let Some((now, ev)) = w.q.pop_until(w.end) {
+            if let Ev::PeerTimer { peer, key } = ev {
+                popped += 1;
+                if w.peers[peer as usize].due.is_some_and(|d| d.1 == key) {
+                    ran += 1;
+                }
+            }
+            w.dispatch(ev, now);
+            n += 1;
+            if n % 256 == 0 {
+                let queued =
+                    w.q.pending()
+                        .filter(|e| matches!(e.1, Ev::PeerTimer { .. }))
+                        .count();
+                let armed: usize = w.peers.iter().map(|l| l.armed.len()).sum();
+                assert_eq!(queued, armed, "the bookkeeping holds what is queued");
+                most_queued = most_queued.max(queued);
+            }
+        }
+        let sent = w.peers[0].peer.frames_out;
+        let received = w.peers[0].peer.frames_in;
+        eprintln!(
+            "sent {sent} received {received} popped {popped} ran {ran} most_queued {most_queued}"
+        );
+        assert!(sent > 10_000, "a long stream: {sent} segments");
+        assert!(received > 1_000, "acknowledged: {received} ACKs");
+        assert!(most_queued <= 3, "{most_queued} PeerTimer events queued");
+        assert!(
+            popped <= 2 * ran + 10,
+            "{popped} popped, {ran} ran the peer"
+        );
     }
 }
