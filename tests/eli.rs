@@ -149,7 +149,7 @@ fn reproduce_eli_reports_percent_of_bare_metal() {
 
 #[test]
 fn critical_host_ipis_can_travel_as_nmis() {
-    // Protection 3 (eli.md §2.7): host IPIs to the ELI core either bounce
+    // Protection 3 (docs/papers.md ELI §2.7): host IPIs to the ELI core either bounce
     // through the shadow IDT's #NP or arrive as NMIs, which exit whatever
     // the guest's IDT holds. The host's local timer always bounces.
     let run = |critical: &str| {

@@ -232,7 +232,7 @@ fn keys() -> Vec<(&'static str, BoxedStrategy<V>)> {
         ("guest.timer_vector", int(0x20, 0xff)),
         ("guest.vf_vector", int(0x20, 0xff)),
         ("guest.napi_weight", int(1, 4096)),
-        ("nic.itr", word(&["dynamic", "fixed", "off"])),
+        ("nic.itr", word(&["ixgbevf-3.6", "dynamic", "fixed", "off"])),
         ("nic.itr_interval_us", float(0.001, 1022.0)),
         ("net.device", word(&["vf", "virtio"])),
         ("net.event_idx", boolean()),

@@ -93,8 +93,12 @@ fn a_rate_beyond_the_uac_places_no_more_calls_than_offered() {
     assert_eq!(r.violations(), 0);
     let offered = metric(&r, "sip.calls_offered");
     let placed = metric(&r, "sip.calls_placed");
-    // Calls at 0, 20 us, ... up to the UAC's last run before 0.5 s.
-    assert!((0.99 * 25_000.0..=25_001.0).contains(&offered), "{offered}");
+    // Calls at 0, 20 us, ... up to the UAC's last run before 0.5 s. That
+    // last run comes earlier the more responses the UAC has to process (with
+    // the 3.6 driver's ~10 us VF interval the VM keeps up with more calls:
+    // 5,023 placed against 4,319 with nic.itr = "dynamic"), so
+    // allow a few percent below rate x duration.
+    assert!((0.97 * 25_000.0..=25_001.0).contains(&offered), "{offered}");
     assert!(placed <= offered, "{placed} placed of {offered}");
     assert!(placed < 0.5 * offered, "{placed} placed of {offered}");
     assert_eq!(placed + metric(&r, "sip.calls_not_placed"), offered);

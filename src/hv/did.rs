@@ -144,7 +144,7 @@ impl Scheme for Did {
 
     /// The guest EOIs the physical LAPIC, whose ISR software can neither
     /// save nor restore: a VM is scheduled out only with nothing in
-    /// service there (did.md §7 open point 4; the paper is silent).
+    /// service there (docs/papers.md DID open point 4; the paper is silent).
     fn preemptible(&self, cx: &HvCx, vcpu: usize) -> bool {
         let core = cx.hv.vcpus[vcpu].core;
         cx.m.lapics[core].isr.is_empty()

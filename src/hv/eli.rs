@@ -1,8 +1,8 @@
 //! ELI — ExitLess Interrupts (Gordon et al., ASPLOS '12), as the DID paper
 //! (§3, Fig. 1, §2.2) and IBM's public KVM patch describe it
-//! (`../shared/papers/eli.md`, `eli-elvis-implementation.md`).
+//! (`docs/papers.md`, ELI part and its section on IBM's public code).
 //!
-//! * **Shadow IDT** (eli.md §2.4): the guest's IDTR points at a copy of its
+//! * **Shadow IDT** (docs/papers.md ELI §2.4): the guest's IDTR points at a copy of its
 //!   IDT in which every vector from 0x20 up, except 0x80, is not present, so
 //!   delivering a vector the guest does not own raises #NP; #NP is in the
 //!   exception bitmap, so it exits. The gate of each *assigned* vector (the
@@ -12,18 +12,18 @@
 //!   reach the guest's handler and are completed on the physical LAPIC.
 //! * **Bounce**: a host vector's #NP exit re-raises it on the host (IBM's
 //!   `recreate_intr`, a software `int`) and the host handler EOIs it.
-//! * **Injection mode** (eli.md §2.6, DID Fig. 1): while any non-assigned
+//! * **Injection mode** (docs/papers.md ELI §2.6, DID Fig. 1): while any non-assigned
 //!   (virtual) interrupt is pending or in service, the vCPU runs the stock
 //!   KVM way: guest IDT, external-interrupt exiting on, EOI trapped. An
 //!   assigned interrupt arriving meanwhile exits and is injected. Direct
 //!   mode returns once the emulated LAPIC has nothing pending or in service
-//!   (eli.md §7.3 default; IBM's code leaves at the first trapped EOI).
-//! * **Protections** (eli.md §2.7): (1) the preemption timer regains the
+//!   (docs/papers.md ELI open point 3; IBM's code leaves at the first trapped EOI).
+//! * **Protections** (docs/papers.md ELI §2.7): (1) the preemption timer regains the
 //!   core even if the guest keeps IF = 0; (2) a direct EOI with nothing in
 //!   service does nothing on the physical LAPIC; (3) host interrupts that
 //!   target the core bounce through #NP ([`Critical::Bounce`], IBM's code),
 //!   or host IPIs travel as NMIs, which exit unconditionally, with their
-//!   vector left in a per-core mailbox ([`Critical::Nmi`], eli.md §7.5's
+//!   vector left in a per-core mailbox ([`Critical::Nmi`], docs/papers.md ELI open point 5's
 //!   default). The IDTR-limit variant is not modelled.
 //!
 //! The timer stays emulated (DID Table 1: "timer indirect"): TMICT writes
@@ -44,7 +44,7 @@ use crate::hw::x86::lapic::{msr, ApicBitmap};
 pub const DEFAULT_PREEMPTION_TIMER: u32 = 14_650_000;
 
 /// How host interrupts aimed at a core running an ELI guest reach the
-/// host (eli.md §2.7, protection 3).
+/// host (docs/papers.md ELI §2.7, protection 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Critical {

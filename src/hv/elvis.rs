@@ -1,5 +1,5 @@
 //! ELVIS — ELI for paravirtual I/O (IBM's vhost polling patches,
-//! `../shared/papers/eli-elvis-implementation.md` §4; DID Table 1: "ELVIS:
+//! `docs/papers.md` (ELI and ELVIS in IBM's public code, §4); DID Table 1: "ELVIS:
 //! guest modification yes").
 //!
 //! Two mechanisms on top of [`Eli`]:

@@ -160,8 +160,8 @@ mod tests {
 
 /// Host vectors sent to cores as NMIs. An NMI carries no vector (it is
 /// always vector 2), so the sender leaves the vector in the target core's
-/// mailbox first (DID §4.5 with did.md §7.3's default; ELI's protection 3
-/// with eli.md §7.5's). NMIs coalesce in one latch: the handler runs every
+/// mailbox first (DID §4.5 with docs/papers.md DID open point 3's default; ELI's protection 3
+/// with docs/papers.md ELI open point 5's). NMIs coalesce in one latch: the handler runs every
 /// vector it finds.
 #[derive(Clone, Debug, Default)]
 pub struct NmiMailbox {

@@ -190,7 +190,7 @@ pub struct SchemeOptions {
     /// (posted-format IRTEs) instead of host IRQs that exit.
     pub vtd_posted_interrupts: bool,
     /// `eli`, `elvis`: how host interrupts aimed at a core that runs an
-    /// ELI guest reach the host (eli.md §2.7, protection 3).
+    /// ELI guest reach the host (docs/papers.md ELI §2.7, protection 3).
     pub eli_critical: super::eli::Critical,
     /// `kvm-2026`: posted timer interrupts from a housekeeping core.
     pub posted_timers: Option<bool>,

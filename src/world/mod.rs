@@ -14,7 +14,7 @@ use crate::check::Checker;
 use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream, Summary, Time, MS, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::blk::VirtioBlkGuest;
-use crate::guest::itr::ItrParams;
+use crate::guest::itr::{ItrDriver, ItrParams};
 use crate::guest::net::{Devices, VirtioNetGuest};
 use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::{Action, GuestConfig, GuestCosts, Instr, Kernel, VfReg};
@@ -420,11 +420,15 @@ impl World {
             bulk_reg: cal.nic.itr_bulk_reg.value as u32,
             low_threshold: cal.nic.itr_low_threshold_bytes_per_us.value as u64,
             bulk_threshold: cal.nic.itr_bulk_threshold_bytes_per_us.value as u64,
-            dynamic: s.nic.itr == ItrMode::Dynamic,
+            driver: match s.nic.itr {
+                ItrMode::Ixgbevf36 => ItrDriver::Ixgbevf36,
+                ItrMode::Dynamic => ItrDriver::Adaptive,
+                ItrMode::Off | ItrMode::Fixed => ItrDriver::Static,
+            },
         };
         let itr_unit_ps = from_us(cal.nic.itr_unit_us.value);
         let initial_eitr = match s.nic.itr {
-            ItrMode::Dynamic => itr.low_reg,
+            ItrMode::Ixgbevf36 | ItrMode::Dynamic => itr.low_reg,
             ItrMode::Off => 0,
             ItrMode::Fixed => {
                 // The EITR interval field is 9 bits (bits 11:3) of
