@@ -12,8 +12,10 @@ Inputs, everywhere ``data`` is taken:
   :func:`exitless.write_results` wrote): long form with ``scheme``, ``seed``,
   ``metric``, ``value``, usually ``point`` and one column per grid key;
 - run reports (:func:`exitless.run`'s dicts, or ``exitless run --json``
-  output), one or a list: each becomes a point of its own (runs with the same
-  scenario and scheme are seeds of one point);
+  output), one or a list: reports with the same scenario and scheme are the
+  seeds of one point. A report does not name its config (``sriov`` and
+  ``pv`` are both scheme ``kvm``), so to tell such runs apart pass
+  ``{label: report or [reports]}``: the label takes the scheme's place;
 - for :func:`model_vs_paper` and :func:`model_vs_paper_table`: the rows of
   ``exitless reproduce <paper> --json`` (a list of dicts, or a frame).
 
@@ -90,6 +92,7 @@ REPRODUCE_COLUMNS = (
 SWEEP_COLUMNS = ("scheme", "seed", "metric", "value")
 
 Data = Union[pl.DataFrame, Mapping[str, Any], Sequence[Mapping[str, Any]]]
+"""A sweep frame, a run report, a list of them, or {label: report(s)}."""
 
 # Colours: tab10 then tab20's light halves, stable per name within a figure.
 _PALETTE = [
@@ -121,18 +124,38 @@ class ReportError(ValueError):
 # Inputs
 
 
-def _reports_frame(reports: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """Run reports as a sweep frame: one point per (scenario, scheme)."""
+def _is_report(r: Any) -> bool:
+    return isinstance(r, Mapping) and "vms" in r
+
+
+def _reports_frame(
+    reports: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None
+) -> pl.DataFrame:
+    """Run reports as a sweep frame: one point per (scenario, label), the
+    label being the report's scheme unless given."""
     scenarios = {str(r.get("scenario", "")) for r in reports}
     keys: dict[tuple[str, str], int] = {}
+    seen: set[tuple[str, str, int]] = set()
     cols: dict[str, list[Any]] = {c: [] for c in ("point", "scenario", *SWEEP_COLUMNS)}
     for r in reports:
-        if not isinstance(r, Mapping) or "vms" not in r:
+        if not _is_report(r):
             raise ReportError("expected run reports (dicts with `vms`, as exitless.run returns)")
     flats = [flatten(r) for r in reports]
     all_names = {m for f in flats for m in f}
-    for r, flat in zip(reports, flats):
-        key = (str(r.get("scenario", "")), str(r.get("scheme", "")))
+    for i, (r, flat) in enumerate(zip(reports, flats)):
+        label = str(r.get("scheme", "")) if labels is None else labels[i]
+        key = (str(r.get("scenario", "")), label)
+        seed = int(r.get("seed", 0))
+        if (*key, seed) in seen:
+            # Not seeds of one point: e.g. configs sriov and pv are both
+            # scheme kvm, and a report does not name its config.
+            raise ReportError(
+                f"two run reports of scenario `{key[0]}`, "
+                f"{'scheme' if labels is None else 'label'} `{label}`, seed {seed}: "
+                "reports of one scheme are taken as seeds of one point; pass "
+                "{label: report or [reports]} to tell runs apart (e.g. by config)"
+            )
+        seen.add((*key, seed))
         point = keys.setdefault(key, len(keys))
         # As in a sweep: exits a run did not take are 0, other values null.
         for m in all_names - flat.keys():
@@ -184,7 +207,23 @@ def as_frame(data: Data) -> pl.DataFrame:
             data = data.join(points, on=keys, how="left")
         return data
     if isinstance(data, Mapping):
-        return _reports_frame([data])
+        if _is_report(data):
+            return _reports_frame([data])
+        # {label: report or [reports]}: the label stands for the scheme.
+        reps: list[Mapping[str, Any]] = []
+        labels: list[str] = []
+        for label, v in data.items():
+            group = [v] if _is_report(v) else v
+            if not isinstance(group, Sequence) or not all(_is_report(r) for r in group):
+                raise ReportError(
+                    f"label `{label}`: expected a run report or a list of them "
+                    "(dicts with `vms`, as exitless.run returns)"
+                )
+            reps.extend(group)
+            labels.extend([str(label)] * len(group))
+        if not reps:
+            raise ReportError("no run reports (empty dict)")
+        return _reports_frame(reps, labels)
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
         if not data:
             raise ReportError("no run reports (empty list)")
@@ -921,7 +960,7 @@ def build(data: Any, title: str | None = None) -> Report:
         )
         if any(r["paper"] not in (None, 0) for r in rs):
             rep.figures.append(("model vs paper", model_vs_paper(rs)))
-        rep.tables.append(("model vs paper", model_vs_paper_table(rs)))
+        rep.tables.append(("every row: model, paper, tolerance", model_vs_paper_table(rs)))
         return rep
     df = as_frame(data)
     rep = Report(title=title or "exitless sweep")
@@ -974,7 +1013,7 @@ def _cell(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return _num(v) if abs(v) >= 1e3 else f"{v:.4g}"
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
     return str(v)
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 import exitless
 import polars as pl
 import pytest
-from conftest import CYCLICTEST, FIG4
+from conftest import CYCLICTEST, FIG4, REPO
 
 er = pytest.importorskip("exitless.report")  # needs matplotlib (exitless[plot])
 
 SHORT = {"duration_s": 0.05, "warmup_s": 0.01}
 SCHEMES = ["kvm", "apicv", "did"]
+NETPIPE = REPO / "validation" / "did" / "netpipe.toml"
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,19 @@ def test_exit_breakdown_from_run_reports():
         for reason, v in rep["vms"][0]["exits_per_s_by_reason"].items():
             if (rep["scheme"], reason) in heights:
                 assert heights[(rep["scheme"], reason)] == pytest.approx(v)
+
+
+def test_reports_of_one_scheme_and_seed_need_labels():
+    # Configs sriov and pv both run scheme kvm; a report does not name its
+    # config, so taking them as two seeds of one point would be wrong.
+    net = {"duration_s": 0.01, "seed": 1}
+    reps = {c: exitless.run(NETPIPE, config=c, **net) for c in ("sriov", "pv")}
+    with pytest.raises(er.ReportError, match="scheme `kvm`, seed 1"):
+        er.as_frame(list(reps.values()))
+    df = er.as_frame(reps)
+    assert df.select("point", "scheme").unique().sort("point").rows() == [(0, "sriov"), (1, "pv")]
+    one = er.as_frame({"pv": [reps["pv"]]}).filter(pl.col("metric") == "exits_per_s")
+    assert one["value"].to_list() == [reps["pv"]["vms"][0]["exits_per_s"]]
 
 
 # -- latency percentiles ------------------------------------------------------
