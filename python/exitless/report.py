@@ -363,10 +363,17 @@ def exit_breakdown(
     ]
     totals = [sum(layer[1][i] for layer in layers) for i in range(len(bar_rows))]
 
-    ncols = 2 if share else 1
-    width = max(6.0, 1.6 + 0.55 * len(bar_rows)) * (1.7 if share else 1.0) + 2.0
-    fig = _new_figure(min(width, 22.0), 4.8)
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    # Side by side; one above the other when there are many bars.
+    npanels = 2 if share else 1
+    stacked = npanels == 2 and len(bar_rows) > 8
+    width = max(6.0, 1.6 + 0.55 * len(bar_rows)) * (1.7 if npanels == 2 and not stacked else 1.0)
+    fig = _new_figure(min(width + 2.0, 22.0), 9.0 if stacked else 4.8)
+    grid = (
+        fig.subplots(npanels, 1, squeeze=False)
+        if stacked
+        else fig.subplots(1, npanels, squeeze=False)
+    )
+    axes = [a for row in grid for a in row]
     colours = {
         name: (_OTHER_COLOUR if name == "other" else _PALETTE[i % len(_PALETTE)])
         for i, (name, _) in enumerate(layers)
@@ -418,7 +425,7 @@ def exit_breakdown(
                     ax.text(xx, 2, "no exits", ha="center", va="bottom", fontsize=8, rotation=90)
             ax.set_title("mix of reasons")
     handles = [Patch(color=colours[name], label=name) for name, _ in reversed(layers)]
-    axes[-1].legend(
+    axes[0 if stacked else -1].legend(
         handles=handles,
         title="exit reason",
         loc="upper left",
@@ -521,7 +528,7 @@ def latency_cdf(
     keys = _grid_keys(df)
     groups = list(dict.fromkeys(tuple(r) for r in s.select(keys).rows())) if keys else [()]
     n = len(groups)
-    ncols = min(n, 3)
+    ncols = n if n <= 3 else min(3, math.ceil(math.sqrt(n)))
     nrows = math.ceil(n / ncols)
     fig = _new_figure(min(4.6 * ncols + 1.8, 20.0), 3.8 * nrows + 0.6)
     # x not shared: latencies at different grid points can differ tenfold.
@@ -575,8 +582,7 @@ def latency_cdf(
             ax.set_title(_point_label(dict(zip(keys, g)), keys), fontsize=10)
         if gi % ncols == 0:
             ax.set_ylabel("percentile")
-        if gi // ncols == nrows - 1:
-            ax.set_xlabel(f"latency {unit}".strip())
+        ax.set_xlabel(f"latency {unit}".strip())
     for gi in range(n, nrows * ncols):
         axes[gi // ncols][gi % ncols].set_visible(False)
     use_log = log_x if log_x is not None else _spans_decades(all_x, 10.0)
