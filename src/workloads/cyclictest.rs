@@ -74,7 +74,10 @@ impl App for Cyclictest {
 
     fn metrics(&self, out: &mut Metrics) {
         out.insert("latency_mean_us".into(), as_us(self.hist.mean()));
-        out.insert("latency_p99_us".into(), as_us(self.hist.percentile(99.0)));
+        // The percentile curve (p50 .. p99.9), for latency plots.
+        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+            out.insert(format!("latency_{name}_us"), as_us(self.hist.percentile(p)));
+        }
         out.insert("latency_max_us".into(), as_us(self.hist.max()));
         out.insert("cyclictest.samples".into(), self.hist.count() as f64);
     }

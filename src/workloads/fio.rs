@@ -88,9 +88,12 @@ impl App for Fio {
         };
         out.insert("fio.iops".into(), iops);
         out.insert("fio.completion_us".into(), as_us(self.latency.mean()));
-        out.insert(
-            "fio.completion_p99_us".into(),
-            as_us(self.latency.percentile(99.0)),
-        );
+        // The percentile curve (p50 .. p99.9), for latency plots.
+        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+            out.insert(
+                format!("fio.completion_{name}_us"),
+                as_us(self.latency.percentile(p)),
+            );
+        }
     }
 }

@@ -67,10 +67,13 @@ impl PeerApp for NetpipeTransmitter {
     fn metrics(&self, out: &mut Metrics) {
         out.insert("netpipe.round_trips".into(), self.round_trips as f64);
         out.insert("netpipe.half_rtt_us".into(), as_us(self.half_rtt.mean()));
-        out.insert(
-            "netpipe.half_rtt_p99_us".into(),
-            as_us(self.half_rtt.percentile(99.0)),
-        );
+        // The percentile curve (p50 .. p99.9), for latency plots.
+        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+            out.insert(
+                format!("netpipe.half_rtt_{name}_us"),
+                as_us(self.half_rtt.percentile(p)),
+            );
+        }
     }
 }
 

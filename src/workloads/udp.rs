@@ -89,14 +89,13 @@ impl App for UdpReceiver {
     fn metrics(&self, out: &mut Metrics) {
         out.insert("udp.received".into(), self.received as f64);
         out.insert("udp.latency_mean_us".into(), as_us(self.latency.mean()));
-        out.insert(
-            "udp.latency_p50_us".into(),
-            as_us(self.latency.percentile(50.0)),
-        );
-        out.insert(
-            "udp.latency_p99_us".into(),
-            as_us(self.latency.percentile(99.0)),
-        );
+        // The percentile curve (p50 .. p99.9), for latency plots.
+        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+            out.insert(
+                format!("udp.latency_{name}_us"),
+                as_us(self.latency.percentile(p)),
+            );
+        }
     }
 }
 
