@@ -143,6 +143,11 @@ pub struct VmSpec {
     /// This many identical VMs (consolidation sweeps: `--set vm.0.copies=4`).
     #[serde(default = "one_u32")]
     pub copies: u32,
+    /// The cores copies are spread over: vCPU j of copy k runs on
+    /// `copies_cores[(k * vcpus + j) % len]`. Default: every copy on
+    /// `cores`.
+    #[serde(default)]
+    pub copies_cores: Option<Vec<usize>>,
     /// Its workload. With several VMs: `udp`, `cyclictest`, `whileloop`
     /// (a CPU-bound guest that does not end the run).
     #[serde(default)]
@@ -165,6 +170,17 @@ impl VmSpec {
     /// Most vCPUs a VM may have (the guest's reschedule IPIs are a 64-bit
     /// mask).
     pub const MAX_VCPUS: u32 = 64;
+
+    /// The core of each vCPU of copy `k`.
+    pub fn copy_cores(&self, k: usize) -> Vec<usize> {
+        match &self.copies_cores {
+            Some(pool) if !pool.is_empty() => {
+                let n = self.vcpus as usize;
+                (0..n).map(|j| pool[(k * n + j) % pool.len()]).collect()
+            }
+            _ => self.vcpu_cores(),
+        }
+    }
 
     /// The core of each vCPU.
     pub fn vcpu_cores(&self) -> Vec<usize> {
@@ -218,16 +234,16 @@ impl Scenario {
         }
         self.vms
             .iter()
-            .flat_map(|v| std::iter::repeat_n(v, v.copies as usize))
+            .flat_map(|v| (0..v.copies as usize).map(move |k| (v, k)))
             .enumerate()
-            .map(|(i, v)| VmView {
+            .map(|(i, (v, k))| VmView {
                 name: if v.name.is_empty() {
                     format!("vm{i}")
                 } else {
                     v.name.clone()
                 },
-                core: v.vcpu_cores()[0],
-                cores: v.vcpu_cores(),
+                core: v.copy_cores(k)[0],
+                cores: v.copy_cores(k),
                 app_vcpu: v.app_vcpu as usize,
                 irq_affinity: v
                     .irq_affinity
@@ -312,6 +328,17 @@ impl Scenario {
                     ),
                 );
             }
+            if let Some(pool) = &v.copies_cores {
+                if let Some(c) = pool.iter().find(|&&c| c == 0 || c >= self.machine.cores) {
+                    return bad(
+                        format!("vm[{i}].copies_cores"),
+                        format!("core {c} must be in 1..{}", self.machine.cores),
+                    );
+                }
+                if pool.is_empty() || pool.len() > 1024 {
+                    return bad(format!("vm[{i}].copies_cores"), "1 to 1024 cores".into());
+                }
+            }
             if v.app_vcpu >= v.vcpus {
                 return bad(
                     format!("vm[{i}].app_vcpu"),
@@ -340,10 +367,10 @@ impl Scenario {
                     "SMP guests run udp, cyclictest and whileloop workloads only (TCP, SIP and fio need a 1-vCPU VM)".into(),
                 );
             }
-            if several && (v.workload.peers() || v.workload.fio.is_some()) {
+            if several && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "with several VMs only udp, cyclictest and whileloop are modelled yet".into(),
+                    "with several VMs, SIP and fio are not modelled yet (udp, cyclictest, whileloop, netpipe, iperf, memcached are)".into(),
                 );
             }
             if v.name.len() > 64 {

@@ -94,7 +94,7 @@ struct TcpWorkload {
 /// A VM's TCP workload.
 fn tcp_workload(
     w: &crate::scenario::WorkloadSpec,
-    s: &Scenario,
+    seed: u64,
     cal: &Calibration,
 ) -> Option<TcpWorkload> {
     let g = &cal.guest;
@@ -157,12 +157,12 @@ fn tcp_workload(
             guest: (0..threads)
                 .map(|t| {
                     Box::new(MemcachedWorker::new(
-                        shape, s.seed, t, threads, conns, TCP_FLOW, costs,
+                        shape, seed, t, threads, conns, TCP_FLOW, costs,
                     )) as Box<dyn crate::guest::app::App>
                 })
                 .collect(),
             peer: Box::new(MemcachedClient::new(
-                shape, s.seed, conns, m.rate_rps, syscall,
+                shape, seed, conns, m.rate_rps, syscall,
             )),
             tcp,
             conns,
@@ -366,6 +366,34 @@ fn spawn_timer_and_cpu_tasks(
     Ok(())
 }
 
+/// The peer's side of a TCP workload: its program, socket options,
+/// connections and CPUs.
+type PeerApp_ = (Box<dyn PeerApp>, TcpConfig, usize, usize);
+
+/// Spawns a TCP workload's programs in `kernel` (CPU 0) with their sockets
+/// (flows from [`TCP_FLOW`]); returns the peer's side.
+fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload) -> PeerApp_ {
+    let threads = w.guest.len();
+    // The socket interface is the program's, not a matter of how many
+    // connections it has (one memcached connection is still served from
+    // the worker's epoll loop).
+    if !w.epoll {
+        for app in w.guest {
+            let t = kernel.spawn(app, 0, false);
+            kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
+        }
+    } else {
+        for (j, app) in w.guest.into_iter().enumerate() {
+            let t = kernel.spawn(app, 0, false);
+            let flows = (0..w.conns)
+                .filter(|i| i % threads == j)
+                .map(|i| TCP_FLOW + i as u16);
+            kernel.tcp_open_many(flows, w.tcp, t);
+        }
+    }
+    (w.peer, w.tcp, w.conns, w.peer_cpus)
+}
+
 /// The UDP receiver: "sender and receiver at the lowest priority" (DID §5.2).
 fn spawn_udp_receiver(kernel: &mut Kernel, cpu: usize, cal: &Calibration) {
     kernel.spawn_on(
@@ -478,8 +506,10 @@ impl World {
             .map(|i| (0..nvcpu).filter(|&k| vcpu_list[k].0 == i).collect())
             .collect();
         let mut m = Machine::new(cores, nvcpu, clocks, nic, link);
-        let vm_has_vf = |w: &crate::scenario::WorkloadSpec| {
-            w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
+        // VM 0's peers use `net.device`; the other VMs' TCP workloads
+        // always go through their own VF.
+        let vm_has_vf = |i: usize, w: &crate::scenario::WorkloadSpec| {
+            w.udp.is_some() || (w.peers() && (s.net.device == NetDevice::Vf || i > 0))
         };
         let has_blk = virtualized && w0.fio.is_some();
         let has_virtio = virtualized && s.net.device == NetDevice::Virtio && w0.peers();
@@ -503,11 +533,11 @@ impl World {
                     crate::guest::RESCHEDULE_VECTOR,
                 ));
             }
-            if vm_has_vf(v.workload) {
+            if vm_has_vf(i, v.workload) {
                 guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
             }
             vectors::check_guest_vectors(&guest_vectors)?;
-            let a = vm_has_vf(v.workload).then_some(VfAssignment {
+            let a = vm_has_vf(i, v.workload).then_some(VfAssignment {
                 vf: i as u16,
                 irte: i as u16,
                 guest_vector: s.guest.vf_vector,
@@ -649,27 +679,12 @@ impl World {
             .collect();
         let mut kernel = Kernel::smp(gcfg, views[0].cores.len());
         spawn_timer_and_cpu_tasks(&mut kernel, views[0].app_vcpu, w0, s, 0, nvm == 1, cal)?;
-        let mut peer_app = None;
-        if let Some(w) = tcp_workload(w0, s, cal) {
-            let threads = w.guest.len();
-            // The socket interface is the program's, not a matter of how
-            // many connections it has (one memcached connection is still
-            // served from the worker's epoll loop).
-            if !w.epoll {
-                for app in w.guest {
-                    let t = kernel.spawn(app, 0, false);
-                    kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
-                }
-            } else {
-                for (j, app) in w.guest.into_iter().enumerate() {
-                    let t = kernel.spawn(app, 0, false);
-                    let flows = (0..w.conns)
-                        .filter(|i| i % threads == j)
-                        .map(|i| TCP_FLOW + i as u16);
-                    kernel.tcp_open_many(flows, w.tcp, t);
-                }
-            }
-            peer_app = Some((w.peer, w.tcp, w.conns, w.peer_cpus));
+        // Each VM's TCP workload (VM 0's over virtio or its VF, the
+        // others' over their VFs): its programs and sockets in the guest,
+        // its peer's program.
+        let mut peer_apps = Vec::new();
+        if let Some(w) = tcp_workload(w0, s.seed, cal) {
+            peer_apps.push((0, spawn_tcp(&mut kernel, w)));
         }
         if let (Some(f), true) = (&w0.fio, has_blk) {
             let t = kernel.spawn(
@@ -720,6 +735,12 @@ impl World {
             let v = &views[vm];
             let mut k = Kernel::smp(cfg, v.cores.len());
             spawn_timer_and_cpu_tasks(&mut k, v.app_vcpu, v.workload, s, vm, false, cal)?;
+            // The same programs as VM 0 would run, drawing their own random
+            // streams.
+            let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            if let Some(w) = tcp_workload(v.workload, seed, cal) {
+                peer_apps.push((vm, spawn_tcp(&mut k, w)));
+            }
             if v.workload.udp.is_some() {
                 spawn_udp_receiver(&mut k, v.app_vcpu, cal);
             }
@@ -870,18 +891,21 @@ impl World {
         };
         let bridge = t_ns(&p.bridge_ns);
         let mut peers = Vec::new();
-        if let Some((app, tcp, conns, cpus)) = peer_app {
+        for (vm, (app, tcp, conns, cpus)) in peer_apps {
             let conns = (0..conns)
                 .map(|_| Tcp::new(tcp))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| BuildError::Scenario(e.to_string()))?;
             let host = PeerHost::new(conns, TCP_FLOW, app, peer_costs, cpus);
-            let attach = if has_virtio {
+            let attach = if has_virtio && vm == 0 {
                 net::Attach::Bridge { delay: bridge }
             } else {
-                net::Attach::Wire { vf: 0 }
+                // Each VM's load generator sends to its VF over the link.
+                net::Attach::Wire { vf: vm as u16 }
             };
-            peers.push(net::PeerLink::new(host, attach));
+            let mut link = net::PeerLink::new(host, attach);
+            link.vm = vm;
+            peers.push(link);
         }
         if let Some(sp) = &w0.sip {
             // SIPp's UAC on the load generator, its UAS on the VM's host
@@ -2133,7 +2157,15 @@ impl World {
             }
         }
         for link in &self.peers {
-            link.peer.metrics(&mut metrics);
+            if link.vm == 0 {
+                link.peer.metrics(&mut metrics);
+            } else {
+                let mut m = Metrics::new();
+                link.peer.metrics(&mut m);
+                for (k, v) in m {
+                    metrics.insert(format!("vm{}.{k}", link.vm), v);
+                }
+            }
         }
         self.scheme.metrics(&mut metrics);
         if self.sched.is_some() || !self.scenario.preemptions.is_empty() {

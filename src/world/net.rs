@@ -63,6 +63,8 @@ pub(super) enum Attach {
 pub(super) struct PeerLink {
     pub(super) peer: PeerHost,
     pub(super) attach: Attach,
+    /// The VM it talks to (its metrics are that VM's).
+    pub(super) vm: usize,
     to_peer: VecDeque<Frame>,
     to_guest: VecDeque<Frame>,
     out: Vec<(Time, Frame)>,
@@ -93,6 +95,7 @@ impl PeerLink {
         PeerLink {
             peer,
             attach,
+            vm: 0,
             to_peer: VecDeque::with_capacity(1024),
             to_guest: VecDeque::with_capacity(1024),
             out: Vec::with_capacity(1024),
@@ -128,7 +131,7 @@ impl World {
         }
         let (vm, vectors) = (pv.vhost.vm, pv.vectors);
         if let Some(f) = done.to_bridge {
-            self.frame_to_peer(f, now);
+            self.frame_to_peer(f, None, now);
         }
         if let Some(queue) = done.signal {
             self.irqfd(vm, vectors[queue]);
@@ -171,14 +174,22 @@ impl World {
         }
         self.nic_action(irq);
         if let Some(f) = f {
-            self.frame_to_peer(f, now);
+            self.frame_to_peer(f, Some(vf), now);
         }
     }
 
-    /// A frame the guest sent left its device (the tap, or the VF's TX
-    /// queue) at `now`: it travels to the peer that owns its flow.
-    fn frame_to_peer(&mut self, f: Frame, now: Time) {
-        let Some(p) = self.peers.iter().position(|l| l.peer.owns(f.flow)) else {
+    /// A frame the guest sent left its device (the tap, or VF `from`'s TX
+    /// queue) at `now`: it travels to the peer that owns its flow (among
+    /// those attached to that VF: each VM numbers its flows from 1).
+    fn frame_to_peer(&mut self, f: Frame, from: Option<u16>, now: Time) {
+        let Some(p) = self.peers.iter().position(|l| {
+            l.peer.owns(f.flow)
+                && match (l.attach, from) {
+                    (Attach::Wire { vf } | Attach::Veb { vf, .. }, Some(v)) => vf == v,
+                    (Attach::Bridge { .. } | Attach::Uplink { .. }, Some(_)) => false,
+                    (_, None) => true,
+                }
+        }) else {
             return;
         };
         let link = &mut self.peers[p];
