@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// A scenario.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// Short name.
@@ -107,7 +107,7 @@ fn warmup() -> f64 {
 }
 
 /// One VM of a several-VM scenario.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VmSpec {
     /// Its name in reports (default `vm<i>`).
@@ -233,7 +233,7 @@ impl Scenario {
 }
 
 /// A configuration assumption and why it was made.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Assumption {
     /// What was assumed.
@@ -245,7 +245,7 @@ pub struct Assumption {
 }
 
 /// The machine.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MachineSpec {
     /// Physical cores. Core 0 is host-only (DID's designated timer core);
@@ -260,7 +260,7 @@ impl Default for MachineSpec {
 }
 
 /// The guest kernel's configuration.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuestSpec {
     /// CONFIG_HZ.
@@ -309,7 +309,7 @@ impl Default for GuestSpec {
 }
 
 /// Interrupt throttling of the VF.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ItrMode {
     /// The ixgbevf driver's dynamic algorithm (the only mode of the 3.6 VF driver).
@@ -321,7 +321,7 @@ pub enum ItrMode {
 }
 
 /// NIC settings.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NicSpec {
     /// Throttling mode.
@@ -342,7 +342,7 @@ impl Default for NicSpec {
 }
 
 /// Which network device carries the VM's TCP traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetDevice {
     /// The SR-IOV VF, to and from the external load generator.
@@ -352,7 +352,7 @@ pub enum NetDevice {
 }
 
 /// The VM's network device.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetSpec {
     /// The device.
@@ -403,7 +403,7 @@ pub const CONFIGS: [&str; 6] = [
 ];
 
 /// Background exits of the VM.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackgroundSpec {
     /// Whether the calibrated background source runs.
@@ -417,7 +417,7 @@ impl Default for BackgroundSpec {
 }
 
 /// Workloads.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
     /// External UDP sender and in-guest receiver.
@@ -439,7 +439,7 @@ pub struct WorkloadSpec {
 }
 
 /// SIP (DID §5.8): SIPp's `-r rate_cps -d call_duration_s -m calls`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SipSpec {
     /// New calls per second (the paper: 100).
@@ -464,7 +464,7 @@ fn sip_calls() -> u32 {
 }
 
 /// Memcached.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemcachedSpec {
     /// Offered load, requests/s.
@@ -503,7 +503,7 @@ fn mc_value() -> u32 {
 }
 
 /// Fio.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FioSpec {
     /// Request size, bytes (the paper: 4 KB).
@@ -534,7 +534,7 @@ fn fio_guard() -> f64 {
 }
 
 /// Which way an iperf stream flows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum IperfDirection {
     /// The peer host sends, the VM receives.
@@ -544,7 +544,7 @@ pub enum IperfDirection {
 }
 
 /// iperf.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IperfSpec {
     /// Direction of the stream.
@@ -575,7 +575,7 @@ impl WorkloadSpec {
 }
 
 /// NetPIPE.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetpipeSpec {
     /// Message size, bytes (the paper: 32 to 1024).
@@ -583,7 +583,7 @@ pub struct NetpipeSpec {
 }
 
 /// UDP PacketGen.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UdpSpec {
     /// Packets per second.
@@ -598,7 +598,7 @@ fn payload() -> u32 {
 }
 
 /// WhileLoop.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WhileLoopSpec {
     /// Loop iterations (the paper: 2^34).
@@ -606,7 +606,7 @@ pub struct WhileLoopSpec {
 }
 
 /// cyclictest.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CyclictestSpec {
     /// Timer interval, µs.
@@ -619,7 +619,7 @@ fn interval() -> f64 {
 }
 
 /// Host activity aimed at the VM's core.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostSpec {
     /// Host IPIs (reschedule, TLB shootdown) sent to the VM's core per
@@ -634,7 +634,7 @@ pub struct HostSpec {
 }
 
 /// A CPU-bound host thread (a background burner).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BurnerSpec {
     /// Cores it may run on.
@@ -650,7 +650,7 @@ impl HostSpec {
 }
 
 /// The host takes the VM's core away for a while (vCPU schedule-out/in).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Preemption {
     /// When, in ms from the start of the run.
@@ -677,7 +677,7 @@ impl Preemption {
 }
 
 /// Invariant checking.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckSpec {
     /// An interrupt still undelivered this long after it was raised, at the
