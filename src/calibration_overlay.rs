@@ -78,6 +78,13 @@ pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, Stri
                 "{origin}: `{sec}` must be a table of entries (`[{sec}]`), not a value"
             ));
         };
+        if !base.contains_key(sec) {
+            let secs: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
+            return Err(format!(
+                "{origin}: unknown calibration section `[{sec}]` (sections: {})",
+                secs.join(", ")
+            ));
+        }
         for (name, e) in entries {
             let key = format!("{sec}.{name}");
             check_key(&base, &key, origin)?;
@@ -220,6 +227,7 @@ mod tests {
             ("[exit]\nhlt_us = { value = 1, sauce = \"x\" }\n", "sauce"),
             ("[exit]\nhlt_us = { source = \"x\" }\n", "missing `value`"),
             ("exit = 3\n", "`exit`"),
+            ("[nonsense]\n", "[nonsense]"),
             ("[exit]\nhlt_us = -1\n", "exit.hlt_us"),
             ("[nic]\nrx_ring_size = 100.5\n", "nic.rx_ring_size"),
             ("[cpu]\nghz = 0\n", "cpu.ghz"),
