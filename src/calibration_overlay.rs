@@ -222,7 +222,7 @@ mod tests {
     fn unknown_keys_bad_values_and_ranges_are_errors_naming_the_key() {
         for (file, needle) in [
             ("[exit]\nmsr_write_eio_us = 1\n", "exit.msr_write_eio_us"),
-            ("[exitz]\nhlt_us = 1\n", "exitz.hlt_us"),
+            ("[exitz]\nhlt_us = 1\n", "[exitz]"),
             ("[exit]\nhlt_us = \"fast\"\n", "exit.hlt_us"),
             ("[exit]\nhlt_us = { value = 1, sauce = \"x\" }\n", "sauce"),
             ("[exit]\nhlt_us = { source = \"x\" }\n", "missing `value`"),

@@ -156,6 +156,10 @@ pub struct Plan {
     pub seeds: u64,
     /// Validation warnings (options without effect), each once.
     pub warnings: Vec<String>,
+    /// The scenario file's text and the `--set` overrides of every point:
+    /// what the results depend on besides the grid, the schemes, the
+    /// seeds and the calibration (see [`inputs_path`]).
+    pub inputs: (String, Vec<String>),
 }
 
 impl Plan {
@@ -285,6 +289,7 @@ pub fn plan(
         tasks,
         seeds,
         warnings,
+        inputs: (text, base_sets.to_vec()),
     };
     // Two points that resolve to the same values and scheme (`--schemes
     // kvm,kvm`) would be one run twice.
@@ -347,6 +352,25 @@ pub fn summary_path(out: &Path, format: Format) -> PathBuf {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     out.with_file_name(format!("{stem}.summary.{}", format.ext()))
+}
+
+/// The record beside `out` of what its runs were made from (scenario
+/// text, `--set` overrides, calibration): `results.csv` →
+/// `results.sweep.json`. A sweep resumed from `out` with other inputs
+/// would mix results of different models in one file, so it is refused.
+pub fn inputs_path(out: &Path) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!("{stem}.sweep.json"))
+}
+
+#[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+struct Inputs {
+    scenario: String,
+    sets: Vec<String>,
+    calibration: String,
 }
 
 /// A run's identity in a results file: grid values, scheme, seed.
@@ -565,7 +589,7 @@ fn csv_line(cells: &[String]) -> String {
 }
 
 /// What a sweep reports while it runs (on the calling thread).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Before the first run: runs to do, runs found in the results file.
     Start {
@@ -576,6 +600,8 @@ pub enum Event {
     },
     /// A run finished and its rows are in the file.
     Done,
+    /// Something for the user to know (printed as a warning).
+    Note(String),
 }
 
 /// What a finished sweep did.
@@ -643,6 +669,47 @@ pub fn execute(
         results[i] = Some(m);
     }
     let skipped = results.iter().filter(|r| r.is_some()).count();
+    // The inputs the file's runs were made from must be this sweep's.
+    let inputs = Inputs {
+        scenario: plan.inputs.0.clone(),
+        sets: plan.inputs.1.clone(),
+        calibration: toml::to_string(cal).map_err(|e| e.to_string())?,
+    };
+    let ipath = inputs_path(out);
+    let iorigin = ipath.display().to_string();
+    match std::fs::read(&ipath) {
+        Ok(b) => {
+            let old: Inputs = serde_json::from_slice(&b)
+                .map_err(|e| format!("{iorigin}: {e} (not a sweep's record of its inputs)"))?;
+            if skipped > 0 && old != inputs {
+                let what = [
+                    (old.scenario != inputs.scenario, "the scenario file"),
+                    (old.sets != inputs.sets, "the --set overrides"),
+                    (old.calibration != inputs.calibration, "the calibration"),
+                ]
+                .into_iter()
+                .filter(|(d, _)| *d)
+                .map(|(_, w)| w)
+                .collect::<Vec<_>>()
+                .join(", ");
+                return Err(format!(
+                    "{origin} holds runs made with other inputs ({what} changed since, per {iorigin}): \
+                     give another --out, or the same inputs to resume"
+                ));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if skipped > 0 {
+                progress(Event::Note(format!(
+                    "{origin} has runs but no {iorigin}: assuming they were made from this sweep's scenario, --set overrides and calibration"
+                )));
+            }
+        }
+        Err(e) => return Err(format!("cannot read {iorigin}: {e}")),
+    }
+    let record = serde_json::to_string_pretty(&inputs).map_err(|e| e.to_string())?;
+    crate::report::write_file_atomically(&ipath, |w| w.write_all(record.as_bytes()))
+        .map_err(|e| format!("cannot write {iorigin}: {e}"))?;
     let write_all = |results: &[Option<Metrics>]| -> Result<(), String> {
         crate::report::write_file_atomically(out, |w| {
             w.write_all(table.header().as_bytes())?;

@@ -179,8 +179,7 @@ fn a_sweep_resumes_from_its_results_file() {
         .to_string();
     let marked = line.rsplit_once(',').unwrap().0.to_string() + ",12345";
     std::fs::write(&part, text.replace(&line, &marked)).unwrap();
-    let o = sweep(&part, "1e5,4e5", "2", "2");
-    let _ = o;
+    sweep(&part, "1e5,4e5", "2", "2");
     let after = std::fs::read_to_string(&part).unwrap();
     assert!(after.contains(&marked), "a run in the file was run again");
     assert_eq!(after.replace(&marked, &line), whole);
@@ -212,6 +211,50 @@ fn a_sweep_resumes_from_its_results_file() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("another sweep"));
+    assert_eq!(std::fs::read_to_string(&fresh).unwrap(), whole);
+    // So is the same sweep with other inputs (they are recorded beside).
+    assert!(d.join("fresh.sweep.json").exists());
+    let o = exitless(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,4e5",
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        "2",
+        "--set",
+        "duration_s=0.03",
+        "--set",
+        "warmup_s=0.01",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("other inputs") && e.contains("--set"), "{e}");
+    let o = exitless(&[
+        "-q",
+        "--calibration-set",
+        "exit.hlt_us=1",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,4e5",
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        "2",
+        "--set",
+        "duration_s=0.02",
+        "--set",
+        "warmup_s=0.01",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the calibration"));
     assert_eq!(std::fs::read_to_string(&fresh).unwrap(), whole);
     // So is a grid that leaves out runs the file holds.
     let o = exitless(&[
@@ -495,4 +538,26 @@ fn keys_lists_every_scenario_key_with_type_and_default() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+#[test]
+fn no_progress_bar_when_stderr_is_not_a_terminal() {
+    let d = scratch("sweep-bar");
+    let out = d.join("r.csv");
+    let o = ok(&[
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,2e5",
+        "--set",
+        "duration_s=0.01",
+        "--out",
+        s(&out),
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    // The closing line only: no bar, no carriage returns.
+    assert!(e.contains("sweep: 2 points × 1 seeds: 2 runs"), "{e}");
+    assert!(!e.contains('\r') && !e.contains("=>"), "{e:?}");
+    assert!(!d.join("r.summary.csv").exists(), "a summary for one seed");
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -103,6 +103,7 @@ pub fn sweep_cmd(a: SweepArgs, cal: &Calibration, quiet: bool, show: bool) -> Re
             bar.set_length(to_run as u64);
         }
         Event::Done => bar.inc(1),
+        Event::Note(n) => bar.suspend(|| crate::note!("exitless: warning: {n}\n")),
     });
     bar.finish_and_clear();
     let o = outcome?;
