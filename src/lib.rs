@@ -8,14 +8,18 @@
 //! [`check`] (invariants), [`report`], [`validation`] and the CLI.
 
 pub mod calibration;
+pub mod calibration_overlay;
 pub mod check;
 pub mod engine;
 pub mod explore;
 pub mod guest;
 pub mod hv;
 pub mod hw;
+pub mod keys;
+pub mod perf_kvm_stat;
 pub mod report;
 pub mod scenario;
+pub mod sweep;
 pub mod validation;
 pub mod workloads;
 pub mod world;

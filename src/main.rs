@@ -17,9 +17,19 @@ use std::time::Instant;
     about = "Discrete-event virtual platform for exitless VM interrupt delivery"
 )]
 struct Cli {
-    /// Calibration file (default: the shipped calibration/x86-did-host.toml).
+    /// Calibration overlay file, layered over the shipped
+    /// calibration/x86-did-host.toml: entries it leaves out keep the
+    /// shipped values (a whole calibration file is an overlay too).
     #[arg(long, global = true)]
     calibration: Option<PathBuf>,
+    /// Set one calibration entry, after --calibration (repeatable), e.g.
+    /// exit.msr_write_eoi_us=1.2.
+    #[arg(
+        long = "calibration-set",
+        global = true,
+        value_name = "SECTION.NAME=VALUE"
+    )]
+    calibration_sets: Vec<String>,
     /// No progress on stderr.
     #[arg(long, short, global = true)]
     quiet: bool,
@@ -37,8 +47,12 @@ enum Cmd {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
         /// Print JSON instead of text.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "csv")]
         json: bool,
+        /// Print the metrics as CSV rows (scheme,seed,metric,value; the
+        /// names a sweep writes) instead of text.
+        #[arg(long)]
+        csv: bool,
         /// Exit with status 3 if the invariant checker found violations.
         #[arg(long)]
         fail_on_violation: bool,
@@ -60,8 +74,11 @@ enum Cmd {
         /// Paper: did.
         paper: String,
         /// Print JSON rows instead of a table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "csv")]
         json: bool,
+        /// Print the rows as CSV instead of a table.
+        #[arg(long)]
+        csv: bool,
         /// Only experiments whose id contains this.
         #[arg(long)]
         only: Option<String>,
@@ -81,6 +98,16 @@ enum Cmd {
     /// counterexample trace for the first interleaving the invariant
     /// checker rejects. Exit status 3 if one is found.
     Explore(ExploreArgs),
+    /// Run a scenario over grids of key values × schemes × seeds on local
+    /// threads; long-form rows (point, grid keys, scheme, seed, metric,
+    /// value) to a .csv or .jsonl file, resumable; with several seeds,
+    /// mean and 95% Student-t CI to <out>.summary.<ext>.
+    Sweep(cli::SweepArgs),
+    /// Make a calibration overlay from a `perf kvm stat report` text: the
+    /// exit service time (Avg time) of each VM-EXIT reason.
+    Calibrate(cli::CalibrateArgs),
+    /// List every scenario key with its type, default and documentation.
+    Keys(cli::KeysArgs),
 }
 
 #[derive(clap::Args)]
@@ -131,15 +158,21 @@ fn parse_window(w: &str) -> Result<(exitless::engine::Time, exitless::engine::Ti
     Ok((ps(a), ps(b)))
 }
 
-fn load_cal(p: &Option<PathBuf>) -> Result<Calibration, String> {
-    match p {
-        None => Ok(Calibration::default_host()),
-        Some(p) => {
-            let t = exitless::scenario::read_input(p)
-                .map_err(|e| format!("cannot read calibration {}: {e}", p.display()))?;
-            Calibration::from_toml(&t).map_err(|e| format!("{}: {e}", p.display()))
-        }
-    }
+/// The shipped calibration, the `--calibration` overlay over it, then
+/// the `--calibration-set` entries.
+fn load_cal(p: &Option<PathBuf>, sets: &[String]) -> Result<Calibration, String> {
+    let file = match p {
+        None => None,
+        Some(p) => Some((
+            p.display().to_string(),
+            exitless::scenario::read_input(p)
+                .map_err(|e| format!("cannot read calibration {}: {e}", p.display()))?,
+        )),
+    };
+    exitless::calibration_overlay::layered(
+        file.as_ref().map(|(o, t)| (o.as_str(), t.as_str())),
+        sets,
+    )
 }
 
 /// Progress and diagnostics on stderr. Never the print macros, which
@@ -152,9 +185,12 @@ macro_rules! note {
         let _ = write!(std::io::stderr(), $($arg)*);
     }};
 }
+pub(crate) use note;
+
+mod cli;
 
 /// Why the command failed.
-enum Failure {
+pub(crate) enum Failure {
     /// Bad input (scenario, calibration, arguments): exit status 2.
     Input(String),
     /// The results could not be written to stdout: exit status 1.
@@ -169,7 +205,7 @@ impl From<String> for Failure {
 
 /// Writes the results to stdout. A failure (a closed pipe, a full disk)
 /// means the results are lost, so it fails the command.
-fn emit(text: &str) -> Result<(), Failure> {
+pub(crate) fn emit(text: &str) -> Result<(), Failure> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -193,13 +229,14 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
-    let cal = load_cal(&cli.calibration)?;
+    let cal = load_cal(&cli.calibration, &cli.calibration_sets)?;
     let show = !cli.quiet && std::io::stderr().is_terminal();
     match cli.cmd {
         Cmd::Run {
             scenario,
             sets,
             json,
+            csv,
             fail_on_violation,
             trace,
             trace_window,
@@ -265,6 +302,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 let j = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
                 emit(&format!("{j}\n"))?;
+            } else if csv {
+                emit(&cli::run_csv(&rep)?)?;
             } else {
                 emit(&rep.to_text())?;
             }
@@ -275,6 +314,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
         Cmd::Reproduce {
             paper,
             json,
+            csv,
             only,
             sets,
             threads,
@@ -294,6 +334,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 let j = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
                 emit(&format!("{j}\n"))?;
+            } else if csv {
+                emit(&cli::reproduce_csv(&rows)?)?;
             } else {
                 emit(&validation::to_text(&rows))?;
             }
@@ -323,6 +365,9 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             emit(&text)?;
         }
         Cmd::Explore(a) => return explore_cmd(a, &cal, cli.quiet),
+        Cmd::Sweep(a) => cli::sweep_cmd(a, &cal, cli.quiet, show)?,
+        Cmd::Calibrate(a) => cli::calibrate_cmd(a, cli.quiet)?,
+        Cmd::Keys(a) => cli::keys_cmd(a)?,
     }
     Ok(ExitCode::SUCCESS)
 }

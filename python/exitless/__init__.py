@@ -47,8 +47,9 @@ __all__ = [
 
 #: A scenario: a TOML file's path, or the same table as a dict.
 Scenario = Union[str, "os.PathLike[str]", Mapping[str, Any]]
-#: A calibration: None for the shipped one, a TOML file's path, or a dict
-#: with the whole calibration table.
+#: A calibration: None for the shipped one, a TOML file's path, or a dict;
+#: either is layered over the shipped calibration (it may give only the
+#: entries it changes).
 Calibration = Union[None, str, "os.PathLike[str]", Mapping[str, Any]]
 #: Overrides: {dotted key: value}, or CLI-style "KEY=VALUE" strings.
 Overrides = Union[None, Mapping[str, Any], Iterable[str]]

@@ -83,11 +83,15 @@ fn calibration(src: Option<&Source>) -> Result<Calibration, Failure> {
                     format!("cannot read calibration {}: {e}", p.display()),
                 )
             })?;
-            Calibration::from_toml(&t)
-                .map_err(|e| Failure::Invalid(format!("{}: {e}", p.display())))
+            // Layered over the shipped calibration, as the CLI's
+            // --calibration: a file may give only some entries.
+            let origin = p.display().to_string();
+            exitless::calibration_overlay::layered(Some((&origin, &t)), &[])
+                .map_err(Failure::Invalid)
         }
         Some(Source::Text(t)) => {
-            Calibration::from_toml(t).map_err(|e| Failure::Invalid(e.to_string()))
+            exitless::calibration_overlay::layered(Some(("calibration", t)), &[])
+                .map_err(Failure::Invalid)
         }
     }
 }

@@ -184,3 +184,19 @@ def test_same_report_as_the_cli_json():
         text=True,
     ).stdout
     assert exitless.run(CYCLICTEST, overrides=sets) == json.loads(out)
+
+
+def test_a_partial_calibration_is_layered_over_the_shipped_one():
+    base = exitless.run(FIG4, scheme="kvm", overrides=SHORT)
+    cal = tomllib.loads(exitless.default_calibration())
+    key = next(k for k in cal["exit"] if "external" in k)
+    whole = exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=cal)
+    assert whole == base
+    # Only the entry that changes.
+    part = {"exit": {key: {"value": cal["exit"][key]["value"] * 10, "source": "test"}}}
+    dear = exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=part)
+    cal["exit"][key]["value"] *= 10
+    assert dear == exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=cal)
+    assert dear["vms"][0]["eht_pct"] > base["vms"][0]["eht_pct"]
+    with pytest.raises(exitless.ScenarioError, match="exit.no_such_us"):
+        exitless.run(FIG4, overrides=SHORT, calibration={"exit": {"no_such_us": 1.0}})

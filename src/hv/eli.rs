@@ -45,7 +45,17 @@ pub const DEFAULT_PREEMPTION_TIMER: u32 = 14_650_000;
 
 /// How host interrupts aimed at a core running an ELI guest reach the
 /// host (docs/papers.md ELI §2.7, protection 3).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Critical {
     /// Delivered as fixed interrupts; the shadow IDT's not-present gate

@@ -183,7 +183,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
 }
 
 /// Per-scenario options of the schemes (`[hv]` in a scenario).
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchemeOptions {
     /// `apicv`: deliver the VF's interrupts as VT-d posted interrupts

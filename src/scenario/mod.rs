@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// A scenario.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// Short name.
@@ -107,7 +107,7 @@ fn warmup() -> f64 {
 }
 
 /// One VM of a several-VM scenario.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VmSpec {
     /// Its name in reports (default `vm<i>`).
@@ -155,7 +155,7 @@ pub struct VmSpec {
 }
 
 /// How a device MSI picks its vCPU among the affinity set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum MsiMode {
     /// The one vCPU named.
@@ -389,7 +389,7 @@ impl Scenario {
 }
 
 /// A configuration assumption and why it was made.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Assumption {
     /// What was assumed.
@@ -401,7 +401,7 @@ pub struct Assumption {
 }
 
 /// The machine.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MachineSpec {
     /// Physical cores. Core 0 is host-only (DID's designated timer core);
@@ -416,7 +416,7 @@ impl Default for MachineSpec {
 }
 
 /// The guest kernel's configuration.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuestSpec {
     /// CONFIG_HZ.
@@ -465,7 +465,7 @@ impl Default for GuestSpec {
 }
 
 /// Interrupt throttling of the VF.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ItrMode {
     /// The Linux 3.6 ixgbevf driver as it ran (the default; the only mode
@@ -485,7 +485,7 @@ pub enum ItrMode {
 }
 
 /// NIC settings.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NicSpec {
     /// Throttling mode.
@@ -506,7 +506,7 @@ impl Default for NicSpec {
 }
 
 /// Which network device carries the VM's TCP traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetDevice {
     /// The SR-IOV VF, to and from the external load generator.
@@ -516,7 +516,7 @@ pub enum NetDevice {
 }
 
 /// The VM's network device.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetSpec {
     /// The device.
@@ -567,7 +567,7 @@ pub const CONFIGS: [&str; 6] = [
 ];
 
 /// Background exits of the VM.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackgroundSpec {
     /// Whether the calibrated background source runs.
@@ -581,7 +581,7 @@ impl Default for BackgroundSpec {
 }
 
 /// Workloads.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
     /// External UDP sender and in-guest receiver.
@@ -603,7 +603,7 @@ pub struct WorkloadSpec {
 }
 
 /// SIP (DID §5.8): SIPp's `-r rate_cps -d call_duration_s -m calls`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SipSpec {
     /// New calls per second (the paper: 100).
@@ -628,7 +628,7 @@ fn sip_calls() -> u32 {
 }
 
 /// Memcached.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemcachedSpec {
     /// Offered load, requests/s.
@@ -667,7 +667,7 @@ fn mc_value() -> u32 {
 }
 
 /// Fio.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FioSpec {
     /// Request size, bytes (the paper: 4 KB).
@@ -698,7 +698,7 @@ fn fio_guard() -> f64 {
 }
 
 /// Which way an iperf stream flows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum IperfDirection {
     /// The peer host sends, the VM receives.
@@ -708,7 +708,7 @@ pub enum IperfDirection {
 }
 
 /// iperf.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IperfSpec {
     /// Direction of the stream.
@@ -739,7 +739,7 @@ impl WorkloadSpec {
 }
 
 /// NetPIPE.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetpipeSpec {
     /// Message size, bytes (the paper: 32 to 1024).
@@ -747,7 +747,7 @@ pub struct NetpipeSpec {
 }
 
 /// UDP PacketGen.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UdpSpec {
     /// Packets per second.
@@ -762,7 +762,7 @@ fn payload() -> u32 {
 }
 
 /// WhileLoop.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WhileLoopSpec {
     /// Loop iterations (the paper: 2^34).
@@ -770,7 +770,7 @@ pub struct WhileLoopSpec {
 }
 
 /// cyclictest.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CyclictestSpec {
     /// Timer interval, µs.
@@ -783,7 +783,7 @@ fn interval() -> f64 {
 }
 
 /// Host activity aimed at the VM's core.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostSpec {
     /// Host IPIs (reschedule, TLB shootdown) sent to the VM's core per
@@ -798,7 +798,7 @@ pub struct HostSpec {
 }
 
 /// A CPU-bound host thread (a background burner).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BurnerSpec {
     /// Cores it may run on.
@@ -814,7 +814,7 @@ impl HostSpec {
 }
 
 /// The host takes the VM's core away for a while (vCPU schedule-out/in).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Preemption {
     /// When, in ms from the start of the run.
@@ -841,7 +841,7 @@ impl Preemption {
 }
 
 /// Invariant checking.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckSpec {
     /// An interrupt still undelivered this long after it was raised, at the

@@ -1,0 +1,260 @@
+//! Calibration overlays: a partial calibration file and `key=value`
+//! settings layered, in that order, over the shipped calibration.
+//!
+//! An overlay names only the entries it changes; every other entry keeps
+//! the shipped value and source. In an overlay file an entry is written as
+//! in the shipped file (`msr_write_eoi_us = { value = 1.2, source = "..." }`),
+//! or as a bare number, or as `{ value = ... }` alone, whose source then
+//! names the file. A key the calibration does not have is an error naming
+//! it; the layered result is range-checked as a whole file is
+//! ([`crate::calibration::range_of`]).
+
+use crate::calibration::{Calibration, DEFAULT_TOML};
+
+/// One overlaid entry: dotted key, value, source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverlayEntry {
+    /// `section.name`.
+    pub key: String,
+    /// The new value.
+    pub value: f64,
+    /// Where it comes from (stored as the entry's `source`).
+    pub source: String,
+}
+
+fn default_table() -> toml::Table {
+    // The shipped file parses (a unit test of `calibration` says so).
+    toml::from_str(DEFAULT_TOML).unwrap_or_default()
+}
+
+/// Every dotted key of the shipped calibration, in file order of sections
+/// and sorted within them.
+pub fn known_keys() -> Vec<String> {
+    let mut v = Vec::new();
+    for (sec, t) in default_table() {
+        if let Some(t) = t.as_table() {
+            v.extend(t.keys().map(|k| format!("{sec}.{k}")));
+        }
+    }
+    v
+}
+
+/// Checks that `key` (dotted) is a calibration entry; the error names it
+/// and what the section holds.
+fn check_key(base: &toml::Table, key: &str, origin: &str) -> Result<(), String> {
+    let (sec, name) = key.split_once('.').ok_or_else(|| {
+        format!("{origin}: `{key}` is not a calibration key (expected section.name, e.g. exit.msr_write_eoi_us)")
+    })?;
+    let Some(section) = base.get(sec).and_then(|t| t.as_table()) else {
+        let secs: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
+        return Err(format!(
+            "{origin}: unknown calibration key `{key}`: no section `[{sec}]` (sections: {})",
+            secs.join(", ")
+        ));
+    };
+    if !section.contains_key(name) {
+        let names: Vec<&str> = section.keys().map(|s| s.as_str()).collect();
+        return Err(format!(
+            "{origin}: unknown calibration key `{key}` ([{sec}] has {})",
+            names.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+fn number(v: &toml::Value) -> Option<f64> {
+    v.as_float().or(v.as_integer().map(|i| i as f64))
+}
+
+/// Parses an overlay file's text. `origin` (the file's name) prefixes
+/// every message and is the source of entries that give none.
+pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, String> {
+    let base = default_table();
+    let t: toml::Table = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+    let mut out = Vec::new();
+    for (sec, entries) in &t {
+        let Some(entries) = entries.as_table() else {
+            return Err(format!(
+                "{origin}: `{sec}` must be a table of entries (`[{sec}]`), not a value"
+            ));
+        };
+        if !base.contains_key(sec) {
+            let secs: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
+            return Err(format!(
+                "{origin}: unknown calibration section `[{sec}]` (sections: {})",
+                secs.join(", ")
+            ));
+        }
+        for (name, e) in entries {
+            let key = format!("{sec}.{name}");
+            check_key(&base, &key, origin)?;
+            let (value, source) = match e {
+                toml::Value::Table(et) => {
+                    if let Some(k) = et.keys().find(|k| *k != "value" && *k != "source") {
+                        return Err(format!(
+                            "{origin}: `{key}`: unknown field `{k}` (an entry has `value` and `source`)"
+                        ));
+                    }
+                    let v = et
+                        .get("value")
+                        .ok_or_else(|| format!("{origin}: `{key}`: missing `value`"))?;
+                    let source = match et.get("source") {
+                        None => format!("[overlay] {origin}"),
+                        Some(toml::Value::String(s)) => s.clone(),
+                        Some(_) => {
+                            return Err(format!("{origin}: `{key}.source` must be a string"))
+                        }
+                    };
+                    (v, source)
+                }
+                v => (v, format!("[overlay] {origin}")),
+            };
+            let value = number(value)
+                .ok_or_else(|| format!("{origin}: `{key}`: value {value} is not a number"))?;
+            out.push(OverlayEntry { key, value, source });
+        }
+    }
+    Ok(out)
+}
+
+/// Parses a `--calibration-set section.name=VALUE`.
+pub fn parse_set(kv: &str) -> Result<OverlayEntry, String> {
+    let (k, v) = kv.split_once('=').ok_or_else(|| {
+        format!(
+            "--calibration-set `{kv}`: expected section.name=VALUE, e.g. exit.msr_write_eoi_us=1.2"
+        )
+    })?;
+    let key = k.trim().to_string();
+    check_key(&default_table(), &key, "--calibration-set")?;
+    let value: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("--calibration-set `{kv}`: `{}` is not a number", v.trim()))?;
+    Ok(OverlayEntry {
+        source: format!("[overlay] --calibration-set {key}={}", v.trim()),
+        key,
+        value,
+    })
+}
+
+/// The shipped calibration with `entries` applied in order (a later one
+/// wins), range-checked.
+pub fn apply(entries: &[OverlayEntry]) -> Result<Calibration, String> {
+    let mut base = default_table();
+    for e in entries {
+        check_key(&base, &e.key, "calibration overlay")?;
+        let (sec, name) = e.key.split_once('.').unwrap_or(("", ""));
+        let mut entry = toml::Table::new();
+        entry.insert("value".into(), toml::Value::Float(e.value));
+        entry.insert("source".into(), toml::Value::String(e.source.clone()));
+        if let Some(s) = base.get_mut(sec).and_then(|t| t.as_table_mut()) {
+            s.insert(name.to_string(), toml::Value::Table(entry));
+        }
+    }
+    let text = toml::to_string(&base).map_err(|e| e.to_string())?;
+    Calibration::from_toml(&text).map_err(|e| e.to_string())
+}
+
+/// The calibration the command line asks for: the shipped one, then the
+/// overlay file (`origin`, `text`) if any, then the `--calibration-set`
+/// settings.
+pub fn layered(file: Option<(&str, &str)>, sets: &[String]) -> Result<Calibration, String> {
+    let mut entries = Vec::new();
+    if let Some((origin, text)) = file {
+        entries.extend(parse_overlay(text, origin)?);
+    }
+    for s in sets {
+        entries.push(parse_set(s)?);
+    }
+    apply(&entries).map_err(|e| match file {
+        Some((origin, _)) if !sets.is_empty() => {
+            format!("{e} (after {origin} and --calibration-set)")
+        }
+        Some((origin, _)) => format!("{origin}: {e}"),
+        None if !sets.is_empty() => format!("--calibration-set: {e}"),
+        None => e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_file_changes_only_its_entries() {
+        let d = Calibration::default_host();
+        let c = layered(
+            Some((
+                "ov.toml",
+                "[exit]\nmsr_write_eoi_us = { value = 1.2, source = \"[measured] mine\" }\nhlt_us = 2\n[cpu]\nghz = { value = 2.5 }\n",
+            )),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.exit.msr_write_eoi_us.value, 1.2);
+        assert_eq!(c.exit.msr_write_eoi_us.source, "[measured] mine");
+        assert_eq!(c.exit.hlt_us.value, 2.0);
+        assert!(c.exit.hlt_us.source.contains("ov.toml"));
+        assert_eq!(c.cpu.ghz.value, 2.5);
+        assert!(c.cpu.ghz.source.contains("ov.toml"));
+        // Everything else is the shipped calibration's.
+        assert_eq!(
+            c.exit.external_interrupt_us.value,
+            d.exit.external_interrupt_us.value
+        );
+        assert_eq!(c.nic.rx_ring_size.value, d.nic.rx_ring_size.value);
+        assert_eq!(c.host.hz.source, d.host.hz.source);
+    }
+
+    #[test]
+    fn sets_win_over_the_file() {
+        let c = layered(
+            Some(("ov.toml", "[exit]\nmsr_write_eoi_us = 1.2\n")),
+            &["exit.msr_write_eoi_us=1.5".into(), "cpu.ghz = 3".into()],
+        )
+        .unwrap();
+        assert_eq!(c.exit.msr_write_eoi_us.value, 1.5);
+        assert!(c.exit.msr_write_eoi_us.source.contains("--calibration-set"));
+        assert_eq!(c.cpu.ghz.value, 3.0);
+    }
+
+    #[test]
+    fn unknown_keys_bad_values_and_ranges_are_errors_naming_the_key() {
+        for (file, needle) in [
+            ("[exit]\nmsr_write_eio_us = 1\n", "exit.msr_write_eio_us"),
+            ("[exitz]\nhlt_us = 1\n", "[exitz]"),
+            ("[exit]\nhlt_us = \"fast\"\n", "exit.hlt_us"),
+            ("[exit]\nhlt_us = { value = 1, sauce = \"x\" }\n", "sauce"),
+            ("[exit]\nhlt_us = { source = \"x\" }\n", "missing `value`"),
+            ("exit = 3\n", "`exit`"),
+            ("[nonsense]\n", "[nonsense]"),
+            ("[exit]\nhlt_us = -1\n", "exit.hlt_us"),
+            ("[nic]\nrx_ring_size = 100.5\n", "nic.rx_ring_size"),
+            ("[cpu]\nghz = 0\n", "cpu.ghz"),
+        ] {
+            let e = layered(Some(("ov.toml", file)), &[])
+                .map(|_| ())
+                .unwrap_err();
+            assert!(e.contains(needle) && e.contains("ov.toml"), "{file}: {e}");
+        }
+        for (set, needle) in [
+            ("exit.nope_us=1", "exit.nope_us"),
+            ("exit.hlt_us=abc", "abc"),
+            ("exit.hlt_us", "section.name=VALUE"),
+            ("hlt_us=1", "hlt_us"),
+            ("exit.hlt_us=nan", "exit.hlt_us"),
+            ("exit.hlt_us=1e9", "out of range"),
+        ] {
+            let e = layered(None, &[set.into()]).map(|_| ()).unwrap_err();
+            assert!(e.contains(needle), "{set}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_whole_shipped_file_is_an_overlay_too() {
+        let c = layered(Some(("x86.toml", DEFAULT_TOML)), &[]).unwrap();
+        let d = Calibration::default_host();
+        assert_eq!(toml::to_string(&c).unwrap(), toml::to_string(&d).unwrap());
+        assert!(known_keys().contains(&"exit.msr_write_eoi_us".to_string()));
+    }
+}

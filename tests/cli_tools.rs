@@ -1,0 +1,563 @@
+//! The command line's sweep, calibration overlays, `calibrate`, `keys`
+//! and CSV output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn exitless(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = exitless(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("exitless-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A small sweep: 2 rates × 2 schemes, `seeds` seeds, 20 ms each.
+fn sweep(out: &Path, rates: &str, seeds: &str, jobs: &str) -> Output {
+    ok(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        &format!("rate_pps={rates}"),
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        seeds,
+        "--set",
+        "duration_s=0.02",
+        "--set",
+        "warmup_s=0.01",
+        "--jobs",
+        jobs,
+        "--out",
+        s(out),
+    ])
+}
+
+fn csv_rows(p: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn sweep_writes_the_python_long_form_and_a_summary_across_seeds() {
+    let d = scratch("sweep-form");
+    let out = d.join("r.csv");
+    sweep(&out, "1e5,4e5", "3", "2");
+    let rows = csv_rows(&out);
+    assert_eq!(
+        rows[0],
+        ["point", "rate_pps", "scheme", "seed", "metric", "value"]
+    );
+    // 4 points × 3 seeds, each with the same metric set.
+    let mut runs: std::collections::BTreeMap<(String, String, String), Vec<String>> =
+        Default::default();
+    for r in &rows[1..] {
+        runs.entry((r[1].clone(), r[2].clone(), r[3].clone()))
+            .or_default()
+            .push(r[4].clone());
+    }
+    assert_eq!(runs.len(), 12);
+    let names: Vec<&Vec<String>> = runs.values().collect();
+    assert!(names.iter().all(|n| *n == names[0]), "metric sets differ");
+    for m in [
+        "exits_per_s",
+        "tig_pct",
+        "eht_pct",
+        "udp.received",
+        "violations",
+    ] {
+        assert!(names[0].iter().any(|n| n == m), "no {m}: {:?}", names[0]);
+    }
+    // KVM takes EOI exits, DID none: the absent count is a 0, not a gap.
+    let eoi = |scheme: &str| -> f64 {
+        rows[1..]
+            .iter()
+            .find(|r| r[2] == scheme && r[4] == "exits_per_s.MSR_WRITE")
+            .map(|r| r[5].parse().unwrap())
+            .unwrap()
+    };
+    assert!(eoi("kvm") > 1000.0);
+    assert_eq!(eoi("did"), 0.0);
+    // Seeds base..base+3, the scenario's seed 1 as base.
+    let seeds: std::collections::BTreeSet<&str> = rows[1..].iter().map(|r| r[3].as_str()).collect();
+    assert_eq!(seeds.into_iter().collect::<Vec<_>>(), ["1", "2", "3"]);
+
+    // The summary: mean of the three seeds and a t interval around it.
+    let sum = csv_rows(&d.join("r.summary.csv"));
+    assert_eq!(
+        sum[0],
+        [
+            "point", "rate_pps", "scheme", "metric", "n", "mean", "std", "ci_half", "ci_low",
+            "ci_high"
+        ]
+    );
+    let row = sum
+        .iter()
+        .find(|r| r[2] == "kvm" && r[1] == "1e5" && r[3] == "exits_per_s")
+        .unwrap();
+    let xs: Vec<f64> = rows[1..]
+        .iter()
+        .filter(|r| r[2] == "kvm" && r[1] == "1e5" && r[4] == "exits_per_s")
+        .map(|r| r[5].parse().unwrap())
+        .collect();
+    assert_eq!(xs.len(), 3);
+    let mean: f64 = row[5].parse().unwrap();
+    assert!((mean - xs.iter().sum::<f64>() / 3.0).abs() < 1e-9 * mean.abs().max(1.0));
+    assert_eq!(row[4], "3");
+    let (lo, hi): (f64, f64) = (row[8].parse().unwrap(), row[9].parse().unwrap());
+    assert!(lo <= mean && mean <= hi);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn sweep_output_is_the_same_bytes_whatever_the_jobs() {
+    let d = scratch("sweep-jobs");
+    let (a, b) = (d.join("a.csv"), d.join("b.csv"));
+    sweep(&a, "1e5,2.5e5,4e5", "2", "1");
+    sweep(&b, "1e5,2.5e5,4e5", "2", "3");
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(
+        std::fs::read(d.join("a.summary.csv")).unwrap(),
+        std::fs::read(d.join("b.summary.csv")).unwrap()
+    );
+    // JSON lines: the same runs, one object per row.
+    let j = d.join("c.jsonl");
+    sweep(&j, "1e5,2.5e5,4e5", "2", "2");
+    let text = std::fs::read_to_string(&j).unwrap();
+    let csv_lines = std::fs::read_to_string(&a).unwrap().lines().count();
+    assert_eq!(text.lines().count(), csv_lines - 1);
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(first["point"], 0);
+    assert_eq!(first["rate_pps"], "1e5");
+    assert!(first["value"].is_number() || first["value"].is_null());
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn a_sweep_resumes_from_its_results_file() {
+    let d = scratch("sweep-resume");
+    let fresh = d.join("fresh.csv");
+    sweep(&fresh, "1e5,4e5", "2", "2");
+    let whole = std::fs::read_to_string(&fresh).unwrap();
+
+    // Extending: the runs already in the file are not run again. A value
+    // changed by hand in the file survives the second sweep, which it
+    // would not if those runs were simulated again.
+    let part = d.join("part.csv");
+    sweep(&part, "1e5", "2", "2");
+    let text = std::fs::read_to_string(&part).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains(",kvm,1,exits_per_s,"))
+        .unwrap()
+        .to_string();
+    let marked = line.rsplit_once(',').unwrap().0.to_string() + ",12345";
+    std::fs::write(&part, text.replace(&line, &marked)).unwrap();
+    sweep(&part, "1e5,4e5", "2", "2");
+    let after = std::fs::read_to_string(&part).unwrap();
+    assert!(after.contains(&marked), "a run in the file was run again");
+    assert_eq!(after.replace(&marked, &line), whole);
+
+    // Interrupted: a file cut in the middle of a line (or after a whole
+    // line of a run) is completed to the same bytes as an uninterrupted
+    // sweep.
+    for cut in [
+        whole.len() / 2,
+        whole[..whole.len() / 3].rfind('\n').unwrap() + 1,
+    ] {
+        let p = d.join("cut.csv");
+        std::fs::write(&p, &whole[..cut]).unwrap();
+        sweep(&p, "1e5,4e5", "2", "2");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), whole, "cut at {cut}");
+    }
+
+    // A file from another sweep is refused, and left alone.
+    let o = exitless(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "guest.hz=100,1000",
+        "--set",
+        "duration_s=0.02",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another sweep"));
+    assert_eq!(std::fs::read_to_string(&fresh).unwrap(), whole);
+    // So is the same sweep with other inputs (they are recorded beside).
+    assert!(d.join("fresh.sweep.json").exists());
+    let o = exitless(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,4e5",
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        "2",
+        "--set",
+        "duration_s=0.03",
+        "--set",
+        "warmup_s=0.01",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("other inputs") && e.contains("--set"), "{e}");
+    let o = exitless(&[
+        "-q",
+        "--calibration-set",
+        "exit.hlt_us=1",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,4e5",
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        "2",
+        "--set",
+        "duration_s=0.02",
+        "--set",
+        "warmup_s=0.01",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the calibration"));
+    assert_eq!(std::fs::read_to_string(&fresh).unwrap(), whole);
+    // So is a grid that leaves out runs the file holds.
+    let o = exitless(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5",
+        "--schemes",
+        "kvm,did",
+        "--seeds",
+        "2",
+        "--set",
+        "duration_s=0.02",
+        "--set",
+        "warmup_s=0.01",
+        "--out",
+        s(&fresh),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("rate_pps=4e5"));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn sweep_input_errors_name_the_point_and_key() {
+    let d = scratch("sweep-errors");
+    let out = d.join("r.csv");
+    for (args, needle) in [
+        (vec!["--grid", "rate_pps=1e5,-3"], "workload.udp.rate_pps"),
+        (vec!["--grid", "rate_pps=1e5,-3"], "rate_pps=-3"),
+        (vec!["--grid", "guest.hzz=1"], "hzz"),
+        (vec!["--grid", "scheme=kvm"], "--schemes"),
+        (vec!["--schemes", "kvm,vmware"], "vmware"),
+        (vec!["--grid", "rate_pps"], "key=v1"),
+    ] {
+        let mut a = vec!["-q", "sweep", "validation/did/fig4.toml", "--out", s(&out)];
+        a.extend(args.iter());
+        let o = exitless(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(needle), "{args:?}: {e}");
+        assert!(
+            !out.exists(),
+            "{args:?}: a file was written before the check"
+        );
+    }
+    let o = exitless(&[
+        "-q",
+        "sweep",
+        "validation/did/fig4.toml",
+        "--out",
+        s(&d.join("r.parquet")),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("polars"));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn run_and_reproduce_print_csv_rows() {
+    let args = [
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.05",
+        "--set",
+        "scheme=kvm",
+    ];
+    let csv = String::from_utf8(ok(&[&args[..], &["--csv"]].concat()).stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&ok(&[&args[..], &["--json"]].concat()).stdout).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("scheme,seed,metric,value"));
+    let get = |m: &str| -> f64 {
+        csv.lines()
+            .find_map(|l| l.strip_prefix(&format!("kvm,1,{m},")))
+            .unwrap_or_else(|| panic!("no {m} in {csv}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        get("exits_per_s"),
+        json["vms"][0]["exits_per_s"].as_f64().unwrap()
+    );
+    assert_eq!(
+        get("udp.received"),
+        json["metrics"]["udp.received"].as_f64().unwrap()
+    );
+    assert_eq!(
+        get("exits_per_s.MSR_WRITE"),
+        json["vms"][0]["exits_per_s_by_reason"]["MSR_WRITE"]
+            .as_f64()
+            .unwrap()
+    );
+    let o = ok(&[
+        "-q",
+        "reproduce",
+        "did",
+        "--only",
+        "cyclictest",
+        "--set",
+        "duration_s=0.05",
+        "--csv",
+    ]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let mut r = text.lines();
+    assert_eq!(
+        r.next(),
+        Some("experiment,config,params,metric,unit,model,paper,tolerance,within,violations")
+    );
+    assert!(r.count() >= 3, "{text}");
+    assert!(text.contains("cyclictest"), "{text}");
+}
+
+#[test]
+fn calibration_overlays_layer_over_the_shipped_values() {
+    let d = scratch("overlay");
+    let ov = d.join("ov.toml");
+    std::fs::write(&ov, "[exit]\nmsr_write_eoi_us = 2.5\n").unwrap();
+    let text = String::from_utf8(ok(&["--calibration", s(&ov), "calibration"]).stdout).unwrap();
+    let line = |k: &str| text.lines().find(|l| l.starts_with(k)).unwrap().to_string();
+    assert!(line("exit.msr_write_eoi_us").contains("2.5"));
+    assert!(line("exit.msr_write_eoi_us").contains("ov.toml"));
+    // Entries the overlay leaves out keep the shipped value and source.
+    assert!(line("exit.external_interrupt_us").contains("1.97"));
+    assert!(line("exit.external_interrupt_us").contains("[paper]"));
+    // --calibration-set comes after the file.
+    let text = String::from_utf8(
+        ok(&[
+            "--calibration",
+            s(&ov),
+            "--calibration-set",
+            "exit.msr_write_eoi_us=3.25",
+            "calibration",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(text
+        .lines()
+        .any(|l| l.starts_with("exit.msr_write_eoi_us") && l.contains("3.25")));
+    // And it changes what a run measures: the EOI exits of KVM cost more.
+    let eoi_us = |extra: &[&str]| -> f64 {
+        let mut a = extra.to_vec();
+        a.extend([
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.05",
+            "--set",
+            "scheme=kvm",
+            "--json",
+        ]);
+        let j: serde_json::Value = serde_json::from_slice(&ok(&a).stdout).unwrap();
+        j["vms"][0]["exits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["reason"] == "MSR_WRITE")
+            .unwrap()["avg_us"]
+            .as_f64()
+            .unwrap()
+    };
+    let base = eoi_us(&[]);
+    let slow = eoi_us(&["--calibration-set", "exit.msr_write_eoi_us=5"]);
+    assert!(slow > base + 3.0, "{base} -> {slow}");
+    // Unknown keys and values out of range are errors that name them.
+    for (file, needle) in [
+        ("[exit]\nmsr_write_eio_us = 1\n", "exit.msr_write_eio_us"),
+        ("[exit]\nmsr_write_eoi_us = -1\n", "exit.msr_write_eoi_us"),
+    ] {
+        std::fs::write(&ov, file).unwrap();
+        let o = exitless(&["--calibration", s(&ov), "calibration"]);
+        assert_eq!(o.status.code(), Some(2));
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(needle) && e.contains("ov.toml"), "{e}");
+    }
+    let o = exitless(&["--calibration-set", "exit.bogus_us=1", "calibration"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exit.bogus_us"));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn calibrate_reads_a_perf_kvm_stat_report_into_an_overlay() {
+    let d = scratch("calibrate");
+    // `run` prints perf kvm stat's table: use it as the input, plus a
+    // reason the calibration has no key for.
+    let run = ok(&[
+        "-q",
+        "run",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.05",
+        "--set",
+        "scheme=kvm",
+    ]);
+    let mut report = String::from_utf8(run.stdout).unwrap();
+    report = report.replacen(
+        "\nTotal Samples:",
+        "\n            MSR_READ         12     0.01%     0.00%      0.20us      0.40us      0.30us ( +-   1.00% )\n\nTotal Samples:",
+        1,
+    );
+    let input = d.join("perf.txt");
+    std::fs::write(&input, &report).unwrap();
+    let out = d.join("overlay.toml");
+    let o = ok(&["calibrate", "--from", s(&input), "--out", s(&out)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("MSR_READ") && err.contains("no calibration key"),
+        "{err}"
+    );
+    let overlay = std::fs::read_to_string(&out).unwrap();
+    // Each mapped reason's Avg time, with the input named as the source.
+    let avg = |reason: &str| -> f64 {
+        let l = report
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(reason))
+            .unwrap();
+        l.split_whitespace()
+            .nth(6)
+            .unwrap()
+            .trim_end_matches("us")
+            .parse()
+            .unwrap()
+    };
+    let t: toml::Table = toml::from_str(&overlay).unwrap();
+    let v = |k: &str| t["exit"][k]["value"].as_float().unwrap();
+    assert_eq!(v("external_interrupt_us"), avg("EXTERNAL_INTERRUPT"));
+    assert_eq!(v("msr_write_eoi_us"), avg("MSR_WRITE"));
+    assert!(t["exit"]["external_interrupt_us"]["source"]
+        .as_str()
+        .unwrap()
+        .contains("perf.txt"));
+    // The overlay is a calibration file the other commands take.
+    let shown = String::from_utf8(ok(&["--calibration", s(&out), "calibration"]).stdout).unwrap();
+    assert!(shown.contains("perf.txt"));
+    // Not a report: an error.
+    std::fs::write(&input, "nothing here\n").unwrap();
+    let o = exitless(&["calibrate", "--from", s(&input)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("VM-EXIT"));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn keys_lists_every_scenario_key_with_type_and_default() {
+    let o = ok(&["keys", "--json"]);
+    let ks: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let get = |k: &str| ks.iter().find(|x| x["key"] == k).unwrap().clone();
+    assert_eq!(get("guest.hz")["default"], "1000");
+    assert_eq!(get("duration_s")["required"], true);
+    assert!(get("nic.itr")["ty"].as_str().unwrap().contains("\"fixed\""));
+    // Every key listed is one --set accepts (a table key set to its
+    // default where it has one).
+    for k in &ks {
+        let (key, default) = (k["key"].as_str().unwrap(), &k["default"]);
+        if key.contains("[]") || key.starts_with("workload.") || key.starts_with("vm") {
+            continue;
+        }
+        let Some(d) = default.as_str() else { continue };
+        if key == "config" || key == "scheme" {
+            continue;
+        }
+        let o = exitless(&[
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.001",
+            "--set",
+            &format!("{key}={d}"),
+            "--csv",
+        ]);
+        assert!(
+            o.status.success(),
+            "{key}={d}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
+fn no_progress_bar_when_stderr_is_not_a_terminal() {
+    let d = scratch("sweep-bar");
+    let out = d.join("r.csv");
+    let o = ok(&[
+        "sweep",
+        "validation/did/fig4.toml",
+        "--grid",
+        "rate_pps=1e5,2e5",
+        "--set",
+        "duration_s=0.01",
+        "--out",
+        s(&out),
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    // The closing line only: no bar, no carriage returns.
+    assert!(e.contains("sweep: 2 points × 1 seeds: 2 runs"), "{e}");
+    assert!(!e.contains('\r') && !e.contains("=>"), "{e:?}");
+    assert!(!d.join("r.summary.csv").exists(), "a summary for one seed");
+    std::fs::remove_dir_all(&d).ok();
+}
