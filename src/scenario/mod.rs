@@ -155,7 +155,9 @@ pub struct VmSpec {
 }
 
 /// How a device MSI picks its vCPU among the affinity set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum MsiMode {
     /// The one vCPU named.
