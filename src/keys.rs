@@ -234,7 +234,8 @@ mod tests {
             Some("128")
         );
         assert!(get("preemptions[].at_ms").required);
-        assert!(get("vm[].core").required);
+        assert!(!get("vm[].core").required, "core or cores");
+        assert_eq!(get("vm[].vcpus").default.as_deref(), Some("1"));
         assert!(get("host.burners[].cores")
             .ty
             .starts_with("array of integer"));

@@ -56,7 +56,13 @@ fn every_metric_of_the_validation_scenarios_is_in_docs_metrics_md() {
     let names = documented(&doc);
     let cal = Calibration::default_host();
     let mut scenarios = Vec::new();
-    for dir in ["validation/did", "validation/eli", "scenarios/explore"] {
+    for dir in [
+        "validation/did",
+        "validation/eli",
+        "validation/consolidation",
+        "scenarios/explore",
+        "scenarios/smp",
+    ] {
         let mut v: Vec<_> = std::fs::read_dir(root.join(dir))
             .unwrap()
             .map(|e| e.unwrap().path())
