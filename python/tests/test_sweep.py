@@ -88,8 +88,12 @@ def test_dict_scenario_and_string_grid_values():
 
 def test_summarize_a_sweep(frame):
     s = exitless.summarize(frame)
-    # n counts the seeds with a value: 3, or 0 for a mean no run had samples for.
-    assert set(s["n"].to_list()) <= {0, 3}
+    # n counts the seeds with a value: 3, or fewer for a mean only some
+    # runs had samples for (the service time of exits a guest timer landed
+    # in: in a short run, a timer lands in an exit in some seeds only).
+    assert set(s["n"].to_list()) <= {0, 1, 2, 3}
+    partial = s.filter(pl.col("n").is_in([1, 2]))["metric"].to_list()
+    assert all(m.startswith("timer_exit_us.") for m in partial), partial
     assert s.filter(pl.col("metric") == "exits_per_s")["n"].to_list() == [3] * 4
     assert s.filter(pl.col("n") == 0)["mean"].null_count() == s.filter(pl.col("n") == 0).height
     assert s.height == frame.height // 3
