@@ -55,6 +55,7 @@ fn correct_schemes_have_no_failing_interleaving() {
         "vf-udp-cfs",
         "three-vms",
         "halt-cfs",
+        "smp-halt",
     ] {
         for scheme in [
             "kvm", "apicv", "apicv-pi", "kvm-2026", "eli", "elvis", "did",
