@@ -29,7 +29,7 @@ use crate::hw::virtio_net::VirtioNetDev;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
-use crate::hw::x86::lapic::{msr, ApicClocks, DeliveryMode};
+use crate::hw::x86::lapic::{decode_icr, msr, ApicClocks, DeliveryMode, Ipi, IpiDest};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
 use crate::hw::x86::vmcs::WrmsrOutcome;
 use crate::hw::x86::Machine;
@@ -368,11 +368,11 @@ fn spawn_timer_and_cpu_tasks(
 
 /// The peer's side of a TCP workload: its program, socket options,
 /// connections and CPUs.
-type PeerApp_ = (Box<dyn PeerApp>, TcpConfig, usize, usize);
+type PeerSide = (Box<dyn PeerApp>, TcpConfig, usize, usize);
 
 /// Spawns a TCP workload's programs in `kernel` (CPU 0) with their sockets
 /// (flows from [`TCP_FLOW`]); returns the peer's side.
-fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload) -> PeerApp_ {
+fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload) -> PeerSide {
     let threads = w.guest.len();
     // The socket interface is the program's, not a matter of how many
     // connections it has (one memcached connection is still served from
@@ -1257,11 +1257,7 @@ impl World {
                     },
                 );
                 self.bg_pending[vcpu] |= 1 << kind;
-                let core = self.hv.vcpus[vcpu].core;
-                if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
-                    self.pause_guest(core);
-                    self.guest_run(core);
-                }
+                self.look_again(vcpu);
             }
             Ev::Eventfd { fd } => {
                 self.pv_eventfd(fd);
@@ -1297,14 +1293,7 @@ impl World {
                     self.vm_exit(core, ExitInfo::PreemptionTimer, None);
                 }
             }
-            Ev::GuestPoke { vcpu } => {
-                let vcpu = vcpu as usize;
-                let core = self.hv.vcpus[vcpu].core;
-                if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
-                    self.pause_guest(core);
-                    self.guest_run(core);
-                }
-            }
+            Ev::GuestPoke { vcpu } => self.look_again(vcpu as usize),
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
             Ev::SchedTick { core } => self.sched_tick(core as usize),
@@ -1869,14 +1858,17 @@ impl World {
     /// raised for its target (unicast fixed IPIs to a sibling; the model's
     /// guests send no other kind).
     fn guest_ipi_sent(&mut self, vcpu: usize, icr: u64, now: Time) {
-        let fixed = (icr >> 8) & 0b111 == 0;
-        let no_shorthand = (icr >> 18) & 0b11 == 0;
-        if !(fixed && no_shorthand) {
+        let Ok(Ipi {
+            dest: IpiDest::Physical(id),
+            vector,
+            mode: DeliveryMode::Fixed,
+        }) = decode_icr(icr)
+        else {
             return;
-        }
+        };
         let vm = self.hv.vcpus[vcpu].vm;
-        if let Some(&t) = self.hv.vms[vm].vcpus.get((icr >> 32) as usize) {
-            self.checker.raised_on(t, icr as u8, now);
+        if let Some(t) = self.hv.vcpu_by_apic_id(vm, id) {
+            self.checker.raised_on(t, vector, now);
         }
     }
 
@@ -1886,15 +1878,21 @@ impl World {
     /// virtual APIC ID, with a notification if ON was clear and SN is not
     /// set. No VM exit.
     fn ipi_virtualization(&mut self, vcpu: usize, icr: u64) -> bool {
-        let dest = (icr >> 32) as usize;
-        let vector = icr as u8;
-        let fixed = (icr >> 8) & 0b111 == 0;
+        // Physical destination mode (bit 11 clear), which decode_icr does
+        // not look at, and a legal vector.
         let physical = (icr >> 11) & 1 == 0;
-        let no_shorthand = (icr >> 18) & 0b11 == 0;
-        if !(fixed && physical && no_shorthand && vector >= 0x10) {
+        let Ok(Ipi {
+            dest: IpiDest::Physical(dest),
+            vector,
+            mode: DeliveryMode::Fixed,
+        }) = decode_icr(icr)
+        else {
+            return false;
+        };
+        if !physical || vector < 0x10 {
             return false;
         }
-        let Some(&pid) = self.m.vmcs[vcpu].pid_table.get(dest) else {
+        let Some(&pid) = self.m.vmcs[vcpu].pid_table.get(dest as usize) else {
             return false;
         };
         let Some(pi) = self.m.pi_desc.get_mut(pid as usize) else {
@@ -1915,6 +1913,16 @@ impl World {
             }
         }
         true
+    }
+
+    /// Something `vcpu` acts on changed: if it is in guest mode, its core
+    /// stops what it was doing and looks again.
+    fn look_again(&mut self, vcpu: usize) {
+        let core = self.hv.vcpus[vcpu].core;
+        if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+            self.pause_guest(core);
+            self.guest_run(core);
+        }
     }
 
     /// The guest kernel set need_resched on sibling CPUs whose idle loop

@@ -655,47 +655,9 @@ impl Lapic {
     /// Decodes an x2APIC ICR write (SDM 10.12.9): vector 7:0, delivery mode
     /// 10:8, shorthand 19:18, destination 63:32.
     fn write_icr(&mut self, value: u64) -> Result<ApicEffect, ApicError> {
-        let reserved = ApicError::Reserved {
-            msr: msr::ICR,
-            value,
-        };
-        if value & !ICR_WRITABLE != 0 {
-            return Err(reserved);
-        }
-        let mode = match (value >> 8) & 0b111 {
-            0b000 => DeliveryMode::Fixed,
-            0b001 => DeliveryMode::LowestPriority,
-            0b100 => DeliveryMode::Nmi,
-            _ => return Err(reserved),
-        };
-        let shorthand = (value >> 18) & 0b11;
-        let dest = match shorthand {
-            0b00 => match (value >> 32) as u32 {
-                // The physical broadcast destination (SDM 10.6.2.1): every
-                // APIC, the sender included. Lowest-priority delivery to it
-                // "is not supported ... and must not be configured".
-                X2APIC_BROADCAST_ID if mode == DeliveryMode::LowestPriority => {
-                    return Err(reserved)
-                }
-                X2APIC_BROADCAST_ID => IpiDest::AllIncludingSelf,
-                id => IpiDest::Physical(id),
-            },
-            0b01 => IpiDest::SelfOnly,
-            0b10 => IpiDest::AllIncludingSelf,
-            _ => IpiDest::AllExcludingSelf,
-        };
-        // The self and all-including-self shorthands are valid with fixed
-        // delivery only (SDM table 10-3).
-        if matches!(shorthand, 0b01 | 0b10) && mode != DeliveryMode::Fixed {
-            return Err(reserved);
-        }
+        let ipi = decode_icr(value)?;
         self.icr = value;
-        let vector = if mode == DeliveryMode::Nmi {
-            2
-        } else {
-            value as u8
-        };
-        Ok(self.send_ipi(Ipi { dest, vector, mode }))
+        Ok(self.send_ipi(ipi))
     }
 
     /// Sends an IPI unless its vector is illegal, which the APIC reports in
@@ -941,6 +903,52 @@ impl Lapic {
     pub fn counters(&self) -> LapicCounters {
         self.counters
     }
+}
+
+/// Decodes an x2APIC ICR value into the IPI it asks for (SDM 10.6.1,
+/// 10.12.9): delivery mode, shorthand or physical destination, vector (2
+/// for NMIs). Reserved encodings are errors; an illegal vector is not (the
+/// sending APIC reports it in its ESR). The destination-mode bit is not
+/// decoded (the model's destinations are physical).
+pub fn decode_icr(value: u64) -> Result<Ipi, ApicError> {
+    let reserved = ApicError::Reserved {
+        msr: msr::ICR,
+        value,
+    };
+    if value & !ICR_WRITABLE != 0 {
+        return Err(reserved);
+    }
+    let mode = match (value >> 8) & 0b111 {
+        0b000 => DeliveryMode::Fixed,
+        0b001 => DeliveryMode::LowestPriority,
+        0b100 => DeliveryMode::Nmi,
+        _ => return Err(reserved),
+    };
+    let shorthand = (value >> 18) & 0b11;
+    let dest = match shorthand {
+        0b00 => match (value >> 32) as u32 {
+            // The physical broadcast destination (SDM 10.6.2.1): every
+            // APIC, the sender included. Lowest-priority delivery to it
+            // "is not supported ... and must not be configured".
+            X2APIC_BROADCAST_ID if mode == DeliveryMode::LowestPriority => return Err(reserved),
+            X2APIC_BROADCAST_ID => IpiDest::AllIncludingSelf,
+            id => IpiDest::Physical(id),
+        },
+        0b01 => IpiDest::SelfOnly,
+        0b10 => IpiDest::AllIncludingSelf,
+        _ => IpiDest::AllExcludingSelf,
+    };
+    // The self and all-including-self shorthands are valid with fixed
+    // delivery only (SDM table 10-3).
+    if matches!(shorthand, 0b01 | 0b10) && mode != DeliveryMode::Fixed {
+        return Err(reserved);
+    }
+    let vector = if mode == DeliveryMode::Nmi {
+        2
+    } else {
+        value as u8
+    };
+    Ok(Ipi { dest, vector, mode })
 }
 
 #[cfg(test)]
