@@ -1,14 +1,8 @@
 //! The command line: run, JSON schema, errors that name the key.
 
+mod common;
+use common::exitless;
 use std::process::Command;
-
-fn exitless(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
 
 #[test]
 fn run_json_has_the_documented_fields() {

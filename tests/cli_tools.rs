@@ -1,16 +1,10 @@
 //! The command line's sweep, calibration overlays, `calibrate`, `keys`
 //! and CSV output.
 
+mod common;
+use common::exitless;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn exitless(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+use std::process::Output;
 
 fn ok(args: &[&str]) -> Output {
     let o = exitless(args);

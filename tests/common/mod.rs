@@ -7,6 +7,15 @@ use exitless::scenario::Scenario;
 use exitless::world::World;
 use std::path::PathBuf;
 
+/// Runs the `exitless` binary from the repository root.
+pub fn exitless(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
 /// Path of a validation scenario.
 pub fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
