@@ -140,7 +140,17 @@ pub fn parse_set(kv: &str) -> Result<OverlayEntry, String> {
 /// The shipped calibration with `entries` applied in order (a later one
 /// wins), range-checked.
 pub fn apply(entries: &[OverlayEntry]) -> Result<Calibration, String> {
-    let mut base = default_table();
+    apply_table(default_table(), entries)
+}
+
+/// `cal` with `entries` applied in order, range-checked: a paper's
+/// testbed overlay over whatever calibration the command line gave.
+pub fn apply_to(cal: &Calibration, entries: &[OverlayEntry]) -> Result<Calibration, String> {
+    let base = toml::Table::try_from(cal).map_err(|e| e.to_string())?;
+    apply_table(base, entries)
+}
+
+fn apply_table(mut base: toml::Table, entries: &[OverlayEntry]) -> Result<Calibration, String> {
     for e in entries {
         check_key(&base, &e.key, "calibration overlay")?;
         let (sec, name) = e.key.split_once('.').unwrap_or(("", ""));

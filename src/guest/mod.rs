@@ -373,6 +373,10 @@ pub struct Kernel {
     tx_pending: bool,
     tx_backlog: VecDeque<WireFrame>,
     tx_stopped: bool,
+    /// The CPU running the transmit path, and how deeply (an interrupt
+    /// on that CPU may run it again inside).
+    tx_owner: Option<usize>,
+    tx_depth: u32,
     tx_rr: usize,
     net: NetCounters,
     /// Counters.
@@ -411,6 +415,8 @@ impl Kernel {
             tx_pending: false,
             tx_backlog: VecDeque::with_capacity(256),
             tx_stopped: false,
+            tx_owner: None,
+            tx_depth: 0,
             tx_rr: 0,
             net: NetCounters::default(),
             counters: GuestCounters::default(),
@@ -791,7 +797,7 @@ impl Kernel {
             FrameKind::Softirq { round } => {
                 if f.stage == 0 && self.tx_ready() {
                     // TCP output (ACKs) leaves inline from the poll.
-                    self.push(FrameKind::NetTx, 0, true);
+                    self.push_net_tx();
                     return None;
                 }
                 self.softirq_step(top, f, round, now, dev.nic)
@@ -800,7 +806,7 @@ impl Kernel {
                 if f.stage == 0 && self.tx_ready() {
                     // TCP output the received segments caused (ACKs)
                     // leaves inline, from this softirq.
-                    self.push(FrameKind::NetTx, 0, true);
+                    self.push_net_tx();
                     return None;
                 }
                 self.virtio_poll_step(top, f.stage, round, now, dev)
@@ -1038,9 +1044,28 @@ impl Kernel {
         true
     }
 
-    /// Whether TCP output waits and the transmit queue is not stopped.
+    /// Whether TCP output waits, the transmit queue is not stopped, and no
+    /// other CPU runs it (`qdisc_run_begin`: one CPU at a time drains the
+    /// queue; output another CPU adds meanwhile is taken by that one).
     fn tx_ready(&self) -> bool {
-        self.tx_pending && !self.tx_stopped
+        self.tx_pending && !self.tx_stopped && self.tx_owner.is_none_or(|c| c == self.on)
+    }
+
+    /// Starts the transmit path on this CPU (it now owns the qdisc).
+    fn push_net_tx(&mut self) {
+        self.tx_owner = Some(self.on);
+        self.tx_depth += 1;
+        self.push(FrameKind::NetTx, 0, true);
+    }
+
+    /// The transmit path on this CPU is done (`qdisc_run_end` once the
+    /// outermost one returns).
+    pub(super) fn pop_net_tx(&mut self) {
+        self.tx_depth = self.tx_depth.saturating_sub(1);
+        if self.tx_depth == 0 {
+            self.tx_owner = None;
+        }
+        self.pop();
     }
 
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
@@ -1058,7 +1083,7 @@ impl Kernel {
             self.cpu.in_softirq = true;
             self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
         } else if self.tx_ready() {
-            self.push(FrameKind::NetTx, 0, true);
+            self.push_net_tx();
         }
     }
 
@@ -1069,7 +1094,7 @@ impl Kernel {
         }
         if self.tx_ready() {
             // Output a send() queued leaves before the task goes on.
-            self.push(FrameKind::NetTx, 0, true);
+            self.push_net_tx();
             return None;
         }
         if self.cpu.need_resched {

@@ -207,7 +207,12 @@ impl Kernel {
         }
         let next = self.tcp_wheel.peek().map(|r| r.0 .0);
         if next != self.tcp_wheel_armed {
+            // The wheel's hrtimer may sit on another CPU's list (the one
+            // that armed it last): one wheel, one timer.
             self.cpu.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            for c in &mut self.parked {
+                c.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            }
             if let Some(t) = next {
                 self.cpu.hrtimers.push((t, HrKind::TcpWheel));
             }
@@ -307,7 +312,7 @@ impl Kernel {
             // No device to send on: the output is dropped.
             while self.pull_output(now).is_some() {}
             self.tx_pending = false;
-            self.pop();
+            self.pop_net_tx();
             return None;
         }
         match stage {
@@ -318,7 +323,7 @@ impl Kernel {
                     .or_else(|| self.pull_output(now));
                 let Some(frame) = next else {
                     self.tx_pending = false;
-                    self.pop();
+                    self.pop_net_tx();
                     return self.irq_exit_nohz(now);
                 };
                 let (added, xmit) = match (dev.virtio_net.as_deref_mut(), vf) {
@@ -348,7 +353,7 @@ impl Kernel {
                             return None;
                         }
                     }
-                    self.pop();
+                    self.pop_net_tx();
                     return self.irq_exit_nohz(now);
                 }
                 self.net.tx_frames += 1;

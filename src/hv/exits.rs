@@ -144,6 +144,9 @@ pub struct ExitStats {
     pub by_reason: [Summary; ExitReason::COUNT],
     /// Total time in guest mode (VM entry to the next exit).
     pub guest_time: Time,
+    /// Service-time summaries of the exits ES2 counts, by its causes
+    /// (indexed as [`super::es2::Cause::ALL`]).
+    pub by_cause: [Summary; 3],
 }
 
 impl ExitStats {
@@ -151,6 +154,15 @@ impl ExitStats {
     #[inline]
     pub fn record(&mut self, reason: ExitReason, service: Time) {
         self.by_reason[reason.index()].record(service);
+    }
+
+    /// Records one completed exit, by its reason and its ES2 cause.
+    #[inline]
+    pub fn record_info(&mut self, info: &ExitInfo, service: Time) {
+        self.record(info.reason(), service);
+        if let Some(c) = super::es2::Cause::of(info) {
+            self.by_cause[c as usize].record(service);
+        }
     }
 
     /// All exits.

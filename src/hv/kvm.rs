@@ -89,7 +89,7 @@ pub fn exit<S: Scheme + ?Sized>(
         // A write to a port with an ioeventfd: kvm_io_bus_write signals the
         // eventfd, which wakes its waiter (a vhost worker).
         ExitInfo::IoInstruction { port } => {
-            if let Some(fd) = cx.hv.ioeventfd(port) {
+            if let Some(fd) = cx.hv.ioeventfd(cx.hv.vcpus[vcpu].vm, port) {
                 cx.q.schedule_in(0, crate::world::event::Ev::Eventfd { fd });
             }
         }

@@ -10,6 +10,7 @@ pub mod blk_backend;
 pub mod did;
 pub mod eli;
 pub mod elvis;
+pub mod es2;
 pub mod exits;
 pub mod host;
 pub mod kvm;
@@ -136,12 +137,14 @@ pub struct HvState {
     pub host: HostKernel,
     /// DID's designated timer core (a host-only core).
     pub designated_core: usize,
-    /// KVM_IOEVENTFD registrations: a guest write to `port` signals eventfd
-    /// `fd` instead of going to QEMU.
-    pub ioeventfds: Vec<(u16, u16)>,
+    /// KVM_IOEVENTFD registrations: a write of VM `vm`'s guest to `port`
+    /// signals eventfd `fd` instead of going to QEMU: (vm, port, fd).
+    pub ioeventfds: Vec<(usize, u16, u16)>,
     /// Per core: the vCPU last scheduled in there (kept across its
     /// schedule-out until another is loaded).
     pub last_vcpu: Vec<Option<usize>>,
+    /// Per VM: ES2's interrupt redirection state, when it is on.
+    pub redirect: Vec<Option<es2::Redirect>>,
 }
 
 impl HvState {
@@ -187,17 +190,50 @@ impl HvState {
         pick
     }
 
+    /// Where a device MSI of `vm` delivered through KVM's irq routing
+    /// (`kvm_set_irq`) goes: the vCPU KVM's delivery picks, unless ES2's
+    /// redirection (§2.7) rewrites the destination of a lowest-priority
+    /// MSI to a running vCPU of its set.
+    pub fn msi_destination(&mut self, vm: usize) -> usize {
+        let v = &self.vms[vm];
+        let redirects =
+            self.redirect[vm].is_some() && v.msi_lowest_priority && v.irq_affinity.len() > 1;
+        if !redirects {
+            return self.device_vcpu(vm);
+        }
+        let original = self.device_home(vm);
+        let (vms, vcpus) = (&self.vms, &self.vcpus);
+        let r = self.redirect[vm].as_mut().expect("checked above");
+        r.destination(original, &vms[vm].irq_affinity, |c| vcpus[c].index)
+    }
+
+    /// KVM's preempt notifier `kvm_sched_in`: `vcpu` is about to run.
+    pub fn sched_in(&mut self, vcpu: usize) {
+        let vm = self.vcpus[vcpu].vm;
+        if let Some(r) = &mut self.redirect[vm] {
+            r.sched_in(vcpu);
+        }
+    }
+
+    /// `kvm_sched_out`: `vcpu` was descheduled.
+    pub fn sched_out(&mut self, vcpu: usize) {
+        let vm = self.vcpus[vcpu].vm;
+        if let Some(r) = &mut self.redirect[vm] {
+            r.sched_out(vcpu);
+        }
+    }
+
     /// The vCPU of `vm` whose guest APIC ID is `apic_id`.
     pub fn vcpu_by_apic_id(&self, vm: usize, apic_id: u32) -> Option<usize> {
         self.vms[vm].vcpus.get(apic_id as usize).copied()
     }
 
-    /// The eventfd registered for guest writes to `port`, if any.
-    pub fn ioeventfd(&self, port: u16) -> Option<u16> {
+    /// The eventfd registered for VM `vm`'s writes to `port`, if any.
+    pub fn ioeventfd(&self, vm: usize, port: u16) -> Option<u16> {
         self.ioeventfds
             .iter()
-            .find(|(p, _)| *p == port)
-            .map(|&(_, fd)| fd)
+            .find(|&&(v, p, _)| v == vm && p == port)
+            .map(|&(_, _, fd)| fd)
     }
 
     /// The VM and assignment owning host vector `v`, if it is a VF's.

@@ -169,7 +169,7 @@ pub trait Scheme {
                 if let Some((vm, a)) = cx.hv.vf_by_host_vector(v) {
                     // The assigned device's host IRQ handler (irqfd to kvm_set_irq).
                     cx.charge(cx.costs.irq_handler);
-                    let vcpu = cx.hv.device_vcpu(vm);
+                    let vcpu = cx.hv.msi_destination(vm);
                     self.virtual_interrupt(cx, vcpu, a.guest_vector);
                 }
             }
@@ -200,6 +200,27 @@ pub struct SchemeOptions {
     pub halt_poll_max_us: Option<f64>,
     /// `kvm-2026`: IPI virtualization (SMP guests' IPIs without sender exits).
     pub ipiv: Option<bool>,
+    /// ES2 hybrid I/O handling in the vhost back end (any virtualized
+    /// scheme): `off` (stock vhost), `perceptive` or `optimistic`; both
+    /// merge devices into joint I/O threads.
+    pub es2_hybrid: super::es2::Es2Hybrid,
+    /// ES2 perceptive mode: TX requests per handler turn before it
+    /// requeues in polling mode (`poll_quota`; the paper: at most 4 for
+    /// TCP, 16 for UDP). Default 4.
+    pub es2_quota: Option<u32>,
+    /// ES2 optimistic mode: turns a TX handler keeps polling after the
+    /// VM's last ingress packet (`max_poll_count`). Default 1000.
+    pub es2_max_poll_count: Option<u32>,
+    /// ES2: devices one joint I/O thread serves (`combining_level`).
+    /// Default 4.
+    pub es2_combining_level: Option<u32>,
+    /// ES2: the joint thread's interruptible sleep when only polling
+    /// handlers remain, µs. Default 10.
+    pub es2_sleep_us: Option<f64>,
+    /// ES2 intelligent interrupt redirection: a virtio device's MSI goes
+    /// to a running vCPU of its lowest-priority set (or the one likely to
+    /// run next).
+    pub es2_redirect: bool,
 }
 
 impl SchemeOptions {
@@ -211,6 +232,21 @@ impl SchemeOptions {
             halt_poll: self.halt_poll.unwrap_or(d.halt_poll),
             halt_poll_max_us: self.halt_poll_max_us.unwrap_or(d.halt_poll_max_us),
             ipiv: self.ipiv.unwrap_or(d.ipiv),
+        }
+    }
+}
+
+impl SchemeOptions {
+    /// The ES2 options these give (defaults: the paper's).
+    pub fn es2(&self) -> super::es2::Es2Options {
+        let d = super::es2::Es2Options::default();
+        super::es2::Es2Options {
+            hybrid: self.es2_hybrid,
+            quota: self.es2_quota.unwrap_or(d.quota),
+            max_poll_count: self.es2_max_poll_count.unwrap_or(d.max_poll_count),
+            combining_level: self.es2_combining_level.unwrap_or(d.combining_level),
+            sleep_us: self.es2_sleep_us.unwrap_or(d.sleep_us),
+            redirect: self.es2_redirect,
         }
     }
 }

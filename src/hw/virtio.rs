@@ -338,6 +338,18 @@ impl Virtqueue {
         }
     }
 
+    /// Keep the driver from kicking until notifications are enabled again,
+    /// whatever it adds (ES2's polling mode, docs/papers.md ES2 §2.3):
+    /// without EVENT_IDX the flag; with it, `avail_event` is set to an
+    /// index the driver has already passed, so no publication crosses it.
+    pub fn suppress_notify(&mut self) {
+        if self.device.event_idx {
+            self.ring.avail_event = self.device.last_avail_idx.wrapping_sub(1);
+        } else {
+            self.ring.used_flags |= VRING_USED_F_NO_NOTIFY;
+        }
+    }
+
     /// `vhost_enable_notify`: ask to be kicked for the next buffer, then
     /// look again. Returns true if buffers were made available meanwhile
     /// (no kick will come for them: the caller must keep processing).

@@ -154,6 +154,11 @@ impl VirtioNetDev {
         self.tx.disable_notify();
     }
 
+    /// Keep TX kicks off until re-enabled (a polling back end).
+    pub fn tx_suppress_notify(&mut self) {
+        self.tx.suppress_notify();
+    }
+
     /// Re-enable TX kicks; true if buffers slipped in meanwhile.
     pub fn tx_enable_notify(&mut self) -> bool {
         self.tx.enable_notify()

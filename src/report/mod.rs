@@ -119,6 +119,12 @@ pub struct VmReport {
     /// Exit-handling time, % of the measured interval × its vCPUs (ES2's
     /// EHT denominator).
     pub eht_pct: f64,
+    /// Exits per second by the causes ES2 counts (interrupt_delivery,
+    /// eoi_write, io_instruction; docs/papers.md ES2).
+    pub exits_per_s_by_cause: BTreeMap<&'static str, f64>,
+    /// ES2's EHT: the time handling those exits, % of the measured
+    /// interval × its vCPUs.
+    pub eht_counted_pct: f64,
     /// The table rows, most frequent first.
     pub exits: Vec<ExitRow>,
     /// Total exits.
@@ -198,6 +204,12 @@ fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
         vcpus: vm.vcpus.len(),
         tig_pct: 100.0 * vm.stats.guest_time as f64 / cpu_time.max(1) as f64,
         eht_pct: 100.0 * total.total as f64 / cpu_time.max(1) as f64,
+        exits_per_s_by_cause: crate::hv::es2::Cause::ALL
+            .iter()
+            .map(|&c| (c.name(), vm.stats.by_cause[c as usize].count as f64 / secs))
+            .collect(),
+        eht_counted_pct: 100.0 * vm.stats.by_cause.iter().map(|s| s.total).sum::<Time>() as f64
+            / cpu_time.max(1) as f64,
         exits: rows,
         total_samples: total.count,
         total_time_us: as_us(total.total),

@@ -363,10 +363,10 @@ impl Scenario {
                     );
                 }
             }
-            if v.vcpus > 1 && (v.workload.peers() || v.workload.fio.is_some()) {
+            if v.vcpus > 1 && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "SMP guests run udp, cyclictest and whileloop workloads only (TCP, SIP and fio need a 1-vCPU VM)".into(),
+                    "SMP guests run udp, cyclictest, whileloop and TCP workloads (SIP and fio need a 1-vCPU VM)".into(),
                 );
             }
             if several && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
@@ -527,6 +527,24 @@ pub struct NetSpec {
     pub event_idx: bool,
     /// Virtqueue size.
     pub queue_size: u16,
+    /// Where a virtio-net VM's peer runs: `host` (a process on the VM's
+    /// host, behind the bridge; DID's PV experiments) or `remote` (the
+    /// load generator across the link, through the bridge and the host's
+    /// NIC; ES2's testbed).
+    pub peer: VirtioPeer,
+}
+
+/// Where the peer of a virtio-net VM runs.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum VirtioPeer {
+    /// A process on the VM's host, behind the bridge and the tap device.
+    #[default]
+    Host,
+    /// The load generator at the other end of the link.
+    Remote,
 }
 
 impl Default for NetSpec {
@@ -535,6 +553,7 @@ impl Default for NetSpec {
             device: NetDevice::Vf,
             event_idx: true,
             queue_size: 256,
+            peer: VirtioPeer::Host,
         }
     }
 }
@@ -797,6 +816,12 @@ pub struct HostSpec {
     pub burners: Vec<BurnerSpec>,
     /// Nice level of the vCPU thread (weight under the host scheduler).
     pub vcpu_nice: i32,
+    /// The cores the vhost worker threads are pinned to: worker w on
+    /// `io_cores[w % len]`. Workers sharing a core (with each other, a
+    /// vCPU or a burner) are multiplexed by the host scheduler. Default:
+    /// the first core from 2 up that runs no vCPU (core 0 on a 2-core
+    /// machine).
+    pub io_cores: Vec<usize>,
 }
 
 /// A CPU-bound host thread (a background burner).
@@ -1510,6 +1535,37 @@ impl Scenario {
         if let Some(m) = self.hv.halt_poll_max_us {
             if !(m.is_finite() && (0.0..=100_000.0).contains(&m)) {
                 return bad("hv.halt_poll_max_us", format!("{m} must be in [0, 100000]"));
+            }
+        }
+        for (key, v, hi) in [
+            ("hv.es2_quota", self.hv.es2_quota, 65_536),
+            (
+                "hv.es2_max_poll_count",
+                self.hv.es2_max_poll_count,
+                10_000_000,
+            ),
+            ("hv.es2_combining_level", self.hv.es2_combining_level, 64),
+        ] {
+            if let Some(v) = v {
+                if !(1..=hi).contains(&v) {
+                    return bad(key, format!("{v} must be in [1, {hi}]"));
+                }
+            }
+        }
+        if let Some(us) = self.hv.es2_sleep_us {
+            if !(us.is_finite() && (0.1..=10_000.0).contains(&us)) {
+                return bad("hv.es2_sleep_us", format!("{us} must be in [0.1, 10000]"));
+            }
+        }
+        for (i, &c) in self.host.io_cores.iter().enumerate() {
+            if c >= self.machine.cores {
+                return bad(
+                    &format!("host.io_cores[{i}]"),
+                    format!(
+                        "core {c} does not exist (machine.cores = {})",
+                        self.machine.cores
+                    ),
+                );
             }
         }
         if !self.host.burners.is_empty() && !self.preemptions.is_empty() {

@@ -16,6 +16,12 @@ use std::sync::Mutex;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentFile {
+    /// A calibration overlay for the paper's testbed (relative to the
+    /// experiment file), layered over the calibration in use: the
+    /// primitives the paper states about its hardware (e.g. ES2's 40 GbE
+    /// link).
+    #[serde(default)]
+    pub calibration: Option<String>,
     /// Experiments.
     pub experiment: Vec<Experiment>,
 }
@@ -227,7 +233,8 @@ pub enum ReproduceError {
 }
 
 /// Reads a metric from a run report: `exits_per_s`, `exits_per_s.<REASON>`,
-/// `tig_pct`, `eht_pct`, or any workload metric by name, full
+/// `exits_per_s.<cause>` (ES2's lower-case causes), `tig_pct`, `eht_pct`,
+/// `eht_counted_pct`, or any workload metric by name, full
 /// (`sip.call_rate`) or bare (`call_rate`) when exactly one workload
 /// metric has that last component (0 when the run produced none of it,
 /// e.g. a reason with no exits).
@@ -237,8 +244,12 @@ pub fn metric_value(r: &RunReport, name: &str) -> f64 {
         "exits_per_s" => vm.exits_per_s,
         "tig_pct" => vm.tig_pct,
         "eht_pct" => vm.eht_pct,
+        "eht_counted_pct" => vm.eht_counted_pct,
         n => {
             if let Some(reason) = n.strip_prefix("exits_per_s.") {
+                if let Some(v) = vm.exits_per_s_by_cause.get(reason) {
+                    return *v;
+                }
                 return vm.exits_per_s_by_reason.get(reason).copied().unwrap_or(0.0);
             }
             workload_metric(&r.metrics, n).unwrap_or(0.0)
@@ -362,6 +373,21 @@ pub fn reproduce(
         .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
     let ef: ExperimentFile = toml::from_str(&text)
         .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    let testbed;
+    let cal = match &ef.calibration {
+        None => cal,
+        Some(name) => {
+            let p = dir.join(name);
+            let text = crate::scenario::read_input(&p)
+                .map_err(|e| ReproduceError::Bad(format!("{}: {e}", p.display())))?;
+            let origin = p.display().to_string();
+            let entries = crate::calibration_overlay::parse_overlay(&text, &origin)
+                .map_err(|e| ReproduceError::Bad(format!("{origin}: {e}")))?;
+            testbed = crate::calibration_overlay::apply_to(cal, &entries)
+                .map_err(|e| ReproduceError::Bad(format!("{origin}: {e}")))?;
+            &testbed
+        }
+    };
     let exps: Vec<&Experiment> = ef
         .experiment
         .iter()

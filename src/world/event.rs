@@ -86,11 +86,19 @@ pub enum Ev {
         /// Eventfd id.
         fd: u16,
     },
-    /// The vhost worker of a virtio-net device finished a unit of work or
-    /// woke up.
+    /// A vhost worker thread finished a unit of work, woke up or was
+    /// switched in.
     VhostStep {
-        /// Device.
-        dev: u16,
+        /// Worker.
+        worker: u16,
+    },
+    /// A vhost worker's interruptible sleep (ES2) runs out (stale unless
+    /// `gen` is its current nap).
+    VhostNapEnd {
+        /// Worker.
+        worker: u16,
+        /// Nap generation.
+        gen: u64,
     },
     /// The block back end's I/O thread finished a request or woke up.
     BlkStep,

@@ -22,7 +22,7 @@ use crate::hv::blk_backend::{BlkCosts, RamDiskBackend};
 use crate::hv::exits::ExitInfo;
 use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER_VECTOR};
 use crate::hv::scheme::{self, Scheme};
-use crate::hv::vhost::{VhostCosts, VhostNet};
+use crate::hv::vhost::{VhostCosts, VhostNet, VhostWorker};
 use crate::hv::{HvCosts, HvCx, HvState, VcpuState, VfAssignment, VmState};
 use crate::hw::virtio_blk::VirtioBlkDev;
 use crate::hw::virtio_net::VirtioNetDev;
@@ -63,8 +63,14 @@ pub const VIRTIO_BLK_VECTOR: u8 = 0x53;
 /// The virtio-blk device's notify port.
 pub const VIRTIO_BLK_NOTIFY_PORT: u16 = 0xC090;
 
-/// The ioeventfd of the virtio-blk queue (the net device's are 0 and 1).
-const BLK_KICK_FD: u16 = 2;
+/// The ioeventfd of the virtio-blk queue (virtio-net device d's are 2d
+/// and 2d + 1).
+const BLK_KICK_FD: u16 = 0x8000;
+
+/// The ioeventfds of virtio-net device `d`'s RX and TX queues.
+fn net_kick_fds(d: usize) -> [u16; 2] {
+    [2 * d as u16, 2 * d as u16 + 1]
+}
 
 /// Linux 3.x `tcp_rmem[1]`: a socket's initial receive buffer.
 const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
@@ -245,8 +251,10 @@ pub struct World {
     tsc_hz: u64,
     /// Per VF: its counters at the end of the warm-up.
     nic_base: Vec<crate::hw::x86::nic::VfCounters>,
-    /// The vhost side of the VM's virtio-net device, if it has one.
-    pv: Option<net::PvPath>,
+    /// The vhost side of the VMs' virtio-net devices, if any.
+    pv: Option<Box<net::PvPath>>,
+    /// Each VM's virtio-net device, if it has one.
+    net_dev_of_vm: Vec<Option<usize>>,
     /// The peer hosts of the VM's connections and flows.
     peers: Vec<net::PeerLink>,
     /// The timeline, when asked for.
@@ -370,21 +378,25 @@ fn spawn_timer_and_cpu_tasks(
 /// connections and CPUs.
 type PeerSide = (Box<dyn PeerApp>, TcpConfig, usize, usize);
 
-/// Spawns a TCP workload's programs in `kernel` (CPU 0) with their sockets
-/// (flows from [`TCP_FLOW`]); returns the peer's side.
-fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload) -> PeerSide {
+/// Spawns a TCP workload's programs in `kernel` with their sockets (flows
+/// from [`TCP_FLOW`]); program i runs on CPU `(first_cpu + i) % cpus` (a
+/// multi-threaded server spreads its threads over the vCPUs). Returns the
+/// peer's side.
+fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize) -> PeerSide {
     let threads = w.guest.len();
+    let cpus = kernel.cpus();
+    let cpu_of = |i: usize| (first_cpu + i) % cpus;
     // The socket interface is the program's, not a matter of how many
     // connections it has (one memcached connection is still served from
     // the worker's epoll loop).
     if !w.epoll {
-        for app in w.guest {
-            let t = kernel.spawn(app, 0, false);
-            kernel.tcp_open(TCP_FLOW, w.tcp, Some(t));
+        for (i, app) in w.guest.into_iter().enumerate() {
+            let t = kernel.spawn_on(cpu_of(i), app, 0, false);
+            kernel.tcp_open(TCP_FLOW + i as u16, w.tcp, Some(t));
         }
     } else {
         for (j, app) in w.guest.into_iter().enumerate() {
-            let t = kernel.spawn(app, 0, false);
+            let t = kernel.spawn_on(cpu_of(j), app, 0, false);
             let flows = (0..w.conns)
                 .filter(|i| i % threads == j)
                 .map(|i| TCP_FLOW + i as u16);
@@ -405,6 +417,87 @@ fn spawn_udp_receiver(kernel: &mut Kernel, cpu: usize, cal: &Calibration) {
 }
 
 impl World {
+    /// Gives VM `vm` (kernel `kernel`) virtio-net device `d`: its queues in
+    /// guest memory, filled by the driver's probe, and an ioeventfd for
+    /// each queue's notify port.
+    fn add_virtio_net(
+        m: &mut Machine,
+        hv: &mut HvState,
+        kernel: &mut Kernel,
+        s: &Scenario,
+        vm: usize,
+        d: usize,
+    ) -> Result<(), BuildError> {
+        let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
+            .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        debug_assert_eq!(m.virtio_net.len(), d, "devices numbered in VM order");
+        m.virtio_net.push(dev);
+        // virtnet_probe: fill the RX ring, TX interrupts off.
+        kernel.virtio_net_probe(&mut m.virtio_net[d]);
+        // KVM_IOEVENTFD for each queue's notify port.
+        let fds = net_kick_fds(d);
+        hv.ioeventfds.push((vm, VIRTIO_NOTIFY_PORT, fds[0]));
+        hv.ioeventfds.push((vm, VIRTIO_NOTIFY_PORT + 1, fds[1]));
+        Ok(())
+    }
+
+    /// The vhost back ends of the virtio-net devices and their worker
+    /// threads: one per device (stock), or ES2's joint threads of
+    /// `combining_level` devices; worker w pinned to `io_cores[w % len]`.
+    fn pv_path(
+        s: &Scenario,
+        cal: &Calibration,
+        net_dev_of_vm: &[Option<usize>],
+        vcpu_list: &[(usize, usize, usize)],
+    ) -> Result<net::PvPath, BuildError> {
+        let v = &cal.vhost;
+        let es2 = s.hv.es2();
+        let per = es2.devices_per_worker();
+        let devs: Vec<(usize, usize)> = net_dev_of_vm
+            .iter()
+            .enumerate()
+            .filter_map(|(vm, d)| d.map(|d| (vm, d)))
+            .collect();
+        let nworkers = devs.len().div_ceil(per);
+        let io_cores = if s.host.io_cores.is_empty() {
+            // A host core of its own: the first from 2 up that runs no
+            // vCPU (core 0 is the host's, core 1 the usual VM core).
+            let cores = s.machine.cores;
+            vec![(2..cores)
+                .find(|c| vcpu_list.iter().all(|v| v.2 != *c))
+                .unwrap_or(0)]
+        } else {
+            s.host.io_cores.clone()
+        };
+        let tap = v.tap_queue_frames.value as usize;
+        Ok(net::PvPath {
+            devs: devs
+                .iter()
+                .map(|&(vm, d)| VhostNet::new(vm, d, d / per, net_kick_fds(d), tap))
+                .collect(),
+            vectors: vec![VIRTIO_NET_VECTORS; devs.len()],
+            workers: (0..nworkers)
+                .map(|w| VhostWorker::new(io_cores[w % io_cores.len()], es2.vhost_policy()))
+                .collect(),
+            threads: vec![
+                net::IoThread {
+                    on_cpu: true,
+                    ..Default::default()
+                };
+                nworkers
+            ],
+            costs: VhostCosts {
+                wakeup: t_us(&v.wakeup_us),
+                tx_per_frame: t_ns(&v.tx_per_frame_ns),
+                rx_per_frame: t_ns(&v.rx_per_frame_ns),
+                signal: t_ns(&v.signal_ns),
+                poll_iteration: t_ns(&v.poll_iteration_ns),
+            },
+            nap: from_us(es2.sleep_us),
+            side_core: false,
+        })
+    }
+
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
@@ -506,20 +599,30 @@ impl World {
             .map(|i| (0..nvcpu).filter(|&k| vcpu_list[k].0 == i).collect())
             .collect();
         let mut m = Machine::new(cores, nvcpu, clocks, nic, link);
-        // VM 0's peers use `net.device`; the other VMs' TCP workloads
-        // always go through their own VF.
-        let vm_has_vf = |i: usize, w: &crate::scenario::WorkloadSpec| {
-            w.udp.is_some() || (w.peers() && (s.net.device == NetDevice::Vf || i > 0))
+        // Each VM's peers use `net.device`; UDP PacketGen always comes
+        // through the VF.
+        let vm_has_vf = |w: &crate::scenario::WorkloadSpec| {
+            w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
+        };
+        let vm_has_virtio = |w: &crate::scenario::WorkloadSpec| {
+            virtualized && s.net.device == NetDevice::Virtio && w.peers()
         };
         let has_blk = virtualized && w0.fio.is_some();
-        let has_virtio = virtualized && s.net.device == NetDevice::Virtio && w0.peers();
+        // VM i's virtio-net device, if it has one: devices numbered in VM
+        // order.
+        let mut net_dev_of_vm: Vec<Option<usize>> = Vec::with_capacity(nvm);
+        for v in &views {
+            let next = net_dev_of_vm.iter().flatten().count();
+            net_dev_of_vm.push(vm_has_virtio(v.workload).then_some(next));
+        }
+        let has_virtio = net_dev_of_vm.iter().any(|d| d.is_some());
         // VM i's VF is VF i, its queue vector's IRT entry i.
         let mut vfs = Vec::with_capacity(nvm);
         for (i, v) in views.iter().enumerate() {
             // The guest's vectors must be distinct: fixed ones first, so a
             // collision names the key that moved.
             let mut guest_vectors = Vec::with_capacity(5);
-            if i == 0 && has_virtio {
+            if net_dev_of_vm[i].is_some() {
                 guest_vectors.push(("the virtio-net RX queue", VIRTIO_NET_VECTORS[0]));
                 guest_vectors.push(("the virtio-net TX queue", VIRTIO_NET_VECTORS[1]));
             }
@@ -533,11 +636,11 @@ impl World {
                     crate::guest::RESCHEDULE_VECTOR,
                 ));
             }
-            if vm_has_vf(i, v.workload) {
+            if vm_has_vf(v.workload) {
                 guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
             }
             vectors::check_guest_vectors(&guest_vectors)?;
-            let a = vm_has_vf(i, v.workload).then_some(VfAssignment {
+            let a = vm_has_vf(v.workload).then_some(VfAssignment {
                 vf: i as u16,
                 irte: i as u16,
                 guest_vector: s.guest.vf_vector,
@@ -589,7 +692,7 @@ impl World {
                     vf: vfs[i],
                     pv_vectors: {
                         let mut v = Vec::new();
-                        if i == 0 && has_virtio {
+                        if net_dev_of_vm[i].is_some() {
                             v.extend(VIRTIO_NET_VECTORS);
                         }
                         if i == 0 && has_blk {
@@ -613,6 +716,12 @@ impl World {
                 })
                 .collect(),
             last_vcpu: vec![None; cores],
+            redirect: (0..nvm)
+                .map(|i| {
+                    (virtualized && s.hv.es2_redirect)
+                        .then(|| crate::hv::es2::Redirect::new(&vm_vcpus[i]))
+                })
+                .collect(),
             host: HostKernel::new(cores, (SEC as f64 / hz) as Time),
             designated_core: 0,
             ioeventfds: Vec::new(),
@@ -661,19 +770,23 @@ impl World {
                 notify_port: VIRTIO_BLK_NOTIFY_PORT,
                 guard: from_us(f.guard_ms * 1000.0),
             }),
-            virtio_net: has_virtio.then_some(VirtioNetGuest {
+            virtio_net: net_dev_of_vm[0].is_some().then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
                 tx_vector: VIRTIO_NET_VECTORS[1],
                 notify_port: VIRTIO_NOTIFY_PORT,
             }),
         };
-        // The other VMs' kernels: the same guest, their own VF, no
-        // paravirtual devices.
+        // The other VMs' kernels: the same guest, their own VF or
+        // virtio-net device, no block device.
         let other_cfgs: Vec<GuestConfig> = (1..nvm)
             .map(|i| GuestConfig {
                 vf: vfs[i].map(|a| a.vf),
                 virtio_blk: None,
-                virtio_net: None,
+                virtio_net: if net_dev_of_vm[i].is_some() {
+                    gcfg.virtio_net
+                } else {
+                    None
+                },
                 ..gcfg.clone()
             })
             .collect();
@@ -684,7 +797,7 @@ impl World {
         // its peer's program.
         let mut peer_apps = Vec::new();
         if let Some(w) = tcp_workload(w0, s.seed, cal) {
-            peer_apps.push((0, spawn_tcp(&mut kernel, w)));
+            peer_apps.push((0, spawn_tcp(&mut kernel, w, views[0].app_vcpu)));
         }
         if let (Some(f), true) = (&w0.fio, has_blk) {
             let t = kernel.spawn(
@@ -702,17 +815,10 @@ impl World {
             let dev = VirtioBlkDev::new(128, s.net.event_idx, VIRTIO_BLK_NOTIFY_PORT)
                 .map_err(|e| BuildError::Scenario(e.to_string()))?;
             m.virtio_blk.push(dev);
-            hv.ioeventfds.push((VIRTIO_BLK_NOTIFY_PORT, BLK_KICK_FD));
+            hv.ioeventfds.push((0, VIRTIO_BLK_NOTIFY_PORT, BLK_KICK_FD));
         }
-        if has_virtio {
-            let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
-                .map_err(|e| BuildError::Scenario(e.to_string()))?;
-            m.virtio_net.push(dev);
-            // virtnet_probe: fill the RX ring, TX interrupts off.
-            kernel.virtio_net_probe(&mut m.virtio_net[0]);
-            // KVM_IOEVENTFD for each queue's notify port.
-            hv.ioeventfds.push((VIRTIO_NOTIFY_PORT, 0));
-            hv.ioeventfds.push((VIRTIO_NOTIFY_PORT + 1, 1));
+        if let Some(d) = net_dev_of_vm[0] {
+            Self::add_virtio_net(&mut m, &mut hv, &mut kernel, s, 0, d)?;
         }
         if let Some(sp) = &w0.sip {
             let costs = B2buaCosts {
@@ -739,10 +845,13 @@ impl World {
             // streams.
             let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             if let Some(w) = tcp_workload(v.workload, seed, cal) {
-                peer_apps.push((vm, spawn_tcp(&mut k, w)));
+                peer_apps.push((vm, spawn_tcp(&mut k, w, v.app_vcpu)));
             }
             if v.workload.udp.is_some() {
                 spawn_udp_receiver(&mut k, v.app_vcpu, cal);
+            }
+            if let Some(d) = net_dev_of_vm[vm] {
+                Self::add_virtio_net(&mut m, &mut hv, &mut k, s, vm, d)?;
             }
             guests.push(k);
         }
@@ -795,6 +904,7 @@ impl World {
             for (c, first) in first_on_core.iter().enumerate() {
                 if let Some(v) = *first {
                     scheme.vcpu_load(&mut cx, v);
+                    cx.hv.sched_in(v);
                     cx.hv.last_vcpu[c] = Some(v);
                 }
             }
@@ -897,8 +1007,11 @@ impl World {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| BuildError::Scenario(e.to_string()))?;
             let host = PeerHost::new(conns, TCP_FLOW, app, peer_costs, cpus);
-            let attach = if has_virtio && vm == 0 {
-                net::Attach::Bridge { delay: bridge }
+            let attach = if net_dev_of_vm[vm].is_some() {
+                match s.net.peer {
+                    crate::scenario::VirtioPeer::Host => net::Attach::Bridge { delay: bridge },
+                    crate::scenario::VirtioPeer::Remote => net::Attach::Uplink { delay: bridge },
+                }
             } else {
                 // Each VM's load generator sends to its VF over the link.
                 net::Attach::Wire { vf: vm as u16 }
@@ -938,22 +1051,10 @@ impl World {
             peers.push(net::PeerLink::new(uac, uac_at));
             peers.push(net::PeerLink::new(uas, uas_at));
         }
-        let pv = has_virtio.then(|| {
-            let v = &cal.vhost;
-            // The worker is pinned to a host core of its own.
-            let vhost_core = if cores > 2 { 2 } else { 0 };
-            net::PvPath {
-                vhost: VhostNet::new(0, 0, vhost_core, [0, 1], v.tap_queue_frames.value as usize),
-                costs: VhostCosts {
-                    wakeup: t_us(&v.wakeup_us),
-                    tx_per_frame: t_ns(&v.tx_per_frame_ns),
-                    rx_per_frame: t_ns(&v.rx_per_frame_ns),
-                    signal: t_ns(&v.signal_ns),
-                    poll_iteration: t_ns(&v.poll_iteration_ns),
-                },
-                vectors: VIRTIO_NET_VECTORS,
-            }
-        });
+        let pv = has_virtio
+            .then(|| Self::pv_path(s, cal, &net_dev_of_vm, &vcpu_list))
+            .transpose()?
+            .map(Box::new);
         let blk = w0.fio.as_ref().filter(|_| has_blk).map(|f| {
             let b = &cal.blk;
             blk::BlkPath {
@@ -998,6 +1099,7 @@ impl World {
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: vec![Default::default(); nvm],
             pv,
+            net_dev_of_vm,
             peers,
             trace: None,
             blk,
@@ -1016,11 +1118,14 @@ impl World {
             }
         }
         if let (Some(pv), true) = (&mut w.pv, w.scheme.backend_polls()) {
-            // vhost_vq_enable_vqpoll: the worker polls; kicks stay off.
-            pv.vhost.polling = true;
-            let vq = &mut w.m.virtio_net[pv.vhost.dev];
-            vq.tx_disable_notify();
-            vq.rx_disable_notify();
+            // vhost_vq_enable_vqpoll: the workers poll; kicks stay off.
+            pv.side_core = true;
+            for d in &mut pv.devs {
+                d.polling = true;
+                let vq = &mut w.m.virtio_net[d.dev];
+                vq.tx_disable_notify();
+                vq.rx_disable_notify();
+            }
         }
         for p in 0..w.peers.len() {
             w.peer_sent(p);
@@ -1028,7 +1133,12 @@ impl World {
         if virtualized {
             let tick = w.hv.host.tick_period;
             let vcpu_cores: Vec<usize> = vcpu_list.iter().map(|v| v.2).collect();
-            w.sched = sched::SchedState::build(s, &vcpu_cores, tick).map(Box::new);
+            let io_cores: Vec<usize> =
+                w.pv.as_ref()
+                    .map(|pv| pv.workers.iter().map(|k| k.core).collect())
+                    .unwrap_or_default();
+            w.sched = sched::SchedState::build(s, &vcpu_cores, &io_cores, tick).map(Box::new);
+            w.sched_io_threads();
             w.sched_start();
         }
         for (c, first) in first_on_core.iter().enumerate() {
@@ -1264,7 +1374,8 @@ impl World {
                 self.blk_eventfd(fd);
             }
             Ev::BlkStep => self.blk_step(),
-            Ev::VhostStep { .. } => self.pv_vhost_step(),
+            Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
+            Ev::VhostNapEnd { worker, gen } => self.pv_nap_end(worker as usize, gen),
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
             Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
             Ev::PeerTimer { peer, key } => self.peer_timer(peer as usize, key),
@@ -1323,6 +1434,7 @@ impl World {
         self.m.cores[core].mode = CoreMode::Idle;
         let (mut cx, scheme) = self.cx();
         scheme.vcpu_put(&mut cx, vcpu);
+        self.hv.sched_out(vcpu);
         let now = self.q.now();
         self.checker.set_running(vcpu, false, now);
         if self.hv.vcpus[vcpu].halted {
@@ -1372,6 +1484,7 @@ impl World {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_load(&mut cx, vcpu);
         }
+        self.hv.sched_in(vcpu);
         self.checker.set_running(vcpu, true, now);
         self.hv.last_vcpu[core] = Some(vcpu);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
@@ -1423,7 +1536,12 @@ impl World {
         }
         self.timer_exits = Default::default();
         if let Some(pv) = &mut self.pv {
-            pv.vhost.counters = Default::default();
+            for d in &mut pv.devs {
+                d.counters = Default::default();
+            }
+            for w in &mut pv.workers {
+                w.counters = Default::default();
+            }
         }
         self.scheme.reset_metrics();
         for link in &mut self.peers {
@@ -1696,7 +1814,10 @@ impl World {
             let now = self.q.now();
             let mut dev = Devices {
                 nic: &mut self.m.nic,
-                virtio_net: self.m.virtio_net.get_mut(k),
+                virtio_net: match self.net_dev_of_vm[k] {
+                    Some(d) => self.m.virtio_net.get_mut(d),
+                    None => None,
+                },
                 virtio_blk: self.m.virtio_blk.get_mut(k),
             };
             let action = self.guests[k].next(c, now, &mut dev);
@@ -1943,7 +2064,7 @@ impl World {
         }
     }
 
-    fn exit_cost(&mut self, info: ExitInfo) -> Time {
+    fn exit_cost(&mut self, vm: usize, info: ExitInfo) -> Time {
         let c = &self.costs;
         let rt = c.roundtrip;
         let mut sample = |mean: Time| {
@@ -1964,7 +2085,7 @@ impl World {
                 msr: msr::TMICT, ..
             } => c.msr_write_tmict,
             ExitInfo::MsrWrite { .. } => c.msr_write_other,
-            ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(port) {
+            ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(vm, port) {
                 Some(_) => c.io_instruction_ioeventfd,
                 None => sample(self.costs.io_instruction_mean),
             },
@@ -1995,7 +2116,7 @@ impl World {
             timer_landed: false,
             record: true,
         });
-        let base = self.exit_cost(info);
+        let base = self.exit_cost(self.hv.vcpus[vcpu].vm, info);
         let (mut cx, scheme) = self.cx();
         let out = scheme.handle_exit(&mut cx, vcpu, info);
         if matches!(info, ExitInfo::ExternalInterrupt { vector: Some(_) }) {
@@ -2065,7 +2186,7 @@ impl World {
             return;
         }
         if e.record && e.start >= self.measure_start {
-            self.hv.vms[vm].stats.record(reason, service);
+            self.hv.vms[vm].stats.record_info(&e.info, service);
             if e.timer_landed {
                 self.timer_exits[reason.index()].record(service);
             }
@@ -2149,6 +2270,49 @@ impl World {
         }
     }
 
+    /// Each virtio-net back end's counters, as its VM's metrics (VM 0's by
+    /// their plain names), and its worker's.
+    fn vhost_metrics(&self, pv: &net::PvPath, metrics: &mut Metrics, dur: f64) {
+        let hybrid = self.scenario.hv.es2_hybrid != crate::hv::es2::Es2Hybrid::Off;
+        for d in &pv.devs {
+            let v = &d.counters;
+            let w = &pv.workers[d.worker].counters;
+            let prefix = if d.vm == 0 {
+                String::new()
+            } else {
+                format!("vm{}.", d.vm)
+            };
+            let mut put = |k: &str, n: f64| {
+                metrics.insert(format!("{prefix}{k}"), n);
+            };
+            for (k, n) in [
+                ("vhost.kicks", v.kicks),
+                ("vhost.wakeups", w.wakeups),
+                ("vhost.tx_frames", v.tx_frames),
+                ("vhost.rx_frames", v.rx_frames),
+                ("vhost.signals", v.signals),
+                ("vhost.signals_suppressed", v.signals_suppressed),
+                ("vhost.tap_drops", v.tap_drops),
+            ] {
+                put(k, n as f64);
+            }
+            if hybrid {
+                put("vhost.quota_requeues", v.quota_requeues as f64);
+                put("vhost.polling_turns", v.polling_turns as f64);
+                put("vhost.empty_polls", v.empty_polls as f64);
+                put("vhost.naps", w.naps as f64);
+            }
+        }
+        if hybrid || pv.workers.len() > 1 {
+            // ES2 §7's overhead: the I/O threads' CPU, % of one core.
+            let busy: Time = pv.workers.iter().map(|w| w.counters.busy).sum();
+            metrics.insert(
+                "vhost.io_cpu_pct".into(),
+                100.0 * busy as f64 / (dur * SEC as f64).max(1.0),
+            );
+        }
+    }
+
     fn snapshot(&self) -> crate::report::Snapshot<'_> {
         let mut metrics = Metrics::new();
         let dur = (self.end - self.measure_start) as f64 / SEC as f64;
@@ -2203,18 +2367,7 @@ impl World {
             metrics.insert("blk.out_of_range".into(), b.backend.out_of_range as f64);
         }
         if let Some(pv) = &self.pv {
-            let v = &pv.vhost.counters;
-            for (k, n) in [
-                ("vhost.kicks", v.kicks),
-                ("vhost.wakeups", v.wakeups),
-                ("vhost.tx_frames", v.tx_frames),
-                ("vhost.rx_frames", v.rx_frames),
-                ("vhost.signals", v.signals),
-                ("vhost.signals_suppressed", v.signals_suppressed),
-                ("vhost.tap_drops", v.tap_drops),
-            ] {
-                metrics.insert(k.into(), n as f64);
-            }
+            self.vhost_metrics(pv, &mut metrics, dur);
         }
         crate::report::Snapshot {
             scenario: &self.scenario,

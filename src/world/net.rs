@@ -15,18 +15,52 @@
 use super::event::Ev;
 use super::World;
 use crate::engine::Time;
-use crate::hv::vhost::{VhostCosts, VhostNet};
+use crate::hv::vhost::{Completion, Next, VhostCosts, VhostNet, VhostWorker, Vq};
 use crate::hw::wire::Frame;
 use crate::hw::x86::nic::RxPacket;
 use crate::workloads::peer::PeerHost;
 use std::collections::VecDeque;
 
-/// The vhost side of a virtio-net device.
+/// The vhost side of the machine's virtio-net devices: their back ends and
+/// the worker threads that run them.
 pub(super) struct PvPath {
-    pub(super) vhost: VhostNet,
+    /// Back end of each device (device d serves `m.virtio_net[d]`).
+    pub(super) devs: Vec<VhostNet>,
+    /// The guest's MSI-X vector for each device's queues (RX, TX): the
+    /// irqfd routes.
+    pub(super) vectors: Vec<[u8; 2]>,
+    /// The worker threads.
+    pub(super) workers: Vec<VhostWorker>,
+    /// Per worker: how the platform runs it.
+    pub(super) threads: Vec<IoThread>,
     pub(super) costs: VhostCosts,
-    /// The guest's MSI-X vector for each queue (RX, TX): the irqfd routes.
-    pub(super) vectors: [u8; 2],
+    /// ES2's interruptible sleep.
+    pub(super) nap: Time,
+    /// Some worker polls from a side core (ELVIS).
+    pub(super) side_core: bool,
+}
+
+/// How the platform runs a vhost worker thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct IoThread {
+    /// Its host-scheduler thread, when it shares its core; otherwise the
+    /// core is its own and it runs whenever it has work.
+    pub(super) tid: Option<crate::hv::sched::Tid>,
+    /// Current on its core (always, without a scheduler thread).
+    pub(super) on_cpu: bool,
+    /// A `VhostStep` for it is queued.
+    pub(super) step_queued: bool,
+    /// Generation of its nap timer (a nap woken early leaves a stale one).
+    pub(super) nap_gen: u64,
+}
+
+/// Where a frame the guest sent left the machine's devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// VF `vf`'s TX queue.
+    Vf(u16),
+    /// VM `vm`'s virtio-net device, through its tap.
+    Tap(usize),
 }
 
 /// Where a peer host is attached.
@@ -112,52 +146,181 @@ impl World {
     /// An eventfd was signalled: a guest kick of one of vhost's queues.
     pub(super) fn pv_eventfd(&mut self, fd: u16) {
         let Some(pv) = &mut self.pv else { return };
-        if pv.vhost.kick(fd) == Some(true) {
-            let w = pv.costs.start_latency(pv.vhost.polling);
-            self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
+        let Some((d, vq)) = pv
+            .devs
+            .iter_mut()
+            .enumerate()
+            .find_map(|(d, b)| b.kicked(fd).map(|vq| (d, vq)))
+        else {
+            return;
+        };
+        self.vhost_queue(d, vq);
+    }
+
+    /// `vhost_work_queue`: device `d`'s handler for `vq` has work; its
+    /// worker wakes if it slept.
+    fn vhost_queue(&mut self, d: usize, vq: Vq) {
+        let Some(pv) = &mut self.pv else { return };
+        let w = pv.devs[d].worker;
+        if pv.workers[w].queue(&mut pv.devs[d], vq) {
+            self.vhost_wake(w);
         }
     }
 
-    /// The vhost worker finished a unit of work (or just woke up).
-    pub(super) fn pv_vhost_step(&mut self) {
+    /// Worker `w` was asleep (or napping) and has work: it runs after a
+    /// wake-up, at once on its own core, or as the host scheduler decides.
+    fn vhost_wake(&mut self, w: usize) {
         let now = self.q.now();
         let Some(pv) = &mut self.pv else { return };
-        let vq = &mut self.m.virtio_net[pv.vhost.dev];
-        let done = pv.vhost.complete(vq, &pv.costs);
-        // None: asleep until the next kick or tap frame wakes it.
-        if let Some(cost) = pv.vhost.begin(vq, &pv.costs) {
-            self.q
-                .schedule(now + done.extra + cost, Ev::VhostStep { dev: 0 });
+        if pv.workers[w].napping {
+            // The interruptible sleep ends early.
+            pv.workers[w].nap_over(&mut pv.devs);
+            pv.threads[w].nap_gen += 1;
         }
-        let (vm, vectors) = (pv.vhost.vm, pv.vectors);
-        if let Some(f) = done.to_bridge {
-            self.frame_to_peer(f, None, now);
+        let lat = pv.costs.start_latency(pv.side_core);
+        match pv.threads[w].tid {
+            None => {
+                if !pv.threads[w].step_queued {
+                    pv.threads[w].step_queued = true;
+                    self.q
+                        .schedule(now + lat, Ev::VhostStep { worker: w as u16 });
+                }
+            }
+            Some(tid) => self.sched_wake_thread(tid, lat),
         }
-        if let Some(queue) = done.signal {
-            self.irqfd(vm, vectors[queue]);
+    }
+
+    /// Worker `w` finished a unit of work (or just woke up, or was
+    /// switched in).
+    pub(super) fn pv_vhost_step(&mut self, w: usize) {
+        let now = self.q.now();
+        let Some(pv) = &mut self.pv else { return };
+        pv.threads[w].step_queued = false;
+        let vqs = &mut self.m.virtio_net[..];
+        let done = pv.workers[w].finish(&mut pv.devs, vqs, &pv.costs);
+        if !pv.threads[w].on_cpu {
+            // Preempted: the unit in flight is done; the rest waits for
+            // the worker's next turn on the core.
+            self.vhost_completion(done, now);
+            return;
+        }
+        let next = pv.workers[w].resume(&mut pv.devs, vqs, &pv.costs);
+        match next {
+            Next::Unit(t) => {
+                pv.threads[w].step_queued = true;
+                self.q
+                    .schedule(now + done.extra + t, Ev::VhostStep { worker: w as u16 });
+            }
+            Next::Sleep => {
+                if let Some(tid) = pv.threads[w].tid {
+                    self.sched_block_thread(tid);
+                }
+            }
+            Next::Nap => {
+                pv.threads[w].nap_gen += 1;
+                let gen = pv.threads[w].nap_gen;
+                self.q.schedule(
+                    now + done.extra + pv.nap,
+                    Ev::VhostNapEnd {
+                        worker: w as u16,
+                        gen,
+                    },
+                );
+                if let Some(tid) = pv.threads[w].tid {
+                    self.sched_block_thread(tid);
+                }
+            }
+        }
+        self.vhost_completion(done, now);
+    }
+
+    /// ES2's 10 µs sleep of worker `w` ran out.
+    pub(super) fn pv_nap_end(&mut self, w: usize, gen: u64) {
+        let Some(pv) = &mut self.pv else { return };
+        if pv.threads[w].nap_gen != gen || !pv.workers[w].napping {
+            return;
+        }
+        pv.workers[w].running = true;
+        self.vhost_wake_from_nap(w);
+    }
+
+    fn vhost_wake_from_nap(&mut self, w: usize) {
+        let Some(pv) = &mut self.pv else { return };
+        pv.workers[w].nap_over(&mut pv.devs);
+        // schedule_hrtimeout: the timer wakes the thread (a wake-up).
+        let lat = pv.costs.wakeup;
+        match pv.threads[w].tid {
+            None => {
+                if !pv.threads[w].step_queued {
+                    pv.threads[w].step_queued = true;
+                    self.q.schedule_in(lat, Ev::VhostStep { worker: w as u16 });
+                }
+            }
+            Some(tid) => self.sched_wake_thread(tid, lat),
+        }
+    }
+
+    /// Carries out what a finished unit did: the frame goes to the bridge,
+    /// the guest's interrupt is raised through the irqfd.
+    fn vhost_completion(&mut self, done: Completion, now: Time) {
+        let Some(pv) = &self.pv else { return };
+        if let Some((d, f)) = done.to_bridge {
+            let vm = pv.devs[d as usize].vm;
+            self.frame_to_peer(f, Source::Tap(vm), now);
+        }
+        let Some(pv) = &self.pv else { return };
+        if let Some((d, queue)) = done.signal {
+            let (vm, vector) = (pv.devs[d as usize].vm, pv.vectors[d as usize][queue]);
+            self.irqfd(vm, vector);
+        }
+    }
+
+    /// Worker `w` was switched in on its core by the host scheduler.
+    pub(super) fn vhost_switched_in(&mut self, w: usize) {
+        let Some(pv) = &mut self.pv else { return };
+        pv.threads[w].on_cpu = true;
+        if !pv.threads[w].step_queued {
+            pv.threads[w].step_queued = true;
+            self.q.schedule_in(0, Ev::VhostStep { worker: w as u16 });
+        }
+    }
+
+    /// Worker `w` was switched out (preempted, or it blocked).
+    pub(super) fn vhost_switched_out(&mut self, w: usize) {
+        if let Some(pv) = &mut self.pv {
+            pv.threads[w].on_cpu = false;
         }
     }
 
     /// The polling worker (ELVIS) looks at the rings the guest may just
     /// have published to.
     pub(super) fn pv_poll_observe(&mut self) {
-        let Some(pv) = &mut self.pv else { return };
-        if !pv.vhost.polling {
-            return;
-        }
-        let vq = &self.m.virtio_net[pv.vhost.dev];
-        if pv.vhost.poll_rings(vq) {
-            let w = pv.costs.poll_iteration;
-            self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
+        let n = match &self.pv {
+            Some(pv) if pv.side_core => pv.devs.len(),
+            _ => return,
+        };
+        for d in 0..n {
+            let Some(pv) = &mut self.pv else { return };
+            if !pv.devs[d].polling {
+                continue;
+            }
+            let [rx, tx] = pv.devs[d].poll_rings(&self.m.virtio_net[d]);
+            for (has, vq) in [(tx, Vq::Tx), (rx, Vq::Rx)] {
+                if has {
+                    self.vhost_queue(d, vq);
+                }
+            }
         }
     }
 
     /// irqfd: the back end's signal becomes the scheme's virtual interrupt
-    /// (`kvm_set_irq` → the VM's LAPIC as the scheme keeps it).
+    /// (`kvm_set_irq` → the MSI's destination, as KVM routes it, and
+    /// ES2's redirection may rewrite it → the VM's LAPIC as the scheme
+    /// keeps it).
     fn irqfd(&mut self, vm: usize, vector: u8) {
         let now = self.q.now();
         self.checker.raised(vm, vector, now);
-        let vcpu = self.hv.vms[vm].vcpus[0];
+        let vcpu = self.hv.msi_destination(vm);
         let (mut cx, scheme) = self.cx();
         scheme.virtual_interrupt(&mut cx, vcpu, vector);
     }
@@ -174,20 +337,20 @@ impl World {
         }
         self.nic_action(irq);
         if let Some(f) = f {
-            self.frame_to_peer(f, Some(vf), now);
+            self.frame_to_peer(f, Source::Vf(vf), now);
         }
     }
 
-    /// A frame the guest sent left its device (the tap, or VF `from`'s TX
+    /// A frame the guest sent left its device (a VM's tap, or a VF's TX
     /// queue) at `now`: it travels to the peer that owns its flow (among
-    /// those attached to that VF: each VM numbers its flows from 1).
-    fn frame_to_peer(&mut self, f: Frame, from: Option<u16>, now: Time) {
+    /// those attached to that device: each VM numbers its flows from 1).
+    fn frame_to_peer(&mut self, f: Frame, from: Source, now: Time) {
         let Some(p) = self.peers.iter().position(|l| {
             l.peer.owns(f.flow)
                 && match (l.attach, from) {
-                    (Attach::Wire { vf } | Attach::Veb { vf, .. }, Some(v)) => vf == v,
-                    (Attach::Bridge { .. } | Attach::Uplink { .. }, Some(_)) => false,
-                    (_, None) => true,
+                    (Attach::Wire { vf } | Attach::Veb { vf, .. }, Source::Vf(v)) => vf == v,
+                    (Attach::Bridge { .. } | Attach::Uplink { .. }, Source::Tap(vm)) => l.vm == vm,
+                    _ => false,
                 }
         }) else {
             return;
@@ -312,10 +475,13 @@ impl World {
         };
         match link.attach {
             Attach::Bridge { .. } | Attach::Uplink { .. } => {
+                let vm = link.vm;
+                let Some(d) = self.net_dev_of_vm.get(vm).copied().flatten() else {
+                    return;
+                };
                 let Some(pv) = &mut self.pv else { return };
-                if pv.vhost.tap_receive(f) {
-                    let w = pv.costs.start_latency(pv.vhost.polling);
-                    self.q.schedule_in(w, Ev::VhostStep { dev: 0 });
+                if pv.devs[d].tap_receive(f) {
+                    self.vhost_queue(d, Vq::Rx);
                 }
             }
             Attach::Wire { vf } | Attach::Veb { vf, .. } => {

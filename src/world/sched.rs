@@ -33,17 +33,36 @@ pub struct SchedState {
     /// Time spent halt-polling, and polls that ended with an interrupt.
     poll_time: Time,
     poll_success: u64,
+    /// Threads from `io_base` on are vhost workers: the worker of each.
+    io_base: Tid,
+    io_workers: Vec<usize>,
 }
 
 impl SchedState {
     /// The scheduler a scenario asks for: none unless it has host threads
-    /// or vCPUs that share a core.
+    /// or threads that share a core.
     /// Threads 0..vcpus are the vCPU threads (pinned to their cores), then
-    /// the burners.
-    pub fn build(s: &Scenario, vcpu_cores: &[usize], tick: Time) -> Option<SchedState> {
+    /// the burners, then the vhost workers (of `io_cores`, one entry per
+    /// worker) that share their core with another thread; a worker alone
+    /// on its core runs whenever it has work, outside the scheduler.
+    pub fn build(
+        s: &Scenario,
+        vcpu_cores: &[usize],
+        io_cores: &[usize],
+        tick: Time,
+    ) -> Option<SchedState> {
         let shared = (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
         let halts = s.guest.idle == crate::guest::IdleMode::Halt;
-        if s.host.burners.is_empty() && !shared && !halts {
+        let burner_on = |c: usize| s.host.burners.iter().any(|b| b.cores.contains(&c));
+        let io_shared: Vec<usize> = (0..io_cores.len())
+            .filter(|&w| {
+                let c = io_cores[w];
+                vcpu_cores.contains(&c)
+                    || burner_on(c)
+                    || io_cores.iter().enumerate().any(|(k, &o)| k != w && o == c)
+            })
+            .collect();
+        if s.host.burners.is_empty() && !shared && !halts && io_shared.is_empty() {
             return None;
         }
         let mut sched = HostScheduler::new(s.machine.cores);
@@ -54,6 +73,11 @@ impl SchedState {
             let mask = b.cores.iter().fold(0u64, |m, &c| m | (1 << c));
             sched.add_thread(b.nice, mask, b.cores[0]);
         }
+        let io_base = sched.threads();
+        for &w in &io_shared {
+            let c = io_cores[w];
+            sched.add_thread(0, 1 << c, c);
+        }
         Some(SchedState {
             s: sched,
             switch_to: vec![None; s.machine.cores],
@@ -63,7 +87,15 @@ impl SchedState {
             halts: 0,
             poll_time: 0,
             poll_success: 0,
+            io_base,
+            io_workers: io_shared,
         })
+    }
+
+    /// The vhost worker thread `t` is, if it is one.
+    fn io_worker(&self, t: Tid) -> Option<usize> {
+        t.checked_sub(self.io_base)
+            .and_then(|i| self.io_workers.get(i).copied())
     }
 
     /// The cores any thread may run on (they get scheduler ticks).
@@ -84,8 +116,9 @@ impl World {
                 st.s.pick_next(core, 0);
             }
         }
-        for t in vcpus..st.s.threads() {
-            // Burners queue behind the vCPUs or run on idle cores.
+        for t in vcpus..st.io_base {
+            // Burners queue behind the vCPUs or run on idle cores; vhost
+            // workers sleep until work is queued.
             if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
                 st.s.pick_next(core, 0);
             }
@@ -131,8 +164,18 @@ impl World {
         if prev == next {
             return;
         }
+        let (prev_io, next_io) = (
+            prev.and_then(|p| st.io_worker(p)),
+            next.and_then(|n| st.io_worker(n)),
+        );
+        if let Some(w) = prev_io {
+            self.vhost_switched_out(w);
+        }
         if let Some(p) = prev.filter(|&p| p < vcpus) {
             self.deschedule(p);
+        }
+        if let Some(w) = next_io {
+            self.vhost_switched_in(w);
         }
         let Some(n) = next.filter(|&n| n < vcpus) else {
             return;
@@ -260,9 +303,78 @@ impl World {
         st.halts += 1;
         st.s.block(core, now);
         let (_, next) = st.s.pick_next(core, now);
-        if let Some(n) = next.filter(|&n| n < vcpus) {
+        self.switched_to(next, vcpus);
+    }
+
+    /// The core picked `next` after its thread blocked: a vCPU is
+    /// scheduled in, a vhost worker goes on with its work.
+    fn switched_to(&mut self, next: Option<Tid>, vcpus: usize) {
+        let Some(n) = next else { return };
+        if n < vcpus {
             self.reschedule(n);
+        } else if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(n)) {
+            self.vhost_switched_in(w);
         }
+    }
+
+    /// Gives each vhost worker that shares its core its scheduler thread
+    /// (it starts asleep, off the core).
+    pub(super) fn sched_io_threads(&mut self) {
+        let Some(st) = &self.sched else { return };
+        let Some(pv) = &mut self.pv else { return };
+        for (i, &w) in st.io_workers.iter().enumerate() {
+            pv.threads[w].tid = Some(st.io_base + i);
+            pv.threads[w].on_cpu = false;
+        }
+    }
+
+    /// A sleeping host thread (a vhost worker) was given work: after the
+    /// wake-up latency `lat` it runs, at once on an idle core, by
+    /// preempting the current thread as CFS decides, or in its turn.
+    pub(super) fn sched_wake_thread(&mut self, tid: Tid, lat: Time) {
+        let now = self.q.now();
+        let Some(st) = &mut self.sched else { return };
+        match st.s.wake(tid, now) {
+            Some(Wake::RunIdle { core }) => {
+                st.s.pick_next(core, now);
+                if let Some(w) = st.io_worker(tid) {
+                    if let Some(pv) = &mut self.pv {
+                        pv.threads[w].on_cpu = true;
+                        if !pv.threads[w].step_queued {
+                            pv.threads[w].step_queued = true;
+                            self.q
+                                .schedule(now + lat, Ev::VhostStep { worker: w as u16 });
+                        }
+                    }
+                }
+            }
+            Some(Wake::Preempt { core }) => {
+                self.stop_polling_on(core);
+                self.q
+                    .schedule(now + lat, Ev::Resched { core: core as u16 })
+            }
+            Some(Wake::Queued { core }) => self.stop_polling_on(core),
+            None => {}
+        }
+    }
+
+    /// The running host thread `tid` (a vhost worker out of work) blocks;
+    /// its core runs the next thread.
+    pub(super) fn sched_block_thread(&mut self, tid: Tid) {
+        let now = self.q.now();
+        let vcpus = self.hv.vcpus.len();
+        let Some(st) = &mut self.sched else { return };
+        let core = st.s.thread(tid).core;
+        if st.s.current(core) != Some(tid) {
+            return;
+        }
+        st.s.block(core, now);
+        if let Some(w) = st.io_worker(tid) {
+            self.vhost_switched_out(w);
+        }
+        let Some(st) = &mut self.sched else { return };
+        let (_, next) = st.s.pick_next(core, now);
+        self.switched_to(next, vcpus);
     }
 
     /// A kicked halted vCPU's thread wakes; it runs at once on an idle
