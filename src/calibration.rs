@@ -112,8 +112,11 @@ section!(Vhost {
 });
 section!(Blk {
     wakeup_us,
-    request_us,
+    submit_us,
+    io_us,
+    complete_us,
     copy_per_kib_ns,
+    thread_create_us,
 });
 section!(Peer {
     rx_segment_ns,

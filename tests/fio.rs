@@ -24,6 +24,14 @@ fn fio_requests_complete_through_each_scheme() {
         assert!((metric(r, "blk.kicks") - reqs).abs() <= 2.0, "{n}");
         assert!((metric(r, "blk.signals") - reqs).abs() <= 2.0, "{n}");
         assert_eq!(metric(r, "blk.out_of_range"), 0.0);
+        // qemu-kvm 1.0, aio=threads: the kick and the completion pipe each
+        // wake the sleeping main loop, the submission wakes the sleeping
+        // pool thread.
+        assert!(
+            (metric(r, "blk.main_wakeups") - 2.0 * reqs).abs() <= 4.0,
+            "{n}"
+        );
+        assert!((metric(r, "blk.worker_wakeups") - reqs).abs() <= 2.0, "{n}");
     }
     let per_req = |r: &exitless::report::RunReport, reason: &str| {
         rate(r, reason) * 0.05 / metric(r, "blk.requests")

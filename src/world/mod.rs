@@ -18,7 +18,6 @@ use crate::guest::itr::{ItrDriver, ItrParams};
 use crate::guest::net::{Devices, VirtioNetGuest};
 use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::{Action, GuestConfig, GuestCosts, Instr, Kernel, VfReg};
-use crate::hv::blk_backend::{BlkCosts, RamDiskBackend};
 use crate::hv::exits::ExitInfo;
 use crate::hv::host::{HostKernel, HostTimer, HOST_DEVICE_VECTOR_BASE, HOST_TIMER_VECTOR};
 use crate::hv::scheme::{self, Scheme};
@@ -1055,18 +1054,11 @@ impl World {
             .then(|| Self::pv_path(s, cal, &net_dev_of_vm, &vcpu_list))
             .transpose()?
             .map(Box::new);
-        let blk = w0.fio.as_ref().filter(|_| has_blk).map(|f| {
-            let b = &cal.blk;
-            blk::BlkPath {
-                backend: RamDiskBackend::new(0, BLK_KICK_FD, VIRTIO_BLK_VECTOR, f.disk_bytes),
-                costs: BlkCosts {
-                    wakeup: t_us(&b.wakeup_us),
-                    request: t_us(&b.request_us),
-                    copy_per_kib: t_ns(&b.copy_per_kib_ns),
-                    signal: t_ns(&cal.vhost.signal_ns),
-                },
-            }
-        });
+        let blk = w0
+            .fio
+            .as_ref()
+            .filter(|_| has_blk)
+            .map(|f| blk::BlkPath::new(cal, BLK_KICK_FD, VIRTIO_BLK_VECTOR, f.disk_bytes));
         let mut w = World {
             q,
             m,
@@ -2360,11 +2352,7 @@ impl World {
             }
         }
         if let Some(b) = &self.blk {
-            let c = &b.backend.counters;
-            metrics.insert("blk.kicks".into(), c.kicks as f64);
-            metrics.insert("blk.requests".into(), c.requests as f64);
-            metrics.insert("blk.signals".into(), c.signals as f64);
-            metrics.insert("blk.out_of_range".into(), b.backend.out_of_range as f64);
+            b.metrics(&mut metrics);
         }
         if let Some(pv) = &self.pv {
             self.vhost_metrics(pv, &mut metrics, dur);
