@@ -39,6 +39,29 @@ impl Apicv {
     }
 }
 
+impl Apicv {
+    /// ES2's redirection for VT-d posted interrupts (docs/papers.md ES2,
+    /// §2.8 of the digest): the VF's posted-format IRTE is pointed at the
+    /// descriptor of the vCPU redirection picks now, rewritten (and its
+    /// cache entry invalidated) only when the pick changes.
+    fn redirect_posted_irte(&self, cx: &mut HvCx, vm: usize) {
+        if !self.vtd_posted_interrupts {
+            return;
+        }
+        let (Some(a), Some(target)) = (cx.hv.vms[vm].vf, cx.hv.posted_irte_target(vm)) else {
+            return;
+        };
+        if cx.m.irt.posted_descriptor(a.irte) == Some(target as u16) {
+            return;
+        }
+        let irte = a.irte(0, a.guest_vector, DeliveryMode::Fixed);
+        if cx.m.irt.write_posted(a.irte, irte, target as u16).is_ok() {
+            cx.m.irt.invalidate(a.irte);
+        }
+        cx.charge(cx.costs.irt_update);
+    }
+}
+
 impl Scheme for Apicv {
     fn name(&self) -> &'static str {
         "apicv"
@@ -76,6 +99,7 @@ impl Scheme for Apicv {
         cx.m.pi_desc[vcpu].ndst = cx.m.cores[core].apic_id;
         cx.m.pi_desc[vcpu].sn = false;
         cx.hv.vcpus[vcpu].loaded = true;
+        self.redirect_posted_irte(cx, cx.hv.vcpus[vcpu].vm);
     }
 
     fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
@@ -85,6 +109,7 @@ impl Scheme for Apicv {
             cx.m.pi_desc[vcpu].sn = true;
         }
         cx.hv.vcpus[vcpu].loaded = false;
+        self.redirect_posted_irte(cx, cx.hv.vcpus[vcpu].vm);
     }
 
     /// `vmx_deliver_posted_interrupt`: post, and notify the core if the vCPU

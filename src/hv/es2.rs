@@ -170,6 +170,12 @@ impl Redirect {
         }
     }
 
+    /// The warm-up is over: counters restart.
+    pub fn reset_counters(&mut self) {
+        self.redirected = 0;
+        self.to_offline = 0;
+    }
+
     /// `kvm_sched_in`: `vcpu` is about to run.
     pub fn sched_in(&mut self, vcpu: usize) {
         self.offline.retain(|&v| v != vcpu);
@@ -189,6 +195,23 @@ impl Redirect {
         }
     }
 
+    /// The vCPU an interrupt would go to now, without counting it: where
+    /// ES2 points a VT-d posted-format IRTE (the hardware delivers without
+    /// asking the hypervisor, so the choice is made at each schedule-in or
+    /// -out instead of per interrupt).
+    pub fn peek(&self, allowed: &[usize], index_of: impl Fn(usize) -> usize) -> Option<usize> {
+        let ok = |v: &usize| allowed.contains(v);
+        if let Some(s) = self.sticky.filter(|s| self.online.contains(s) && ok(s)) {
+            return Some(s);
+        }
+        self.online
+            .iter()
+            .copied()
+            .filter(ok)
+            .min_by_key(|&v| (self.processed[index_of(v)], index_of(v)))
+            .or_else(|| self.offline.iter().copied().find(|v| ok(v)))
+    }
+
     /// The destination of a device interrupt the MSI aimed at `original`,
     /// among `allowed` (the MSI's lowest-priority set); `index_of` maps a
     /// vCPU to its index in the VM (for the counters, ties to the lowest).
@@ -199,7 +222,7 @@ impl Redirect {
         index_of: impl Fn(usize) -> usize,
     ) -> usize {
         let ok = |v: &usize| allowed.contains(v);
-        let pick = if let Some(s) = self.sticky.filter(|s| self.online.contains(s)) {
+        let pick = if let Some(s) = self.sticky.filter(|s| self.online.contains(s) && ok(s)) {
             s
         } else if let Some(v) = self
             .online

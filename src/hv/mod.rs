@@ -207,6 +207,18 @@ impl HvState {
         r.destination(original, &vms[vm].irq_affinity, |c| vcpus[c].index)
     }
 
+    /// Where ES2's redirection would point `vm`'s VT-d posted-format IRTE
+    /// now (None: redirection off, or the MSI is not lowest-priority over
+    /// several vCPUs).
+    pub fn posted_irte_target(&self, vm: usize) -> Option<usize> {
+        let v = &self.vms[vm];
+        if !v.msi_lowest_priority || v.irq_affinity.len() < 2 {
+            return None;
+        }
+        let r = self.redirect[vm].as_ref()?;
+        r.peek(&v.irq_affinity, |c| self.vcpus[c].index)
+    }
+
     /// KVM's preempt notifier `kvm_sched_in`: `vcpu` is about to run.
     pub fn sched_in(&mut self, vcpu: usize) {
         let vm = self.vcpus[vcpu].vm;

@@ -902,8 +902,8 @@ impl World {
             // wait in the host scheduler's run queue.
             for (c, first) in first_on_core.iter().enumerate() {
                 if let Some(v) = *first {
-                    scheme.vcpu_load(&mut cx, v);
                     cx.hv.sched_in(v);
+                    scheme.vcpu_load(&mut cx, v);
                     cx.hv.last_vcpu[c] = Some(v);
                 }
             }
@@ -1424,9 +1424,9 @@ impl World {
 
     fn put(&mut self, core: usize, vcpu: usize) {
         self.m.cores[core].mode = CoreMode::Idle;
+        self.hv.sched_out(vcpu);
         let (mut cx, scheme) = self.cx();
         scheme.vcpu_put(&mut cx, vcpu);
-        self.hv.sched_out(vcpu);
         let now = self.q.now();
         self.checker.set_running(vcpu, false, now);
         if self.hv.vcpus[vcpu].halted {
@@ -1472,11 +1472,12 @@ impl World {
             return;
         }
         let now = self.q.now();
+        // kvm_sched_in (the preempt notifier), then kvm_arch_vcpu_load.
+        self.hv.sched_in(vcpu);
         {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_load(&mut cx, vcpu);
         }
-        self.hv.sched_in(vcpu);
         self.checker.set_running(vcpu, true, now);
         self.hv.last_vcpu[core] = Some(vcpu);
         self.m.cores[core].mode = CoreMode::Host { vcpu };
@@ -1527,6 +1528,9 @@ impl World {
             g.reset_metrics();
         }
         self.timer_exits = Default::default();
+        for r in self.hv.redirect.iter_mut().flatten() {
+            r.reset_counters();
+        }
         if let Some(pv) = &mut self.pv {
             for d in &mut pv.devs {
                 d.counters = Default::default();
@@ -2356,6 +2360,17 @@ impl World {
         }
         if let Some(pv) = &self.pv {
             self.vhost_metrics(pv, &mut metrics, dur);
+        }
+        for (vm, r) in self.hv.redirect.iter().enumerate() {
+            if let Some(r) = r {
+                let p = if vm == 0 {
+                    String::new()
+                } else {
+                    format!("vm{vm}.")
+                };
+                metrics.insert(format!("{p}es2.redirected"), r.redirected as f64);
+                metrics.insert(format!("{p}es2.to_offline"), r.to_offline as f64);
+            }
         }
         crate::report::Snapshot {
             scenario: &self.scenario,

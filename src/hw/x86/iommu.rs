@@ -217,6 +217,12 @@ impl InterruptRemappingTable {
         Ok(())
     }
 
+    /// The posted-interrupt descriptor a posted-format entry names, if the
+    /// entry is in that format.
+    pub fn posted_descriptor(&self, index: u16) -> Option<u16> {
+        self.posted.get(usize::from(index)).copied().flatten()
+    }
+
     /// Remaps an MSI through an entry of either format.
     pub fn remap_any(&mut self, msi: RemappableMsi) -> Result<Remapped, RemapFault> {
         let r = self.remap(msi)?;
