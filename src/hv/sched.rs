@@ -189,6 +189,14 @@ impl HostScheduler {
         self.threads.len() - 1
     }
 
+    /// Sets sleeping thread `t`'s virtual runtime before it first runs:
+    /// threads started at different times (VMs booted one after another)
+    /// do not begin level.
+    pub fn set_vruntime(&mut self, t: Tid, vruntime: u64) {
+        debug_assert!(!self.threads[t].runnable);
+        self.threads[t].vruntime = vruntime;
+    }
+
     /// A thread's state.
     pub fn thread(&self, t: Tid) -> &Thread {
         &self.threads[t]

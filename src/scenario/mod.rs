@@ -822,6 +822,12 @@ pub struct HostSpec {
     /// the first core from 2 up that runs no vCPU (core 0 on a 2-core
     /// machine).
     pub io_cores: Vec<usize>,
+    /// Each vCPU thread starts with a virtual runtime drawn uniformly from
+    /// [0, this) ms (seeded): VMs booted at different times, so the host
+    /// scheduler's rotation on each core is out of phase with the others'.
+    /// 0 (default): every thread starts level, and cores that hold the
+    /// same threads rotate in step.
+    pub vcpu_start_skew_ms: f64,
 }
 
 /// A CPU-bound host thread (a background burner).
@@ -1556,6 +1562,14 @@ impl Scenario {
             if !(us.is_finite() && (0.1..=10_000.0).contains(&us)) {
                 return bad("hv.es2_sleep_us", format!("{us} must be in [0.1, 10000]"));
             }
+        }
+        if !(self.host.vcpu_start_skew_ms.is_finite()
+            && (0.0..=10_000.0).contains(&self.host.vcpu_start_skew_ms))
+        {
+            return bad(
+                "host.vcpu_start_skew_ms",
+                format!("{} must be in [0, 10000]", self.host.vcpu_start_skew_ms),
+            );
         }
         for (i, &c) in self.host.io_cores.iter().enumerate() {
             if c >= self.machine.cores {

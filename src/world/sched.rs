@@ -66,8 +66,13 @@ impl SchedState {
             return None;
         }
         let mut sched = HostScheduler::new(s.machine.cores);
+        let skew = s.host.vcpu_start_skew_ms * 1e-3;
+        let mut rng = crate::engine::RngStream::new(s.seed, "vcpu-start-skew");
         for &c in vcpu_cores {
-            sched.add_thread(s.host.vcpu_nice, 1 << c, c);
+            let t = sched.add_thread(s.host.vcpu_nice, 1 << c, c);
+            if skew > 0.0 {
+                sched.set_vruntime(t, crate::engine::from_s(rng.uniform() * skew));
+            }
         }
         for b in &s.host.burners {
             let mask = b.cores.iter().fold(0u64, |m, &c| m | (1 << c));
