@@ -175,6 +175,8 @@ pub enum Tolerance {
     Abs(f64),
     /// model ≤ paper (the paper gives an upper bound).
     Max,
+    /// model ≥ paper (the paper gives a lower bound: "more than 40K").
+    Min,
 }
 
 /// A published value.
@@ -277,6 +279,7 @@ fn within(model: f64, paper: f64, t: Tolerance) -> bool {
         Tolerance::Rel(x) => (model - paper).abs() <= x * paper.abs(),
         Tolerance::Abs(x) => (model - paper).abs() <= x,
         Tolerance::Max => model <= paper,
+        Tolerance::Min => model >= paper,
     }
 }
 
@@ -336,14 +339,9 @@ fn search(
     Some((best, Some(lo)))
 }
 
-/// One value of an experiment's parameter: (parameter and value, scenario
-/// file, overrides before the config's, overrides after them).
-type Variant = (
-    Option<(String, toml::Value)>,
-    PathBuf,
-    Vec<String>,
-    Vec<String>,
-);
+/// One point of an experiment's parameters: (each parameter and its value,
+/// scenario file, overrides before the config's, overrides after them).
+type Variant = (Vec<(String, toml::Value)>, PathBuf, Vec<String>, Vec<String>);
 
 /// A job's report, and the peak a search found.
 type Outcome = (RunReport, Option<f64>);
@@ -351,7 +349,7 @@ type Outcome = (RunReport, Option<f64>);
 struct Job {
     exp: usize,
     config: String,
-    param: Option<(String, toml::Value)>,
+    param: Vec<(String, toml::Value)>,
     scenario: PathBuf,
     sets: Vec<String>,
 }
@@ -396,44 +394,52 @@ pub fn reproduce(
     let mut jobs = Vec::new();
     for (ei, e) in exps.iter().enumerate() {
         // The experiment's variants, each with its scenario and the
-        // overrides that go before and after the config's.
-        let variants: Vec<Variant> = if e.workloads.is_empty() {
-            if e.scenario.is_empty() {
-                return Err(ReproduceError::Bad(format!(
-                    "{}: needs a `scenario` (or `workloads`)",
-                    e.id
-                )));
-            }
-            match e.params.iter().next() {
-                None => vec![(None, dir.join(&e.scenario), vec![], vec![])],
-                Some((k, vals)) => vals
+        // overrides that go before and after the config's: its workloads
+        // (or its one scenario), each under every value of its parameter.
+        let bases: Vec<(Vec<(String, toml::Value)>, PathBuf, Vec<String>)> =
+            if e.workloads.is_empty() {
+                if e.scenario.is_empty() {
+                    return Err(ReproduceError::Bad(format!(
+                        "{}: needs a `scenario` (or `workloads`)",
+                        e.id
+                    )));
+                }
+                vec![(vec![], dir.join(&e.scenario), vec![])]
+            } else {
+                if e.search.is_some() {
+                    return Err(ReproduceError::Bad(format!(
+                        "{}: `workloads` cannot be combined with `search`",
+                        e.id
+                    )));
+                }
+                e.workloads
                     .iter()
-                    .map(|v| {
-                        let set = format!("{k}={}", set_value(v));
-                        (
-                            Some((k.clone(), v.clone())),
-                            dir.join(&e.scenario),
-                            vec![],
-                            vec![set],
-                        )
+                    .map(|w| {
+                        let param = ("workload".to_string(), toml::Value::String(w.name.clone()));
+                        (vec![param], dir.join(&w.scenario), w.set.clone())
                     })
-                    .collect(),
+                    .collect()
+            };
+        if e.params.len() > 1 {
+            return Err(ReproduceError::Bad(format!(
+                "{}: at most one parameter in `params`",
+                e.id
+            )));
+        }
+        let mut variants: Vec<Variant> = Vec::new();
+        for (p, scenario, before) in bases {
+            match e.params.iter().next() {
+                None => variants.push((p, scenario, before, vec![])),
+                Some((k, vals)) => {
+                    for v in vals {
+                        let mut p = p.clone();
+                        p.push((k.clone(), v.clone()));
+                        let set = format!("{k}={}", set_value(v));
+                        variants.push((p, scenario.clone(), before.clone(), vec![set]));
+                    }
+                }
             }
-        } else {
-            if !e.params.is_empty() || e.search.is_some() {
-                return Err(ReproduceError::Bad(format!(
-                    "{}: `workloads` cannot be combined with `params` or `search`",
-                    e.id
-                )));
-            }
-            e.workloads
-                .iter()
-                .map(|w| {
-                    let param = ("workload".to_string(), toml::Value::String(w.name.clone()));
-                    (Some(param), dir.join(&w.scenario), w.set.clone(), vec![])
-                })
-                .collect()
-        };
+        }
         for c in &e.config_order {
             let Some(base) = e.configs.get(c) else {
                 return Err(ReproduceError::Bad(format!(
@@ -499,9 +505,10 @@ pub fn reproduce(
                     exps[j.exp].id,
                     j.config,
                     j.param
-                        .as_ref()
+                        .iter()
                         .map(|(k, v)| format!("{k}={}", set_value(v)))
-                        .unwrap_or_default()
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 ));
             });
         }
@@ -527,8 +534,8 @@ pub fn reproduce(
             }
             let workload = j
                 .param
-                .as_ref()
-                .filter(|(k, _)| k == "workload" && !e.workloads.is_empty())
+                .iter()
+                .find(|(k, _)| k == "workload" && !e.workloads.is_empty())
                 .and_then(|(_, v)| v.as_str());
             if !m.workloads.is_empty()
                 && workload.is_none_or(|w| !m.workloads.iter().any(|x| x == w))
@@ -545,7 +552,7 @@ pub fn reproduce(
                     && x.metric == m.name
                     && x.params
                         .iter()
-                        .all(|(k, v)| j.param.as_ref().is_some_and(|(pk, pv)| pk == k && pv == v))
+                        .all(|(k, v)| j.param.iter().any(|(pk, pv)| pk == k && pv == v))
             });
             rows.push(Row {
                 experiment: e.id.clone(),
@@ -649,6 +656,7 @@ pub fn to_text(rows: &[Row]) -> String {
             Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
             Some(Tolerance::Abs(x)) => format!("±{x}"),
             Some(Tolerance::Max) => "≤paper".into(),
+            Some(Tolerance::Min) => "≥paper".into(),
             None => "".into(),
         };
         let _ = writeln!(
