@@ -735,6 +735,8 @@ def _tolerance_text(t: Any) -> str:
         return ""
     if t == "max" or (isinstance(t, Mapping) and "max" in t):
         return "≤ paper"
+    if t == "min" or (isinstance(t, Mapping) and "min" in t):
+        return "≥ paper"
     if isinstance(t, Mapping) and t.get("rel") is not None:
         return f"±{100 * float(t['rel']):g}%"
     if isinstance(t, Mapping) and t.get("abs") is not None:
@@ -750,6 +752,8 @@ def _tolerance_band(t: Any, paper: float) -> tuple[float, float] | None:
         return None
     if t == "max" or (isinstance(t, Mapping) and "max" in t):
         return (0.0, 1.0)
+    if t == "min" or (isinstance(t, Mapping) and "min" in t):
+        return (1.0, float("inf"))
     if isinstance(t, Mapping) and t.get("rel") is not None:
         r = float(t["rel"])
         return (1.0 - r, 1.0 + r)
