@@ -143,6 +143,11 @@ pub struct VmSpec {
     /// This many identical VMs (consolidation sweeps: `--set vm.0.copies=4`).
     #[serde(default = "one_u32")]
     pub copies: u32,
+    /// Only the first this many copies run `workload`; the others keep
+    /// their vCPUs, pinning and burners but run nothing else (ES2 §6.3:
+    /// "1–4 VMs tested at once; the rest are background"). Default: all.
+    #[serde(default)]
+    pub active_copies: Option<u32>,
     /// The cores copies are spread over: vCPU j of copy k runs on
     /// `copies_cores[(k * vcpus + j) % len]`. Default: every copy on
     /// `cores`.
@@ -234,6 +239,7 @@ impl Scenario {
                 workload: &self.workload,
             }];
         }
+        static IDLE: std::sync::LazyLock<WorkloadSpec> = std::sync::LazyLock::new(WorkloadSpec::default);
         self.vms
             .iter()
             .flat_map(|v| (0..v.copies as usize).map(move |k| (v, k)))
@@ -253,7 +259,11 @@ impl Scenario {
                     .map_or(vec![0], |a| a.iter().map(|&x| x as usize).collect()),
                 msi_mode: v.msi_mode,
                 burn: v.burn,
-                workload: &v.workload,
+                workload: if v.active_copies.is_some_and(|a| k as u32 >= a) {
+                    &IDLE
+                } else {
+                    &v.workload
+                },
             })
             .collect()
     }
@@ -340,6 +350,16 @@ impl Scenario {
                 if pool.is_empty() || pool.len() > 1024 {
                     return bad(format!("vm[{i}].copies_cores"), "1 to 1024 cores".into());
                 }
+            }
+            if v.active_copies.is_some_and(|a| a > v.copies) {
+                return bad(
+                    format!("vm[{i}].active_copies"),
+                    format!(
+                        "{}: at most `copies` ({})",
+                        v.active_copies.unwrap_or(0),
+                        v.copies
+                    ),
+                );
             }
             if v.app_vcpu >= v.vcpus {
                 return bad(
