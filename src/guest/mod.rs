@@ -56,6 +56,9 @@ pub struct GuestCosts {
     pub vf_xmit: Time,
     pub blk_submit: Time,
     pub blk_complete: Time,
+    /// icmp_rcv → icmp_echo → icmp_reply → ip_push_pending_frames, per
+    /// echo request answered (ping).
+    pub icmp_echo: Time,
 }
 
 /// The guest's idle loop.
@@ -374,6 +377,10 @@ pub struct Kernel {
     tx_backlog: VecDeque<WireFrame>,
     tx_stopped: bool,
     tx_rr: usize,
+    /// UDP sockets bound to a flow: (flow, socket).
+    udp_binds: Vec<(u16, usize)>,
+    /// Tasks blocked in sendto() on a full UDP send buffer.
+    udp_tx_waiters: Vec<usize>,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -412,6 +419,8 @@ impl Kernel {
             tx_backlog: VecDeque::with_capacity(256),
             tx_stopped: false,
             tx_rr: 0,
+            udp_binds: Vec::new(),
+            udp_tx_waiters: Vec::new(),
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
@@ -1179,6 +1188,7 @@ impl Kernel {
                     self.tasks[t].state = TaskState::Runnable;
                     return None;
                 }
+                self.udp_wait_for_space(t);
                 self.cpu.need_resched = true;
                 None
             }
