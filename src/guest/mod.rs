@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod blk;
+mod fair;
 pub mod itr;
 pub mod net;
 pub mod tcp;
@@ -216,6 +217,8 @@ struct Task {
     ready: Vec<usize>,
     /// The CPU it is bound to.
     cpu: usize,
+    /// CPU time it has asked for (the fair share's virtual runtime).
+    vruntime: Time,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -381,6 +384,8 @@ pub struct Kernel {
     udp_binds: Vec<(u16, usize)>,
     /// Tasks blocked in sendto() on a full UDP send buffer.
     udp_tx_waiters: Vec<usize>,
+    /// Equal-priority tasks share a CPU fairly (see `fair`).
+    fair: Option<fair::FairShare>,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -421,6 +426,7 @@ impl Kernel {
             tx_rr: 0,
             udp_binds: Vec::new(),
             udp_tx_waiters: Vec::new(),
+            fair: None,
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
@@ -491,6 +497,7 @@ impl Kernel {
             multi_tcp: false,
             ready: Vec::new(),
             cpu,
+            vruntime: 0,
         });
         if cpu == self.on {
             self.cpu.need_resched = true;
@@ -577,6 +584,7 @@ impl Kernel {
             TaskState::Blocked | TaskState::Sleeping
         ) {
             self.tasks[t].state = TaskState::Runnable;
+            self.fair_wake(t);
             let c = self.tasks[t].cpu;
             let cpu = if c == self.on {
                 &mut self.cpu
@@ -600,7 +608,10 @@ impl Kernel {
         }
     }
 
-    fn pick(&self) -> Option<usize> {
+    fn pick(&mut self) -> Option<usize> {
+        if self.fair.is_some() {
+            return self.fair_pick();
+        }
         let mut best: Option<usize> = None;
         for (i, t) in self.tasks.iter().enumerate() {
             if t.cpu == self.on
@@ -907,6 +918,9 @@ impl Kernel {
                     // The one-shot clockevent has fired: it must be reprogrammed.
                     self.cpu.programmed = None;
                     let ticks = self.expire_hrtimers(now);
+                    if ticks > 0 {
+                        self.fair_tick();
+                    }
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
                 } else if vector == RESCHEDULE_VECTOR && self.parked.len() > 1 {
                     // scheduler_ipi: need_resched is already set; the
@@ -1173,6 +1187,7 @@ impl Kernel {
         }
         match step {
             TaskStep::Compute(d) => {
+                self.fair_charge(t, d);
                 self.tasks[t].compute = d.max(NS / 1000);
                 Some(Action::Compute(self.tasks[t].compute))
             }

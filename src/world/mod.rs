@@ -95,6 +95,8 @@ struct TcpWorkload {
     owner: Vec<usize>,
     /// Program j runs on vCPU j modulo the vCPUs (else all on CPU 0).
     spread: bool,
+    /// Its equal programs share their CPU fairly (`Kernel::set_fair_share`).
+    fair: bool,
 }
 
 /// A VM's TCP workload.
@@ -120,6 +122,7 @@ fn tcp_workload(
             epoll: false,
             owner: Vec::new(),
             spread: false,
+            fair: false,
         });
     }
     if let Some(i) = &w.iperf {
@@ -142,6 +145,7 @@ fn tcp_workload(
             epoll: false,
             owner: Vec::new(),
             spread: false,
+            fair: false,
         });
     }
     if let Some(m) = &w.memcached {
@@ -174,6 +178,7 @@ fn tcp_workload(
             epoll: true,
             owner: Vec::new(),
             spread: false,
+            fair: m.client == crate::scenario::MemcachedClientKind::Memaslap,
         });
     }
     workloads::tcp_workload(w, cal)
@@ -385,6 +390,9 @@ fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload) -> PeerSide {
     // the worker's epoll loop).
     let cpus = kernel.cpus();
     let cpu = |j: usize| if w.spread { j % cpus } else { 0 };
+    if w.fair {
+        kernel.set_fair_share();
+    }
     if !w.epoll {
         // One socket each: program j's is flow TCP_FLOW + j.
         for (j, app) in w.guest.into_iter().enumerate() {

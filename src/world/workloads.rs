@@ -117,6 +117,7 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             epoll: false,
             owner: Vec::new(),
             spread: true,
+            fair: true,
         });
     }
     let ab_cost = t_ns(&cal.peer.ab_request_ns);
@@ -164,6 +165,7 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             epoll: true,
             owner,
             spread: true,
+            fair: true,
         });
     }
     if let Some(a) = &w.apache {
@@ -194,6 +196,7 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             epoll: false,
             owner: Vec::new(),
             spread: true,
+            fair: true,
         });
     }
     None
