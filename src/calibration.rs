@@ -76,6 +76,9 @@ section!(Guest {
     memcached_set_ns,
     sip_message_ns,
     sip_auth_ns,
+    icmp_echo_ns,
+    nginx_request_ns,
+    apache_request_ns,
     blk_submit_ns,
     blk_complete_ns,
     cyclictest_loop_ns,
@@ -126,6 +129,7 @@ section!(Peer {
     udp_rx_datagram_ns,
     udp_tx_datagram_ns,
     sipp_message_ns,
+    ab_request_ns,
 });
 
 /// The whole calibration.

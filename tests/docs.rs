@@ -62,6 +62,7 @@ fn every_metric_of_the_validation_scenarios_is_in_docs_metrics_md() {
         "validation/consolidation",
         "scenarios/explore",
         "scenarios/smp",
+        "scenarios/es2",
     ] {
         let mut v: Vec<_> = std::fs::read_dir(root.join(dir))
             .unwrap()

@@ -36,16 +36,22 @@ pub struct Datagram {
 }
 
 impl Datagram {
-    /// The datagram a UDP frame carries (None for other frames).
+    /// The datagram a UDP frame carries, or an ICMP echo reply as a raw
+    /// ICMP socket (ping's) reads it; None for other frames.
     pub fn of(f: &crate::hw::wire::Frame) -> Option<Self> {
         match f.transport {
-            crate::hw::wire::Transport::Udp { len, seq } => Some(Datagram {
+            crate::hw::wire::Transport::Udp { len, seq }
+            | crate::hw::wire::Transport::Icmp {
+                request: false,
+                len,
+                seq,
+            } => Some(Datagram {
                 flow: f.flow,
                 len,
                 seq,
                 sent: f.sent,
             }),
-            crate::hw::wire::Transport::Tcp(_) => None,
+            crate::hw::wire::Transport::Tcp(_) | crate::hw::wire::Transport::Icmp { .. } => None,
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod blk;
+mod fair;
 pub mod itr;
 pub mod net;
 pub mod tcp;
@@ -56,6 +57,9 @@ pub struct GuestCosts {
     pub vf_xmit: Time,
     pub blk_submit: Time,
     pub blk_complete: Time,
+    /// icmp_rcv → icmp_echo → icmp_reply → ip_push_pending_frames, per
+    /// echo request answered (ping).
+    pub icmp_echo: Time,
 }
 
 /// The guest's idle loop.
@@ -213,6 +217,8 @@ struct Task {
     ready: Vec<usize>,
     /// The CPU it is bound to.
     cpu: usize,
+    /// CPU time it has asked for (the fair share's virtual runtime).
+    vruntime: Time,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -378,6 +384,12 @@ pub struct Kernel {
     tx_owner: Option<usize>,
     tx_depth: u32,
     tx_rr: usize,
+    /// UDP sockets bound to a flow: (flow, socket).
+    udp_binds: Vec<(u16, usize)>,
+    /// Tasks blocked in sendto() on a full UDP send buffer.
+    udp_tx_waiters: Vec<usize>,
+    /// Equal-priority tasks share a CPU fairly (see `fair`).
+    fair: Option<fair::FairShare>,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -418,6 +430,9 @@ impl Kernel {
             tx_owner: None,
             tx_depth: 0,
             tx_rr: 0,
+            udp_binds: Vec::new(),
+            udp_tx_waiters: Vec::new(),
+            fair: None,
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
@@ -488,6 +503,7 @@ impl Kernel {
             multi_tcp: false,
             ready: Vec::new(),
             cpu,
+            vruntime: 0,
         });
         if cpu == self.on {
             self.cpu.need_resched = true;
@@ -574,6 +590,7 @@ impl Kernel {
             TaskState::Blocked | TaskState::Sleeping
         ) {
             self.tasks[t].state = TaskState::Runnable;
+            self.fair_wake(t);
             let c = self.tasks[t].cpu;
             let cpu = if c == self.on {
                 &mut self.cpu
@@ -597,7 +614,10 @@ impl Kernel {
         }
     }
 
-    fn pick(&self) -> Option<usize> {
+    fn pick(&mut self) -> Option<usize> {
+        if self.fair.is_some() {
+            return self.fair_pick();
+        }
         let mut best: Option<usize> = None;
         for (i, t) in self.tasks.iter().enumerate() {
             if t.cpu == self.on
@@ -904,6 +924,9 @@ impl Kernel {
                     // The one-shot clockevent has fired: it must be reprogrammed.
                     self.cpu.programmed = None;
                     let ticks = self.expire_hrtimers(now);
+                    if ticks > 0 {
+                        self.fair_tick();
+                    }
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
                 } else if vector == RESCHEDULE_VECTOR && self.parked.len() > 1 {
                     // scheduler_ipi: need_resched is already set; the
@@ -1189,6 +1212,7 @@ impl Kernel {
         }
         match step {
             TaskStep::Compute(d) => {
+                self.fair_charge(t, d);
                 self.tasks[t].compute = d.max(NS / 1000);
                 Some(Action::Compute(self.tasks[t].compute))
             }
@@ -1204,6 +1228,7 @@ impl Kernel {
                     self.tasks[t].state = TaskState::Runnable;
                     return None;
                 }
+                self.udp_wait_for_space(t);
                 self.cpu.need_resched = true;
                 None
             }

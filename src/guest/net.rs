@@ -152,10 +152,11 @@ impl Kernel {
         match f.transport {
             Transport::Udp { .. } => {
                 if let Some(d) = super::app::Datagram::of(&f) {
-                    self.socket_enqueue(d);
+                    self.udp_deliver(d);
                 }
                 0
             }
+            Transport::Icmp { .. } => self.icmp_rcv(f),
             Transport::Tcp(seg) => {
                 let Some(s) = self.flow_sock.get(usize::from(f.flow)).copied().flatten() else {
                     self.net.unknown_flow += 1;
@@ -174,6 +175,84 @@ impl Kernel {
                 self.cfg.costs.tcp_rx_segment
             }
         }
+    }
+
+    /// Binds task `task`'s UDP socket to `flow`: datagrams of that flow go
+    /// to it (the others still to the first socket).
+    pub fn udp_bind(&mut self, flow: u16, task: usize) {
+        if let Some(s) = self.tasks[task].socket {
+            self.udp_binds.retain(|b| b.0 != flow);
+            self.udp_binds.push((flow, s));
+        }
+    }
+
+    /// `udp_rcv`: a datagram to the socket bound to its flow, or to the
+    /// first socket (the VF's UDP port) when none is.
+    fn udp_deliver(&mut self, d: super::app::Datagram) {
+        let Some(&(_, s)) = self.udp_binds.iter().find(|b| b.0 == d.flow) else {
+            self.socket_enqueue(d);
+            return;
+        };
+        if self.sockets[s].len() >= self.cfg.rcvbuf_packets {
+            self.counters.socket_drops += 1;
+            return;
+        }
+        self.sockets[s].push_back(d);
+        if let Some(t) = self.tasks.iter().position(|t| t.socket == Some(s)) {
+            self.wake(t);
+        }
+    }
+
+    /// A task blocked: if its sendto() found the UDP send buffer full, it
+    /// sleeps until the buffer drains (`sock_wait_for_wmem`).
+    pub(super) fn udp_wait_for_space(&mut self, t: usize) {
+        if self.tasks[t].socket.is_some()
+            && self.udp_tx.len() >= super::app::UDP_SNDBUF_DATAGRAMS
+            && !self.udp_tx_waiters.contains(&t)
+        {
+            self.udp_tx_waiters.push(t);
+        }
+    }
+
+    /// The transmit path took a datagram: once the send buffer is half
+    /// empty, the writers blocked on it wake (`sock_wfree` →
+    /// `sk_write_space`).
+    fn udp_write_space(&mut self) {
+        if self.udp_tx_waiters.is_empty()
+            || self.udp_tx.len() > super::app::UDP_SNDBUF_DATAGRAMS / 2
+        {
+            return;
+        }
+        for i in 0..self.udp_tx_waiters.len() {
+            let t = self.udp_tx_waiters[i];
+            self.wake(t);
+        }
+        self.udp_tx_waiters.clear();
+    }
+
+    /// `icmp_rcv` in the receive softirq: an echo request is answered at
+    /// once (`icmp_echo` → `icmp_reply` → `ip_push_pending_frames`),
+    /// without waking any task; the reply joins the transmit queue, ahead
+    /// of nothing but frames already waiting for ring space. It carries the
+    /// request's timestamp (ping's payload) back. Returns the cost.
+    fn icmp_rcv(&mut self, f: Frame) -> Time {
+        let Transport::Icmp {
+            request: true,
+            len,
+            seq,
+        } = f.transport
+        else {
+            return 0;
+        };
+        // The device queue's limit (txqueuelen-like): beyond it the reply
+        // is dropped.
+        if self.tx_backlog.len() >= super::app::UDP_SNDBUF_DATAGRAMS {
+            return self.cfg.costs.icmp_echo;
+        }
+        self.tx_backlog
+            .push_back(Frame::icmp(f.flow, false, len, seq, f.sent));
+        self.tx_pending = true;
+        self.cfg.costs.icmp_echo
     }
 
     /// Keeps socket `s`'s wheel timer at its TCP endpoint's next deadline.
@@ -277,6 +356,7 @@ impl Kernel {
     /// taking the marked sockets in turn.
     fn pull_output(&mut self, now: Time) -> Option<Frame> {
         if let Some(d) = self.udp_tx.pop_front() {
+            self.udp_write_space();
             return Some(d.frame());
         }
         while !self.tx_dirty.is_empty() {
@@ -360,6 +440,8 @@ impl Kernel {
                 let proto = match frame.transport {
                     Transport::Tcp(_) => self.cfg.costs.tcp_tx_segment,
                     Transport::Udp { .. } => self.cfg.costs.udp_tx_datagram,
+                    // The echo reply's IP output is in `icmp_echo`.
+                    Transport::Icmp { .. } => 0,
                 };
                 let cost = proto + xmit;
                 self.set_stage(top, 1, cost);

@@ -6,6 +6,8 @@ use crate::engine::Time;
 
 /// Ethernet (14) + IPv4 (20) + UDP (8).
 pub const UDP_HEADERS: u32 = 42;
+/// Ethernet (14) + IPv4 (20) + ICMP echo header (8).
+pub const ICMP_HEADERS: u32 = 42;
 /// Ethernet (14) + IPv4 (20) + TCP with timestamps (32).
 pub const TCP_HEADERS: u32 = 66;
 
@@ -37,6 +39,15 @@ pub enum Transport {
     },
     /// A TCP segment.
     Tcp(TcpSegment),
+    /// An ICMP echo request or reply (ping). The identifier is the flow.
+    Icmp {
+        /// Echo request (type 8) or reply (type 0).
+        request: bool,
+        /// Payload bytes (ping's `-s`, timestamp included).
+        len: u32,
+        /// Sequence number.
+        seq: u64,
+    },
 }
 
 impl Default for Transport {
@@ -75,11 +86,21 @@ impl Frame {
         }
     }
 
+    /// An ICMP echo request (`request`) or reply of `len` payload bytes.
+    pub fn icmp(flow: u16, request: bool, len: u32, seq: u64, sent: Time) -> Self {
+        Frame {
+            flow,
+            transport: Transport::Icmp { request, len, seq },
+            sent,
+        }
+    }
+
     /// Bytes on the wire, headers included, FCS excluded.
     pub fn len(&self) -> u32 {
         match self.transport {
             Transport::Udp { len, .. } => len + UDP_HEADERS,
             Transport::Tcp(s) => s.len + TCP_HEADERS,
+            Transport::Icmp { len, .. } => len + ICMP_HEADERS,
         }
     }
 
@@ -88,6 +109,7 @@ impl Frame {
         match self.transport {
             Transport::Udp { len, .. } => len == 0,
             Transport::Tcp(s) => s.len == 0,
+            Transport::Icmp { len, .. } => len == 0,
         }
     }
 }
@@ -111,5 +133,7 @@ mod tests {
         let ack = Frame::tcp(1, TcpSegment::default(), 0);
         assert_eq!(ack.len(), 66);
         assert!(ack.is_empty());
+        // ping's default 56 bytes: the 98-byte frame tcpdump shows.
+        assert_eq!(Frame::icmp(1, true, 56, 0, 0).len(), 98);
     }
 }

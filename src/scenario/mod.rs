@@ -392,9 +392,10 @@ impl Scenario {
             if several && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "with several VMs, SIP and fio are not modelled yet (udp, cyclictest, whileloop, netpipe, iperf, memcached are)".into(),
+                    "with several VMs, SIP and fio are not modelled yet (udp, cyclictest, whileloop, netpipe, iperf, memcached, netperf, nginx, apache, ping are)".into(),
                 );
             }
+            validate_network_workload(&v.workload, &format!("vm[{i}].workload"))?;
             if v.name.len() > 64 {
                 return bad(format!("vm[{i}].name"), "longer than 64 bytes".into());
             }
@@ -641,6 +642,183 @@ pub struct WorkloadSpec {
     pub memcached: Option<MemcachedSpec>,
     /// SIP B2BUA in the VM between a SIPp-like client and server.
     pub sip: Option<SipSpec>,
+    /// netperf TCP_STREAM or UDP_STREAM between the VM and the client host
+    /// (ES2 §6).
+    pub netperf: Option<NetperfSpec>,
+    /// nginx in the VM, ApacheBench processes on the client host (ES2 §6.3).
+    pub nginx: Option<NginxSpec>,
+    /// Apache (one thread per connection) in the VM, ApacheBench on the
+    /// client host: the served-time distribution (ES2 §6.4).
+    pub apache: Option<ApacheSpec>,
+    /// ping from the client host; the guest kernel answers in its softirq
+    /// (ES2 §6.4).
+    pub ping: Option<PingSpec>,
+}
+
+/// Which netperf test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetperfTest {
+    /// TCP_STREAM: a TCP bulk transfer, `msg_bytes` per send().
+    TcpStream,
+    /// UDP_STREAM: `msg_bytes` datagrams, one per sendto(); throughput is
+    /// what the receiving application got.
+    UdpStream,
+}
+
+/// Which way a netperf stream flows, seen from the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetperfDirection {
+    /// The VM sends to the client host (netperf in the VM).
+    Send,
+    /// The client host sends to the VM (netserver in the VM).
+    Recv,
+}
+
+/// netperf (ES2 §6.2, §6.3: 512-byte TCP and UDP streams, 4 instances
+/// per VM in the multi-VM runs).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetperfSpec {
+    /// `tcp-stream` or `udp-stream`.
+    #[serde(default = "netperf_test")]
+    pub test: NetperfTest,
+    /// `send` (the VM sends) or `recv` (the client host sends).
+    #[serde(default = "netperf_direction")]
+    pub direction: NetperfDirection,
+    /// Bytes per send() / sendto() (netperf's `-m`; ES2: 512). UDP: at
+    /// most 1472, one frame (IP fragmentation is not modelled).
+    #[serde(default = "netperf_msg")]
+    pub msg_bytes: u32,
+    /// netperf instances, each its own process and connection (or UDP
+    /// flow) on both hosts (ES2's multi-VM runs: 4 per VM).
+    #[serde(default = "one_u16")]
+    pub threads: u16,
+}
+
+fn netperf_test() -> NetperfTest {
+    NetperfTest::TcpStream
+}
+fn netperf_direction() -> NetperfDirection {
+    NetperfDirection::Send
+}
+fn netperf_msg() -> u32 {
+    512
+}
+fn one_u16() -> u16 {
+    1
+}
+
+/// nginx serving a static page to ApacheBench (ES2 §6.3). ab runs with
+/// keep-alive (`ab -k`): the TCP model has no connection set-up, so each
+/// of ab's connections stays open and carries one request at a time.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NginxSpec {
+    /// nginx worker processes, each an epoll loop over its own port's
+    /// connections (ES2: 4, one per vCPU). On an SMP guest worker j runs
+    /// on vCPU j mod vCPUs; on a 1-vCPU guest all share CPU 0.
+    #[serde(default = "four_u16")]
+    pub workers: u16,
+    /// ApacheBench processes on the client host, each on its own CPU;
+    /// process p talks to worker p mod workers (ES2: 4 per tested VM).
+    #[serde(default = "four_u16")]
+    pub ab_processes: u16,
+    /// Requests each ab process keeps in flight, one per connection
+    /// (ab's `-c`; default 1).
+    #[serde(default = "one_u16")]
+    pub concurrency: u16,
+    /// Body bytes of the page: nginx's default `index.html` ("Welcome to
+    /// nginx!") is 612 bytes (the file in nginx's source distribution,
+    /// `html/index.html`; ab reports it as "Document Length: 612 bytes").
+    #[serde(default = "nginx_page")]
+    pub page_bytes: u32,
+    /// Response header bytes in front of the body. Default 238, counted
+    /// from the header nginx 1.x sends for a static file over keep-alive
+    /// (status line 17, Server 22, Date 37, Content-Type 25,
+    /// Content-Length 21, Last-Modified 46, Connection 24, ETag 22,
+    /// Accept-Ranges 22, blank line 2) [estimate].
+    #[serde(default = "nginx_header")]
+    pub header_bytes: u32,
+    /// Request bytes ab sends. Default 100: `GET / HTTP/1.0` (16),
+    /// `Connection: Keep-Alive` (24), `Host: 10.0.0.2` (16),
+    /// `User-Agent: ApacheBench/2.3` (29), `Accept: */*` (13), blank
+    /// line (2), each with its CRLF (ab 2.3's request with `-k`).
+    #[serde(default = "http_request")]
+    pub request_bytes: u32,
+}
+
+fn four_u16() -> u16 {
+    4
+}
+fn nginx_page() -> u32 {
+    612
+}
+fn nginx_header() -> u32 {
+    238
+}
+fn http_request() -> u32 {
+    100
+}
+
+/// Apache httpd (worker/prefork MPM: one thread per connection) serving a
+/// small static page to ApacheBench; ES2 §6.4's served-time experiment:
+/// one ab process, concurrency 16. Keep-alive, as for `nginx`.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApacheSpec {
+    /// ApacheBench processes on the client host (ES2 §6.4: 1).
+    #[serde(default = "one_u16")]
+    pub ab_processes: u16,
+    /// Requests each ab process keeps in flight, one per connection; the
+    /// server runs one thread per connection (ES2 §6.4: 16).
+    #[serde(default = "sixteen_u16")]
+    pub concurrency: u16,
+    /// Body bytes: Apache 2.4's stock `htdocs/index.html`
+    /// (`<html><body><h1>It works!</h1></body></html>` and a newline) is
+    /// 45 bytes; ES2 says only "a small static page".
+    #[serde(default = "apache_page")]
+    pub page_bytes: u32,
+    /// Response header bytes. Default 284, counted from Apache 2.4's
+    /// header for a static file over keep-alive (status 17, Date 37,
+    /// Server 32, Last-Modified 46, ETag 27, Accept-Ranges 22,
+    /// Content-Length 20, Keep-Alive 32, Connection 24, Content-Type 25,
+    /// blank line 2) [estimate].
+    #[serde(default = "apache_header")]
+    pub header_bytes: u32,
+    /// Request bytes ab sends (as for `nginx`: 100).
+    #[serde(default = "http_request")]
+    pub request_bytes: u32,
+}
+
+fn sixteen_u16() -> u16 {
+    16
+}
+fn apache_page() -> u32 {
+    45
+}
+fn apache_header() -> u32 {
+    284
+}
+
+/// ping (ES2 §6.4: one echo request every second, RTT distribution).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PingSpec {
+    /// Seconds between echo requests (ping's `-i`; default 1, as ES2).
+    #[serde(default = "ping_interval")]
+    pub interval_s: f64,
+    /// ICMP payload bytes (ping's `-s`; default 56).
+    #[serde(default = "ping_payload")]
+    pub payload_bytes: u32,
+}
+
+fn ping_interval() -> f64 {
+    1.0
+}
+fn ping_payload() -> u32 {
+    56
 }
 
 /// SIP (DID §5.8): SIPp's `-r rate_cps -d call_duration_s -m calls`.
@@ -668,12 +846,41 @@ fn sip_calls() -> u32 {
     10_000
 }
 
+/// The memcached load generator's shape.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemcachedClientKind {
+    /// Open loop (mutilate-style, DID §5.7): Poisson arrivals at
+    /// `rate_rps` round robin over the connections.
+    #[default]
+    OpenLoop,
+    /// Closed loop (memaslap, ES2 §6.3): `concurrency` requests in flight,
+    /// each re-issued as soon as its reply arrives.
+    Memaslap,
+}
+
 /// Memcached.
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemcachedSpec {
-    /// Offered load, requests/s.
-    pub rate_rps: f64,
+    /// Offered load, requests/s (the open-loop client; required for it,
+    /// not allowed with `memaslap`).
+    #[serde(default)]
+    pub rate_rps: Option<f64>,
+    /// `open-loop` (default) or `memaslap` (closed loop).
+    #[serde(default)]
+    pub client: MemcachedClientKind,
+    /// memaslap's concurrency: requests in flight, spread round robin
+    /// over the connections (ES2: 256, with 256 connections).
+    #[serde(default = "mc_concurrency")]
+    pub concurrency: u32,
+    /// Share of gets, percent. Default: 80 for the open-loop client
+    /// (4 gets per set, DID's mix), 90 for memaslap (its default 9:1,
+    /// ES2's mix).
+    #[serde(default)]
+    pub get_pct: Option<f64>,
     /// TCP connections (the paper: 200).
     #[serde(default = "mc_conns")]
     pub connections: u16,
@@ -693,6 +900,9 @@ pub struct MemcachedSpec {
 
 fn mc_conns() -> u16 {
     200
+}
+fn mc_concurrency() -> u32 {
+    256
 }
 fn mc_threads() -> u16 {
     2
@@ -773,9 +983,38 @@ impl WorkloadSpec {
         self.netpipe.is_some() || self.iperf.is_some() || self.memcached.is_some()
     }
 
-    /// Whether a workload talks to peer hosts (TCP workloads, SIP).
+    /// Whether a workload talks to peer hosts (TCP workloads, SIP, the
+    /// ES2 workloads).
     pub fn peers(&self) -> bool {
-        self.tcp() || self.sip.is_some()
+        self.tcp() || self.sip.is_some() || self.es2()
+    }
+
+    /// Whether one of ES2's workloads (netperf, nginx, apache, ping) is
+    /// configured.
+    pub fn es2(&self) -> bool {
+        self.netperf.is_some()
+            || self.nginx.is_some()
+            || self.apache.is_some()
+            || self.ping.is_some()
+    }
+
+    /// The network workloads configured, by table name (at most one may
+    /// run in a VM).
+    pub fn network_workloads(&self) -> Vec<&'static str> {
+        [
+            ("netpipe", self.netpipe.is_some()),
+            ("iperf", self.iperf.is_some()),
+            ("memcached", self.memcached.is_some()),
+            ("sip", self.sip.is_some()),
+            ("netperf", self.netperf.is_some()),
+            ("nginx", self.nginx.is_some()),
+            ("apache", self.apache.is_some()),
+            ("ping", self.ping.is_some()),
+        ]
+        .into_iter()
+        .filter(|x| x.1)
+        .map(|x| x.0)
+        .collect()
     }
 }
 
@@ -935,6 +1174,164 @@ pub enum ScenarioError {
         /// What is wrong.
         problem: String,
     },
+}
+
+/// Most netperf instances, nginx workers or ab processes per VM.
+pub const MAX_INSTANCES: u16 = 64;
+
+/// Most HTTP connections (ab processes × concurrency) per VM.
+pub const MAX_HTTP_CONNECTIONS: u32 = 4000;
+
+/// Checks the keys of the ES2 workloads (netperf, nginx, apache, ping)
+/// and of the memaslap client in `w`, the workload table at `at`
+/// (`workload` or `vm[i].workload`), and that it holds at most one
+/// network workload.
+fn validate_network_workload(w: &WorkloadSpec, at: &str) -> Result<(), ScenarioError> {
+    let bad = |key: &str, problem: String| {
+        Err(ScenarioError::Invalid {
+            key: format!("{at}.{key}"),
+            problem,
+        })
+    };
+    let net = w.network_workloads();
+    if net.len() > 1 && w.es2() {
+        return bad(
+            net[1],
+            format!(
+                "one network workload per VM: {} cannot be combined",
+                net.join(" and ")
+            ),
+        );
+    }
+    if w.es2() && w.udp.is_some() {
+        return bad(
+            "udp",
+            format!("cannot be combined with workload.{} yet", net[0]),
+        );
+    }
+    if let Some(n) = &w.netperf {
+        let max = match n.test {
+            NetperfTest::TcpStream => 1 << 20,
+            // One datagram per frame: 1500-byte MTU less IP and UDP headers.
+            NetperfTest::UdpStream => 1472,
+        };
+        if !(1..=max).contains(&n.msg_bytes) {
+            return bad(
+                "netperf.msg_bytes",
+                format!("{} must be 1..={max} for this test", n.msg_bytes),
+            );
+        }
+        if !(1..=MAX_INSTANCES).contains(&n.threads) {
+            return bad(
+                "netperf.threads",
+                format!("{} must be 1..={MAX_INSTANCES}", n.threads),
+            );
+        }
+    }
+    let http = |name: &str, ab: u16, c: u16, page: u32, header: u32, req: u32| {
+        if !(1..=MAX_INSTANCES).contains(&ab) {
+            return bad(
+                &format!("{name}.ab_processes"),
+                format!("{ab} must be 1..={MAX_INSTANCES}"),
+            );
+        }
+        if c == 0 || u32::from(ab) * u32::from(c) > MAX_HTTP_CONNECTIONS {
+            return bad(
+                &format!("{name}.concurrency"),
+                format!(
+                    "{c} must be at least 1, and ab_processes × concurrency = {} at most {MAX_HTTP_CONNECTIONS}",
+                    u32::from(ab) * u32::from(c)
+                ),
+            );
+        }
+        if !(1..=(1 << 20)).contains(&page) {
+            return bad(
+                &format!("{name}.page_bytes"),
+                format!("{page} must be 1..=1048576"),
+            );
+        }
+        if !(17..=65536).contains(&header) {
+            return bad(
+                &format!("{name}.header_bytes"),
+                format!("{header} must be 17..=65536 (a status line at least)"),
+            );
+        }
+        if !(16..=65536).contains(&req) {
+            return bad(
+                &format!("{name}.request_bytes"),
+                format!("{req} must be 16..=65536 (a request line at least)"),
+            );
+        }
+        Ok(())
+    };
+    if let Some(n) = &w.nginx {
+        if !(1..=MAX_INSTANCES).contains(&n.workers) {
+            return bad(
+                "nginx.workers",
+                format!("{} must be 1..={MAX_INSTANCES}", n.workers),
+            );
+        }
+        http(
+            "nginx",
+            n.ab_processes,
+            n.concurrency,
+            n.page_bytes,
+            n.header_bytes,
+            n.request_bytes,
+        )?;
+    }
+    if let Some(a) = &w.apache {
+        http(
+            "apache",
+            a.ab_processes,
+            a.concurrency,
+            a.page_bytes,
+            a.header_bytes,
+            a.request_bytes,
+        )?;
+    }
+    if let Some(p) = &w.ping {
+        if !(p.interval_s >= 1e-5 && p.interval_s <= 10.0) {
+            return bad(
+                "ping.interval_s",
+                format!("{} must be in [1e-5, 10]", p.interval_s),
+            );
+        }
+        if p.payload_bytes > 1472 {
+            return bad(
+                "ping.payload_bytes",
+                format!("{} must be 0..=1472 (one frame)", p.payload_bytes),
+            );
+        }
+    }
+    if let Some(m) = &w.memcached {
+        if let Some(g) = m.get_pct {
+            if !(0.0..=100.0).contains(&g) {
+                return bad("memcached.get_pct", format!("{g} must be in [0, 100]"));
+            }
+        }
+        if m.client == MemcachedClientKind::Memaslap {
+            if m.rate_rps.is_some() {
+                return bad(
+                    "memcached.rate_rps",
+                    "memaslap is a closed-loop client: its rate is what the server answers; remove rate_rps".into(),
+                );
+            }
+            let most =
+                u32::from(m.connections) * crate::workloads::memcached::PIPELINE_DEPTH as u32;
+            if m.concurrency == 0 || m.concurrency > most {
+                return bad(
+                    "memcached.concurrency",
+                    format!(
+                        "{} must be at least 1 and at most connections × {} = {most}",
+                        m.concurrency,
+                        crate::workloads::memcached::PIPELINE_DEPTH
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Short keys accepted by `--set` for the common knobs.
@@ -1393,11 +1790,20 @@ impl Scenario {
             }
         }
         if let Some(m) = &self.workload.memcached {
-            if !(m.rate_rps > 0.0 && m.rate_rps <= 1e7) {
-                return bad(
-                    "workload.memcached.rate_rps",
-                    format!("{} must be in (0, 1e7]", m.rate_rps),
-                );
+            match (m.client, m.rate_rps) {
+                (MemcachedClientKind::OpenLoop, None) => {
+                    return bad(
+                        "workload.memcached.rate_rps",
+                        "missing: the open-loop client's offered rate, requests/s (or set client = \"memaslap\")".into(),
+                    );
+                }
+                (MemcachedClientKind::OpenLoop, Some(r)) if !(r > 0.0 && r <= 1e7) => {
+                    return bad(
+                        "workload.memcached.rate_rps",
+                        format!("{r} must be in (0, 1e7]"),
+                    );
+                }
+                _ => {}
             }
             if !(1..=4000).contains(&m.connections) {
                 return bad("workload.memcached.connections", "must be 1..=4000".into());
@@ -1450,6 +1856,7 @@ impl Scenario {
                 );
             }
         }
+        validate_network_workload(&self.workload, "workload")?;
         if let Some(p) = &self.workload.sip {
             if !(p.rate_cps > 0.0 && p.rate_cps <= 1e5) {
                 return bad(

@@ -22,8 +22,9 @@ pub struct MemcachedShape {
     pub key: u32,
     /// Value bytes (Twitter-like objects: a few hundred bytes).
     pub value: u32,
-    /// Gets per set.
-    pub gets_per_set: u32,
+    /// Sets among requests: `sets.0` in every `sets.1` (DID's 4 gets per
+    /// set: 1 in 5; memaslap's 9:1: 1 in 10).
+    pub sets: (u64, u64),
 }
 
 impl MemcachedShape {
@@ -36,7 +37,15 @@ impl MemcachedShape {
         x ^= x >> 27;
         x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
         x ^= x >> 31;
-        x.is_multiple_of(u64::from(self.gets_per_set + 1))
+        x % self.sets.1.max(1) < self.sets.0
+    }
+
+    /// The mix for a share of gets in percent: sets in every 10,000
+    /// requests, in lowest terms (80% gets: 1 in 5).
+    pub fn sets_for_get_pct(get_pct: f64) -> (u64, u64) {
+        let sets = ((100.0 - get_pct.clamp(0.0, 100.0)) * 100.0).round() as u64;
+        let g = gcd(sets, 10_000);
+        (sets / g, 10_000 / g)
     }
 
     /// (request bytes, response bytes) of a get or a set (text protocol).
@@ -48,6 +57,14 @@ impl MemcachedShape {
             // "get <key>\r\n" → "VALUE <key> 0 <len>\r\n<value>\r\nEND\r\n"
             (self.key + 6, self.key + self.value + 24)
         }
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a.max(1)
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -242,6 +259,161 @@ impl PeerApp for MemcachedClient {
     }
 }
 
+/// memaslap (ES2 §6.3), closed loop: `concurrency` requests in flight,
+/// request k on connection k mod connections at the start, each re-issued
+/// on its connection as soon as its reply is read. The connections belong
+/// to the client's threads (the peer host's CPUs) round robin. Gets and
+/// sets follow the shape's mix, by the same hash as the server parses.
+/// Latency is from a request's write to its whole reply; `tps` the replies
+/// per second.
+pub struct MemaslapClient {
+    shape: MemcachedShape,
+    seed: u64,
+    sent_n: Vec<u64>,
+    /// Per connection: requests due to be written (their socket buffer
+    /// was full).
+    unsent: Vec<u32>,
+    outstanding: Vec<VecDeque<(Time, u32, bool)>>,
+    syscall: Time,
+    latency: LatencyHistogram,
+    completed: u64,
+    gets: u64,
+    first: Option<Time>,
+    last: Time,
+}
+
+impl MemaslapClient {
+    /// A client of `conns` connections keeping `concurrency` requests in
+    /// flight.
+    pub fn new(
+        shape: MemcachedShape,
+        seed: u64,
+        conns: usize,
+        concurrency: usize,
+        syscall: Time,
+    ) -> Self {
+        let conns = conns.max(1);
+        let unsent = (0..conns)
+            .map(|i| (concurrency / conns + usize::from(i < concurrency % conns)) as u32)
+            .collect::<Vec<_>>();
+        MemaslapClient {
+            shape,
+            seed,
+            sent_n: vec![0; conns],
+            outstanding: unsent
+                .iter()
+                .map(|&n| VecDeque::with_capacity(n as usize + 1))
+                .collect(),
+            unsent,
+            syscall,
+            latency: LatencyHistogram::new(),
+            completed: 0,
+            gets: 0,
+            first: None,
+            last: 0,
+        }
+    }
+
+    /// Writes connection `i`'s due requests while its buffer has room.
+    fn write(&mut self, i: usize, tcp: &mut Tcp, at: Time) -> Time {
+        let mut cost = 0;
+        while self.unsent[i] > 0 {
+            let set = self.shape.is_set(self.seed, i, self.sent_n[i]);
+            let (req, resp) = self.shape.sizes(set);
+            if tcp.send_space() < req {
+                break;
+            }
+            tcp.send(req);
+            cost += self.syscall;
+            self.sent_n[i] += 1;
+            self.unsent[i] -= 1;
+            self.outstanding[i].push_back((at + cost, resp, set));
+        }
+        cost
+    }
+
+    /// Transactions per second over the measured interval (first to last
+    /// reply).
+    pub fn tps(&self) -> f64 {
+        match self.first {
+            Some(t0) if self.last > t0 && self.completed > 1 => {
+                (self.completed - 1) as f64 / crate::engine::as_s(self.last - t0)
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+impl PeerApp for MemaslapClient {
+    fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
+        let conns = &mut io.conns;
+        let n = conns.len().min(self.sent_n.len());
+        let mut cost = 0;
+        for &i in conns.ready() {
+            if i >= n {
+                continue;
+            }
+            while let Some(&(sent, resp, set)) = self.outstanding[i].front() {
+                if conns.peek(i).readable() < resp {
+                    break;
+                }
+                conns.get(i).recv(resp);
+                cost += self.syscall;
+                let done = now + cost;
+                self.latency.record(done.saturating_sub(sent));
+                self.completed += 1;
+                self.gets += u64::from(!set);
+                self.first.get_or_insert(done);
+                self.last = done;
+                self.outstanding[i].pop_front();
+                // Re-issued at once.
+                self.unsent[i] += 1;
+            }
+        }
+        for i in 0..n {
+            if self.unsent[i] > 0 {
+                let at = now + cost;
+                cost += self.write(i, conns.get(i), at);
+            }
+        }
+        (cost, None)
+    }
+
+    fn reset_metrics(&mut self) {
+        self.latency = LatencyHistogram::new();
+        self.completed = 0;
+        self.gets = 0;
+        self.first = None;
+        self.last = 0;
+    }
+
+    fn metrics(&self, out: &mut Metrics) {
+        out.insert("memcached.completed".into(), self.completed as f64);
+        out.insert("memcached.tps".into(), self.tps());
+        let pct = if self.completed > 0 {
+            100.0 * self.gets as f64 / self.completed as f64
+        } else {
+            0.0
+        };
+        out.insert("memcached.get_pct".into(), pct);
+        for (name, p) in [
+            ("p50", 50.0),
+            ("p90", 90.0),
+            ("p95", 95.0),
+            ("p99", 99.0),
+            ("p999", 99.9),
+        ] {
+            out.insert(
+                format!("memcached.{name}_ms"),
+                self.latency.percentile(p) as f64 / MS as f64,
+            );
+        }
+        out.insert("memcached.mean_us".into(), self.latency.mean() as f64 / 1e6);
+        let outstanding: usize = self.outstanding.iter().map(|q| q.len()).sum();
+        out.insert("memcached.outstanding".into(), outstanding as f64);
+    }
+}
+
 /// One memcached worker thread: serves the connections whose flow index is
 /// `thread` modulo `threads`.
 pub struct MemcachedWorker {
@@ -348,7 +520,7 @@ mod tests {
         MemcachedShape {
             key: 30,
             value: 400,
-            gets_per_set: 4,
+            sets: (1, 5),
         }
     }
 
@@ -369,6 +541,105 @@ mod tests {
         let mut m = Metrics::new();
         c.metrics(&mut m);
         m[k]
+    }
+
+    #[test]
+    fn the_mix_is_in_lowest_terms_and_keeps_dids_one_in_five() {
+        assert_eq!(MemcachedShape::sets_for_get_pct(80.0), (1, 5));
+        assert_eq!(MemcachedShape::sets_for_get_pct(90.0), (1, 10));
+        assert_eq!(MemcachedShape::sets_for_get_pct(100.0), (0, 1));
+        assert_eq!(MemcachedShape::sets_for_get_pct(0.0), (1, 1));
+        // The same requests are sets as with the former 4-gets-per-set rule.
+        let s = shape();
+        for n in 0..1000 {
+            let mut x = 7 ^ (3u64 << 40) ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            x ^= x >> 30;
+            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x ^= x >> 27;
+            x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+            assert_eq!(s.is_set(7, 3, n), x.is_multiple_of(5));
+        }
+    }
+
+    /// Polls a memaslap client with `ready` connections that received.
+    fn poll_ms(c: &mut MemaslapClient, conns: &mut [Tcp], ready: &[usize], now: Time) -> Time {
+        let (mut touched, mut seen) = (vec![], vec![false; conns.len()]);
+        let (mut rx, mut tx) = (VecDeque::new(), vec![]);
+        let mut io = PeerIo {
+            conns: Conns::new(conns, &mut touched, &mut seen).with_ready(ready),
+            udp_rx: &mut rx,
+            udp_tx: &mut tx,
+        };
+        c.poll(&mut io, now).0
+    }
+
+    #[test]
+    fn memaslap_keeps_its_concurrency_in_flight_and_reissues_on_each_reply() {
+        let cfg = TcpConfig {
+            nagle: false,
+            ..TcpConfig::default()
+        };
+        let shape = MemcachedShape {
+            sets: MemcachedShape::sets_for_get_pct(90.0),
+            ..shape()
+        };
+        // 5 requests over 2 connections: 3 on the first, 2 on the second.
+        let mut c = MemaslapClient::new(shape, 1, 2, 5, 100);
+        let mut client: Vec<Tcp> = vec![];
+        let mut server: Vec<Tcp> = vec![];
+        for _ in 0..2 {
+            let (a, b) = Tcp::pair(cfg, cfg).unwrap();
+            client.push(a);
+            server.push(b);
+        }
+        poll_ms(&mut c, &mut client, &[], 0);
+        assert_eq!(c.outstanding[0].len(), 3);
+        assert_eq!(c.outstanding[1].len(), 2);
+        // The server answers everything, many rounds.
+        let mut served_sets = 0u64;
+        let mut served = vec![0u64; 2];
+        for round in 1..=200u64 {
+            let now = round * 10 * US;
+            for i in 0..2 {
+                while let Some(seg) = client[i].poll_output(now) {
+                    server[i].on_segment(seg, now);
+                }
+                loop {
+                    let set = shape.is_set(1, i, served[i]);
+                    let (req, resp) = shape.sizes(set);
+                    if server[i].readable() < req {
+                        break;
+                    }
+                    server[i].recv(req);
+                    server[i].send(resp);
+                    served[i] += 1;
+                    served_sets += u64::from(set);
+                }
+                while let Some(seg) = server[i].poll_output(now) {
+                    client[i].on_segment(seg, now);
+                }
+            }
+            poll_ms(&mut c, &mut client, &[0, 1], now);
+            // Always the concurrency in flight.
+            let inflight: usize = c.outstanding.iter().map(|q| q.len()).sum();
+            assert_eq!(inflight, 5, "round {round}");
+        }
+        let mut m = Metrics::new();
+        c.metrics(&mut m);
+        let done = m["memcached.completed"];
+        assert_eq!(done, (served[0] + served[1]) as f64);
+        assert!(done >= 5.0 * 199.0, "{done}");
+        // About 90% gets.
+        let gets = m["memcached.get_pct"];
+        assert!((gets - 90.0).abs() < 3.0, "{gets}");
+        assert_eq!(gets, 100.0 * (1.0 - served_sets as f64 / done));
+        // 5 replies per 10 µs round.
+        assert!(
+            (m["memcached.tps"] - 5e5).abs() < 1e4,
+            "{}",
+            m["memcached.tps"]
+        );
     }
 
     #[test]

@@ -86,7 +86,17 @@ pub struct PeerHost {
     pub frames_out: u64,
     /// Frames received.
     pub frames_in: u64,
+    /// Its datagram socket is a raw ICMP socket (ping): what the program
+    /// sends leaves as echo requests.
+    icmp: bool,
+    /// Datagrams dropped at a full socket receive queue.
+    pub udp_drops: u64,
 }
+
+/// Datagrams a peer's socket receive queue holds (Linux's `rmem_default`
+/// 208 KiB over ~200-byte truesize-charged datagrams is about a thousand);
+/// more are dropped, as `udp_queue_rcv_skb` does on a full buffer.
+pub const PEER_UDP_RCVBUF_DATAGRAMS: usize = 1024;
 
 impl PeerHost {
     /// A peer running `app` on connections `conns` (flows from
@@ -119,7 +129,18 @@ impl PeerHost {
             pending_seen: vec![false; n],
             frames_out: 0,
             frames_in: 0,
+            icmp: false,
+            udp_drops: 0,
         }
+    }
+
+    /// A single-threaded peer with a raw ICMP socket on `flow` (ping's
+    /// identifier): its datagrams go out as echo requests, and echo
+    /// replies come back as datagrams.
+    pub fn icmp(flow: u16, app: Box<dyn PeerApp>, costs: PeerCosts) -> Self {
+        let mut p = Self::udp(flow, app, costs);
+        p.icmp = true;
+        p
     }
 
     /// A single-threaded peer with one UDP socket on `flow` and no TCP
@@ -184,6 +205,10 @@ impl PeerHost {
                 t += self.costs.wakeup;
             }
             self.busy_until[cpu] = t;
+            if self.udp_rx.len() >= PEER_UDP_RCVBUF_DATAGRAMS {
+                self.udp_drops += 1;
+                return;
+            }
             self.udp_rx.push_back(d);
             self.run_app_when_free(cpu, busy, out);
             return;
@@ -288,7 +313,14 @@ impl PeerHost {
             self.busy_until[cpu] += self.costs.udp_tx;
             self.frames_out += 1;
             let t = self.busy_until[cpu];
-            out.push((t, Frame::udp(d.flow, d.len, d.seq, t)));
+            out.push((
+                t,
+                if self.icmp {
+                    Frame::icmp(d.flow, true, d.len, d.seq, t)
+                } else {
+                    Frame::udp(d.flow, d.len, d.seq, t)
+                },
+            ));
         }
         let from = self.busy_until[cpu];
         self.send_output(from, out);

@@ -8,6 +8,7 @@ pub mod event;
 mod net;
 mod sched;
 mod vectors;
+mod workloads;
 
 use crate::calibration::Calibration;
 use crate::check::Checker;
@@ -38,7 +39,7 @@ use crate::workloads::burn::Burn;
 use crate::workloads::cyclictest::Cyclictest;
 use crate::workloads::fio::Fio;
 use crate::workloads::iperf::{IperfCosts, IperfGuest, IperfPeer};
-use crate::workloads::memcached::{MemcachedClient, MemcachedShape, MemcachedWorker};
+use crate::workloads::memcached::MemcachedWorker;
 use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
 use crate::workloads::peer::{PeerApp, PeerCosts, PeerHost};
 use crate::workloads::sip::{B2buaCosts, CallPattern, SipB2bua, SipUac, SipUas};
@@ -94,6 +95,13 @@ struct TcpWorkload {
     /// (`Sys::conns`), however many they have; otherwise the one program
     /// uses its one socket directly (`Sys::tcp`).
     epoll: bool,
+    /// Connection i's guest program (`owner[i]`); empty: i modulo the
+    /// programs.
+    owner: Vec<usize>,
+    /// Program j runs on vCPU j modulo the vCPUs (else all on CPU 0).
+    spread: bool,
+    /// Its equal programs share their CPU fairly (`Kernel::set_fair_share`).
+    fair: bool,
 }
 
 /// A VM's TCP workload.
@@ -117,6 +125,9 @@ fn tcp_workload(
             conns: 1,
             peer_cpus: 1,
             epoll: false,
+            owner: Vec::new(),
+            spread: false,
+            fair: false,
         });
     }
     if let Some(i) = &w.iperf {
@@ -137,14 +148,13 @@ fn tcp_workload(
             conns: 1,
             peer_cpus: 1,
             epoll: false,
+            owner: Vec::new(),
+            spread: false,
+            fair: false,
         });
     }
     if let Some(m) = &w.memcached {
-        let shape = MemcachedShape {
-            key: m.key_bytes,
-            value: m.value_bytes,
-            gets_per_set: 4,
-        };
+        let shape = workloads::memcached_shape(m);
         let conns = m.connections as usize;
         let threads = m.threads as usize;
         let costs = (
@@ -166,16 +176,18 @@ fn tcp_workload(
                     )) as Box<dyn crate::guest::app::App>
                 })
                 .collect(),
-            peer: Box::new(MemcachedClient::new(
-                shape, seed, conns, m.rate_rps, syscall,
-            )),
+            peer: workloads::memcached_client(m, shape, seed, syscall),
             tcp,
             conns,
             peer_cpus: m.client_threads as usize,
             epoll: true,
+            owner: Vec::new(),
+            // memcached -t N: its worker threads spread over the vCPUs.
+            spread: true,
+            fair: m.client == crate::scenario::MemcachedClientKind::Memaslap,
         });
     }
-    None
+    workloads::tcp_workload(w, cal)
 }
 
 /// Priority of in-guest CPU burners: below every workload task (the UDP
@@ -383,21 +395,32 @@ type PeerSide = (Box<dyn PeerApp>, TcpConfig, usize, usize);
 /// peer's side.
 fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize) -> PeerSide {
     let threads = w.guest.len();
-    let cpus = kernel.cpus();
-    let cpu_of = |i: usize| (first_cpu + i) % cpus;
     // The socket interface is the program's, not a matter of how many
     // connections it has (one memcached connection is still served from
     // the worker's epoll loop).
+    let cpus = kernel.cpus();
+    let cpu = |j: usize| {
+        if w.spread {
+            (first_cpu + j) % cpus
+        } else {
+            first_cpu
+        }
+    };
+    if w.fair {
+        kernel.set_fair_share();
+    }
     if !w.epoll {
-        for (i, app) in w.guest.into_iter().enumerate() {
-            let t = kernel.spawn_on(cpu_of(i), app, 0, false);
-            kernel.tcp_open(TCP_FLOW + i as u16, w.tcp, Some(t));
+        // One socket each: program j's is flow TCP_FLOW + j.
+        for (j, app) in w.guest.into_iter().enumerate() {
+            let t = kernel.spawn_on(cpu(j), app, 0, false);
+            kernel.tcp_open(TCP_FLOW + j as u16, w.tcp, Some(t));
         }
     } else {
         for (j, app) in w.guest.into_iter().enumerate() {
-            let t = kernel.spawn_on(cpu_of(j), app, 0, false);
+            let t = kernel.spawn_on(cpu(j), app, 0, false);
+            let owner = &w.owner;
             let flows = (0..w.conns)
-                .filter(|i| i % threads == j)
+                .filter(|&i| owner.get(i).map_or(i % threads == j, |&o| o == j))
                 .map(|i| TCP_FLOW + i as u16);
             kernel.tcp_open_many(flows, w.tcp, t);
         }
@@ -763,6 +786,7 @@ impl World {
                 vf_xmit: t_ns(&g.vf_xmit_ns),
                 blk_submit: t_ns(&g.blk_submit_ns),
                 blk_complete: t_ns(&g.blk_complete_ns),
+                icmp_echo: t_ns(&g.icmp_echo_ns),
             },
             virtio_blk: w0.fio.as_ref().filter(|_| has_blk).map(|f| VirtioBlkGuest {
                 vector: VIRTIO_BLK_VECTOR,
@@ -798,6 +822,15 @@ impl World {
         if let Some(w) = tcp_workload(w0, s.seed, cal) {
             peer_apps.push((0, spawn_tcp(&mut kernel, w, views[0].app_vcpu)));
         }
+        // Datagram workloads' peers: over the link to the VF, or (VM 0
+        // over virtio) behind the bridge.
+        let link_wire = m.link;
+        let wire_of =
+            |bridged: bool| move |len: u32| if bridged { 0 } else { link_wire.wire_time(len) };
+        let mut dgram_peers = vec![(
+            0,
+            workloads::spawn_datagram(&mut kernel, w0, cal, wire_of(has_virtio), s.seed, 0),
+        )];
         if let (Some(f), true) = (&w0.fio, has_blk) {
             let t = kernel.spawn(
                 Box::new(Fio::new(
@@ -846,6 +879,10 @@ impl World {
             if let Some(w) = tcp_workload(v.workload, seed, cal) {
                 peer_apps.push((vm, spawn_tcp(&mut k, w, v.app_vcpu)));
             }
+            dgram_peers.push((
+                vm,
+                workloads::spawn_datagram(&mut k, v.workload, cal, wire_of(false), s.seed, vm),
+            ));
             if v.workload.udp.is_some() {
                 spawn_udp_receiver(&mut k, v.app_vcpu, cal);
             }
@@ -1018,6 +1055,23 @@ impl World {
             let mut link = net::PeerLink::new(host, attach);
             link.vm = vm;
             peers.push(link);
+        }
+        for (vm, list) in dgram_peers {
+            for p in list {
+                let host = if p.icmp {
+                    PeerHost::icmp(p.flow, p.app, peer_costs)
+                } else {
+                    PeerHost::udp(p.flow, p.app, peer_costs)
+                };
+                let attach = if has_virtio && vm == 0 {
+                    net::Attach::Bridge { delay: bridge }
+                } else {
+                    net::Attach::Wire { vf: vm as u16 }
+                };
+                let mut link = net::PeerLink::new(host, attach);
+                link.vm = vm;
+                peers.push(link);
+            }
         }
         if let Some(sp) = &w0.sip {
             // SIPp's UAC on the load generator, its UAS on the VM's host
@@ -2330,8 +2384,9 @@ impl World {
             } else {
                 let mut m = Metrics::new();
                 link.peer.metrics(&mut m);
+                // A VM's several peer processes (netperf instances) sum.
                 for (k, v) in m {
-                    metrics.insert(format!("vm{}.{k}", link.vm), v);
+                    *metrics.entry(format!("vm{}.{k}", link.vm)).or_insert(0.0) += v;
                 }
             }
         }

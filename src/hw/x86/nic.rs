@@ -1079,6 +1079,7 @@ mod tests {
         match p.frame.transport {
             crate::hw::wire::Transport::Udp { seq, .. } => seq,
             crate::hw::wire::Transport::Tcp(s) => s.seq,
+            crate::hw::wire::Transport::Icmp { seq, .. } => seq,
         }
     }
 
