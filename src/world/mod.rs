@@ -2353,7 +2353,7 @@ impl World {
                 put("vhost.naps", w.naps as f64);
             }
         }
-        if hybrid || pv.workers.len() > 1 {
+        {
             // ES2 §7's overhead: the I/O threads' CPU, % of one core.
             let busy: Time = pv.workers.iter().map(|w| w.counters.busy).sum();
             metrics.insert(
