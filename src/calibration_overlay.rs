@@ -190,6 +190,19 @@ pub fn layered(file: Option<(&str, &str)>, sets: &[String]) -> Result<Calibratio
 mod tests {
     use super::*;
 
+    /// A paper's testbed overlay goes over the calibration in use (itself
+    /// layered), not over the shipped one.
+    #[test]
+    fn a_testbed_overlay_layers_over_the_calibration_in_use() {
+        let mine = layered(None, &["exit.hlt_us=2.5".to_string()]).unwrap();
+        let tb = parse_overlay("[nic]\nlink_gbps = 40\n", "testbed.toml").unwrap();
+        let c = apply_to(&mine, &tb).unwrap();
+        assert_eq!(c.nic.link_gbps.value, 40.0);
+        assert_eq!(c.exit.hlt_us.value, 2.5, "the user's setting survives");
+        let bad = parse_overlay("[nic]\nlink_gbps = -1\n", "testbed.toml").unwrap();
+        assert!(apply_to(&mine, &bad).is_err(), "range-checked");
+    }
+
     #[test]
     fn a_partial_file_changes_only_its_entries() {
         let d = Calibration::default_host();

@@ -71,7 +71,7 @@ enum Cmd {
     },
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
-        /// Paper: did.
+        /// Paper: did, eli, es2, or consolidation (a directory under validation/).
         paper: String,
         /// Print JSON rows instead of a table.
         #[arg(long, conflicts_with = "csv")]

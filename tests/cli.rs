@@ -62,6 +62,35 @@ fn bad_input_names_the_key_and_fails() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no/such/file.toml"));
 }
 
+/// `reproduce es2`: the published Table 1 values sit beside the model's,
+/// and posted interrupts leave no interrupt-delivery or EOI exits.
+#[test]
+fn reproduce_es2_table1_compares_with_the_paper() {
+    let o = exitless(&[
+        "-q",
+        "reproduce",
+        "es2",
+        "--only",
+        "es2.table1",
+        "--set",
+        "duration_s=0.05",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json rows");
+    let row = |config: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["config"] == config && r["metric"] == metric)
+            .unwrap_or_else(|| panic!("{config} {metric}"))
+            .clone()
+    };
+    assert_eq!(row("pi", "exits_per_s.io_instruction")["paper"], 84403.0);
+    assert_eq!(row("pi", "exits_per_s.interrupt_delivery")["model"], 0.0);
+    assert_eq!(row("pi", "exits_per_s.eoi_write")["model"], 0.0);
+    assert!(row("w/o-pi", "exits_per_s.eoi_write")["model"].as_f64().unwrap() > 1000.0);
+    assert!(rows.iter().all(|r| r["violations"] == 0));
+}
+
 #[test]
 fn reproduce_json_rows_have_the_documented_fields() {
     let o = exitless(&[
