@@ -87,7 +87,12 @@ fn reproduce_es2_table1_compares_with_the_paper() {
     assert_eq!(row("pi", "exits_per_s.io_instruction")["paper"], 84403.0);
     assert_eq!(row("pi", "exits_per_s.interrupt_delivery")["model"], 0.0);
     assert_eq!(row("pi", "exits_per_s.eoi_write")["model"], 0.0);
-    assert!(row("w/o-pi", "exits_per_s.eoi_write")["model"].as_f64().unwrap() > 1000.0);
+    assert!(
+        row("w/o-pi", "exits_per_s.eoi_write")["model"]
+            .as_f64()
+            .unwrap()
+            > 1000.0
+    );
     assert!(rows.iter().all(|r| r["violations"] == 0));
 }
 

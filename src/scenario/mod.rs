@@ -239,7 +239,8 @@ impl Scenario {
                 workload: &self.workload,
             }];
         }
-        static IDLE: std::sync::LazyLock<WorkloadSpec> = std::sync::LazyLock::new(WorkloadSpec::default);
+        static IDLE: std::sync::LazyLock<WorkloadSpec> =
+            std::sync::LazyLock::new(WorkloadSpec::default);
         self.vms
             .iter()
             .flat_map(|v| (0..v.copies as usize).map(move |k| (v, k)))

@@ -341,7 +341,12 @@ fn search(
 
 /// One point of an experiment's parameters: (each parameter and its value,
 /// scenario file, overrides before the config's, overrides after them).
-type Variant = (Vec<(String, toml::Value)>, PathBuf, Vec<String>, Vec<String>);
+type Variant = (
+    Vec<(String, toml::Value)>,
+    PathBuf,
+    Vec<String>,
+    Vec<String>,
+);
 
 /// A job's report, and the peak a search found.
 type Outcome = (RunReport, Option<f64>);

@@ -395,8 +395,8 @@ mod tests {
             percentiles: "latency",
         };
         let mut ab = AbClient::new(shape(), 2, US, names);
-        let (mut c0, mut s0) = pair();
-        let (mut c1, mut s1) = pair();
+        let (c0, mut s0) = pair();
+        let (c1, mut s1) = pair();
         let poll = |ab: &mut AbClient, c: &mut [Tcp], ready: &[usize], now| {
             let (mut touched, mut seen) = (vec![], vec![false; c.len()]);
             let (mut rx, mut tx) = (VecDeque::new(), vec![]);
@@ -411,19 +411,16 @@ mod tests {
         // Start: one request on each connection, nothing more.
         poll(&mut ab, &mut cs, &[], 0);
         poll(&mut ab, &mut cs, &[], 0);
-        [c0, c1] = cs;
-        exchange(&mut c0, &mut s0, 0);
-        exchange(&mut c1, &mut s1, 0);
+        exchange(&mut cs[0], &mut s0, 0);
+        exchange(&mut cs[1], &mut s1, 0);
         assert_eq!(s0.readable(), 100);
         assert_eq!(s1.readable(), 100);
         // Connection 0 answered at 30 µs: timed, and the next one written.
         serve(&mut s0, &shape(), &costs());
-        exchange(&mut c0, &mut s0, 30 * US);
-        let mut cs = [c0, c1];
+        exchange(&mut cs[0], &mut s0, 30 * US);
         let (cost, _) = poll(&mut ab, &mut cs, &[0], 30 * US);
         assert_eq!(cost, US);
-        [c0, c1] = cs;
-        exchange(&mut c0, &mut s0, 31 * US);
+        exchange(&mut cs[0], &mut s0, 31 * US);
         assert_eq!(s0.readable(), 100, "the next request");
         assert_eq!(s1.readable(), 100, "still the first");
         let mut m = Metrics::new();

@@ -551,8 +551,8 @@ mod tests {
         assert_eq!(MemcachedShape::sets_for_get_pct(0.0), (1, 1));
         // The same requests are sets as with the former 4-gets-per-set rule.
         let s = shape();
-        for n in 0..1000 {
-            let mut x = 7 ^ (3u64 << 40) ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for n in 0..1000u64 {
+            let mut x = 7 ^ (3u64 << 40) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
             x ^= x >> 30;
             x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
             x ^= x >> 27;
@@ -598,7 +598,7 @@ mod tests {
         assert_eq!(c.outstanding[1].len(), 2);
         // The server answers everything, many rounds.
         let mut served_sets = 0u64;
-        let mut served = vec![0u64; 2];
+        let mut served = [0u64; 2];
         for round in 1..=200u64 {
             let now = round * 10 * US;
             for i in 0..2 {
