@@ -339,14 +339,12 @@ fn search(
     Some((best, Some(lo)))
 }
 
+/// Parameters and their values at one point of an experiment.
+type ParamPoint = Vec<(String, toml::Value)>;
+
 /// One point of an experiment's parameters: (each parameter and its value,
 /// scenario file, overrides before the config's, overrides after them).
-type Variant = (
-    Vec<(String, toml::Value)>,
-    PathBuf,
-    Vec<String>,
-    Vec<String>,
-);
+type Variant = (ParamPoint, PathBuf, Vec<String>, Vec<String>);
 
 /// A job's report, and the peak a search found.
 type Outcome = (RunReport, Option<f64>);
@@ -354,7 +352,7 @@ type Outcome = (RunReport, Option<f64>);
 struct Job {
     exp: usize,
     config: String,
-    param: Vec<(String, toml::Value)>,
+    param: ParamPoint,
     scenario: PathBuf,
     sets: Vec<String>,
 }
@@ -401,30 +399,29 @@ pub fn reproduce(
         // The experiment's variants, each with its scenario and the
         // overrides that go before and after the config's: its workloads
         // (or its one scenario), each under every value of its parameter.
-        let bases: Vec<(Vec<(String, toml::Value)>, PathBuf, Vec<String>)> =
-            if e.workloads.is_empty() {
-                if e.scenario.is_empty() {
-                    return Err(ReproduceError::Bad(format!(
-                        "{}: needs a `scenario` (or `workloads`)",
-                        e.id
-                    )));
-                }
-                vec![(vec![], dir.join(&e.scenario), vec![])]
-            } else {
-                if e.search.is_some() {
-                    return Err(ReproduceError::Bad(format!(
-                        "{}: `workloads` cannot be combined with `search`",
-                        e.id
-                    )));
-                }
-                e.workloads
-                    .iter()
-                    .map(|w| {
-                        let param = ("workload".to_string(), toml::Value::String(w.name.clone()));
-                        (vec![param], dir.join(&w.scenario), w.set.clone())
-                    })
-                    .collect()
-            };
+        let bases: Vec<(ParamPoint, PathBuf, Vec<String>)> = if e.workloads.is_empty() {
+            if e.scenario.is_empty() {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: needs a `scenario` (or `workloads`)",
+                    e.id
+                )));
+            }
+            vec![(vec![], dir.join(&e.scenario), vec![])]
+        } else {
+            if e.search.is_some() {
+                return Err(ReproduceError::Bad(format!(
+                    "{}: `workloads` cannot be combined with `search`",
+                    e.id
+                )));
+            }
+            e.workloads
+                .iter()
+                .map(|w| {
+                    let param = ("workload".to_string(), toml::Value::String(w.name.clone()));
+                    (vec![param], dir.join(&w.scenario), w.set.clone())
+                })
+                .collect()
+        };
         if e.params.len() > 1 {
             return Err(ReproduceError::Bad(format!(
                 "{}: at most one parameter in `params`",

@@ -170,7 +170,6 @@ impl World {
     /// Worker `w` was asleep (or napping) and has work: it runs after a
     /// wake-up, at once on its own core, or as the host scheduler decides.
     fn vhost_wake(&mut self, w: usize) {
-        let now = self.q.now();
         let Some(pv) = &mut self.pv else { return };
         if pv.workers[w].napping {
             // The interruptible sleep ends early.
@@ -179,13 +178,8 @@ impl World {
         }
         let lat = pv.costs.start_latency(pv.side_core);
         match pv.threads[w].tid {
-            None => {
-                if !pv.threads[w].step_queued {
-                    pv.threads[w].step_queued = true;
-                    self.q
-                        .schedule(now + lat, Ev::VhostStep { worker: w as u16 });
-                }
-            }
+            // A core of its own: it runs as soon as it is awake.
+            None => self.vhost_switched_in(w, lat),
             Some(tid) => self.sched_wake_thread(tid, lat),
         }
     }
@@ -250,12 +244,7 @@ impl World {
         // schedule_hrtimeout: the timer wakes the thread (a wake-up).
         let lat = pv.costs.wakeup;
         match pv.threads[w].tid {
-            None => {
-                if !pv.threads[w].step_queued {
-                    pv.threads[w].step_queued = true;
-                    self.q.schedule_in(lat, Ev::VhostStep { worker: w as u16 });
-                }
-            }
+            None => self.vhost_switched_in(w, lat),
             Some(tid) => self.sched_wake_thread(tid, lat),
         }
     }
@@ -275,13 +264,15 @@ impl World {
         }
     }
 
-    /// Worker `w` was switched in on its core by the host scheduler.
-    pub(super) fn vhost_switched_in(&mut self, w: usize) {
+    /// Worker `w` was switched in on its core by the host scheduler; it
+    /// goes on with its work `after` this long (a wake-up's latency).
+    pub(super) fn vhost_switched_in(&mut self, w: usize, after: Time) {
         let Some(pv) = &mut self.pv else { return };
         pv.threads[w].on_cpu = true;
         if !pv.threads[w].step_queued {
             pv.threads[w].step_queued = true;
-            self.q.schedule_in(0, Ev::VhostStep { worker: w as u16 });
+            self.q
+                .schedule_in(after, Ev::VhostStep { worker: w as u16 });
         }
     }
 

@@ -180,7 +180,7 @@ impl World {
             self.deschedule(p);
         }
         if let Some(w) = next_io {
-            self.vhost_switched_in(w);
+            self.vhost_switched_in(w, 0);
         }
         let Some(n) = next.filter(|&n| n < vcpus) else {
             return;
@@ -318,7 +318,7 @@ impl World {
         if n < vcpus {
             self.reschedule(n);
         } else if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(n)) {
-            self.vhost_switched_in(w);
+            self.vhost_switched_in(w, 0);
         }
     }
 
@@ -333,24 +333,21 @@ impl World {
         }
     }
 
-    /// A sleeping host thread (a vhost worker) was given work: after the
-    /// wake-up latency `lat` it runs, at once on an idle core, by
+    /// A sleeping thread (a kicked vCPU, a vhost worker given work) wakes:
+    /// after the wake-up latency `lat` it runs, at once on an idle core, by
     /// preempting the current thread as CFS decides, or in its turn.
     pub(super) fn sched_wake_thread(&mut self, tid: Tid, lat: Time) {
         let now = self.q.now();
+        let vcpus = self.hv.vcpus.len();
         let Some(st) = &mut self.sched else { return };
         match st.s.wake(tid, now) {
             Some(Wake::RunIdle { core }) => {
                 st.s.pick_next(core, now);
-                if let Some(w) = st.io_worker(tid) {
-                    if let Some(pv) = &mut self.pv {
-                        pv.threads[w].on_cpu = true;
-                        if !pv.threads[w].step_queued {
-                            pv.threads[w].step_queued = true;
-                            self.q
-                                .schedule(now + lat, Ev::VhostStep { worker: w as u16 });
-                        }
-                    }
+                if tid < vcpus {
+                    self.q
+                        .schedule(now + lat, Ev::Reschedule { vcpu: tid as u16 });
+                } else if let Some(w) = st.io_worker(tid) {
+                    self.vhost_switched_in(w, lat);
                 }
             }
             Some(Wake::Preempt { core }) => {
@@ -401,25 +398,10 @@ impl World {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_unblocking(&mut cx, vcpu);
         }
-        let now = self.q.now();
-        let Some(st) = &mut self.sched else { return };
         // The sleeping thread runs after a trip through the scheduler
         // (host.vcpu_wakeup_us): what halt polling saves.
         let lat = self.costs.vcpu_wakeup;
-        match st.s.wake(vcpu, now) {
-            Some(Wake::RunIdle { core }) => {
-                st.s.pick_next(core, now);
-                self.q
-                    .schedule(now + lat, Ev::Reschedule { vcpu: vcpu as u16 });
-            }
-            Some(Wake::Preempt { core }) => {
-                self.stop_polling_on(core);
-                self.q
-                    .schedule(now + lat, Ev::Resched { core: core as u16 })
-            }
-            Some(Wake::Queued { core }) => self.stop_polling_on(core),
-            None => {}
-        }
+        self.sched_wake_thread(vcpu, lat);
     }
 
     /// After a deferred schedule-out on `core`: the vCPU waiting for the
