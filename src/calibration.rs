@@ -40,6 +40,7 @@ section!(Exit {
     exception_np_us,
     nmi_us,
     hlt_us,
+    apic_access_decode_us,
 });
 section!(Host {
     hz,

@@ -176,3 +176,83 @@ fn every_scheme_with_es2_passes_the_checker() {
         }
     }
 }
+
+/// DID with ES2 on ES2's 4x4 layout: a virtual interrupt DID sends as a
+/// fixed IPI to a running vCPU's core can still be in flight when that
+/// vCPU is switched out. Before DID waited for such IPIs before entering
+/// another VM (docs/papers.md DID open point 1), these runs delivered
+/// 0x51 and 0xfd into the wrong VM and lost others.
+#[test]
+fn did_never_lets_an_ipi_in_flight_enter_the_next_vm() {
+    for (workload, active) in [
+        ("memcached", 2),
+        ("memcached", 3),
+        ("nginx", 2),
+        ("nginx", 4),
+    ] {
+        let scenario = format!("validation/es2/four-{workload}.toml");
+        let active = format!("vm.0.active_copies={active}");
+        let o = exitless(&[
+            "-q",
+            "--calibration",
+            "validation/es2/testbed.toml",
+            "run",
+            &scenario,
+            "--set",
+            "scheme=\"did\"",
+            "--set",
+            "hv.es2_hybrid=\"optimistic\"",
+            "--set",
+            "hv.es2_redirect=true",
+            "--set",
+            &active,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let counts = &r["invariants"]["counts"];
+        let total: u64 = counts
+            .as_object()
+            .expect("counts")
+            .values()
+            .map(|v| v.as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            total, 0,
+            "{workload} {active}: {}",
+            r["invariants"]["violations"]
+        );
+    }
+}
+
+/// An xAPIC guest (ES2's): its EOI is a store to the APIC page. Stock
+/// KVM takes it as an APIC_ACCESS exit at 0x0B0 (ES2's "EOI write");
+/// APICv virtualizes it, and the timer's TMICT store exits as APIC_WRITE
+/// (trap-like) instead. DID passes x2APIC MSRs through and refuses it.
+#[test]
+fn an_xapic_guest_exits_as_es2_counted_them() {
+    let xapic = [ONE_VM_SEND, "[guest]\napic = \"xapic\"\n"].concat();
+    let kvm = run_text(&xapic, &["scheme=kvm"]);
+    let pi = run_text(&xapic, &["scheme=apicv"]);
+    assert_eq!(kvm.violations() + pi.violations(), 0);
+    assert!(rate(&kvm, "APIC_ACCESS") > 1000.0);
+    assert_eq!(rate(&kvm, "MSR_WRITE"), 0.0, "no x2APIC MSR writes");
+    assert!(cause(&kvm, "eoi_write") > 1000.0);
+    assert_eq!(rate(&pi, "APIC_ACCESS"), 0.0);
+    assert!(rate(&pi, "APIC_WRITE") > 500.0, "TMICT stores trap");
+    assert_eq!(cause(&pi, "eoi_write"), 0.0);
+    // The same EOIs cost more as APIC accesses (decode) than as MSR writes.
+    let x2 = run_text(ONE_VM_SEND, &["scheme=kvm"]);
+    let per = |r: &exitless::report::RunReport, reason: &str| {
+        r.vms[0]
+            .exits
+            .iter()
+            .find(|e| e.reason == reason)
+            .map(|e| e.avg_us)
+            .unwrap_or(0.0)
+    };
+    assert!(per(&kvm, "APIC_ACCESS") > per(&x2, "MSR_WRITE"));
+    let s = exitless::scenario::Scenario::parse(&xapic, &["scheme=did".into()]);
+    let err = s.expect_err("did refuses an xAPIC guest").to_string();
+    assert!(err.contains("guest.apic"), "{err}");
+}

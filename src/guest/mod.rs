@@ -85,6 +85,28 @@ pub enum IdleMode {
     Halt,
 }
 
+/// How the guest drives its LAPIC.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApicMode {
+    /// x2APIC: registers are MSRs (WRMSR 0x80B is the EOI).
+    #[default]
+    X2apic,
+    /// xAPIC: registers are MMIO in the APIC page (a store to offset 0xB0
+    /// is the EOI), as ES2's guests ran.
+    Xapic,
+}
+
 /// Static configuration of one guest kernel.
 #[derive(Clone, Debug)]
 pub struct GuestConfig {

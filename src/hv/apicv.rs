@@ -72,8 +72,10 @@ impl Scheme for Apicv {
         // interrupts are on (below).
         kvm::setup(cx, vm);
         self.blocked.resize(cx.hv.vcpus.len(), false);
+        let xapic = cx.hv.vms[vm].xapic;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
-            let vmcs = Vmcs::kvm_apicv();
+            let mut vmcs = Vmcs::kvm_apicv();
+            vmcs.set_virtual_apic_mode(xapic);
             let nv = vmcs.posted_intr_nv;
             cx.m.vmcs[vcpu] = vmcs;
             let core = cx.hv.vcpus[vcpu].core;

@@ -26,6 +26,7 @@ use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
 use super::HvCx;
+use crate::engine::Time;
 use crate::hw::x86::iommu::Irte;
 use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
@@ -46,9 +47,28 @@ pub struct Did {
     /// Guest writes DID does not pass through but cannot serve directly
     /// either (TSC-deadline mode, not covered by the paper; §7.7).
     pub uncovered_writes: u64,
+    /// Per core: the fixed IPIs DID sent there for a running vCPU's
+    /// virtual interrupts, as (arrival, vector, vCPU), newest last
+    /// (docs/papers.md DID open point 1: a vector in flight when its vCPU
+    /// is switched out must not enter the next VM).
+    in_flight: Vec<Vec<(Time, u8, usize)>>,
 }
 
+/// How long DID remembers an IPI it sent: far longer than any stretch a
+/// core spends with host interrupts off, so an IPI that landed in host mode
+/// is still known when the host takes it.
+const IN_FLIGHT_MEMORY: Time = crate::engine::MS;
+
 impl Did {
+    /// The vCPU an IPI DID sent to `core` with `vector`, landed by `now`,
+    /// was for (the newest such, forgotten once asked).
+    fn landed_for(&mut self, core: usize, vector: u8, now: Time) -> Option<usize> {
+        let list = self.in_flight.get_mut(core)?;
+        let i = list
+            .iter()
+            .rposition(|&(at, v, _)| v == vector && at <= now)?;
+        Some(list.remove(i).2)
+    }
     /// The VF's IRT entry aimed at `core`. Only the vCPU the guest's IRQ
     /// affinity names (the entry's one destination) moves it: `vcpu` None
     /// is the VM's setup.
@@ -80,6 +100,8 @@ impl Scheme for Did {
         self.pending
             .resize(cx.hv.vcpus.len(), ApicBitmap::default());
         self.mailbox.resize(cx.m.cores.len());
+        self.in_flight
+            .resize_with(cx.m.cores.len(), || Vec::with_capacity(32));
         let designated = cx.hv.designated_core;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // §4.1: EIE = 0, NMI exiting = 1, EOI and TMICT pass through.
@@ -178,6 +200,11 @@ impl Scheme for Did {
             self.pending[vcpu].set(v);
             cx.m.lapics[core].irr.clear(v);
         }
+        // The IPIs sent for it that have landed were delivered or just
+        // collected; those still in flight land in host mode (no other VM
+        // enters before they do: entry_quiesce) and are its.
+        let now = cx.now;
+        self.in_flight[core].retain(|&(at, _, t)| !(t == vcpu && at <= now));
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
@@ -214,6 +241,13 @@ impl Scheme for Did {
     /// the VM's too (§7.2 default: every fixed vector on a VM core is the
     /// VM's).
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        // An IPI DID sent for a vCPU's virtual interrupt is that vCPU's,
+        // whoever holds the core now.
+        if let Some(vcpu) = self.landed_for(core, vector, cx.now) {
+            self.pending[vcpu].set(vector);
+            cx.kick(vcpu);
+            return;
+        }
         match cx.hv.vcpu_owning(core) {
             Some(vcpu) if core != cx.hv.designated_core => {
                 self.pending[vcpu].set(vector);
@@ -265,10 +299,29 @@ impl Scheme for Did {
             let core = cx.hv.vcpus[vcpu].core;
             let from = cx.hv.designated_core;
             cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
+            let now = cx.now;
+            let list = &mut self.in_flight[core];
+            list.retain(|&(at, _, _)| at + IN_FLIGHT_MEMORY > now);
+            list.push((now + cx.costs.ipi_latency, vector, vcpu));
         } else {
             self.pending[vcpu].set(vector);
             cx.kick(vcpu);
         }
+    }
+
+    /// did.md open point 1: another VM enters this core only once every
+    /// IPI DID sent here for another vCPU has landed (in host mode, where
+    /// `host_interrupt` gives it to its vCPU).
+    fn entry_quiesce(&self, cx: &HvCx, vcpu: usize) -> Time {
+        let core = cx.hv.vcpus[vcpu].core;
+        self.in_flight
+            .get(core)
+            .into_iter()
+            .flatten()
+            .filter(|&&(at, _, v)| v != vcpu && at > cx.now)
+            .map(|&(at, _, _)| at - cx.now)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Pending virtual interrupts wait in the self-IPI bitmap; the core's

@@ -27,7 +27,7 @@ pub enum Cause {
     /// mode so a virtual interrupt can be injected.
     InterruptDelivery,
     /// The guest's EOI write exits (on ES2's xAPIC guest an APIC access at
-    /// 0x0B0; here an x2APIC EOI MSR write).
+    /// 0x0B0; on an x2APIC guest an EOI MSR write).
     EoiWrite,
     /// A PIO write (the virtio kick) exits.
     IoInstruction,
@@ -56,7 +56,9 @@ impl Cause {
             ExitInfo::ExternalInterrupt {
                 vector: Some(super::host::RESCHEDULE_VECTOR),
             } => Some(Cause::InterruptDelivery),
-            ExitInfo::MsrWrite { msr: msr::EOI, .. } => Some(Cause::EoiWrite),
+            ExitInfo::MsrWrite { msr: msr::EOI, .. }
+            | ExitInfo::ApicAccess { offset: 0xB0, .. }
+            | ExitInfo::ApicWrite { offset: 0xB0, .. } => Some(Cause::EoiWrite),
             ExitInfo::IoInstruction { .. } => Some(Cause::IoInstruction),
             _ => None,
         }

@@ -28,6 +28,11 @@ pub enum ExitReason {
     EPT_VIOLATION,
     /// 52: the VMX preemption timer counted down to zero.
     PREEMPTION_TIMER,
+    /// 44: an access to the APIC-access page (an xAPIC guest's LAPIC
+    /// MMIO) that is not virtualized.
+    APIC_ACCESS,
+    /// 56: a virtualized APIC-page write that needs emulation (trap-like).
+    APIC_WRITE,
 }
 
 impl ExitReason {
@@ -43,10 +48,12 @@ impl ExitReason {
         ExitReason::EOI_INDUCED,
         ExitReason::EPT_VIOLATION,
         ExitReason::PREEMPTION_TIMER,
+        ExitReason::APIC_ACCESS,
+        ExitReason::APIC_WRITE,
     ];
 
     /// Number of reasons modelled.
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 12;
 
     /// KVM's name for the reason.
     pub fn name(self) -> &'static str {
@@ -61,6 +68,8 @@ impl ExitReason {
             ExitReason::EOI_INDUCED => "EOI_INDUCED",
             ExitReason::EPT_VIOLATION => "EPT_VIOLATION",
             ExitReason::PREEMPTION_TIMER => "PREEMPTION_TIMER",
+            ExitReason::APIC_ACCESS => "APIC_ACCESS",
+            ExitReason::APIC_WRITE => "APIC_WRITE",
         }
     }
 
@@ -117,9 +126,36 @@ pub enum ExitInfo {
     },
     /// HLT with "HLT exiting" on.
     Hlt,
+    /// An xAPIC guest's store to its LAPIC page that exits as an APIC
+    /// access (fault-like: the handler decodes the instruction).
+    ApicAccess {
+        /// Register offset in the APIC page (0xB0 = EOI).
+        offset: u16,
+        /// The value stored.
+        value: u32,
+    },
+    /// A store written to the virtual-APIC page that then exits as an
+    /// APIC write (trap-like).
+    ApicWrite {
+        /// Register offset.
+        offset: u16,
+        /// The value written.
+        value: u32,
+    },
 }
 
 impl ExitInfo {
+    /// For an APIC-page store, the x2APIC MSR of the same register (the
+    /// emulated LAPIC handles both the same way).
+    pub fn apic_msr(&self) -> Option<(u32, u64)> {
+        match *self {
+            ExitInfo::ApicAccess { offset, value } | ExitInfo::ApicWrite { offset, value } => {
+                Some((0x800 + u32::from(offset >> 4), u64::from(value)))
+            }
+            _ => None,
+        }
+    }
+
     /// The basic exit reason.
     pub fn reason(&self) -> ExitReason {
         match self {
@@ -132,6 +168,8 @@ impl ExitInfo {
             ExitInfo::PreemptionTimer => ExitReason::PREEMPTION_TIMER,
             ExitInfo::EoiInduced { .. } => ExitReason::EOI_INDUCED,
             ExitInfo::Hlt => ExitReason::HLT,
+            ExitInfo::ApicAccess { .. } => ExitReason::APIC_ACCESS,
+            ExitInfo::ApicWrite { .. } => ExitReason::APIC_WRITE,
         }
     }
 }

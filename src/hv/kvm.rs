@@ -20,8 +20,10 @@ pub struct Kvm;
 
 /// VMCS and IRT as stock KVM programs them for a VM with an assigned VF.
 pub fn setup(cx: &mut HvCx, vm: usize) {
+    let xapic = cx.hv.vms[vm].xapic;
     for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
         cx.m.vmcs[vcpu] = Vmcs::kvm_default();
+        cx.m.vmcs[vcpu].set_virtual_apic_mode(xapic);
     }
     if let Some(a) = cx.hv.vms[vm].vf {
         // The VF's MSI-X is a host IRQ aimed at the VM's core; its handler
@@ -79,6 +81,18 @@ pub fn exit<S: Scheme + ?Sized>(
             return ExitOutcome {
                 eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),
             };
+        }
+        // An xAPIC guest's LAPIC store: handle_apic_access decodes the
+        // instruction and emulates the MMIO write; handle_apic_write
+        // emulates the register from the virtual-APIC page. Either way the
+        // emulated LAPIC takes it as the x2APIC MSR of the same register.
+        // (SMP xAPIC guests, whose ICR is two stores, are not modelled.)
+        ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => {
+            if let Some((msr, value)) = info.apic_msr() {
+                return ExitOutcome {
+                    eoi_cleared: vlapic::emulate_write(cx, vcpu, msr, value),
+                };
+            }
         }
         ExitInfo::Nmi => {
             let core = cx.hv.vcpus[vcpu].core;

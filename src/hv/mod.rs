@@ -55,6 +55,7 @@ pub struct HvCosts {
     pub irt_update: Time,
     pub hlt: Time,
     pub vcpu_wakeup: Time,
+    pub apic_access_decode: Time,
     /// APIC timer period after the host's divide-by-16.
     pub apic_timer_period: Time,
 }
@@ -103,6 +104,9 @@ pub struct VmState {
     /// The guest vectors of its paravirtual devices' queues (the irqfd
     /// routes), e.g. virtio-net RX and TX.
     pub pv_vectors: Vec<u8>,
+    /// Its guest runs the LAPIC in xAPIC (MMIO) mode rather than x2APIC:
+    /// KVM sets the VMCS up for it (`vmx_set_virtual_apic_mode`).
+    pub xapic: bool,
     /// Exit accounting.
     pub stats: ExitStats,
 }

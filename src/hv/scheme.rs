@@ -107,6 +107,13 @@ pub trait Scheme {
         super::kvm::raise(cx, vcpu, vector);
     }
 
+    /// Before the last step of an entry of `vcpu`: how much longer the host
+    /// must wait with interrupts on (a message still in flight to the core
+    /// must land in host mode, not in this guest). Default: none.
+    fn entry_quiesce(&self, _cx: &HvCx, _vcpu: usize) -> crate::engine::Time {
+        0
+    }
+
     /// Last step before VM entry of `vcpu` (host interrupts are off).
     /// Default: KVM's `inject_pending_event`.
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {

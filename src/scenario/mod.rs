@@ -461,6 +461,11 @@ pub struct GuestSpec {
     /// NAPI weight (budget per poll), 1 to [`MAX_NAPI_WEIGHT`]; default:
     /// the calibration's `nic.napi_weight`.
     pub napi_weight: Option<u32>,
+    /// LAPIC mode: `x2apic` (MSRs, the default) or `xapic` (MMIO stores to
+    /// the APIC page: exits as APIC_ACCESS or APIC_WRITE where x2APIC
+    /// writes exit as MSR_WRITE). xAPIC guests run under `kvm`, `apicv`,
+    /// `kvm-2026` and `bare-metal`, one vCPU per VM.
+    pub apic: crate::guest::ApicMode,
 }
 
 /// Largest `guest.rcvbuf_packets`: 64K datagrams, far above what Linux's
@@ -484,6 +489,7 @@ impl Default for GuestSpec {
             timer_vector: 0xEF,
             vf_vector: 0x41,
             napi_weight: None,
+            apic: crate::guest::ApicMode::X2apic,
         }
     }
 }
@@ -1966,6 +1972,26 @@ impl Scenario {
             }
         }
         self.validate_vms()?;
+        if self.guest.apic == crate::guest::ApicMode::Xapic {
+            if !matches!(
+                self.scheme.as_str(),
+                "kvm" | "apicv" | "kvm-2026" | "bare-metal"
+            ) {
+                return bad(
+                    "guest.apic",
+                    format!(
+                        "xapic: scheme `{}` passes x2APIC MSRs through to the guest (its EOI is a WRMSR); xAPIC guests run under kvm, apicv, kvm-2026 and bare-metal",
+                        self.scheme
+                    ),
+                );
+            }
+            if self.vms.iter().any(|v| v.vcpus > 1) {
+                return bad(
+                    "guest.apic",
+                    "xapic: SMP xAPIC guests (their ICR is two stores) are not modelled; use one vCPU per VM or x2apic".into(),
+                );
+            }
+        }
         if let Some(m) = self.hv.halt_poll_max_us {
             if !(m.is_finite() && (0.0..=100_000.0).contains(&m)) {
                 return bad("hv.halt_poll_max_us", format!("{m} must be in [0, 100000]"));

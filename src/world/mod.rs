@@ -31,7 +31,7 @@ use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::lapic::{decode_icr, msr, ApicClocks, DeliveryMode, Ipi, IpiDest};
 use crate::hw::x86::nic::{IrqAction, Link, Nic, NicConfig, RxPacket};
-use crate::hw::x86::vmcs::WrmsrOutcome;
+use crate::hw::x86::vmcs::{ApicMmioOutcome, WrmsrOutcome};
 use crate::hw::x86::Machine;
 use crate::report::trace::{Trace, TraceKind};
 use crate::scenario::{IperfDirection, ItrMode, NetDevice, Scenario};
@@ -697,6 +697,7 @@ impl World {
             irt_update: t_us(&cal.host.irt_update_us),
             hlt: t_us(&cal.exit.hlt_us),
             vcpu_wakeup: t_us(&cal.host.vcpu_wakeup_us),
+            apic_access_decode: t_us(&cal.exit.apic_access_decode_us),
             apic_timer_period,
         };
         let hz = cal.host.hz.value.max(1.0);
@@ -723,6 +724,7 @@ impl World {
                         v
                     },
                     stats: Default::default(),
+                    xapic: s.guest.apic == crate::guest::ApicMode::Xapic,
                 })
                 .collect(),
             vcpus: vcpu_list
@@ -1907,6 +1909,62 @@ impl World {
         }
     }
 
+    /// EOI virtualization (SDM 29.1.4): the virtual-APIC page takes the
+    /// EOI; an EOI-exit-bitmap vector then exits.
+    fn virtualized_eoi(
+        &mut self,
+        k: usize,
+        vcpu: usize,
+        eoi: Option<u8>,
+        now: Time,
+    ) -> Option<(ExitInfo, Option<u8>)> {
+        let cleared = self.m.vapic[vcpu].eoi();
+        if let Some(expected) = eoi {
+            self.checker.eoi(k, expected, cleared, now);
+        }
+        match cleared {
+            Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
+                Some((ExitInfo::EoiInduced { vector: v }, None))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether vCPU `k`'s guest drives its LAPIC in xAPIC mode.
+    fn guest_xapic(&self, k: usize) -> bool {
+        self.hv.vms[self.hv.vcpus[k].vm].xapic
+    }
+
+    /// An xAPIC guest's store of `value` to the LAPIC register that x2APIC
+    /// names `reg`, at offset `(reg - 0x800) << 4` of its APIC page, as the
+    /// VMCS's APIC-access controls take it (SDM 29.4.3).
+    fn xapic_store(
+        &mut self,
+        k: usize,
+        vcpu: usize,
+        reg: u32,
+        value: u64,
+        eoi: Option<u8>,
+        now: Time,
+    ) -> Option<(ExitInfo, Option<u8>)> {
+        let offset = ((reg - msr::X2APIC_FIRST) << 4) as u16;
+        let value = value as u32;
+        match self.m.vmcs[vcpu].apic_mmio_write_outcome(offset) {
+            ApicMmioOutcome::ApicAccessExit => Some((ExitInfo::ApicAccess { offset, value }, eoi)),
+            ApicMmioOutcome::ApicWriteExit => Some((ExitInfo::ApicWrite { offset, value }, eoi)),
+            ApicMmioOutcome::EoiVirtualization => self.virtualized_eoi(k, vcpu, eoi, now),
+            ApicMmioOutcome::TprVirtualization => {
+                let _ = self.m.vapic[vcpu].write_tpr(u64::from(value));
+                None
+            }
+            // Refused at build (SMP xAPIC guests are not modelled); the
+            // write exits as KVM's fallback would.
+            ApicMmioOutcome::IpiVirtualization => {
+                Some((ExitInfo::ApicWrite { offset, value }, None))
+            }
+        }
+    }
+
     /// Executes a guest instruction. Returns the exit it causes, if any
     /// (with the vector an exiting EOI completes).
     fn execute(&mut self, core: usize, k: usize, i: Instr) -> Option<(ExitInfo, Option<u8>)> {
@@ -1969,6 +2027,14 @@ impl World {
                 return None;
             }
         };
+        // An xAPIC guest stores to its LAPIC page instead: in guest mode
+        // the VMCS's APIC-access controls decide (SDM 29.4); on bare metal
+        // the store reaches the LAPIC as the MSR write would.
+        if let (Some(vcpu), true) = (vmcs, self.guest_xapic(k)) {
+            if (msr::X2APIC_FIRST..=msr::X2APIC_LAST).contains(&reg) {
+                return self.xapic_store(k, vcpu, reg, value, eoi, now);
+            }
+        }
         // In guest mode the VMCS decides where the write goes (SDM 25.1.3,
         // 29.5); a faulting virtualized write (#GP) changes nothing, as a
         // faulting physical one.
@@ -1978,18 +2044,7 @@ impl World {
                 return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
             }
             Some((vcpu, WrmsrOutcome::EoiVirtualization)) => {
-                // EOI virtualization (SDM 29.1.4): the virtual-APIC page takes
-                // the EOI; an EOI-exit-bitmap vector then exits.
-                let cleared = self.m.vapic[vcpu].eoi();
-                if let Some(expected) = eoi {
-                    self.checker.eoi(k, expected, cleared, now);
-                }
-                return match cleared {
-                    Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
-                        Some((ExitInfo::EoiInduced { vector: v }, None))
-                    }
-                    _ => None,
-                };
+                return self.virtualized_eoi(k, vcpu, eoi, now);
             }
             Some((vcpu, WrmsrOutcome::TprVirtualization)) => {
                 let _ = self.m.vapic[vcpu].write_tpr(value);
@@ -2142,6 +2197,22 @@ impl World {
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
             ExitInfo::Hlt => c.hlt,
+            // The same register's MSR-write exit, plus decoding the store
+            // for the fault-like APIC access.
+            ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => {
+                let (msr, value) = info.apic_msr().unwrap_or((0, 0));
+                let base = match msr {
+                    msr::EOI => c.msr_write_eoi,
+                    msr::TMICT => c.msr_write_tmict,
+                    _ => c.msr_write_other,
+                };
+                let _ = value;
+                if matches!(info, ExitInfo::ApicAccess { .. }) {
+                    base + c.apic_access_decode
+                } else {
+                    base
+                }
+            }
             ExitInfo::Nmi => c.nmi,
             // Like EXTERNAL_INTERRUPT, the host handler is charged apart.
             ExitInfo::Exception { .. } => c.exception_np.saturating_sub(c.irq_handler),
@@ -2201,6 +2272,13 @@ impl World {
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
                 self.start_segment(core, charged);
+                return;
+            }
+            let wait = scheme.entry_quiesce(&cx, e.vcpu);
+            if wait > 0 {
+                e.stage = Stage::HostIrq;
+                self.exits[core] = Some(e);
+                self.start_segment(core, wait);
                 return;
             }
             scheme.prepare_entry(&mut cx, e.vcpu);

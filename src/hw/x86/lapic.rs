@@ -150,6 +150,11 @@ pub enum TimerModeChange {
 pub mod msr {
     /// The MSR range the x2APIC architecture reserves for APIC registers.
     pub const X2APIC_RANGE: core::ops::RangeInclusive<u32> = 0x800..=0x8FF;
+    /// The first and last x2APIC MSR that name an xAPIC register (offset
+    /// `(msr - 0x800) << 4` of the APIC page; 0x800..=0x83F).
+    pub const X2APIC_FIRST: u32 = 0x800;
+    /// See [`X2APIC_FIRST`].
+    pub const X2APIC_LAST: u32 = 0x83F;
     /// Local APIC ID (read-only in x2APIC mode).
     pub const APICID: u32 = 0x802;
     /// Local APIC version (read-only).

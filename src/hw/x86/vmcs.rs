@@ -51,6 +51,10 @@ pub struct ProcControls {
 /// Secondary processor-based VM-execution controls (SDM 24.6.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Proc2Controls {
+    /// "Virtualize APIC accesses" (SDM 29.4): guest accesses to the
+    /// APIC-access page (an xAPIC guest's LAPIC MMIO) exit as APIC_ACCESS,
+    /// unless APIC-register virtualization takes them.
+    pub virtualize_apic_accesses: bool,
     /// x2APIC MSR accesses that do not exit go to the virtual-APIC page.
     pub virtualize_x2apic: bool,
     /// Reads of APIC registers are served from the virtual-APIC page.
@@ -61,6 +65,22 @@ pub struct Proc2Controls {
     /// physical-mode ICR writes are posted by the processor through the
     /// PID-pointer table.
     pub ipi_virtualization: bool,
+}
+
+/// Where an xAPIC guest's LAPIC MMIO write goes (SDM 29.4.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApicMmioOutcome {
+    /// APIC-access VM exit (fault-like: KVM decodes and emulates the store).
+    ApicAccessExit,
+    /// Written to the virtual-APIC page, then an APIC-write VM exit
+    /// (trap-like: KVM emulates the register from the page).
+    ApicWriteExit,
+    /// EOI virtualization.
+    EoiVirtualization,
+    /// TPR virtualization.
+    TprVirtualization,
+    /// IPI virtualization (processor posts the IPI).
+    IpiVirtualization,
 }
 
 /// VM-exit controls (SDM 24.7.1).
@@ -335,6 +355,7 @@ impl Vmcs {
         v.pin.posted_interrupts = true;
         v.proc.use_tpr_shadow = true;
         v.proc2 = Proc2Controls {
+            virtualize_apic_accesses: false,
             virtualize_x2apic: true,
             apic_register_virtualization: true,
             virtual_interrupt_delivery: true,
@@ -348,6 +369,16 @@ impl Vmcs {
             let _ = v.msr_bitmap.set_write_intercept(m, false);
         }
         v
+    }
+
+    /// `vmx_set_virtual_apic_mode`: an xAPIC guest gets "virtualize APIC
+    /// accesses" (its LAPIC page becomes the APIC-access page) instead of
+    /// "virtualize x2APIC mode"; the other APICv controls stay as they are.
+    pub fn set_virtual_apic_mode(&mut self, xapic: bool) {
+        if xapic {
+            self.proc2.virtualize_apic_accesses = true;
+            self.proc2.virtualize_x2apic = false;
+        }
     }
 
     /// Whether WRMSR of `msr` in the guest exits: always without MSR bitmaps,
@@ -381,6 +412,41 @@ impl Vmcs {
                 WrmsrOutcome::IpiVirtualization
             }
             _ => WrmsrOutcome::Msr,
+        }
+    }
+
+    /// Where an xAPIC guest's store to its LAPIC page at `offset` goes
+    /// (SDM 29.4.3): with "virtualize APIC accesses" alone, every write is
+    /// an APIC-access exit (a TPR write with the TPR shadow is
+    /// virtualized); with APIC-register virtualization too, TPR and (with
+    /// virtual-interrupt delivery) EOI writes are virtualized, ICR-low
+    /// writes are posted under IPI virtualization, the other registers the
+    /// SDM lists are written to the virtual-APIC page and then exit as
+    /// APIC_WRITE (trap-like), and the rest exit as APIC_ACCESS.
+    pub fn apic_mmio_write_outcome(&self, offset: u16) -> ApicMmioOutcome {
+        let p2 = self.proc2;
+        if !p2.virtualize_apic_accesses {
+            // No APIC-access page: the access faults in EPT and KVM
+            // emulates the MMIO, an exit as well.
+            return ApicMmioOutcome::ApicAccessExit;
+        }
+        if !p2.apic_register_virtualization {
+            return if offset == 0x80 && self.proc.use_tpr_shadow {
+                ApicMmioOutcome::TprVirtualization
+            } else {
+                ApicMmioOutcome::ApicAccessExit
+            };
+        }
+        match offset {
+            0x80 => ApicMmioOutcome::TprVirtualization,
+            0xB0 if p2.virtual_interrupt_delivery => ApicMmioOutcome::EoiVirtualization,
+            0x300 if p2.virtual_interrupt_delivery && p2.ipi_virtualization => {
+                ApicMmioOutcome::IpiVirtualization
+            }
+            0xB0 | 0xD0 | 0xE0 | 0xF0 | 0x280 | 0x300 | 0x310 | 0x320..=0x370 | 0x380 | 0x3E0 => {
+                ApicMmioOutcome::ApicWriteExit
+            }
+            _ => ApicMmioOutcome::ApicAccessExit,
         }
     }
 
@@ -449,6 +515,58 @@ impl Vmcs {
 
 #[cfg(test)]
 mod tests {
+
+    /// SDM 29.4.3: what an xAPIC guest's LAPIC stores do under stock KVM
+    /// (APIC-access page only) and under APICv (register virtualization and
+    /// virtual-interrupt delivery).
+    #[test]
+    fn xapic_stores_exit_or_are_virtualized_as_the_controls_say() {
+        let mut kvm = Vmcs::kvm_default();
+        kvm.set_virtual_apic_mode(true);
+        assert!(kvm.proc2.virtualize_apic_accesses);
+        for off in [0xB0, 0x380, 0x320, 0x300] {
+            assert_eq!(
+                kvm.apic_mmio_write_outcome(off),
+                ApicMmioOutcome::ApicAccessExit
+            );
+        }
+        let mut v = Vmcs::kvm_apicv();
+        v.set_virtual_apic_mode(true);
+        assert!(
+            !v.proc2.virtualize_x2apic,
+            "x2APIC virtualization off for xAPIC"
+        );
+        assert_eq!(
+            v.apic_mmio_write_outcome(0xB0),
+            ApicMmioOutcome::EoiVirtualization
+        );
+        assert_eq!(
+            v.apic_mmio_write_outcome(0x80),
+            ApicMmioOutcome::TprVirtualization
+        );
+        assert_eq!(
+            v.apic_mmio_write_outcome(0x380),
+            ApicMmioOutcome::ApicWriteExit
+        );
+        assert_eq!(
+            v.apic_mmio_write_outcome(0x300),
+            ApicMmioOutcome::ApicWriteExit
+        );
+        assert_eq!(
+            v.apic_mmio_write_outcome(0x020),
+            ApicMmioOutcome::ApicAccessExit
+        );
+        v.proc2.ipi_virtualization = true;
+        assert_eq!(
+            v.apic_mmio_write_outcome(0x300),
+            ApicMmioOutcome::IpiVirtualization
+        );
+        // An x2APIC guest's VMCS is untouched.
+        let mut x2 = Vmcs::kvm_apicv();
+        x2.set_virtual_apic_mode(false);
+        assert_eq!(x2, Vmcs::kvm_apicv());
+    }
+
     use super::*;
     use proptest::prelude::*;
 
