@@ -1607,6 +1607,7 @@ impl World {
         }
         self.measure_start = now;
         self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
+        self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
         self.sched_reset(now);
     }
 
@@ -2471,6 +2472,18 @@ impl World {
         self.scheme.metrics(&mut metrics);
         if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
             self.sched_metrics(&mut metrics, self.end, dur);
+            let w = &self.checker.waited_schedule_in;
+            metrics.insert("irq.waited_schedule_in".into(), w.count() as f64);
+            if w.count() > 0 {
+                metrics.insert(
+                    "irq.waited_schedule_in_mean_us".into(),
+                    crate::engine::as_us(w.mean()),
+                );
+                metrics.insert(
+                    "irq.waited_schedule_in_p99_us".into(),
+                    crate::engine::as_us(w.percentile(99.0)),
+                );
+            }
             let d = &self.checker.descheduled_delay;
             metrics.insert("irq.descheduled".into(), d.count() as f64);
             if d.count() > 0 {
