@@ -141,3 +141,34 @@ fn tcp_workloads_of_several_vms_each_talk_to_their_own_peer() {
         assert!(shared > 10.0 * alone, "{scheme}: {shared} ms vs {alone} ms");
     }
 }
+
+/// The VMs' VFs and the load generators share the host's one 10 GbE port:
+/// four iperf streams together stay under its line rate, each way (each
+/// alone would reach about 4 Gb/s, 16 in all, when every VF had a wire of
+/// its own).
+#[test]
+fn vms_share_the_one_port_of_the_nic() {
+    for direction in ["to-vm", "from-vm"] {
+        let text = format!(
+            "name = \"port\"\nscheme = \"did\"\nseed = 1\nduration_s = 0.1\nwarmup_s = 0.02\n\
+             [machine]\ncores = 6\n\
+             [[vm]]\ncopies = 4\ncore = 1\ncopies_cores = [1, 2, 3, 4]\n\
+             [vm.workload.iperf]\ndirection = \"{direction}\"\n"
+        );
+        let r = run_text(&text, &[]);
+        assert_eq!(r.violations(), 0);
+        let each: Vec<f64> = ["", "vm1.", "vm2.", "vm3."]
+            .iter()
+            .map(|p| metric(&r, &format!("{p}iperf.throughput_gbps")))
+            .collect();
+        let total: f64 = each.iter().sum();
+        assert!(
+            total <= 10.0,
+            "{direction}: {each:?} = {total} Gb/s over a 10 GbE port"
+        );
+        assert!(total > 8.0, "{direction}: the port is used: {total}");
+        for g in &each {
+            assert!(*g > 1.5, "{direction}: every VM gets its share: {each:?}");
+        }
+    }
+}

@@ -266,6 +266,9 @@ pub struct World {
     pv: Option<Box<net::PvPath>>,
     /// Each VM's virtio-net device, if it has one.
     net_dev_of_vm: Vec<Option<usize>>,
+    /// When the receive side of the host's port is next free (frames from
+    /// every load generator cross it).
+    port_rx_free: Time,
     /// The peer hosts of the VM's connections and flows.
     peers: Vec<net::PeerLink>,
     /// The timeline, when asked for.
@@ -1148,6 +1151,7 @@ impl World {
             nic_base: vec![Default::default(); nvm],
             pv,
             net_dev_of_vm,
+            port_rx_free: 0,
             peers,
             trace: None,
             blk,

@@ -349,9 +349,11 @@ impl World {
         let link = &mut self.peers[p];
         let at = match link.attach {
             Attach::Bridge { delay } | Attach::Veb { delay, .. } => now + delay,
-            // The host's NIC sends the bridged frame on the link.
+            // The host's NIC sends the bridged frame on the link, through
+            // the port the VFs share.
             Attach::Uplink { delay } => {
-                now + delay + self.m.link.wire_time(f.len()) + self.m.link.propagation_ps
+                self.m.nic.pf_transmit(now + delay, f.len(), &self.m.link)
+                    + self.m.link.propagation_ps
             }
             Attach::Wire { .. } => now + self.m.link.propagation_ps,
         };
@@ -427,8 +429,11 @@ impl World {
                 // The load generator's NIC serializes its frames (and an
                 // uplink's then cross the host's bridge).
                 Attach::Wire { .. } | Attach::Uplink { .. } => {
-                    let start = t.max(link.wire_free);
+                    // Every load generator's frames arrive through the
+                    // host's one port: they share its receive wire.
+                    let start = t.max(link.wire_free).max(self.port_rx_free);
                     link.wire_free = start + self.m.link.wire_time(f.len());
+                    self.port_rx_free = link.wire_free;
                     let bridge = if let Attach::Uplink { delay } = link.attach {
                         delay
                     } else {

@@ -547,6 +547,9 @@ impl Vf {
 pub struct Nic {
     cfg: NicConfig,
     vfs: Box<[Vf]>,
+    /// When the port's transmit side is next free: every VF (and the PF,
+    /// for the host's bridged traffic) sends through the one port.
+    port_tx_free: Time,
 }
 
 /// Checks an EITR write and returns the stored field.
@@ -587,7 +590,11 @@ impl Nic {
                 counters: VfCounters::default(),
             })
             .collect();
-        Ok(Self { cfg, vfs })
+        Ok(Self {
+            cfg,
+            vfs,
+            port_tx_free: 0,
+        })
     }
 
     /// The configuration the NIC was built with.
@@ -728,6 +735,15 @@ impl Nic {
         Ok(true)
     }
 
+    /// The PF sends a frame of `len` bytes ready at `at` (the host's own,
+    /// bridged traffic) on the shared port: when its last bit leaves.
+    pub fn pf_transmit(&mut self, at: Time, len: u32, link: &Link) -> Time {
+        let start = at.max(self.port_tx_free);
+        let end = start.saturating_add(link.wire_time(len));
+        self.port_tx_free = end;
+        end
+    }
+
     /// The driver's TDT write: staged descriptors pass to the hardware,
     /// which fetches each (`fetch` after the doorbell) and sends it on
     /// `link` when the wire is free, back to back. Returns the departure
@@ -740,19 +756,24 @@ impl Nic {
         fetch: Time,
         link: &Link,
     ) -> Result<Option<Time>, NicError> {
+        let mut port = self.port_tx_free;
         let t = &mut self.vf_mut(vf)?.tx;
         let was_idle = t.hw.is_empty();
         while let Some(f) = t.staged.pop_front() {
-            let start = t.wire_free.max(now + fetch);
+            // One port: the VFs' queues share its wire.
+            let start = t.wire_free.max(port).max(now + fetch);
             let end = start.saturating_add(link.wire_time(f.len()));
             t.wire_free = end;
+            port = end;
             t.hw.push_back((end, f));
         }
-        Ok(if was_idle {
+        let head = if was_idle {
             t.hw.front().map(|h| h.0)
         } else {
             None
-        })
+        };
+        self.port_tx_free = port;
+        Ok(head)
     }
 
     /// The head TX frame has left the wire: its descriptor is written back
