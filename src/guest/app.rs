@@ -185,6 +185,21 @@ impl<'a, T> Conns<'a, T> {
 /// Metrics a program reports at the end of a run, by name.
 pub type Metrics = BTreeMap<String, f64>;
 
+/// Adds a latency distribution's percentile curve for latency plots:
+/// `{prefix}_p50_us`, `_p90_us`, `_p99_us` and `_p999_us` (p99.9).
+pub fn insert_percentiles_us(
+    out: &mut Metrics,
+    prefix: &str,
+    hist: &crate::engine::LatencyHistogram,
+) {
+    for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+        out.insert(
+            format!("{prefix}_{name}_us"),
+            crate::engine::as_us(hist.percentile(p)),
+        );
+    }
+}
+
 /// A program running as a task in the guest.
 pub trait App {
     /// Called whenever the task runs and has nothing left to compute.

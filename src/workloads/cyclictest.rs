@@ -3,7 +3,7 @@
 //! expiry to the user-level code running.
 
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
@@ -75,9 +75,7 @@ impl App for Cyclictest {
     fn metrics(&self, out: &mut Metrics) {
         out.insert("latency_mean_us".into(), as_us(self.hist.mean()));
         // The percentile curve (p50 .. p99.9), for latency plots.
-        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(format!("latency_{name}_us"), as_us(self.hist.percentile(p)));
-        }
+        insert_percentiles_us(out, "latency", &self.hist);
         out.insert("latency_max_us".into(), as_us(self.hist.max()));
         out.insert("cyclictest.samples".into(), self.hist.count() as f64);
     }

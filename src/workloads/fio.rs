@@ -3,7 +3,7 @@
 //! Reported: IOPS and completion time (issue → returned to Fio).
 
 use crate::engine::{as_us, LatencyHistogram, RngStream, Time, SEC};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
 use crate::hw::virtio_blk::BlkRequest;
 
 /// The Fio job.
@@ -89,11 +89,6 @@ impl App for Fio {
         out.insert("fio.iops".into(), iops);
         out.insert("fio.completion_us".into(), as_us(self.latency.mean()));
         // The percentile curve (p50 .. p99.9), for latency plots.
-        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(
-                format!("fio.completion_{name}_us"),
-                as_us(self.latency.percentile(p)),
-            );
-        }
+        insert_percentiles_us(out, "fio.completion", &self.latency);
     }
 }

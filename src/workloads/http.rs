@@ -22,7 +22,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 
 /// Request and response sizes.
@@ -257,12 +257,7 @@ impl AbClient {
     /// Requests completed per second over the measured interval (first
     /// to last completion).
     pub fn rps(&self) -> f64 {
-        match self.first {
-            Some(t0) if self.last > t0 && self.completed > 1 => {
-                (self.completed - 1) as f64 / crate::engine::as_s(self.last - t0)
-            }
-            _ => 0.0,
-        }
+        super::completion_rate(self.first, self.last, self.completed)
     }
 }
 
@@ -311,12 +306,8 @@ impl PeerApp for AbClient {
         let p = self.names.prefix;
         out.insert(format!("{p}.rps"), self.rps());
         out.insert(format!("{p}.completed"), self.completed as f64);
-        for (name, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(
-                format!("{p}.{}_{name}_us", self.names.percentiles),
-                as_us(self.latency.percentile(q)),
-            );
-        }
+        let prefix = format!("{p}.{}", self.names.percentiles);
+        insert_percentiles_us(out, &prefix, &self.latency);
         out.insert(
             format!("{p}.{}_mean_us", self.names.percentiles),
             as_us(self.latency.mean()),

@@ -168,6 +168,26 @@ impl MemcachedClient {
     }
 }
 
+/// A client's reply latencies and the requests it still waits for: the
+/// percentile curve (p50 .. p99.9, for latency plots; p95 is DID's
+/// metric), the mean, and the outstanding count.
+fn latency_metrics(out: &mut Metrics, latency: &LatencyHistogram, outstanding: usize) {
+    for (name, p) in [
+        ("p50", 50.0),
+        ("p90", 90.0),
+        ("p95", 95.0),
+        ("p99", 99.0),
+        ("p999", 99.9),
+    ] {
+        out.insert(
+            format!("memcached.{name}_ms"),
+            latency.percentile(p) as f64 / MS as f64,
+        );
+    }
+    out.insert("memcached.mean_us".into(), latency.mean() as f64 / 1e6);
+    out.insert("memcached.outstanding".into(), outstanding as f64);
+}
+
 impl PeerApp for MemcachedClient {
     fn poll(&mut self, io: &mut PeerIo, now: Time) -> (Time, Option<Time>) {
         let conns = &mut io.conns;
@@ -229,23 +249,8 @@ impl PeerApp for MemcachedClient {
         out.insert("memcached.backlog".into(), self.backlog.len() as f64);
         out.insert("memcached.backlog_peak".into(), self.backlog_peak as f64);
         out.insert("memcached.completed".into(), self.completed as f64);
-        // The percentile curve (p50 .. p99.9), for latency plots; p95 is
-        // the paper's metric.
-        for (name, p) in [
-            ("p50", 50.0),
-            ("p90", 90.0),
-            ("p95", 95.0),
-            ("p99", 99.0),
-            ("p999", 99.9),
-        ] {
-            out.insert(
-                format!("memcached.{name}_ms"),
-                self.latency.percentile(p) as f64 / MS as f64,
-            );
-        }
-        out.insert("memcached.mean_us".into(), self.latency.mean() as f64 / 1e6);
-        let outstanding: usize = self.outstanding.iter().map(|q| q.len()).sum();
-        out.insert("memcached.outstanding".into(), outstanding as f64);
+        let outstanding = self.outstanding.iter().map(|q| q.len()).sum();
+        latency_metrics(out, &self.latency, outstanding);
         // Requests unanswered at the end (written or still waiting) and
         // those never sent count as late.
         let late = (outstanding + self.backlog.len()) as u64 + self.not_sent;
@@ -335,12 +340,7 @@ impl MemaslapClient {
     /// Transactions per second over the measured interval (first to last
     /// reply).
     pub fn tps(&self) -> f64 {
-        match self.first {
-            Some(t0) if self.last > t0 && self.completed > 1 => {
-                (self.completed - 1) as f64 / crate::engine::as_s(self.last - t0)
-            }
-            _ => 0.0,
-        }
+        super::completion_rate(self.first, self.last, self.completed)
     }
 }
 
@@ -396,21 +396,8 @@ impl PeerApp for MemaslapClient {
             0.0
         };
         out.insert("memcached.get_pct".into(), pct);
-        for (name, p) in [
-            ("p50", 50.0),
-            ("p90", 90.0),
-            ("p95", 95.0),
-            ("p99", 99.0),
-            ("p999", 99.9),
-        ] {
-            out.insert(
-                format!("memcached.{name}_ms"),
-                self.latency.percentile(p) as f64 / MS as f64,
-            );
-        }
-        out.insert("memcached.mean_us".into(), self.latency.mean() as f64 / 1e6);
-        let outstanding: usize = self.outstanding.iter().map(|q| q.len()).sum();
-        out.insert("memcached.outstanding".into(), outstanding as f64);
+        let outstanding = self.outstanding.iter().map(|q| q.len()).sum();
+        latency_metrics(out, &self.latency, outstanding);
     }
 }
 

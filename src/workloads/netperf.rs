@@ -50,6 +50,44 @@ fn add(out: &mut Metrics, key: String, v: f64) {
     *out.entry(key).or_insert(0.0) += v;
 }
 
+/// What a UDP_STREAM receiver (netserver, in the guest or on the client
+/// host) got: the throughput meter and the datagram count.
+struct Received {
+    meter: Meter,
+    /// Datagrams the application received.
+    count: u64,
+    instance: Option<usize>,
+}
+
+impl Received {
+    fn new(instance: Option<usize>) -> Self {
+        Received {
+            meter: Meter::default(),
+            count: 0,
+            instance,
+        }
+    }
+
+    fn add(&mut self, len: u32, at: Time) {
+        self.count += 1;
+        self.meter.add(len, at);
+    }
+
+    fn reset(&mut self) {
+        self.meter = Meter::default();
+        self.count = 0;
+    }
+
+    fn metrics(&self, out: &mut Metrics) {
+        let name = Name {
+            prefix: "netperf",
+            instance: self.instance,
+        };
+        self.meter.metrics(out, &name);
+        add(out, "netperf.messages_received".into(), self.count as f64);
+    }
+}
+
 /// UDP_STREAM's sender in the guest: sendto() of `msg` bytes on flow
 /// `flow`, in a loop, blocking while the send buffer is full.
 pub struct UdpStreamSend {
@@ -109,10 +147,7 @@ impl App for UdpStreamSend {
 /// bound socket.
 pub struct UdpStreamRecv {
     costs: NetperfCosts,
-    meter: Meter,
-    /// Datagrams the application received.
-    pub received: u64,
-    instance: Option<usize>,
+    received: Received,
 }
 
 impl UdpStreamRecv {
@@ -120,9 +155,7 @@ impl UdpStreamRecv {
     pub fn new(costs: NetperfCosts, instance: Option<usize>) -> Self {
         UdpStreamRecv {
             costs,
-            meter: Meter::default(),
-            received: 0,
-            instance,
+            received: Received::new(instance),
         }
     }
 }
@@ -131,8 +164,7 @@ impl App for UdpStreamRecv {
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
         match sys.recv() {
             Some(d) => {
-                self.received += 1;
-                self.meter.add(d.len, sys.now);
+                self.received.add(d.len, sys.now);
                 TaskStep::Compute(self.costs.call(d.len))
             }
             None => TaskStep::Block,
@@ -140,21 +172,11 @@ impl App for UdpStreamRecv {
     }
 
     fn reset_metrics(&mut self) {
-        self.meter = Meter::default();
-        self.received = 0;
+        self.received.reset();
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        let name = Name {
-            prefix: "netperf",
-            instance: self.instance,
-        };
-        self.meter.metrics(out, &name);
-        add(
-            out,
-            "netperf.messages_received".into(),
-            self.received as f64,
-        );
+        self.received.metrics(out);
     }
 }
 
@@ -224,9 +246,7 @@ impl PeerApp for UdpStreamSource {
 /// datagram its socket holds.
 pub struct UdpStreamSink {
     syscall: Time,
-    meter: Meter,
-    received: u64,
-    instance: Option<usize>,
+    received: Received,
 }
 
 impl UdpStreamSink {
@@ -235,9 +255,7 @@ impl UdpStreamSink {
     pub fn new(syscall: Time, instance: Option<usize>) -> Self {
         UdpStreamSink {
             syscall,
-            meter: Meter::default(),
-            received: 0,
-            instance,
+            received: Received::new(instance),
         }
     }
 }
@@ -247,28 +265,17 @@ impl PeerApp for UdpStreamSink {
         let mut cost = 0;
         while let Some(d) = io.udp_rx.pop_front() {
             cost += self.syscall;
-            self.received += 1;
-            self.meter.add(d.len, now + cost);
+            self.received.add(d.len, now + cost);
         }
         (cost, None)
     }
 
     fn reset_metrics(&mut self) {
-        self.meter = Meter::default();
-        self.received = 0;
+        self.received.reset();
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        let name = Name {
-            prefix: "netperf",
-            instance: self.instance,
-        };
-        self.meter.metrics(out, &name);
-        add(
-            out,
-            "netperf.messages_received".into(),
-            self.received as f64,
-        );
+        self.received.metrics(out);
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
 
 /// The peer's transmitter: send a message, wait for the whole echo, record
 /// half the round trip, repeat.
@@ -68,12 +68,7 @@ impl PeerApp for NetpipeTransmitter {
         out.insert("netpipe.round_trips".into(), self.round_trips as f64);
         out.insert("netpipe.half_rtt_us".into(), as_us(self.half_rtt.mean()));
         // The percentile curve (p50 .. p99.9), for latency plots.
-        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(
-                format!("netpipe.half_rtt_{name}_us"),
-                as_us(self.half_rtt.percentile(p)),
-            );
-        }
+        insert_percentiles_us(out, "netpipe.half_rtt", &self.half_rtt);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{Datagram, Metrics};
+use crate::guest::app::{insert_percentiles_us, Datagram, Metrics};
 
 /// The ping process on the client host (a raw ICMP socket: its datagrams
 /// leave as echo requests, echo replies come back as datagrams).
@@ -85,9 +85,7 @@ impl PeerApp for PingClient {
     fn metrics(&self, out: &mut Metrics) {
         out.insert("ping.sent".into(), self.sent as f64);
         out.insert("ping.received".into(), self.received as f64);
-        for (name, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(format!("ping.rtt_{name}_us"), as_us(self.rtt.percentile(q)));
-        }
+        insert_percentiles_us(out, "ping.rtt", &self.rtt);
         out.insert("ping.rtt_mean_us".into(), as_us(self.rtt.mean()));
     }
 }

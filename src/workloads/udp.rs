@@ -2,7 +2,7 @@
 //! in-guest receiver at the lowest priority.
 
 use crate::engine::{as_us, LatencyHistogram, Time, SEC};
-use crate::guest::app::{App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
 
 /// Ethernet (14) + IPv4 (20) + UDP (8) header bytes in front of the payload.
 pub const HEADERS: u32 = 42;
@@ -90,12 +90,7 @@ impl App for UdpReceiver {
         out.insert("udp.received".into(), self.received as f64);
         out.insert("udp.latency_mean_us".into(), as_us(self.latency.mean()));
         // The percentile curve (p50 .. p99.9), for latency plots.
-        for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            out.insert(
-                format!("udp.latency_{name}_us"),
-                as_us(self.latency.percentile(p)),
-            );
-        }
+        insert_percentiles_us(out, "udp.latency", &self.latency);
     }
 }
 
