@@ -223,24 +223,18 @@ impl Redirect {
         allowed: &[usize],
         index_of: impl Fn(usize) -> usize,
     ) -> usize {
-        let ok = |v: &usize| allowed.contains(v);
-        let pick = if let Some(s) = self.sticky.filter(|s| self.online.contains(s) && ok(s)) {
-            s
-        } else if let Some(v) = self
-            .online
-            .iter()
-            .copied()
-            .filter(ok)
-            .min_by_key(|&v| (self.processed[index_of(v)], index_of(v)))
-        {
-            self.sticky = Some(v);
-            v
-        } else if let Some(&v) = self.offline.iter().find(|v| ok(v)) {
-            // Not sticky: it is a guess.
-            self.to_offline += 1;
-            v
-        } else {
-            original
+        let pick = match self.peek(allowed, &index_of) {
+            // An online pick sticks until it is descheduled.
+            Some(v) if self.online.contains(&v) => {
+                self.sticky = Some(v);
+                v
+            }
+            // The head of the offline list is a guess: not sticky.
+            Some(v) => {
+                self.to_offline += 1;
+                v
+            }
+            None => original,
         };
         self.processed[index_of(pick)] += 1;
         if pick != original {

@@ -60,6 +60,18 @@ pub struct HvCosts {
     pub apic_timer_period: Time,
 }
 
+impl HvCosts {
+    /// The exit service time of a write to the LAPIC register x2APIC names
+    /// `msr` (EOI, TMICT, or any other).
+    pub fn apic_register_write(&self, msr: u32) -> Time {
+        match msr {
+            msr::EOI => self.msr_write_eoi,
+            msr::TMICT => self.msr_write_tmict,
+            _ => self.msr_write_other,
+        }
+    }
+}
+
 /// An SR-IOV VF assigned to a VM.
 #[derive(Clone, Copy, Debug)]
 pub struct VfAssignment {

@@ -22,11 +22,7 @@ impl BlkPath {
     /// The back end of VM 0's disk of `disk_bytes`, with the calibrated
     /// costs.
     pub(super) fn new(cal: &Calibration, kick_fd: u16, vector: u8, disk_bytes: u64) -> BlkPath {
-        let (b, us, ns) = (
-            &cal.blk,
-            |e: &crate::calibration::Entry| crate::engine::from_us(e.value),
-            |e: &crate::calibration::Entry| crate::engine::from_ns(e.value),
-        );
+        let (b, us, ns) = (&cal.blk, super::t_us, super::t_ns);
         BlkPath {
             backend: RamDiskBackend::new(0, kick_fd, vector, disk_bytes),
             costs: BlkCosts {

@@ -2188,13 +2188,8 @@ impl World {
             ExitInfo::ExternalInterrupt { .. } => {
                 c.external_interrupt.saturating_sub(c.irq_handler)
             }
-            ExitInfo::MsrWrite { msr: msr::EOI, .. } | ExitInfo::EoiInduced { .. } => {
-                c.msr_write_eoi
-            }
-            ExitInfo::MsrWrite {
-                msr: msr::TMICT, ..
-            } => c.msr_write_tmict,
-            ExitInfo::MsrWrite { .. } => c.msr_write_other,
+            ExitInfo::EoiInduced { .. } => c.msr_write_eoi,
+            ExitInfo::MsrWrite { msr, .. } => c.apic_register_write(msr),
             ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(vm, port) {
                 Some(_) => c.io_instruction_ioeventfd,
                 None => sample(self.costs.io_instruction_mean),
@@ -2205,13 +2200,7 @@ impl World {
             // The same register's MSR-write exit, plus decoding the store
             // for the fault-like APIC access.
             ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => {
-                let (msr, value) = info.apic_msr().unwrap_or((0, 0));
-                let base = match msr {
-                    msr::EOI => c.msr_write_eoi,
-                    msr::TMICT => c.msr_write_tmict,
-                    _ => c.msr_write_other,
-                };
-                let _ = value;
+                let base = c.apic_register_write(info.apic_msr().map_or(0, |(m, _)| m));
                 if matches!(info, ExitInfo::ApicAccess { .. }) {
                     base + c.apic_access_decode
                 } else {

@@ -177,8 +177,14 @@ impl World {
             pv.threads[w].nap_gen += 1;
         }
         let lat = pv.costs.start_latency(pv.side_core);
+        self.vhost_run_after(w, lat);
+    }
+
+    /// Worker `w`, awake, runs after `lat`: at once on a core of its own,
+    /// or as the host scheduler decides.
+    fn vhost_run_after(&mut self, w: usize, lat: Time) {
+        let Some(pv) = &self.pv else { return };
         match pv.threads[w].tid {
-            // A core of its own: it runs as soon as it is awake.
             None => self.vhost_switched_in(w, lat),
             Some(tid) => self.sched_wake_thread(tid, lat),
         }
@@ -235,18 +241,10 @@ impl World {
             return;
         }
         pv.workers[w].running = true;
-        self.vhost_wake_from_nap(w);
-    }
-
-    fn vhost_wake_from_nap(&mut self, w: usize) {
-        let Some(pv) = &mut self.pv else { return };
         pv.workers[w].nap_over(&mut pv.devs);
         // schedule_hrtimeout: the timer wakes the thread (a wake-up).
         let lat = pv.costs.wakeup;
-        match pv.threads[w].tid {
-            None => self.vhost_switched_in(w, lat),
-            Some(tid) => self.sched_wake_thread(tid, lat),
-        }
+        self.vhost_run_after(w, lat);
     }
 
     /// Carries out what a finished unit did: the frame goes to the bridge,
