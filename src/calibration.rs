@@ -52,6 +52,7 @@ section!(Host {
     ipi_latency_us,
     self_ipi_us,
     irt_update_us,
+    call_function_us,
 });
 section!(Guest {
     irq_entry_ns,

@@ -111,12 +111,15 @@ impl Scheme for Did {
             let _ = vmcs.msr_bitmap.set_write_intercept(msr::EOI, false);
             let _ = vmcs.msr_bitmap.set_write_intercept(msr::TMICT, false);
             cx.m.vmcs[vcpu] = vmcs;
-            // §4.4: the host's timers leave the VM's core for the designated core.
-            let core = cx.hv.vcpus[vcpu].core;
-            cx.hv.host.reassign(core, designated);
-            cx.host_timer_reprogram(designated);
-            cx.apic_write(core, msr::TMICT, 0);
-            cx.host_timer_forget(core);
+            // §4.4: the host's timers leave the VM's cores (every core its
+            // vCPU may run on) for the designated core.
+            let allowed = cx.hv.vcpus[vcpu].allowed;
+            for core in (0..cx.m.cores.len().min(64)).filter(|&c| allowed & (1 << c) != 0) {
+                cx.hv.host.reassign(core, designated);
+                cx.host_timer_reprogram(designated);
+                cx.apic_write(core, msr::TMICT, 0);
+                cx.host_timer_forget(core);
+            }
         }
         // Until its first schedule-in, the VF's interrupts force exits.
         let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;

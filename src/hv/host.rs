@@ -8,6 +8,9 @@ use crate::engine::Time;
 pub const HOST_TIMER_VECTOR: u8 = 0xEF;
 /// RESCHEDULE_VECTOR of the host (also KVM's vCPU kick).
 pub const RESCHEDULE_VECTOR: u8 = 0xFD;
+/// CALL_FUNCTION_SINGLE_VECTOR of the host: `smp_call_function_single`
+/// (KVM's `loaded_vmcs_clear` when a vCPU moves to another core).
+pub const CALL_FUNCTION_SINGLE_VECTOR: u8 = 0xFB;
 /// First host vector handed to assigned devices' MSI-X (one per VF).
 pub const HOST_DEVICE_VECTOR_BASE: u8 = 0x61;
 
@@ -79,6 +82,18 @@ impl HostKernel {
             }
         }
         None
+    }
+
+    /// Removes the first timer matching `f` from serving core `s`'s queue:
+    /// (deadline, timer).
+    pub fn take_first_on(
+        &mut self,
+        s: usize,
+        mut f: impl FnMut(&HostTimer) -> bool,
+    ) -> Option<(Time, HostTimer)> {
+        let q = &mut self.queues[s];
+        let i = q.iter().position(|(_, t)| f(t))?;
+        Some(q.swap_remove(i))
     }
 
     /// Removes every timer matching `f`; returns the serving cores touched

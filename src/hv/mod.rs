@@ -53,6 +53,7 @@ pub struct HvCosts {
     pub ipi_latency: Time,
     pub self_ipi: Time,
     pub irt_update: Time,
+    pub call_function: Time,
     pub hlt: Time,
     pub vcpu_wakeup: Time,
     pub apic_access_decode: Time,
@@ -131,8 +132,14 @@ pub struct VcpuState {
     pub index: usize,
     /// KVM's `apic_arb_prio`: lowest-priority deliveries it has taken.
     pub arb_prio: u64,
-    /// Core it is pinned to.
+    /// The core it runs on, or ran on last.
     pub core: usize,
+    /// The cores its thread may run on (bit i = core i; one bit when
+    /// pinned).
+    pub allowed: u64,
+    /// KVM's `loaded_vmcs->cpu`: the core its VMCS was last loaded on
+    /// (none before its first schedule-in).
+    pub vmcs_core: Option<usize>,
     /// KVM's emulated LAPIC of this vCPU (the register file the guest sees
     /// when its APIC accesses exit).
     pub vlapic: Lapic,
@@ -393,6 +400,24 @@ impl HvCx<'_> {
             let s2 = self.hv.host.serving[to];
             self.hv.host.add(s2, at, t);
             self.host_timer_reprogram(s2);
+        }
+    }
+
+    /// `kvm_migrate_timers` when `vcpu` is loaded on a core other than
+    /// `from`: the hrtimer emulating its LAPIC timer, if it ran on `from`'s
+    /// queue, restarts on its new core (`hrtimer_start_expires` on the
+    /// current CPU). One kept elsewhere (a housekeeping core) stays.
+    pub fn migrate_guest_timer(&mut self, vcpu: usize, from: usize) {
+        let s = self.hv.host.serving[from];
+        let to = self.hv.host.serving[self.hv.vcpus[vcpu].core];
+        if s == to {
+            return;
+        }
+        let mine = |t: &HostTimer| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu);
+        if let Some((at, t)) = self.hv.host.take_first_on(s, mine) {
+            self.host_timer_reprogram(s);
+            self.hv.host.add(to, at, t);
+            self.host_timer_reprogram(to);
         }
     }
 

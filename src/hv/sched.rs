@@ -97,6 +97,26 @@ pub struct Thread {
     pub switches_in: u64,
     /// Times it was preempted while still runnable.
     pub preemptions: u64,
+    /// Times it moved to another core (wake-up placement or balancing).
+    pub migrations: u64,
+    /// The group it belongs to (a VM, for its vCPU threads), for vCPU
+    /// stacking: siblings runnable on one core.
+    pub group: Option<usize>,
+}
+
+/// vCPU stacking of one group (a VM): how long two or more of its threads
+/// were runnable on one core (one waits behind its sibling, or both behind
+/// others), as `perf sched` would show it.
+#[derive(Clone, Debug, Default)]
+struct Stacking {
+    /// Per core: the group's runnable threads there.
+    on_core: Vec<u16>,
+    /// Cores holding two or more of them.
+    stacked_cores: usize,
+    /// When `stacked_cores` last became non-zero.
+    since: Time,
+    /// Total stacked time, up to `since` while stacked.
+    total: Time,
 }
 
 /// Why a core must reschedule.
@@ -139,7 +159,23 @@ pub struct HostScheduler {
     pub params: CfsParams,
     threads: Vec<Thread>,
     rqs: Vec<RunQueue>,
+    /// Per group: its stacking.
+    groups: Vec<Stacking>,
+    /// Per core: when its next periodic balance is due.
+    next_balance: Vec<Time>,
 }
+
+/// `sysctl_sched_migration_cost`: a thread that ran this recently is
+/// cache-hot and not moved by periodic balancing (`task_hot`).
+pub const MIGRATION_COST: Time = 500 * US;
+
+/// `imbalance_pct` of the MC (shared-LLC) scheduling domain in Linux 4.4's
+/// `sd_init`: the busiest core must hold 17% more load than this one.
+const IMBALANCE_PCT: u64 = 117;
+
+/// `busy_factor` of Linux 4.4's `sd_init`: a busy core balances 32 times
+/// less often than an idle one.
+const BUSY_FACTOR: u64 = 32;
 
 fn calc_delta_fair(delta: Time, weight: u64) -> u64 {
     ((delta as u128 * NICE_0_WEIGHT as u128) / weight.max(1) as u128) as u64
@@ -152,6 +188,61 @@ impl HostScheduler {
             params: CfsParams::linux44(cores),
             threads: Vec::new(),
             rqs: vec![RunQueue::default(); cores],
+            groups: Vec::new(),
+            next_balance: vec![0; cores],
+        }
+    }
+
+    /// Puts sleeping thread `t` in group `g` (its VM) for the stacking
+    /// measure.
+    pub fn set_group(&mut self, t: Tid, g: usize) {
+        debug_assert!(!self.threads[t].runnable);
+        if self.groups.len() <= g {
+            let cores = self.rqs.len();
+            self.groups.resize_with(g + 1, || Stacking {
+                on_core: vec![0; cores],
+                ..Stacking::default()
+            });
+        }
+        self.threads[t].group = Some(g);
+    }
+
+    /// Time group `g` has had two or more threads runnable on one core, up
+    /// to `now`.
+    pub fn stacked_time(&self, g: usize, now: Time) -> Time {
+        self.groups.get(g).map_or(0, |s| {
+            s.total
+                + if s.stacked_cores > 0 {
+                    now.saturating_sub(s.since)
+                } else {
+                    0
+                }
+        })
+    }
+
+    /// Thread `t` became runnable on `core` (`add`) or stopped being so.
+    fn note_runnable(&mut self, t: Tid, core: usize, add: bool, now: Time) {
+        let Some(g) = self.threads[t].group else {
+            return;
+        };
+        let s = &mut self.groups[g];
+        let n = &mut s.on_core[core];
+        let before = s.stacked_cores;
+        if add {
+            *n += 1;
+            if *n == 2 {
+                s.stacked_cores += 1;
+            }
+        } else {
+            if *n == 2 {
+                s.stacked_cores -= 1;
+            }
+            *n = n.saturating_sub(1);
+        }
+        match (before, s.stacked_cores) {
+            (0, x) if x > 0 => s.since = now,
+            (b, 0) if b > 0 => s.total += now.saturating_sub(s.since),
+            _ => {}
         }
     }
 
@@ -185,6 +276,8 @@ impl HostScheduler {
             wait_time: 0,
             switches_in: 0,
             preemptions: 0,
+            migrations: 0,
+            group: None,
         });
         self.threads.len() - 1
     }
@@ -306,6 +399,7 @@ impl HostScheduler {
                 .saturating_sub(self.rqs[from].min_vruntime)
                 .saturating_add(self.rqs[core].min_vruntime);
             th.core = core;
+            th.migrations += 1;
         }
     }
 
@@ -337,6 +431,7 @@ impl HostScheduler {
         let th = &mut self.threads[t];
         th.vruntime = th.vruntime.max(floor);
         self.enqueue(t, core, now);
+        self.note_runnable(t, core, true, now);
         Some(match self.rqs[core].curr {
             None => Wake::RunIdle { core },
             Some(c) if self.wakeup_preempts(c, t) => Wake::Preempt { core },
@@ -365,6 +460,7 @@ impl HostScheduler {
         let th = &mut self.threads[c];
         th.runnable = false;
         self.rqs[core].load -= th.weight;
+        self.note_runnable(c, core, false, now);
         Some(c)
     }
 
@@ -470,14 +566,88 @@ impl HostScheduler {
             }
         }
         if let Some((_, from, i)) = best {
-            let t = self.rqs[from].queued.swap_remove(i);
-            let w = self.threads[t].weight;
-            self.rqs[from].load -= w;
-            self.move_to(t, core);
-            let rq = &mut self.rqs[core];
-            rq.queued.push(t);
-            rq.load += w;
+            self.migrate_queued(from, i, core, now);
         }
+    }
+
+    /// Moves the `i`th waiting thread of `from`'s queue to `to`'s
+    /// (`detach_task` + `attach_task`).
+    fn migrate_queued(&mut self, from: usize, i: usize, to: usize, now: Time) {
+        let t = self.rqs[from].queued.swap_remove(i);
+        let w = self.threads[t].weight;
+        self.rqs[from].load -= w;
+        self.note_runnable(t, from, false, now);
+        self.move_to(t, to);
+        let rq = &mut self.rqs[to];
+        rq.queued.push(t);
+        rq.load += w;
+        self.note_runnable(t, to, true, now);
+    }
+
+    /// Periodic load balancing (`rebalance_domains` → `load_balance`) on
+    /// `core` at a scheduler tick, reduced to one domain spanning every
+    /// core: due every `cores` ms (the domain's `min_interval`), 32 times
+    /// less often when the core is busy (`busy_factor`). If the busiest
+    /// core holds more than 117% of this core's load, waiting threads that
+    /// may run here, are not cache-hot (ran within [`MIGRATION_COST`]) and
+    /// fit the imbalance are pulled (`detach_tasks`), until the imbalance
+    /// (the lesser of the busiest core's excess and this core's deficit
+    /// against the average over the cores those threads may use) is used
+    /// up. Load is the weight of runnable threads now, not Linux's decayed
+    /// average (PELT). Returns whether a
+    /// thread was pulled: an idle core must then pick.
+    pub fn balance(&mut self, core: usize, now: Time) -> bool {
+        if now < self.next_balance[core] {
+            return false;
+        }
+        let ncores = self.rqs.len() as u64;
+        let busy = self.rqs[core].curr.is_some();
+        // `1 << c` below: the masks cover 64 cores.
+        debug_assert!(self.rqs.len() <= 64);
+        let interval = ncores.max(1) * MS * if busy { BUSY_FACTOR } else { 1 };
+        self.next_balance[core] = now + interval;
+        let this = self.rqs[core].load;
+        let may_run_here = |s: &Self, t: Tid| s.threads[t].allowed & (1 << core) != 0;
+        let Some(busiest) = (0..self.rqs.len())
+            .filter(|&c| c != core)
+            .filter(|&c| self.rqs[c].queued.iter().any(|&t| may_run_here(self, t)))
+            .max_by_key(|&c| (self.rqs[c].load, std::cmp::Reverse(c)))
+        else {
+            return false;
+        };
+        // The average over the cores the movable threads may use: cores
+        // they can never reach do not dilute it (what Linux's group
+        // imbalance flag achieves for pinned tasks).
+        let span = self.rqs[busiest]
+            .queued
+            .iter()
+            .filter(|&&t| may_run_here(self, t))
+            .fold(0u64, |m, &t| m | self.threads[t].allowed);
+        let (total, n) = (0..self.rqs.len())
+            .filter(|&c| span & (1 << c) != 0)
+            .fold((0u64, 0u64), |(l, n), c| (l + self.rqs[c].load, n + 1));
+        let avg = total / n.max(1);
+        let load = self.rqs[busiest].load;
+        if load * 100 <= IMBALANCE_PCT * this || load <= avg || this >= avg {
+            return false;
+        }
+        let mut imbalance = (load - avg).min(avg - this);
+        let mut pulled = false;
+        let mut i = 0;
+        while i < self.rqs[busiest].queued.len() && imbalance > 0 {
+            let t = self.rqs[busiest].queued[i];
+            let th = &self.threads[t];
+            let hot = now.saturating_sub(th.exec_start) < MIGRATION_COST && th.sum_exec > 0;
+            if !may_run_here(self, t) || hot || th.weight / 2 > imbalance {
+                i += 1;
+                continue;
+            }
+            imbalance = imbalance.saturating_sub(th.weight);
+            // swap_remove puts the last thread at `i`: look at it next.
+            self.migrate_queued(busiest, i, core, now);
+            pulled = true;
+        }
+        pulled
     }
 }
 
@@ -614,6 +784,81 @@ mod tests {
         assert_eq!(s.thread(b).wait_time, 5 * MS);
     }
 
+    /// Three floating threads queued on core 0 while core 1 runs one
+    /// pinned thread: periodic balancing on core 1 pulls one (loads 2:2),
+    /// never a cache-hot one, and stops once balanced.
+    #[test]
+    fn periodic_balance_pulls_what_the_pinning_allows_until_balanced() {
+        let mut s = HostScheduler::new(2);
+        let pinned = s.add_thread(0, 0b10, 1);
+        let f: Vec<Tid> = (0..3).map(|_| s.add_thread(0, 0b11, 0)).collect();
+        s.wake(pinned, 0);
+        s.pick_next(1, 0);
+        for &t in &f {
+            s.wake(t, 0);
+        }
+        s.pick_next(0, 0);
+        assert_eq!((s.nr_running(0), s.nr_running(1)), (3, 1));
+        // f[0] runs on core 0; the two waiting never ran: not cache-hot.
+        assert!(s.balance(1, MS));
+        assert_eq!((s.nr_running(0), s.nr_running(1)), (2, 2));
+        let moved = f.iter().filter(|&&t| s.thread(t).core == 1).count();
+        assert_eq!(moved, 1);
+        assert_eq!(f.iter().map(|&t| s.thread(t).migrations).sum::<u64>(), 1);
+        // Not due again before the busy core's interval (2 ms x 32).
+        assert!(!s.balance(1, 2 * MS));
+        // Balanced: nothing moves when due.
+        assert!(!s.balance(1, 100 * MS));
+        assert_eq!((s.nr_running(0), s.nr_running(1)), (2, 2));
+    }
+
+    #[test]
+    fn a_thread_that_just_ran_is_cache_hot_and_stays() {
+        let mut s = HostScheduler::new(2);
+        let a = s.add_thread(0, 0b11, 0);
+        let b = s.add_thread(0, 0b11, 0);
+        let blocker = s.add_thread(0, 0b10, 1);
+        s.wake(blocker, 0);
+        s.pick_next(1, 0);
+        s.wake(a, 0);
+        s.pick_next(0, 0);
+        s.wake(b, 0);
+        // b runs 1 ms, then a takes over: b waits, cache-hot for 0.5 ms.
+        s.pick_next(0, 0);
+        let t1 = 10 * MS;
+        let (_, next) = s.pick_next(0, t1);
+        let waiting = if next == Some(a) { b } else { a };
+        s.block(1, t1);
+        // Core 1 idle: balancing 0.1 ms after `waiting` ran leaves it.
+        assert!(!s.balance(1, t1 + 100 * US));
+        // Later (idle interval 2 ms) it moves.
+        assert!(s.balance(1, t1 + 3 * MS));
+        assert_eq!(s.thread(waiting).core, 1);
+    }
+
+    /// Two threads of one group runnable on one core are stacked until one
+    /// leaves; threads of other groups or none do not count.
+    #[test]
+    fn siblings_runnable_on_one_core_are_stacked() {
+        let mut s = HostScheduler::new(2);
+        let a = s.add_thread(0, 0b01, 0);
+        let b = s.add_thread(0, 0b01, 0);
+        let other = s.add_thread(0, 0b01, 0);
+        s.set_group(a, 0);
+        s.set_group(b, 0);
+        s.set_group(other, 1);
+        s.wake(a, 0);
+        s.pick_next(0, 0);
+        s.wake(other, MS);
+        assert_eq!(s.stacked_time(0, 2 * MS), 0);
+        s.wake(b, 2 * MS);
+        assert_eq!(s.stacked_time(0, 5 * MS), 3 * MS);
+        // a blocks at 6 ms: b is alone again.
+        s.block(0, 6 * MS);
+        assert_eq!(s.stacked_time(0, 9 * MS), 4 * MS);
+        assert_eq!(s.stacked_time(1, 9 * MS), 0);
+    }
+
     proptest! {
         /// Any sequence of wakes, blocks, ticks and picks keeps every
         /// thread in exactly one place, on a core it may use, and the
@@ -623,7 +868,8 @@ mod tests {
             let mut s = HostScheduler::new(3);
             let masks = [0b001, 0b011, 0b111, 0b100, 0b110, 0];
             for (i, m) in masks.iter().enumerate() {
-                s.add_thread((i as i32) - 2, *m, i % 3);
+                let t = s.add_thread((i as i32) - 2, *m, i % 3);
+                s.set_group(t, i % 2);
             }
             let mut now = 0;
             for (op, t, core) in ops {
@@ -631,7 +877,10 @@ mod tests {
                 match op {
                     0 => { s.wake(t, now); }
                     1 => { s.block(core, now); }
-                    2 => { if s.tick(core, now) { s.pick_next(core, now); } }
+                    2 => {
+                        if s.tick(core, now) { s.pick_next(core, now); }
+                        s.balance(core, now);
+                    }
                     _ => { s.pick_next(core, now); }
                 }
                 let mut seen = vec![0; s.threads()];
@@ -649,6 +898,18 @@ mod tests {
                 }
                 for (i, n) in seen.iter().enumerate() {
                     prop_assert_eq!(*n, s.thread(i).runnable as i32);
+                }
+                // The stacking counts follow the run queues.
+                for g in 0..2 {
+                    let mut stacked = 0;
+                    for c in 0..3 {
+                        let rq = &s.rqs[c];
+                        let n = rq.queued.iter().chain(rq.curr.iter())
+                            .filter(|&&q| s.thread(q).group == Some(g)).count();
+                        prop_assert_eq!(n, s.groups[g].on_core[c] as usize);
+                        stacked += (n >= 2) as usize;
+                    }
+                    prop_assert_eq!(stacked, s.groups[g].stacked_cores);
                 }
             }
         }

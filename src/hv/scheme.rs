@@ -4,7 +4,7 @@
 //! MSR bitmap, IRT entries, LAPIC registers) and its own bookkeeping.
 
 use super::exits::ExitInfo;
-use super::host::{HostTimer, HOST_TIMER_VECTOR, RESCHEDULE_VECTOR};
+use super::host::{HostTimer, CALL_FUNCTION_SINGLE_VECTOR, HOST_TIMER_VECTOR, RESCHEDULE_VECTOR};
 use super::vlapic;
 use super::HvCx;
 use crate::hw::x86::lapic::ApicBitmap;
@@ -172,6 +172,8 @@ pub trait Scheme {
                 cx.host_timer_reprogram(core);
             }
             RESCHEDULE_VECTOR => cx.charge(cx.costs.irq_handler / 2),
+            // KVM's __loaded_vmcs_clear for a vCPU that moved away.
+            CALL_FUNCTION_SINGLE_VECTOR => cx.charge(cx.costs.call_function),
             v => {
                 if let Some((vm, a)) = cx.hv.vf_by_host_vector(v) {
                     // The assigned device's host IRQ handler (irqfd to kvm_set_irq).

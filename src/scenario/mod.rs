@@ -125,6 +125,13 @@ pub struct VmSpec {
     /// The core each vCPU thread is pinned to, one per vCPU.
     #[serde(default)]
     pub cores: Option<Vec<usize>>,
+    /// The cores the vCPU threads may run on (a cpuset, `virsh vcpupin`):
+    /// the host scheduler places and migrates them within it. `"any"`
+    /// (every core but the host's core 0), one list for every vCPU, or one
+    /// list per vCPU. `core`/`cores` then give where each starts (default:
+    /// spread over the set). Default: pinned to `core`/`cores`.
+    #[serde(default)]
+    pub allowed_cores: Option<AllowedCores>,
     /// The vCPU the workload's tasks are bound to.
     #[serde(default)]
     pub app_vcpu: u32,
@@ -159,6 +166,32 @@ pub struct VmSpec {
     pub workload: WorkloadSpec,
 }
 
+/// The cores a VM's vCPU threads may run on.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(
+    untagged,
+    expecting = "\"any\", a list of cores, or one list of cores per vCPU"
+)]
+pub enum AllowedCores {
+    /// `"any"`: every core but the host's core 0.
+    Named(String),
+    /// One set for every vCPU.
+    Shared(Vec<usize>),
+    /// One set per vCPU.
+    PerVcpu(Vec<Vec<usize>>),
+}
+
+impl AllowedCores {
+    /// The set of vCPU `j` on a machine of `machine_cores` cores.
+    fn set(&self, j: usize, machine_cores: usize) -> Vec<usize> {
+        match self {
+            AllowedCores::Named(_) => (1..machine_cores).collect(),
+            AllowedCores::Shared(v) => v.clone(),
+            AllowedCores::PerVcpu(v) => v.get(j).cloned().unwrap_or_default(),
+        }
+    }
+}
+
 /// How a device MSI picks its vCPU among the affinity set.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
@@ -178,15 +211,43 @@ impl VmSpec {
     /// mask).
     pub const MAX_VCPUS: u32 = 64;
 
-    /// The core of each vCPU of copy `k`.
-    pub fn copy_cores(&self, k: usize) -> Vec<usize> {
-        match &self.copies_cores {
-            Some(pool) if !pool.is_empty() => {
-                let n = self.vcpus as usize;
+    /// The core each vCPU of copy `k` starts on (and stays on, unless
+    /// `allowed_cores` lets it move).
+    pub fn copy_cores(&self, k: usize, machine_cores: usize) -> Vec<usize> {
+        let n = self.vcpus as usize;
+        match (&self.copies_cores, &self.allowed_cores) {
+            (Some(pool), _) if !pool.is_empty() => {
                 (0..n).map(|j| pool[(k * n + j) % pool.len()]).collect()
+            }
+            (_, Some(a)) if self.core.is_none() && self.cores.is_none() => {
+                // Spread over the set: vCPU j of copy k takes its
+                // (k * vcpus + j)th core, round the set.
+                (0..n)
+                    .map(|j| {
+                        let set = a.set(j, machine_cores);
+                        set.get((k * n + j) % set.len().max(1))
+                            .copied()
+                            .unwrap_or(1)
+                    })
+                    .collect()
             }
             _ => self.vcpu_cores(),
         }
+    }
+
+    /// The cores each vCPU may run on, as masks (bit i = core i): its
+    /// `allowed_cores` set, or its start core of copy `k`.
+    pub fn copy_allowed(&self, k: usize, machine_cores: usize) -> Vec<u64> {
+        let start = self.copy_cores(k, machine_cores);
+        (0..self.vcpus as usize)
+            .map(|j| match &self.allowed_cores {
+                Some(a) => a
+                    .set(j, machine_cores)
+                    .iter()
+                    .fold(0u64, |m, &c| m | (1u64 << (c & 63))),
+                None => 1u64 << (start[j] & 63),
+            })
+            .collect()
     }
 
     /// The core of each vCPU.
@@ -210,8 +271,10 @@ pub struct VmView<'a> {
     pub name: String,
     /// Core of its first vCPU.
     pub core: usize,
-    /// Core of each vCPU.
+    /// Core of each vCPU (where it starts).
     pub cores: Vec<usize>,
+    /// The cores each vCPU may run on (bit i = core i).
+    pub allowed: Vec<u64>,
     /// The vCPU its workload's tasks run on.
     pub app_vcpu: usize,
     /// The vCPUs its VF's MSI may target.
@@ -232,6 +295,7 @@ impl Scenario {
                 name: "vm0".into(),
                 core: 1,
                 cores: vec![1],
+                allowed: vec![1 << 1],
                 app_vcpu: 0,
                 irq_affinity: vec![0],
                 msi_mode: MsiMode::Fixed,
@@ -251,8 +315,9 @@ impl Scenario {
                 } else {
                     v.name.clone()
                 },
-                core: v.copy_cores(k)[0],
-                cores: v.copy_cores(k),
+                core: v.copy_cores(k, self.machine.cores)[0],
+                cores: v.copy_cores(k, self.machine.cores),
+                allowed: v.copy_allowed(k, self.machine.cores),
                 app_vcpu: v.app_vcpu as usize,
                 irq_affinity: v
                     .irq_affinity
@@ -271,6 +336,60 @@ impl Scenario {
 
     /// Most VMs a scenario may have.
     pub const MAX_VMS: usize = 64;
+
+    /// `vm[i].allowed_cores`: real cores other than the host's, one set per
+    /// vCPU if per vCPU, and every copy's start cores inside their sets.
+    fn validate_allowed_cores(&self, i: usize, v: &VmSpec) -> Result<(), ScenarioError> {
+        let Some(a) = &v.allowed_cores else {
+            return Ok(());
+        };
+        let key = format!("vm[{i}].allowed_cores");
+        let bad = |problem: String| {
+            Err(ScenarioError::Invalid {
+                key: key.clone(),
+                problem,
+            })
+        };
+        let n = v.vcpus as usize;
+        let cores = self.machine.cores;
+        match a {
+            AllowedCores::Named(name) if name != "any" => {
+                return bad(format!(
+                    "\"{name}\": give \"any\", a list of cores, or one list per vCPU"
+                ));
+            }
+            AllowedCores::PerVcpu(sets) if sets.len() != n => {
+                return bad(format!(
+                    "{} lists for {n} vCPUs: give one per vCPU (or one list for all)",
+                    sets.len()
+                ));
+            }
+            _ => {}
+        }
+        for j in 0..n {
+            let set = a.set(j, cores);
+            if set.is_empty() {
+                return bad(format!("vCPU {j} may run nowhere: give at least one core"));
+            }
+            if let Some(c) = set.iter().find(|&&c| c == 0 || c >= cores) {
+                return bad(format!(
+                    "core {c} (for vCPU {j}) must be in 1..{cores} (core 0 is the host's)"
+                ));
+            }
+        }
+        for k in 0..v.copies.min(1024) as usize {
+            let start = v.copy_cores(k, cores);
+            for (j, &c) in start.iter().enumerate() {
+                if !a.set(j, cores).contains(&c) {
+                    return bad(format!(
+                        "vCPU {j} of copy {k} starts on core {c}, outside its allowed cores {:?}",
+                        a.set(j, cores)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 
     fn validate_vms(&self) -> Result<(), ScenarioError> {
         let bad = |key: String, problem: String| Err(ScenarioError::Invalid { key, problem });
@@ -313,13 +432,14 @@ impl Scenario {
                     "give `core` or `cores`, not both".into(),
                 );
             }
-            if v.core.is_none() && v.cores.is_none() {
+            if v.core.is_none() && v.cores.is_none() && v.allowed_cores.is_none() {
                 return bad(
                     format!("vm[{i}].core"),
-                    "missing: the core its vCPU runs on (or `cores`, one per vCPU)".into(),
+                    "missing: the core its vCPU runs on (or `cores`, one per vCPU, or `allowed_cores`)".into(),
                 );
             }
-            let cores = v.vcpu_cores();
+            self.validate_allowed_cores(i, v)?;
+            let cores = v.copy_cores(0, self.machine.cores);
             let key = if v.cores.is_some() { "cores" } else { "core" };
             if cores.len() != v.vcpus as usize {
                 return bad(
@@ -2258,6 +2378,50 @@ rate_pps = 100000
             assert!(err.to_string().contains("larger than"), "{err}");
         } else if Path::new("/dev/zero").exists() {
             panic!("/dev/zero read as a scenario: {e:?}");
+        }
+    }
+
+    /// `allowed_cores`: "any", one set, one set per vCPU; start cores
+    /// spread over the set unless given; bad sets are errors naming the key.
+    #[test]
+    fn allowed_cores_give_each_vcpu_its_set() {
+        let vm = |allowed: &str, extra: &str| {
+            format!(
+                "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 5\n[[vm]]\nvcpus = 2\ncopies = 2\n\
+                 allowed_cores = {allowed}\n{extra}\n"
+            )
+        };
+        let s = ok(&vm("\"any\"", ""), &[]);
+        let v = s.vm_views();
+        assert_eq!(v[0].allowed, vec![0b11110, 0b11110]);
+        // Spread: copy k's vCPU j starts on the (2k + j)th core of the set.
+        assert_eq!(
+            (v[0].cores.clone(), v[1].cores.clone()),
+            (vec![1, 2], vec![3, 4])
+        );
+        let s = ok(&vm("[[1, 2], [3]]", ""), &[]);
+        assert_eq!(s.vm_views()[1].allowed, vec![0b110, 0b1000]);
+        let s = ok(&vm("[2, 3]", "cores = [3, 3]"), &[]);
+        assert_eq!(s.vm_views()[0].cores, vec![3, 3]);
+        // Without allowed_cores each vCPU is pinned to its core.
+        let s = ok(
+            "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 4\n[[vm]]\nvcpus = 2\ncores = [1, 3]\n",
+            &[],
+        );
+        assert_eq!(s.vm_views()[0].allowed, vec![0b10, 0b1000]);
+        for (allowed, extra, want) in [
+            ("\"all\"", "", "give \"any\""),
+            ("[0, 1]", "", "core 0"),
+            ("[1, 5]", "", "core 5"),
+            ("[[1], [2], [3]]", "", "3 lists for 2 vCPUs"),
+            ("[[1], []]", "", "may run nowhere"),
+            ("[1, 2]", "cores = [1, 3]", "starts on core 3"),
+        ] {
+            let e = err(&vm(allowed, extra), &[]);
+            assert!(
+                e.contains("vm[0].allowed_cores") && e.contains(want),
+                "{allowed}: {e}"
+            );
         }
     }
 

@@ -473,7 +473,7 @@ impl World {
         s: &Scenario,
         cal: &Calibration,
         net_dev_of_vm: &[Option<usize>],
-        vcpu_list: &[(usize, usize, usize)],
+        vcpu_cores_mask: u64,
     ) -> Result<net::PvPath, BuildError> {
         let v = &cal.vhost;
         let es2 = s.hv.es2();
@@ -485,11 +485,11 @@ impl World {
             .collect();
         let nworkers = devs.len().div_ceil(per);
         let io_cores = if s.host.io_cores.is_empty() {
-            // A host core of its own: the first from 2 up that runs no
-            // vCPU (core 0 is the host's, core 1 the usual VM core).
+            // A host core of its own: the first from 2 up that no vCPU
+            // may run on (core 0 is the host's, core 1 the usual VM core).
             let cores = s.machine.cores;
             vec![(2..cores)
-                .find(|c| vcpu_list.iter().all(|v| v.2 != *c))
+                .find(|c| vcpu_cores_mask & (1 << c) == 0)
                 .unwrap_or(0)]
         } else {
             s.host.io_cores.clone()
@@ -614,6 +614,18 @@ impl World {
             .flat_map(|(i, v)| v.cores.iter().enumerate().map(move |(j, &c)| (i, j, c)))
             .collect();
         let nvcpu = vcpu_list.len();
+        // The cores each vCPU may run on, and all of them.
+        let vcpu_allowed: Vec<u64> = views
+            .iter()
+            .flat_map(|v| v.allowed.iter().copied())
+            .collect();
+        let vcpu_cores_mask = vcpu_allowed.iter().fold(0u64, |m, &a| m | a);
+        if !virtualized && vcpu_allowed.iter().any(|a| a.count_ones() > 1) {
+            return Err(BuildError::Scenario(format!(
+                "scheme {}: allowed_cores needs a hypervisor (bare metal runs its kernel on its core)",
+                scheme.name()
+            )));
+        }
         if !virtualized && nvcpu > 1 {
             return Err(BuildError::Scenario(format!(
                 "scheme {}: SMP guests on bare metal are not modelled",
@@ -698,6 +710,7 @@ impl World {
             ipi_latency: t_us(&cal.host.ipi_latency_us),
             self_ipi: t_us(&cal.host.self_ipi_us),
             irt_update: t_us(&cal.host.irt_update_us),
+            call_function: t_us(&cal.host.call_function_us),
             hlt: t_us(&cal.exit.hlt_us),
             vcpu_wakeup: t_us(&cal.host.vcpu_wakeup_us),
             apic_access_decode: t_us(&cal.exit.apic_access_decode_us),
@@ -732,10 +745,13 @@ impl World {
                 .collect(),
             vcpus: vcpu_list
                 .iter()
-                .map(|&(vm, index, core)| VcpuState {
+                .zip(&vcpu_allowed)
+                .map(|(&(vm, index, core), &allowed)| VcpuState {
                     vm,
                     index,
                     core,
+                    allowed,
+                    vmcs_core: None,
                     vlapic: crate::hv::vlapic::new(clocks),
                     loaded: false,
                     halted: false,
@@ -931,8 +947,8 @@ impl World {
                     cx.apic_write(c, msr::TDCR, 0b0011);
                 }
                 let p = cx.hv.host.tick_period;
-                for (c, first) in first_on_core.iter().enumerate() {
-                    if first.is_some() {
+                for c in 0..cores {
+                    if vcpu_cores_mask & (1 << c) != 0 {
                         cx.host_timer_start(c, p, HostTimer::Tick { core: c });
                     }
                 }
@@ -946,6 +962,7 @@ impl World {
                 if let Some(v) = *first {
                     cx.hv.sched_in(v);
                     scheme.vcpu_load(&mut cx, v);
+                    cx.hv.vcpus[v].vmcs_core = Some(c);
                     cx.hv.last_vcpu[c] = Some(v);
                 }
             }
@@ -1110,7 +1127,7 @@ impl World {
             peers.push(net::PeerLink::new(uas, uas_at));
         }
         let pv = has_virtio
-            .then(|| Self::pv_path(s, cal, &net_dev_of_vm, &vcpu_list))
+            .then(|| Self::pv_path(s, cal, &net_dev_of_vm, vcpu_cores_mask))
             .transpose()?
             .map(Box::new);
         let blk = w0
@@ -1184,12 +1201,16 @@ impl World {
         }
         if virtualized {
             let tick = w.hv.host.tick_period;
-            let vcpu_cores: Vec<usize> = vcpu_list.iter().map(|v| v.2).collect();
+            let vcpus: Vec<sched::VcpuThread> = vcpu_list
+                .iter()
+                .zip(&vcpu_allowed)
+                .map(|(&(vm, _, core), &allowed)| sched::VcpuThread { vm, core, allowed })
+                .collect();
             let io_cores: Vec<usize> =
                 w.pv.as_ref()
                     .map(|pv| pv.workers.iter().map(|k| k.core).collect())
                     .unwrap_or_default();
-            w.sched = sched::SchedState::build(s, &vcpu_cores, &io_cores, tick).map(Box::new);
+            w.sched = sched::SchedState::build(s, &vcpus, &io_cores, tick).map(Box::new);
             w.sched_io_threads();
             w.sched_start();
         }
@@ -1494,6 +1515,15 @@ impl World {
         }
         self.idle_host_interrupts(core);
         self.sched_after_put(core);
+        // Pulled to another core while it finished its exit here: it comes
+        // in there now.
+        let elsewhere = self.sched.as_ref().and_then(|st| {
+            let c = st.s.thread(vcpu).core;
+            (c != core && st.s.current(c) == Some(vcpu)).then_some(c)
+        });
+        if elsewhere.is_some() {
+            self.reschedule(vcpu);
+        }
     }
 
     /// Enters `vcpu`, still loaded on `core` in host mode, through the
@@ -1511,6 +1541,24 @@ impl World {
         self.exit_stage_done(core);
     }
 
+    /// `vmx_vcpu_load` and `kvm_arch_vcpu_load` on a core other than the
+    /// one `vcpu`'s VMCS was last loaded on (`from`): `loaded_vmcs_clear`
+    /// VMCLEARs it there by a function-call IPI and waits for it, and the
+    /// hrtimer of its emulated LAPIC timer follows it (`kvm_migrate_timers`).
+    fn vcpu_migrate(
+        cx: &mut HvCx,
+        scheme: &mut Box<dyn crate::hv::scheme::Scheme>,
+        vcpu: usize,
+        from: usize,
+    ) {
+        let to = cx.hv.vcpus[vcpu].core;
+        scheme.send_host_ipi(cx, to, from, crate::hv::host::CALL_FUNCTION_SINGLE_VECTOR);
+        // smp_call_function_single(wait = 1): the IPI, the handler, the
+        // acknowledgement back.
+        cx.charge(2 * cx.costs.ipi_latency + cx.costs.call_function);
+        cx.migrate_guest_timer(vcpu, from);
+    }
+
     /// Schedule-in: load `vcpu` and enter it.
     fn reschedule(&mut self, vcpu: usize) {
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
@@ -1520,23 +1568,44 @@ impl World {
             // A sleeping vCPU comes back when it is kicked, not before.
             return;
         }
-        if let Some(st) = &self.sched {
-            // The host scheduler may have given the core to another
-            // thread since this schedule-in was decided.
-            if st.s.current(self.hv.vcpus[vcpu].core) != Some(vcpu) {
-                return;
+        let here = self.hv.vcpus[vcpu].core;
+        let core = match &self.sched {
+            // The core the host scheduler runs the thread on; it may have
+            // given that core to another thread since this schedule-in was
+            // decided.
+            Some(st) => {
+                let c = st.s.thread(vcpu).core;
+                if st.s.current(c) != Some(vcpu) {
+                    return;
+                }
+                c
             }
-        }
-        let core = self.hv.vcpus[vcpu].core;
+            None => here,
+        };
         if self.m.cores[core].mode != CoreMode::Idle {
             return;
         }
         let now = self.q.now();
+        if core != here {
+            self.hv.vcpus[vcpu].core = core;
+        }
         // kvm_sched_in (the preempt notifier), then kvm_arch_vcpu_load.
         self.hv.sched_in(vcpu);
-        {
+        let migrate = self.hv.vcpus[vcpu].vmcs_core.filter(|&c| c != core);
+        let load_work = {
             let (mut cx, scheme) = self.cx();
+            if let Some(old) = migrate {
+                Self::vcpu_migrate(&mut cx, scheme, vcpu, old);
+            }
+            let migration = cx.charged;
             scheme.vcpu_load(&mut cx, vcpu);
+            cx.hv.vcpus[vcpu].vmcs_core = Some(core);
+            migration
+        };
+        if migrate.is_some() {
+            if let Some(st) = &mut self.sched {
+                st.note_migration();
+            }
         }
         self.checker.set_running(vcpu, true, now);
         self.hv.last_vcpu[core] = Some(vcpu);
@@ -1549,7 +1618,12 @@ impl World {
             timer_landed: false,
             record: false,
         });
-        self.exit_stage_done(core);
+        if load_work > 0 {
+            // The load's own work, before the entry path goes on.
+            self.start_segment(core, load_work);
+        } else {
+            self.exit_stage_done(core);
+        }
     }
 
     /// Ends a guest-mode stretch of `vcpu` on `core` at `until`: adds the
@@ -2540,6 +2614,55 @@ mod tests {
         w.exits[core] = None;
         w.m.cores[core].mode = CoreMode::Guest { vcpu: 0 };
         (w, core)
+    }
+
+    /// DID §4.2 with vCPUs that move: whenever the VF's vCPU is loaded, its
+    /// IRT entry aims at the core it runs on now, in fixed mode; whenever
+    /// it is not, the entry is in NMI mode. Two 1-vCPU VMs and a burner
+    /// share cores 1-2 (three threads on two cores), so periodic balancing
+    /// moves threads back and forth.
+    #[test]
+    fn did_irt_entries_follow_a_migrating_vcpu() {
+        use crate::engine::US;
+        let text = "scheme = \"did\"\nseed = 2\nduration_s = 1.0\nwarmup_s = 0.01\n\
+                    [machine]\ncores = 4\n[[host.burners]]\ncores = [1, 2]\n\
+                    [[vm]]\nvcpus = 1\ncopies = 2\nallowed_cores = [1, 2]\n\
+                    [vm.workload.udp]\nrate_pps = 20000\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        let mut moved = 0;
+        let mut checked = 0;
+        for step in 1..=400u64 {
+            w.end = step * 2 * MS + 37 * US * (step % 7);
+            w.run(|_| {});
+            for vm in 0..2 {
+                let vcpu = w.hv.device_home(vm);
+                let a = w.hv.vms[vm].vf.expect("a VF");
+                let e = *w.m.irt.get(a.irte).expect("an IRT entry");
+                let v = &w.hv.vcpus[vcpu];
+                if v.loaded {
+                    let apic = w.m.cores[v.core].apic_id;
+                    assert_eq!(
+                        (e.mode, e.dest_apic_id),
+                        (DeliveryMode::Fixed, apic),
+                        "at {} us VM {vm} runs on core {}",
+                        w.end / US,
+                        v.core
+                    );
+                    checked += 1;
+                } else {
+                    assert_eq!(e.mode, DeliveryMode::Nmi, "at {} us", w.end / US);
+                }
+                moved += (v.core != 1 + vm) as u32;
+            }
+        }
+        assert!(checked > 100, "{checked}");
+        assert!(
+            moved > 10,
+            "the vCPUs never left their first cores: {moved}"
+        );
+        let st = w.sched.as_ref().expect("a scheduler");
+        assert!(st.migrations > 0);
     }
 
     /// SDM 29.5: under "virtualize x2APIC mode", a TPR write the MSR bitmap

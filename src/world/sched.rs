@@ -15,6 +15,17 @@ use crate::hv::sched::{HostScheduler, Tid, Wake};
 use crate::hw::x86::core::CoreMode;
 use crate::scenario::Scenario;
 
+/// A vCPU thread as the scheduler is given it.
+#[derive(Clone, Copy, Debug)]
+pub struct VcpuThread {
+    /// Its VM (the group vCPU stacking is measured over).
+    pub vm: usize,
+    /// The core it starts on.
+    pub core: usize,
+    /// The cores it may run on (bit i = core i).
+    pub allowed: u64,
+}
+
 /// The scheduler and what the world keeps about it.
 pub struct SchedState {
     /// The policy.
@@ -36,6 +47,11 @@ pub struct SchedState {
     /// Threads from `io_base` on are vhost workers: the worker of each.
     io_base: Tid,
     io_workers: Vec<usize>,
+    /// vCPU loads on a core other than the one their VMCS was on.
+    pub(super) migrations: u64,
+    /// Per VM of two or more vCPUs: its stacked time at the end of the
+    /// warm-up.
+    stacked_base: Vec<Time>,
 }
 
 impl SchedState {
@@ -47,11 +63,14 @@ impl SchedState {
     /// on its core runs whenever it has work, outside the scheduler.
     pub fn build(
         s: &Scenario,
-        vcpu_cores: &[usize],
+        vcpus: &[VcpuThread],
         io_cores: &[usize],
         tick: Time,
     ) -> Option<SchedState> {
-        let shared = (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
+        let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
+        let floating = vcpus.iter().any(|v| v.allowed.count_ones() > 1);
+        let shared =
+            floating || (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
         let halts = s.guest.idle == crate::guest::IdleMode::Halt;
         let burner_on = |c: usize| s.host.burners.iter().any(|b| b.cores.contains(&c));
         let io_shared: Vec<usize> = (0..io_cores.len())
@@ -68,8 +87,10 @@ impl SchedState {
         let mut sched = HostScheduler::new(s.machine.cores);
         let skew = s.host.vcpu_start_skew_ms * 1e-3;
         let mut rng = crate::engine::RngStream::new(s.seed, "vcpu-start-skew");
-        for &c in vcpu_cores {
-            let t = sched.add_thread(s.host.vcpu_nice, 1 << c, c);
+        let nvm = vcpus.iter().map(|v| v.vm + 1).max().unwrap_or(0);
+        for v in vcpus {
+            let t = sched.add_thread(s.host.vcpu_nice, v.allowed, v.core);
+            sched.set_group(t, v.vm);
             if skew > 0.0 {
                 sched.set_vruntime(t, crate::engine::from_s(rng.uniform() * skew));
             }
@@ -88,6 +109,8 @@ impl SchedState {
             switch_to: vec![None; s.machine.cores],
             tick: tick.max(1),
             base: vec![(0, 0); vcpu_cores.len()],
+            migrations: 0,
+            stacked_base: vec![0; nvm],
             deferred: 0,
             halts: 0,
             poll_time: 0,
@@ -103,6 +126,11 @@ impl SchedState {
             .and_then(|i| self.io_workers.get(i).copied())
     }
 
+    /// A vCPU was loaded on a core other than its VMCS's.
+    pub fn note_migration(&mut self) {
+        self.migrations += 1;
+    }
+
     /// The cores any thread may run on (they get scheduler ticks).
     fn cores(&self) -> u64 {
         (0..self.s.threads()).fold(0, |m, t| m | self.s.thread(t).allowed)
@@ -116,9 +144,19 @@ impl World {
     pub(super) fn sched_start(&mut self) {
         let Some(st) = &mut self.sched else { return };
         let vcpus = self.hv.vcpus.len();
-        for t in 0..vcpus {
+        // The vCPUs the builder loaded first, on their cores; then the
+        // others queue behind them or, if they may, take idle cores (and
+        // are scheduled in there).
+        let loaded = |t: usize| self.hv.vcpus[t].loaded;
+        for t in (0..vcpus).filter(|&t| loaded(t)) {
             if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
                 st.s.pick_next(core, 0);
+            }
+        }
+        for t in (0..vcpus).filter(|&t| !loaded(t)) {
+            if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
+                st.s.pick_next(core, 0);
+                self.q.schedule(0, Ev::Reschedule { vcpu: t as u16 });
             }
         }
         for t in vcpus..st.io_base {
@@ -143,7 +181,8 @@ impl World {
         let Some(st) = &mut self.sched else { return };
         self.q
             .schedule(now + st.tick, Ev::SchedTick { core: core as u16 });
-        if st.s.tick(core, now) {
+        let pulled = st.s.balance(core, now);
+        if st.s.tick(core, now) || (pulled && st.s.current(core).is_none()) {
             self.sched_switch(core);
         }
     }
@@ -419,6 +458,10 @@ impl World {
         st.halts = 0;
         st.poll_time = 0;
         st.poll_success = 0;
+        st.migrations = 0;
+        for g in 0..st.stacked_base.len() {
+            st.stacked_base[g] = st.s.stacked_time(g, now);
+        }
         for v in 0..st.base.len() {
             let th = st.s.thread(v);
             st.base[v] = (st.s.waited(v, now), th.switches_in);
@@ -442,6 +485,25 @@ impl World {
             st.poll_success as f64 / dur_s.max(1e-12),
         );
         let ps = dur_s * 1e12;
+        out.insert(
+            "host.vcpu_migrations_per_s".into(),
+            st.migrations as f64 / dur_s.max(1e-12),
+        );
+        // vCPU stacking, per VM of two or more vCPUs (VM 0's by the plain
+        // name): the share of the interval two of its vCPUs were runnable
+        // on one core.
+        for (vm, &base) in st.stacked_base.iter().enumerate() {
+            if self.hv.vms[vm].vcpus.len() < 2 {
+                continue;
+            }
+            let stacked = st.s.stacked_time(vm, now).saturating_sub(base) as f64;
+            let key = if vm == 0 {
+                "host.vcpu_stacking_pct".to_string()
+            } else {
+                format!("vm{vm}.host.vcpu_stacking_pct")
+            };
+            out.insert(key, 100.0 * stacked / ps.max(1.0));
+        }
         for v in 0..st.base.len() {
             let (w0, s0) = st.base[v];
             let waited = st.s.waited(v, now).saturating_sub(w0) as f64;
