@@ -1597,10 +1597,9 @@ impl World {
             if let Some(old) = migrate {
                 Self::vcpu_migrate(&mut cx, scheme, vcpu, old);
             }
-            let migration = cx.charged;
             scheme.vcpu_load(&mut cx, vcpu);
             cx.hv.vcpus[vcpu].vmcs_core = Some(core);
-            migration
+            cx.charged
         };
         if migrate.is_some() {
             if let Some(st) = &mut self.sched {
@@ -1619,7 +1618,8 @@ impl World {
             record: false,
         });
         if load_work > 0 {
-            // The load's own work, before the entry path goes on.
+            // The load's own work (a migration's IPI round trip, IRT
+            // entries the scheme rewrites), before the entry path goes on.
             self.start_segment(core, load_work);
         } else {
             self.exit_stage_done(core);
