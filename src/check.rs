@@ -205,6 +205,22 @@ impl Checker {
         self.devs[vm].set_clock_running(all, now);
     }
 
+    /// The host scheduler holds `vcpu`'s thread asleep while the vCPU is
+    /// not halted (it has work and would never run again): a lost wake-up,
+    /// which loses whatever is pending for it. The interrupt clocks cannot
+    /// see it (a vCPU waiting for its core does not age its interrupts), so
+    /// the world checks the scheduler against the vCPUs at every tick.
+    pub fn lost_wakeup(&mut self, vcpu: usize, now: Time) {
+        let vm = self.vm_of[vcpu];
+        self.violate(
+            now,
+            vm,
+            ViolationKind::Lost,
+            0,
+            format!("vCPU {vcpu} is not halted but its thread sleeps in the host scheduler (lost wake-up)"),
+        );
+    }
+
     fn violate(&mut self, now: Time, vm: usize, kind: ViolationKind, vector: u8, detail: String) {
         self.violate_from(now, now, vm, kind, vector, detail);
     }

@@ -205,3 +205,34 @@ fn siblings_stack_only_where_their_pinning_puts_them_together() {
         assert_eq!(r.violations(), 0);
     }
 }
+
+/// Regression: a vCPU switched away from while it finished an HLT exit
+/// used to block the thread the core had switched to instead of its own,
+/// leaving that thread asleep for good (half the VMs starved, the checker
+/// silent). Eight 2-vCPU VMs idling with HLT, four vCPUs per core: every
+/// VM gets every datagram, and the checker's scheduler check stays clean.
+#[test]
+fn no_vcpu_thread_is_left_asleep_when_vms_share_cores_and_halt() {
+    for scheme in ["kvm", "apicv", "kvm-2026", "did"] {
+        let sets = [
+            &format!("scheme={scheme}")[..],
+            "vm.0.copies=8",
+            "duration_s=0.2",
+        ];
+        let r = run_file("../consolidation/pinning.toml", &sets);
+        assert_eq!(
+            r.violations(),
+            0,
+            "{scheme}: {:?}",
+            r.invariants.violations.first()
+        );
+        for vm in 0..8 {
+            let key = if vm == 0 {
+                "udp.received".to_string()
+            } else {
+                format!("vm{vm}.udp.received")
+            };
+            assert!(metric(&r, &key) > 3900.0, "{scheme}: VM {vm} starved");
+        }
+    }
+}

@@ -464,6 +464,27 @@ impl HostScheduler {
         Some(c)
     }
 
+    /// Waiting thread `t` goes to sleep without running again: a vCPU that
+    /// was switched away from while it finished the HLT exit that now puts
+    /// its thread to sleep (`dequeue_entity` of a queued entity). Returns
+    /// whether it was waiting.
+    pub fn dequeue(&mut self, t: Tid, now: Time) -> bool {
+        let core = self.threads[t].core;
+        let Some(i) = self.rqs[core].queued.iter().position(|&q| q == t) else {
+            return false;
+        };
+        self.rqs[core].queued.swap_remove(i);
+        let th = &mut self.threads[t];
+        th.runnable = false;
+        if let Some(ws) = th.wait_start.take() {
+            th.wait_time += now.saturating_sub(ws);
+        }
+        self.rqs[core].load -= th.weight;
+        self.note_runnable(t, core, false, now);
+        self.update_min_vruntime(core);
+        true
+    }
+
     /// `check_preempt_tick`: at a scheduler tick on `core`, whether the
     /// running thread has had its slice (or is a slice ahead of the
     /// leftmost waiting thread, after at least the minimum granularity).
@@ -880,6 +901,7 @@ mod tests {
                     2 => {
                         if s.tick(core, now) { s.pick_next(core, now); }
                         s.balance(core, now);
+                        s.dequeue(t, now);
                     }
                     _ => { s.pick_next(core, now); }
                 }

@@ -47,6 +47,8 @@ pub struct SchedState {
     /// Threads from `io_base` on are vhost workers: the worker of each.
     io_base: Tid,
     io_workers: Vec<usize>,
+    /// Per vCPU: reported as a lost wake-up.
+    stalled: Vec<bool>,
     /// vCPU loads on a core other than the one their VMCS was on.
     pub(super) migrations: u64,
     /// Per VM of two or more vCPUs: its stacked time at the end of the
@@ -110,6 +112,7 @@ impl SchedState {
             tick: tick.max(1),
             base: vec![(0, 0); vcpu_cores.len()],
             migrations: 0,
+            stalled: vec![false; vcpus.len()],
             stacked_base: vec![0; nvm],
             deferred: 0,
             halts: 0,
@@ -181,6 +184,15 @@ impl World {
         let Some(st) = &mut self.sched else { return };
         self.q
             .schedule(now + st.tick, Ev::SchedTick { core: core as u16 });
+        // The scheduler agrees with the vCPUs: one not halted is runnable
+        // (each such vCPU is reported once).
+        for v in 0..self.hv.vcpus.len() {
+            let th = st.s.thread(v);
+            if th.core == core && !th.runnable && !self.hv.vcpus[v].halted && !st.stalled[v] {
+                st.stalled[v] = true;
+                self.checker.lost_wakeup(v, now);
+            }
+        }
         let pulled = st.s.balance(core, now);
         if st.s.tick(core, now) || (pulled && st.s.current(core).is_none()) {
             self.sched_switch(core);
@@ -345,6 +357,13 @@ impl World {
         let vcpus = self.hv.vcpus.len();
         let Some(st) = &mut self.sched else { return };
         st.halts += 1;
+        if st.s.current(core) != Some(vcpu) {
+            // The scheduler had already switched the core to another thread
+            // (loaded by `put`, which ended the deferred schedule-out): the
+            // vCPU's thread leaves the run queue it waited in.
+            st.s.dequeue(vcpu, now);
+            return;
+        }
         st.s.block(core, now);
         let (_, next) = st.s.pick_next(core, now);
         self.switched_to(next, vcpus);
