@@ -255,10 +255,12 @@ impl World {
         let window = self.scheme.halt_poll_window(vcpu);
         // Polling only while nothing else wants the core
         // (`single_task_running`).
+        // A vCPU whose core the scheduler already gave to another thread
+        // (switched away from during its HLT exit) does not poll either.
         let others = self
             .sched
             .as_ref()
-            .is_some_and(|st| st.s.nr_running(core) > 1);
+            .is_some_and(|st| st.s.nr_running(core) > 1 || st.s.current(core) != Some(vcpu));
         if window == 0 || others {
             return self.sched_block(core, vcpu);
         }
