@@ -64,6 +64,7 @@ section!(Guest {
     vf_irq_handler_ns,
     napi_poll_base_ns,
     rx_per_packet_ns,
+    gro_merge_ns,
     itr_update_ns,
     udp_recv_per_packet_ns,
     context_switch_ns,
@@ -114,6 +115,7 @@ section!(Vhost {
     signal_ns,
     poll_iteration_ns,
     tap_queue_frames,
+    copy_per_kib_ns,
 });
 section!(Blk {
     wakeup_us,

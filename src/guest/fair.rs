@@ -141,6 +141,7 @@ mod tests {
             napi_weight: 64,
             netdev_budget: 300,
             refill_batch: 16,
+            gro: false,
             itr: crate::guest::itr::ItrParams {
                 lowest_reg: 0,
                 low_reg: 0,
@@ -157,6 +158,7 @@ mod tests {
                 vf_irq_handler: z,
                 napi_poll_base: z,
                 rx_per_packet: z,
+                gro_merge: z,
                 itr_update: z,
                 context_switch: z,
                 syscall: z,

@@ -47,6 +47,10 @@ pub struct GuestCosts {
     pub vf_irq_handler: Time,
     pub napi_poll_base: Time,
     pub rx_per_packet: Time,
+    /// A received frame GRO merges into a held packet: the driver's clean
+    /// of its descriptor plus `skb_gro_receive`, in place of
+    /// `rx_per_packet` (the merged packet pays IP and TCP once).
+    pub gro_merge: Time,
     pub itr_update: Time,
     pub context_switch: Time,
     pub syscall: Time,
@@ -140,6 +144,9 @@ pub struct GuestConfig {
     pub netdev_budget: u32,
     /// RX buffers returned to the NIC in batches of this many.
     pub refill_batch: u16,
+    /// GRO on the receive path (`napi_gro_receive`; on by default in
+    /// Linux, NETIF_F_GRO).
+    pub gro: bool,
     /// Dynamic ITR parameters.
     pub itr: ItrParams,
     /// Path costs.
@@ -328,6 +335,9 @@ struct Cpu {
     /// Other CPUs whose polling idle loop will see a need_resched set from
     /// here (TIF_POLLING_NRFLAG: no IPI).
     poke_pending: u64,
+    /// GRO's held packets (`napi->gro_list`) of the NAPI running here,
+    /// oldest first; flushed at `napi_complete`.
+    gro: Vec<crate::hw::wire::Frame>,
 }
 
 impl Cpu {
@@ -359,6 +369,7 @@ impl Cpu {
             task_stepped: false,
             ipi_pending: 0,
             poke_pending: 0,
+            gro: Vec::with_capacity(net::MAX_GRO_SKBS),
         }
     }
 }
@@ -1023,8 +1034,7 @@ impl Kernel {
                         self.cpu.frames[top].kind = FrameKind::Softirq { round: round + 1 };
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
-                        let extra = self.netif_receive(p.frame, now);
-                        self.cpu.frames[top].compute = c.rx_per_packet + extra;
+                        self.cpu.frames[top].compute = self.gro_receive(p.frame, now);
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
@@ -1048,8 +1058,9 @@ impl Kernel {
                     self.cleaned_unrefilled = 0;
                 }
                 self.cpu.net_rx = false;
+                let flushed = self.gro_flush(now);
                 let new = self.itr.update(&self.cfg.itr);
-                self.set_stage(top, 1, c.itr_update);
+                self.set_stage(top, 1, c.itr_update + flushed);
                 new.map(|v| {
                     Action::Instr(Instr::VfWrite {
                         vf,

@@ -20,8 +20,16 @@ use super::tcp::{Tcp, TcpConfig};
 use super::{Action, FrameKind, HrKind, Instr, Kernel};
 use crate::engine::Time;
 use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
-use crate::hw::wire::{Frame, Transport};
+use crate::hw::wire::{Frame, Transport, GSO_MAX_SIZE};
 use std::cmp::Reverse;
+
+/// GRO holds packets of at most this many flows per NAPI (Linux
+/// `MAX_GRO_SKBS`).
+pub const MAX_GRO_SKBS: usize = 8;
+
+/// IPv4 and TCP (with timestamps) headers of a GRO packet: its IP
+/// datagram must stay below [`GSO_MAX_SIZE`] (`skb_gro_receive`).
+const GRO_HEADERS: u32 = crate::hw::wire::TCP_HEADERS - 14;
 
 /// The guest's view of its virtio-net device (from PCI config space).
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +70,7 @@ pub struct NetCounters {
     pub kicks_suppressed: u64,
     pub tx_ring_full: u64,
     pub unknown_flow: u64,
+    pub gro_merged: u64,
 }
 
 /// Guest-visible device memory the driver works on: the VF's BAR and DMA
@@ -144,6 +153,70 @@ impl Kernel {
         if !self.tcp_socks.is_empty() {
             out.insert("guest.tcp_retransmits".into(), rexmit as f64);
         }
+    }
+
+    /// `napi_gro_receive` as Linux 3.6 runs it for TCP over IPv4
+    /// (`dev_gro_receive` → `tcp_gro_receive`): a frame that continues a
+    /// held packet of its flow (next sequence number, same ACK, no longer
+    /// than the held packet's segment size, the whole below 64 KiB) is
+    /// merged into it; one shorter than that size or with PSH then sends
+    /// the packet up at once. A frame that cannot join sends the held one
+    /// up first. A new data segment without PSH is held (at most
+    /// `MAX_GRO_SKBS` flows); anything else (ACKs, UDP, ICMP) goes up as
+    /// it came. Held packets go up at `napi_complete` ([`Self::gro_flush`]).
+    /// Returns the receive cost charged now.
+    pub(super) fn gro_receive(&mut self, f: Frame, now: Time) -> Time {
+        let c = self.cfg.costs;
+        let Transport::Tcp(seg) = f.transport else {
+            return c.rx_per_packet + self.netif_receive(f, now);
+        };
+        if !self.cfg.gro {
+            return c.rx_per_packet + self.netif_receive(f, now);
+        }
+        let mut cost = 0;
+        if let Some(i) = self.cpu.gro.iter().position(|h| h.flow == f.flow) {
+            let held = &mut self.cpu.gro[i];
+            let Transport::Tcp(h) = &mut held.transport else {
+                unreachable!("only TCP packets are held")
+            };
+            let size = if held.gso_size > 0 {
+                u32::from(held.gso_size)
+            } else {
+                h.len
+            };
+            let fits = h.len + seg.len + GRO_HEADERS < GSO_MAX_SIZE;
+            if seg.len > 0 && seg.len <= size && h.seq + u64::from(h.len) == seg.seq && h.ack == seg.ack && fits {
+                h.len += seg.len;
+                h.psh |= seg.psh;
+                held.gso_size = u16::try_from(size).unwrap_or(u16::MAX);
+                self.net.gro_merged += 1;
+                if seg.len < size || seg.psh {
+                    let p = self.cpu.gro.remove(i);
+                    cost += self.netif_receive(p, now);
+                }
+                return cost + c.gro_merge;
+            }
+            let p = self.cpu.gro.remove(i);
+            cost += self.netif_receive(p, now);
+        }
+        if seg.len > 0 && !seg.psh && self.cpu.gro.len() < MAX_GRO_SKBS {
+            // The stack's part of its cost is paid when it goes up.
+            self.cpu.gro.push(f);
+            return cost + c.rx_per_packet;
+        }
+        cost + c.rx_per_packet + self.netif_receive(f, now)
+    }
+
+    /// `napi_gro_flush`: every held packet goes up, oldest first. Returns
+    /// their cost.
+    pub(super) fn gro_flush(&mut self, now: Time) -> Time {
+        let mut cost = 0;
+        for k in 0..self.cpu.gro.len() {
+            let p = self.cpu.gro[k];
+            cost += self.netif_receive(p, now);
+        }
+        self.cpu.gro.clear();
+        cost
     }
 
     /// A frame came up from a device (NAPI): hand it to its socket.
@@ -365,7 +438,8 @@ impl Kernel {
             if let Some(seg) = self.tcp_socks[s].tcp.poll_output(now) {
                 self.tx_rr = i + 1;
                 self.tcp_timer_sync(s, now);
-                return Some(Frame::tcp(self.tcp_socks[s].flow, seg, now));
+                let sock = &self.tcp_socks[s];
+                return Some(Frame::tcp_gso(sock.flow, seg, sock.tcp.config().mss, now));
             }
             // Nothing more from it until it is marked again.
             self.tx_dirty.swap_remove(i);
@@ -522,9 +596,9 @@ impl Kernel {
                     if let Some(f) = vn.rx_get() {
                         self.net.virtio_rx_frames += 1;
                         self.counters.rx_packets += 1;
-                        let extra = self.netif_receive(f, now);
+                        let cost = self.gro_receive(f, now);
                         self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
-                        self.cpu.frames[top].compute = c.rx_per_packet + extra;
+                        self.cpu.frames[top].compute = cost;
                         return None;
                     }
                 }
@@ -560,14 +634,16 @@ impl Kernel {
                     self.set_stage(top, 0, c.napi_poll_base);
                     return None;
                 }
+                // napi_complete flushes GRO's held packets.
+                let flushed = self.gro_flush(now);
                 if !vn.rx_enable_cb() {
                     vn.rx_disable_cb();
                     self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
-                    self.set_stage(top, 0, 0);
+                    self.set_stage(top, 0, flushed);
                     return None;
                 }
                 self.cpu.napi_virtio = false;
-                self.set_stage(top, 2, 0);
+                self.set_stage(top, 2, flushed);
                 None
             }
             _ => {

@@ -82,6 +82,11 @@ pub struct TcpConfig {
     /// many after out-of-order or duplicate data) are ACKed at once, as Linux
     /// does to let slow start open quickly (`TCP_MAX_QUICKACKS` = 16).
     pub quickack_segments: u32,
+    /// TSO/GSO: the device takes packets of up to 64 KiB
+    /// ([`crate::hw::wire::GSO_MAX_SIZE`]), so one output segment may carry
+    /// many MSS (`sk_can_gso`; `tcp_xmit_size_goal`); the NIC or the host
+    /// stack cuts it into MSS frames. Off: every segment is at most one MSS.
+    pub gso: bool,
 }
 
 impl Default for TcpConfig {
@@ -97,6 +102,7 @@ impl Default for TcpConfig {
             sndbuf: 4 << 20,
             rto_min: 200 * MS,
             quickack_segments: 16,
+            gso: false,
         }
     }
 }
@@ -397,10 +403,19 @@ impl Tcp {
         let mss = self.cfg.mss as u64;
         let usable = self.peer_edge.saturating_sub(self.snd_nxt);
         let room = (self.cwnd as u64).saturating_sub(flight);
-        let len = unsent.min(mss).min(usable).min(room);
+        let mut len = unsent.min(mss).min(usable).min(room);
+        if self.cfg.gso && len == mss {
+            // A GSO packet: as many whole MSS as the window, cwnd and the
+            // size goal allow (Linux 3.6 tcp_mss_split_point cuts the
+            // send at an MSS multiple; a sub-MSS tail goes on its own,
+            // Nagle permitting). TSO deferral (tcp_tso_should_defer) is
+            // not modelled.
+            let can = unsent.min(usable).min(room).min(self.size_goal());
+            len = can - can % mss;
+        }
         let go = if len == 0 {
             false
-        } else if len == mss || force {
+        } else if len >= mss || force {
             true
         } else if len < unsent.min(mss) {
             // A piece of a larger amount, cut short by the window or cwnd:
@@ -452,6 +467,18 @@ impl Tcp {
             self.pingpong = true;
         }
         Some(self.stamp(seq, len as u32, end == self.write_end))
+    }
+
+    /// `tcp_xmit_size_goal`: the largest GSO packet's payload, a multiple
+    /// of the MSS below GSO_MAX_SIZE less the IP and TCP headers, and no
+    /// more than half the largest window the peer offered
+    /// (`tcp_bound_to_half_wnd`), but at least one MSS.
+    fn size_goal(&self) -> u64 {
+        let mss = self.cfg.mss as u64;
+        let ip_tcp = 20 + (crate::hw::wire::TCP_HEADERS as u64 - 14);
+        let max = (crate::hw::wire::GSO_MAX_SIZE as u64 - 1 - ip_tcp)
+            .min(self.max_snd_wnd as u64 / 2);
+        (max - max % mss).max(mss)
     }
 
     /// The persist timer fired with a zero window: one byte beyond the

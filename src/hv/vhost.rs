@@ -46,6 +46,9 @@ pub struct VhostCosts {
     pub tx_per_frame: Time,
     /// `handle_rx` per frame: tap recvmsg, copy into the guest buffer.
     pub rx_per_frame: Time,
+    /// Copy per KiB of a GSO packet beyond its first MTU-sized frame
+    /// (the per-frame costs cover one MTU's copy).
+    pub copy_per_kib: Time,
     /// `vhost_signal` → eventfd → irqfd injection request.
     pub signal: Time,
     /// One look at a ring that finds nothing new: one iteration of a
@@ -54,7 +57,17 @@ pub struct VhostCosts {
     pub poll_iteration: Time,
 }
 
+/// The largest plain frame (1500-byte MTU plus the Ethernet header): the
+/// copy the per-frame costs include.
+const MTU_FRAME: u32 = 1514;
+
 impl VhostCosts {
+    /// The copy a GSO packet `f` needs beyond one MTU-sized frame.
+    pub fn gso_copy(&self, f: &Frame) -> Time {
+        let beyond = u64::from(f.len().saturating_sub(MTU_FRAME));
+        self.copy_per_kib * beyond / 1024
+    }
+
     /// How long new work waits before the worker acts on it.
     pub fn start_latency(&self, polling: bool) -> Time {
         if polling {
@@ -564,7 +577,7 @@ impl VhostWorker {
                             head,
                             f,
                         });
-                        return Next::Unit(c.tx_per_frame);
+                        return Next::Unit(c.tx_per_frame + c.gso_copy(&f));
                     }
                     if d.is_poll {
                         // An optimistic polling turn is over.
@@ -625,7 +638,7 @@ impl VhostWorker {
                             head,
                             f,
                         });
-                        return Next::Unit(c.rx_per_frame);
+                        return Next::Unit(c.rx_per_frame + c.gso_copy(&f));
                     }
                     // No guest buffer: wait for the refill kick (or, side-
                     // core polling, for the poller to see the refill).
@@ -649,6 +662,7 @@ mod tests {
             wakeup: 1,
             tx_per_frame: 10,
             rx_per_frame: 20,
+            copy_per_kib: 0,
             signal: 1,
             poll_iteration: 3,
         }

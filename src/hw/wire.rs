@@ -56,7 +56,15 @@ impl Default for Transport {
     }
 }
 
-/// One Ethernet frame.
+/// Largest GSO packet (Linux `GSO_MAX_SIZE`, 64 KiB): the IP datagram of
+/// a TSO/GSO or GRO packet stays below it.
+pub const GSO_MAX_SIZE: u32 = 65_536;
+
+/// One Ethernet frame, or one GSO packet: a TCP segment longer than its
+/// `gso_size` that stands for the train of `gso_size` frames the sender's
+/// NIC (TSO) or stack (GSO) cuts it into, as an skb with
+/// `skb_shinfo(skb)->gso_size` does in Linux. GRO builds the same packet on
+/// the receive side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Frame {
     /// Connection (the 5-tuple's stand-in): which socket it belongs to.
@@ -65,6 +73,8 @@ pub struct Frame {
     pub transport: Transport,
     /// When the sending host's stack handed it to its device.
     pub sent: Time,
+    /// Payload bytes per wire frame of a GSO packet; 0 for a plain frame.
+    pub gso_size: u16,
 }
 
 impl Frame {
@@ -74,6 +84,21 @@ impl Frame {
             flow,
             transport: Transport::Tcp(seg),
             sent,
+            gso_size: 0,
+        }
+    }
+
+    /// A TCP segment from a sender whose MSS is `mss`: a GSO packet when
+    /// it carries more than one MSS.
+    pub fn tcp_gso(flow: u16, seg: TcpSegment, mss: u32, sent: Time) -> Self {
+        let gso_size = if seg.len > mss {
+            u16::try_from(mss).unwrap_or(u16::MAX)
+        } else {
+            0
+        };
+        Frame {
+            gso_size,
+            ..Frame::tcp(flow, seg, sent)
         }
     }
 
@@ -83,6 +108,7 @@ impl Frame {
             flow,
             transport: Transport::Udp { len, seq },
             sent,
+            gso_size: 0,
         }
     }
 
@@ -92,10 +118,48 @@ impl Frame {
             flow,
             transport: Transport::Icmp { request, len, seq },
             sent,
+            gso_size: 0,
         }
     }
 
-    /// Bytes on the wire, headers included, FCS excluded.
+    /// Wire frames it stands for: 1, or a GSO packet's segment count.
+    pub fn gso_segs(&self) -> u32 {
+        match self.transport {
+            Transport::Tcp(s) if self.gso_size > 0 => s.len.div_ceil(u32::from(self.gso_size)),
+            _ => 1,
+        }
+    }
+
+    /// Wire frame `k` of [`gso_segs`](Self::gso_segs), as TSO or GSO cut
+    /// it (`tcp_gso_segment`): consecutive sequence ranges of `gso_size`
+    /// bytes, the last one shorter; each carries the packet's ACK and
+    /// window, and only the last keeps PSH.
+    pub fn gso_segment(&self, k: u32) -> Frame {
+        let Transport::Tcp(s) = self.transport else {
+            return *self;
+        };
+        if self.gso_size == 0 {
+            return *self;
+        }
+        let size = u32::from(self.gso_size);
+        let off = k * size;
+        let len = size.min(s.len.saturating_sub(off));
+        let last = off + len >= s.len;
+        Frame {
+            transport: Transport::Tcp(TcpSegment {
+                seq: s.seq + u64::from(off),
+                len,
+                psh: s.psh && last,
+                ..s
+            }),
+            gso_size: 0,
+            ..*self
+        }
+    }
+
+    /// Bytes on the wire, headers included, FCS excluded. A GSO packet
+    /// counts its headers once (the skb's length); the wire carries
+    /// [`gso_segs`](Self::gso_segs) frames of their own headers.
     pub fn len(&self) -> u32 {
         match self.transport {
             Transport::Udp { len, .. } => len + UDP_HEADERS,

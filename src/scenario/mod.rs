@@ -586,6 +586,16 @@ pub struct GuestSpec {
     /// writes exit as MSR_WRITE). xAPIC guests run under `kvm`, `apicv`,
     /// `kvm-2026` and `bare-metal`, one vCPU per VM.
     pub apic: crate::guest::ApicMode,
+    /// TSO/GSO on the guest's TCP output (Linux's default with ixgbevf,
+    /// which advertises TSO, and virtio-net with HOST_TSO4): a segment may
+    /// carry up to 64 KiB, cut into MSS frames by the VF (TSO) or the
+    /// host (vhost passes the GSO packet to the bridge). `false`: one MSS
+    /// per segment.
+    pub gso: bool,
+    /// GRO on the guest's receive path (`napi_gro_receive`, on by
+    /// default): consecutive TCP frames of a flow taken in one NAPI poll
+    /// go up the stack as one packet.
+    pub gro: bool,
 }
 
 /// Largest `guest.rcvbuf_packets`: 64K datagrams, far above what Linux's
@@ -610,6 +620,8 @@ impl Default for GuestSpec {
             vf_vector: 0x41,
             napi_weight: None,
             apic: crate::guest::ApicMode::X2apic,
+            gso: false,
+            gro: false,
         }
     }
 }
@@ -680,6 +692,12 @@ pub struct NetSpec {
     /// load generator across the link, through the bridge and the host's
     /// NIC; ES2's testbed).
     pub peer: VirtioPeer,
+    /// TSO/GSO on the peer host's TCP output (its Linux default): it
+    /// sends packets of up to 64 KiB that its NIC (or, on the VM's host,
+    /// the bridge) carries as MSS frames. A Linux receiver outside the
+    /// guest (the peer, the VM's host) takes such a train back to back as
+    /// one GRO packet.
+    pub peer_gso: bool,
 }
 
 /// Where the peer of a virtio-net VM runs.
@@ -702,6 +720,7 @@ impl Default for NetSpec {
             event_idx: true,
             queue_size: 256,
             peer: VirtioPeer::Host,
+            peer_gso: false,
         }
     }
 }

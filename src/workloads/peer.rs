@@ -340,7 +340,8 @@ impl PeerHost {
                 self.busy_until[c] += self.costs.tx_segment;
                 self.frames_out += 1;
                 let t = self.busy_until[c];
-                out.push((t, Frame::tcp(self.first_flow + i as u16, seg, t)));
+                let (flow, mss) = (self.first_flow + i as u16, self.conns[i].config().mss);
+                out.push((t, Frame::tcp_gso(flow, seg, mss, t)));
             }
             let next = self.conns[i].next_timer();
             if next != self.timers[i] {

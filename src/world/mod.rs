@@ -396,8 +396,17 @@ type PeerSide = (Box<dyn PeerApp>, TcpConfig, usize, usize);
 /// from [`TCP_FLOW`]); program i runs on CPU `(first_cpu + i) % cpus` (a
 /// multi-threaded server spreads its threads over the vCPUs). Returns the
 /// peer's side.
-fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize) -> PeerSide {
+fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize, gso: Gso) -> PeerSide {
     let threads = w.guest.len();
+    // Each end's TSO/GSO is its own host's setting.
+    let guest_tcp = TcpConfig {
+        gso: gso.guest,
+        ..w.tcp
+    };
+    let peer_tcp = TcpConfig {
+        gso: gso.peer,
+        ..w.tcp
+    };
     // The socket interface is the program's, not a matter of how many
     // connections it has (one memcached connection is still served from
     // the worker's epoll loop).
@@ -416,7 +425,7 @@ fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize) -> PeerSide 
         // One socket each: program j's is flow TCP_FLOW + j.
         for (j, app) in w.guest.into_iter().enumerate() {
             let t = kernel.spawn_on(cpu(j), app, 0, false);
-            kernel.tcp_open(TCP_FLOW + j as u16, w.tcp, Some(t));
+            kernel.tcp_open(TCP_FLOW + j as u16, guest_tcp, Some(t));
         }
     } else {
         for (j, app) in w.guest.into_iter().enumerate() {
@@ -425,10 +434,19 @@ fn spawn_tcp(kernel: &mut Kernel, w: TcpWorkload, first_cpu: usize) -> PeerSide 
             let flows = (0..w.conns)
                 .filter(|&i| owner.get(i).map_or(i % threads == j, |&o| o == j))
                 .map(|i| TCP_FLOW + i as u16);
-            kernel.tcp_open_many(flows, w.tcp, t);
+            kernel.tcp_open_many(flows, guest_tcp, t);
         }
     }
-    (w.peer, w.tcp, w.conns, w.peer_cpus)
+    (w.peer, peer_tcp, w.conns, w.peer_cpus)
+}
+
+/// Which ends of a TCP workload send TSO/GSO packets.
+#[derive(Clone, Copy, Debug)]
+struct Gso {
+    /// The guest (`guest.gso`).
+    guest: bool,
+    /// The peer host (`net.peer_gso`).
+    peer: bool,
 }
 
 /// The UDP receiver: "sender and receiver at the lowest priority" (DID §5.2).
@@ -515,6 +533,7 @@ impl World {
                 wakeup: t_us(&v.wakeup_us),
                 tx_per_frame: t_ns(&v.tx_per_frame_ns),
                 rx_per_frame: t_ns(&v.rx_per_frame_ns),
+                copy_per_kib: t_ns(&v.copy_per_kib_ns),
                 signal: t_ns(&v.signal_ns),
                 poll_iteration: t_ns(&v.poll_iteration_ns),
             },
@@ -788,6 +807,7 @@ impl World {
                 .unwrap_or(cal.nic.napi_weight.value as u32),
             refill_batch: cal.nic.rx_refill_batch.value as u16,
             netdev_budget: cal.nic.netdev_budget.value as u32,
+            gro: s.guest.gro,
             itr,
             costs: GuestCosts {
                 irq_entry: t_ns(&g.irq_entry_ns),
@@ -797,6 +817,7 @@ impl World {
                 vf_irq_handler: t_ns(&g.vf_irq_handler_ns),
                 napi_poll_base: t_ns(&g.napi_poll_base_ns),
                 rx_per_packet: t_ns(&g.rx_per_packet_ns),
+                gro_merge: t_ns(&g.gro_merge_ns),
                 itr_update: t_ns(&g.itr_update_ns),
                 context_switch: t_ns(&g.context_switch_ns),
                 syscall: t_ns(&g.syscall_ns),
@@ -840,8 +861,12 @@ impl World {
         // others' over their VFs): its programs and sockets in the guest,
         // its peer's program.
         let mut peer_apps = Vec::new();
+        let gso = Gso {
+            guest: s.guest.gso,
+            peer: s.net.peer_gso,
+        };
         if let Some(w) = tcp_workload(w0, s.seed, cal) {
-            peer_apps.push((0, spawn_tcp(&mut kernel, w, views[0].app_vcpu)));
+            peer_apps.push((0, spawn_tcp(&mut kernel, w, views[0].app_vcpu, gso)));
         }
         // Datagram workloads' peers: over the link to the VF, or (VM 0
         // over virtio) behind the bridge.
@@ -898,7 +923,7 @@ impl World {
             // streams.
             let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             if let Some(w) = tcp_workload(v.workload, seed, cal) {
-                peer_apps.push((vm, spawn_tcp(&mut k, w, v.app_vcpu)));
+                peer_apps.push((vm, spawn_tcp(&mut k, w, v.app_vcpu, gso)));
             }
             dgram_peers.push((
                 vm,

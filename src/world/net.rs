@@ -350,7 +350,7 @@ impl World {
             // The host's NIC sends the bridged frame on the link, through
             // the port the VFs share.
             Attach::Uplink { delay } => {
-                self.m.nic.pf_transmit(now + delay, f.len(), &self.m.link)
+                self.m.nic.pf_transmit(now + delay, &f, &self.m.link)
                     + self.m.link.propagation_ps
             }
             Attach::Wire { .. } => now + self.m.link.propagation_ps,
@@ -417,30 +417,42 @@ impl World {
         let ev = Ev::ToGuest { peer: p as u8 };
         for i in 0..link.out.len() {
             let (t, f) = link.out[i];
-            link.to_guest.push_back(f);
-            let at = match link.attach {
-                // One queue into the tap or the VF: frames keep their order.
-                Attach::Bridge { delay } | Attach::Veb { delay, .. } => {
-                    link.wire_free = (t + delay).max(link.wire_free);
-                    link.wire_free
-                }
-                // The load generator's NIC serializes its frames (and an
-                // uplink's then cross the host's bridge).
-                Attach::Wire { .. } | Attach::Uplink { .. } => {
-                    // Every load generator's frames arrive through the
-                    // host's one port: they share its receive wire.
-                    let start = t.max(link.wire_free).max(self.port_rx_free);
-                    link.wire_free = start + self.m.link.wire_time(f.len());
-                    self.port_rx_free = link.wire_free;
-                    let bridge = if let Attach::Uplink { delay } = link.attach {
-                        delay
-                    } else {
-                        0
-                    };
-                    link.wire_free + self.m.link.propagation_ps + bridge
-                }
-            };
-            self.q.schedule(at, ev);
+            // Into a VF's RX ring a GSO packet arrives as the frames the
+            // sender's TSO cut it into, each when its last bit is in; the
+            // guest's GRO may merge them again. Into the host (tap, or the
+            // PF then the bridge) it stays one packet: the host's own GRO
+            // re-merges a train that arrives back to back (named
+            // assumption, docs/calibration-sources.md §9).
+            let split = matches!(link.attach, Attach::Wire { .. } | Attach::Veb { .. });
+            let parts = if split { f.gso_segs() } else { 1 };
+            for k in 0..parts {
+                let f = if split { f.gso_segment(k) } else { f };
+                link.to_guest.push_back(f);
+                let at = match link.attach {
+                    // One queue into the tap or the VF: frames keep their
+                    // order.
+                    Attach::Bridge { delay } | Attach::Veb { delay, .. } => {
+                        link.wire_free = (t + delay).max(link.wire_free);
+                        link.wire_free
+                    }
+                    // The load generator's NIC serializes its frames (and
+                    // an uplink's then cross the host's bridge).
+                    Attach::Wire { .. } | Attach::Uplink { .. } => {
+                        // Every load generator's frames arrive through the
+                        // host's one port: they share its receive wire.
+                        let start = t.max(link.wire_free).max(self.port_rx_free);
+                        link.wire_free = start + self.m.link.frame_wire_time(&f);
+                        self.port_rx_free = link.wire_free;
+                        let bridge = if let Attach::Uplink { delay } = link.attach {
+                            delay
+                        } else {
+                            0
+                        };
+                        link.wire_free + self.m.link.propagation_ps + bridge
+                    }
+                };
+                self.q.schedule(at, ev);
+            }
         }
         let next = link.peer.next_timer();
         if next != link.timer {

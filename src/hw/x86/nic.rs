@@ -235,6 +235,7 @@ impl RxPacket {
             flow: 0,
             transport: crate::hw::wire::Transport::Udp { len: 0, seq: 0 },
             sent: 0,
+            gso_size: 0,
         },
     };
 }
@@ -735,11 +736,12 @@ impl Nic {
         Ok(true)
     }
 
-    /// The PF sends a frame of `len` bytes ready at `at` (the host's own,
-    /// bridged traffic) on the shared port: when its last bit leaves.
-    pub fn pf_transmit(&mut self, at: Time, len: u32, link: &Link) -> Time {
+    /// The PF sends frame `f` ready at `at` (the host's own, bridged
+    /// traffic) on the shared port: when its last bit leaves. A GSO packet
+    /// leaves as its train of frames (TSO).
+    pub fn pf_transmit(&mut self, at: Time, f: &Frame, link: &Link) -> Time {
         let start = at.max(self.port_tx_free);
-        let end = start.saturating_add(link.wire_time(len));
+        let end = start.saturating_add(link.frame_wire_time(f));
         self.port_tx_free = end;
         end
     }
@@ -762,7 +764,8 @@ impl Nic {
         while let Some(f) = t.staged.pop_front() {
             // One port: the VFs' queues share its wire.
             let start = t.wire_free.max(port).max(now + fetch);
-            let end = start.saturating_add(link.wire_time(f.len()));
+            // A TSO descriptor leaves as its train of frames.
+            let end = start.saturating_add(link.frame_wire_time(&f));
             t.wire_free = end;
             port = end;
             t.hw.push_back((end, f));
@@ -1064,6 +1067,19 @@ impl Link {
         Time::try_from(bit_ps.div_ceil(rate)).unwrap_or(Time::MAX)
     }
 
+    /// Wire time of `f`: of its one frame, or of a GSO packet's train of
+    /// frames back to back (TSO or the host stack's GSO cut it; each frame
+    /// carries its own headers).
+    pub fn frame_wire_time(&self, f: &Frame) -> Time {
+        let n = f.gso_segs();
+        if n == 1 {
+            return self.wire_time(f.len());
+        }
+        let full = self.wire_time(f.gso_segment(0).len());
+        let last = self.wire_time(f.gso_segment(n - 1).len());
+        full.saturating_mul(Time::from(n - 1)).saturating_add(last)
+    }
+
     /// From the first bit leaving the sender to the last bit reaching the
     /// NIC: wire time plus propagation.
     pub fn delivery_time(&self, frame_bytes: u32) -> Time {
@@ -1092,6 +1108,7 @@ mod tests {
                 flow: 7,
                 transport: crate::hw::wire::Transport::Udp { len: 1472, seq },
                 sent: now,
+                gso_size: 0,
             },
         }
     }
@@ -1792,7 +1809,7 @@ mod tests {
                     Op::Arrive { gap, len } => {
                         h.advance(h.now + gap)?;
                         offered += 1;
-                        let p = RxPacket { len, arrived: h.now, frame: Frame { flow: 1, transport: crate::hw::wire::Transport::Udp { len, seq }, sent: h.now } };
+                        let p = RxPacket { len, arrived: h.now, frame: Frame { flow: 1, transport: crate::hw::wire::Transport::Udp { len, seq }, sent: h.now, gso_size: 0 } };
                         seq += 1;
                         let (_, a) = h.nic.receive(0, p, h.now).unwrap();
                         h.handle(a)?;
