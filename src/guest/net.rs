@@ -145,6 +145,9 @@ impl Kernel {
             "guest.virtio_kicks_suppressed".into(),
             n.kicks_suppressed as f64,
         );
+        if self.cfg.gro {
+            out.insert("guest.gro_merged".into(), n.gro_merged as f64);
+        }
         let rexmit: u64 = self
             .tcp_socks
             .iter()

@@ -615,8 +615,11 @@ impl Tcp {
     }
 
     /// Slow start and congestion avoidance with byte counting (RFC 5681
-    /// §3.1, RFC 3465 with L = 2 MSS, as Linux counts ACKed packets): slow
-    /// start doubles cwnd per RTT even with delayed ACKs, congestion
+    /// §3.1, RFC 3465): slow start doubles cwnd per RTT even with delayed
+    /// ACKs. Every ACKed segment counts, with no RFC 3465 limit L, as
+    /// Linux's `tcp_slow_start(tp, acked)` counts `tcp_skb_pcount` of what
+    /// the ACK covers (4.x): a receiver's GRO ACKs each merged packet, so
+    /// one ACK may cover dozens of segments. Congestion
     /// avoidance adds one MSS per cwnd of ACKed data. cwnd grows only while
     /// it limits the sender (RFC 7661's concern; Linux
     /// `tcp_is_cwnd_limited`), so an application-limited flow does not
@@ -626,7 +629,7 @@ impl Tcp {
         let cwnd = self.cwnd as u64;
         if self.cwnd < self.ssthresh {
             if cwnd < 2 * prior_flight {
-                let inc = acked.min(2 * mss).min(u32::MAX as u64) as u32;
+                let inc = acked.min(u32::MAX as u64) as u32;
                 self.cwnd = self.cwnd.saturating_add(inc);
             }
         } else if prior_flight + mss > cwnd {
@@ -1129,6 +1132,36 @@ mod tests {
 
     /// 2. Slow start doubles cwnd every RTT (10, 20, 40, 80, 160 segments),
     ///    with quick-ACKs at first and delayed ACKs (every 2nd segment) after.
+    /// With GSO a bulk sender's segments carry whole MSS multiples up to
+    /// the size goal (below 64 KiB and half the peer's largest window);
+    /// without it none exceeds one MSS.
+    #[test]
+    fn gso_sends_mss_multiples_up_to_the_size_goal() {
+        let run = |gso: bool, rcvbuf: u32| {
+            let cfg = TcpConfig {
+                gso,
+                rcvbuf,
+                ..TcpConfig::default()
+            };
+            let mut sim = Sim::new(Tcp::new(cfg).unwrap(), Tcp::new(cfg).unwrap(), 10, 20 * US);
+            sim.run(50 * MS, &mut bulk_app(0, 4 << 20));
+            assert_eq!(sim.ep[1].bytes_delivered(), 4 << 20);
+            sim.data_from(0).iter().map(|(_, s)| s.len).collect::<Vec<_>>()
+        };
+        let m = mss() as u32;
+        let off = run(false, 6 << 20);
+        assert!(off.iter().all(|&l| l <= m));
+        let on = run(true, 6 << 20);
+        let goal = (65_535 - 20 - 52) / m * m;
+        assert!(on.iter().all(|&l| l <= goal));
+        assert!(on.iter().any(|&l| l == goal), "no full-size GSO packet");
+        assert!(on.iter().filter(|&&l| l > m).all(|&l| l % m == 0));
+        assert!(on.len() * 10 < off.len(), "{} vs {}", on.len(), off.len());
+        // tcp_bound_to_half_wnd: a 64 KiB window halves the packets.
+        let small = run(true, 64 << 10);
+        assert!(small.iter().all(|&l| l <= 32 << 10));
+    }
+
     #[test]
     fn slow_start_doubles_cwnd_per_rtt() {
         let rtt = MS;
@@ -1474,6 +1507,7 @@ mod tests {
         read_on_arrival: bool,
         delayed_ack: bool,
         quickack_segments: u32,
+        gso: bool,
     }
 
     /// Runs writes both ways with random sizes, random reads on a periodic
@@ -1490,12 +1524,14 @@ mod tests {
             read_on_arrival,
             delayed_ack,
             quickack_segments,
+            gso,
         } = case;
         let cfg = TcpConfig {
             rcvbuf,
             nagle,
             delayed_ack,
             quickack_segments,
+            gso,
             ..TcpConfig::default()
         };
         let mut sim = Sim::new(Tcp::new(cfg).unwrap(), Tcp::new(cfg).unwrap(), 1, 20 * US);
@@ -1585,6 +1621,7 @@ mod tests {
             read_on_arrival in any::<bool>(),
             delayed_ack in any::<bool>(),
             quickack_segments in prop_oneof![Just(0u32), Just(16)],
+            gso in any::<bool>(),
         ) {
             // At least one read that makes progress.
             reads.push(4_000);
@@ -1599,6 +1636,7 @@ mod tests {
                 read_on_arrival,
                 delayed_ack,
                 quickack_segments,
+                gso,
             })?;
         }
     }

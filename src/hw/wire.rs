@@ -197,7 +197,42 @@ mod tests {
         let ack = Frame::tcp(1, TcpSegment::default(), 0);
         assert_eq!(ack.len(), 66);
         assert!(ack.is_empty());
+        // A plain segment is not a GSO packet, whatever the MSS.
+        assert_eq!(Frame::tcp_gso(1, TcpSegment { len: 1448, ..Default::default() }, 1448, 0).gso_segs(), 1);
         // ping's default 56 bytes: the 98-byte frame tcpdump shows.
         assert_eq!(Frame::icmp(1, true, 56, 0, 0).len(), 98);
+    }
+
+    /// TSO/GSO cuts a packet into MSS frames covering its sequence range
+    /// once, in order; ACK and window are copied, PSH only on the last.
+    #[test]
+    fn gso_packets_cut_into_mss_frames() {
+        let seg = TcpSegment {
+            seq: 1000,
+            len: 3 * 1448 + 100,
+            ack: 77,
+            wnd: 5000,
+            psh: true,
+        };
+        let p = Frame::tcp_gso(4, seg, 1448, 9);
+        assert_eq!(p.gso_size, 1448);
+        assert_eq!(p.gso_segs(), 4);
+        let mut next = 1000;
+        for k in 0..4 {
+            let f = p.gso_segment(k);
+            let Transport::Tcp(s) = f.transport else {
+                panic!("not TCP")
+            };
+            assert_eq!(s.seq, next);
+            assert_eq!((s.ack, s.wnd, f.flow, f.sent), (77, 5000, 4, 9));
+            assert_eq!(s.psh, k == 3);
+            assert_eq!(f.gso_size, 0);
+            assert_eq!(s.len, if k == 3 { 100 } else { 1448 });
+            next += u64::from(s.len);
+        }
+        assert_eq!(next, 1000 + u64::from(seg.len));
+        // Non-TCP frames are never GSO packets.
+        let u = Frame::udp(1, 1400, 0, 0);
+        assert_eq!((u.gso_segs(), u.gso_segment(0)), (1, u));
     }
 }

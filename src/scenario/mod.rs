@@ -620,8 +620,8 @@ impl Default for GuestSpec {
             vf_vector: 0x41,
             napi_weight: None,
             apic: crate::guest::ApicMode::X2apic,
-            gso: false,
-            gro: false,
+            gso: true,
+            gro: true,
         }
     }
 }
@@ -720,7 +720,7 @@ impl Default for NetSpec {
             event_idx: true,
             queue_size: 256,
             peer: VirtioPeer::Host,
-            peer_gso: false,
+            peer_gso: true,
         }
     }
 }

@@ -1674,6 +1674,18 @@ mod tests {
         // Full-size 1514-byte frame: 1538 bytes = 1230.4 ns.
         assert_eq!(link.wire_time(1514), 1_230_400);
         assert_eq!(link.delivery_time(60), 67_200 + 500 * NS);
+        // A GSO packet takes the wire time of its train of frames.
+        let seg = crate::hw::wire::TcpSegment {
+            len: 2 * 1448 + 10,
+            ..Default::default()
+        };
+        let p = Frame::tcp_gso(1, seg, 1448, 0);
+        assert_eq!(
+            link.frame_wire_time(&p),
+            2 * link.wire_time(1514) + link.wire_time(76)
+        );
+        let one = Frame::tcp(1, crate::hw::wire::TcpSegment::default(), 0);
+        assert_eq!(link.frame_wire_time(&one), link.wire_time(66));
     }
 
     #[test]
