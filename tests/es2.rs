@@ -37,7 +37,7 @@ fn ordered(r: &RunReport, stem: &str, what: &str) {
 }
 
 #[test]
-fn netperf_tcp_streams_flow_both_ways_below_the_link_rate() {
+fn netperf_tcp_streams_flow_both_ways_below_their_bound() {
     for dir in ["send", "recv"] {
         for dev in DEVICES {
             let what = format!("{dir}/{dev}");
@@ -47,7 +47,11 @@ fn netperf_tcp_streams_flow_both_ways_below_the_link_rate() {
             );
             assert_eq!(r.violations(), 0, "{what}");
             let gbps = metric(&r, "netperf.throughput_gbps");
-            assert!(gbps > 0.5 && gbps < LINK_GBPS, "{what}: {gbps}");
+            // Over the VF the link bounds it; the virtio peer is a process
+            // on the host (no link), whose GSO packets cross the bridge
+            // whole: only the CPUs bound it.
+            let bound = if dev == "vf" { LINK_GBPS } else { 100.0 };
+            assert!(gbps > 0.5 && gbps < bound, "{what}: {gbps}");
             // The sender's 512-byte send() calls carry at least what the
             // receiver got in the window (the socket buffers hold the
             // rest: at most a few MiB).
