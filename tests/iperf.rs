@@ -111,7 +111,10 @@ fn offloads_bring_the_vf_stream_to_line_rate_with_fewer_acks() {
         // ... but ACKs go per merged packet, not per second frame.
         let acks_per_frame = metric(&on, "guest.tx_frames") / frames;
         let plain_acks = metric(&plain, "guest.tx_frames") / metric(&plain, "guest.rx_packets");
-        assert!(acks_per_frame < 0.5 * plain_acks, "{acks_per_frame} vs {plain_acks}");
+        assert!(
+            acks_per_frame < 0.5 * plain_acks,
+            "{acks_per_frame} vs {plain_acks}"
+        );
     }
 }
 
@@ -133,10 +136,13 @@ fn gso_packets_cross_vhost_whole() {
         ],
     );
     assert_eq!(on.violations(), 0);
-    let bytes_per_frame = |r: &exitless::report::RunReport| {
-        metric(r, "iperf.bytes") / metric(r, "vhost.rx_frames")
-    };
+    let bytes_per_frame =
+        |r: &exitless::report::RunReport| metric(r, "iperf.bytes") / metric(r, "vhost.rx_frames");
     assert!(bytes_per_frame(&on) > 10_000.0, "{}", bytes_per_frame(&on));
-    assert!(bytes_per_frame(&plain) < 1_500.0, "{}", bytes_per_frame(&plain));
+    assert!(
+        bytes_per_frame(&plain) < 1_500.0,
+        "{}",
+        bytes_per_frame(&plain)
+    );
     assert!(metric(&on, "iperf.throughput_gbps") > 2.0 * metric(&plain, "iperf.throughput_gbps"));
 }

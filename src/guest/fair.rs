@@ -111,7 +111,7 @@ impl Kernel {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::guest::app::{App, Metrics, Sys, TaskStep};
 
@@ -124,7 +124,9 @@ mod tests {
         fn metrics(&self, _: &mut Metrics) {}
     }
 
-    fn config() -> crate::guest::GuestConfig {
+    /// A one-CPU guest configuration with every cost zero (tests set what
+    /// they measure).
+    pub(crate) fn config() -> crate::guest::GuestConfig {
         let z = 0;
         crate::guest::GuestConfig {
             timer_vector: 0xef,

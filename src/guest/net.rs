@@ -188,7 +188,12 @@ impl Kernel {
                 h.len
             };
             let fits = h.len + seg.len + GRO_HEADERS < GSO_MAX_SIZE;
-            if seg.len > 0 && seg.len <= size && h.seq + u64::from(h.len) == seg.seq && h.ack == seg.ack && fits {
+            if seg.len > 0
+                && seg.len <= size
+                && h.seq + u64::from(h.len) == seg.seq
+                && h.ack == seg.ack
+                && fits
+            {
                 h.len += seg.len;
                 h.psh |= seg.psh;
                 held.gso_size = u16::try_from(size).unwrap_or(u16::MAX);
@@ -656,5 +661,105 @@ impl Kernel {
                 self.irq_exit_nohz(now)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::wire::TcpSegment;
+
+    const RX: Time = 1_000;
+    const MERGE: Time = 100;
+    const TCP: Time = 10_000;
+
+    fn kernel(gro: bool) -> Kernel {
+        let mut cfg = crate::guest::fair::tests::config();
+        cfg.gro = gro;
+        cfg.costs.rx_per_packet = RX;
+        cfg.costs.gro_merge = MERGE;
+        cfg.costs.tcp_rx_segment = TCP;
+        let mut k = Kernel::new(cfg);
+        k.tcp_open(1, TcpConfig::default(), None);
+        k
+    }
+
+    fn data(seq: u64, len: u32, psh: bool) -> Frame {
+        let seg = TcpSegment {
+            seq,
+            len,
+            ack: 0,
+            wnd: 65_535,
+            psh,
+        };
+        Frame::tcp(1, seg, 0)
+    }
+
+    fn received(k: &Kernel) -> u64 {
+        k.tcp_socks[0].tcp.bytes_received()
+    }
+
+    /// Consecutive MSS frames merge; the packet goes up once, at the
+    /// flush, with all their bytes.
+    #[test]
+    fn consecutive_frames_go_up_as_one_packet_at_the_flush() {
+        let mut k = kernel(true);
+        let costs: Vec<Time> = (0..3)
+            .map(|i| k.gro_receive(data(i * 1448, 1448, false), 0))
+            .collect();
+        assert_eq!(costs, [RX, MERGE, MERGE]);
+        assert_eq!(received(&k), 0, "held until napi_complete");
+        assert_eq!(k.gro_flush(0), TCP);
+        assert_eq!(received(&k), 3 * 1448);
+        assert_eq!(k.net.gro_merged, 2);
+        assert_eq!(k.gro_flush(0), 0, "nothing left");
+    }
+
+    /// PSH or a short frame ends the packet at once; a gap, or an ACK,
+    /// sends the held packet up first.
+    #[test]
+    fn psh_short_gap_and_acks_end_a_packet() {
+        let mut k = kernel(true);
+        k.gro_receive(data(0, 1448, false), 0);
+        assert_eq!(k.gro_receive(data(1448, 1448, true), 0), MERGE + TCP);
+        assert_eq!(received(&k), 2 * 1448);
+        k.gro_receive(data(2 * 1448, 1448, false), 0);
+        assert_eq!(k.gro_receive(data(3 * 1448, 100, false), 0), MERGE + TCP);
+        assert_eq!(received(&k), 3 * 1448 + 100);
+        // A gap: the held packet goes up, the new frame is held.
+        let next = 3 * 1448 + 100;
+        k.gro_receive(data(next, 1448, false), 0);
+        assert_eq!(k.gro_receive(data(next + 5_000, 1448, false), 0), TCP + RX);
+        assert_eq!(received(&k), next + 1448);
+        // A pure ACK flushes what is held and goes up by itself.
+        let ack = Frame::tcp(1, TcpSegment::default(), 0);
+        assert_eq!(k.gro_receive(ack, 0), TCP + RX + TCP);
+        assert!(k.cpu.gro.is_empty());
+    }
+
+    /// A packet stays below 64 KiB: the 46th MSS frame starts a new one.
+    #[test]
+    fn packets_stay_below_gso_max_size() {
+        let mut k = kernel(true);
+        for i in 0..45 {
+            k.gro_receive(data(i * 1448, 1448, false), 0);
+        }
+        assert_eq!(k.gro_receive(data(45 * 1448, 1448, false), 0), TCP + RX);
+        assert_eq!(received(&k), 45 * 1448);
+        let Transport::Tcp(held) = k.cpu.gro[0].transport else {
+            panic!("not TCP")
+        };
+        assert_eq!((held.seq, held.len), (45 * 1448, 1448));
+    }
+
+    /// Without GRO every frame pays the whole receive path.
+    #[test]
+    fn without_gro_each_frame_goes_up_alone() {
+        let mut k = kernel(false);
+        for i in 0..3 {
+            assert_eq!(k.gro_receive(data(i * 1448, 1448, false), 0), RX + TCP);
+        }
+        assert_eq!(received(&k), 3 * 1448);
+        assert_eq!(k.gro_flush(0), 0);
     }
 }

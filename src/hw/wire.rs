@@ -198,7 +198,19 @@ mod tests {
         assert_eq!(ack.len(), 66);
         assert!(ack.is_empty());
         // A plain segment is not a GSO packet, whatever the MSS.
-        assert_eq!(Frame::tcp_gso(1, TcpSegment { len: 1448, ..Default::default() }, 1448, 0).gso_segs(), 1);
+        assert_eq!(
+            Frame::tcp_gso(
+                1,
+                TcpSegment {
+                    len: 1448,
+                    ..Default::default()
+                },
+                1448,
+                0
+            )
+            .gso_segs(),
+            1
+        );
         // ping's default 56 bytes: the 98-byte frame tcpdump shows.
         assert_eq!(Frame::icmp(1, true, 56, 0, 0).len(), 98);
     }

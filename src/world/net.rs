@@ -350,8 +350,7 @@ impl World {
             // The host's NIC sends the bridged frame on the link, through
             // the port the VFs share.
             Attach::Uplink { delay } => {
-                self.m.nic.pf_transmit(now + delay, &f, &self.m.link)
-                    + self.m.link.propagation_ps
+                self.m.nic.pf_transmit(now + delay, &f, &self.m.link) + self.m.link.propagation_ps
             }
             Attach::Wire { .. } => now + self.m.link.propagation_ps,
         };
