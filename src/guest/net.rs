@@ -166,7 +166,8 @@ impl Kernel {
     /// the packet up at once. A frame that cannot join sends the held one
     /// up first. A new data segment without PSH is held (at most
     /// `MAX_GRO_SKBS` flows); anything else (ACKs, UDP, ICMP) goes up as
-    /// it came. Held packets go up at `napi_complete` ([`Self::gro_flush`]).
+    /// it came, and so does a packet that is already GSO (virtio-net).
+    /// Held packets go up at `napi_complete` ([`Self::gro_flush`]).
     /// Returns the receive cost charged now.
     pub(super) fn gro_receive(&mut self, f: Frame, now: Time) -> Time {
         let c = self.cfg.costs;
@@ -177,7 +178,18 @@ impl Kernel {
             return c.rx_per_packet + self.netif_receive(f, now);
         }
         let mut cost = 0;
-        if let Some(i) = self.cpu.gro.iter().position(|h| h.flow == f.flow) {
+        let held = self.cpu.gro.iter().position(|h| h.flow == f.flow);
+        if f.gso_size > 0 {
+            // A packet that is already GSO (virtio-net's GUEST_TSO4) skips
+            // GRO (`skb_is_gso` → GRO_NORMAL); a held packet of its flow
+            // goes up first so TCP sees the bytes in order.
+            if let Some(i) = held {
+                let p = self.cpu.gro.remove(i);
+                cost += self.netif_receive(p, now);
+            }
+            return cost + c.rx_per_packet + self.netif_receive(f, now);
+        }
+        if let Some(i) = held {
             let held = &mut self.cpu.gro[i];
             let Transport::Tcp(h) = &mut held.transport else {
                 unreachable!("only TCP packets are held")
@@ -750,6 +762,25 @@ mod tests {
             panic!("not TCP")
         };
         assert_eq!((held.seq, held.len), (45 * 1448, 1448));
+    }
+
+    /// A packet that arrives already GSO (virtio-net) goes up at once,
+    /// after a held packet of its flow.
+    #[test]
+    fn gso_packets_skip_gro() {
+        let mut k = kernel(true);
+        k.gro_receive(data(0, 1448, false), 0);
+        let seg = TcpSegment {
+            seq: 1448,
+            len: 10 * 1448,
+            ack: 0,
+            wnd: 65_535,
+            psh: false,
+        };
+        let p = Frame::tcp_gso(1, seg, 1448, 0);
+        assert_eq!(k.gro_receive(p, 0), TCP + RX + TCP);
+        assert_eq!(received(&k), 11 * 1448);
+        assert!(k.cpu.gro.is_empty());
     }
 
     /// Without GRO every frame pays the whole receive path.
