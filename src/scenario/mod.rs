@@ -504,17 +504,20 @@ impl Scenario {
                     );
                 }
             }
-            if v.vcpus > 1 && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
+            if v.vcpus > 1 && v.workload.sip.is_some() {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "SMP guests run udp, cyclictest, whileloop and TCP workloads (SIP and fio need a 1-vCPU VM)".into(),
+                    "SMP guests run udp, cyclictest, whileloop, fio and TCP workloads (SIP needs a 1-vCPU VM)".into(),
                 );
             }
-            if several && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
+            if several && v.workload.sip.is_some() {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "with several VMs, SIP and fio are not modelled yet (udp, cyclictest, whileloop, netpipe, iperf, memcached, netperf, nginx, apache, ping are)".into(),
+                    "with several VMs, SIP is not modelled yet (udp, cyclictest, whileloop, fio, netpipe, iperf, memcached, netperf, nginx, apache, ping are)".into(),
                 );
+            }
+            if let Some(f) = &v.workload.fio {
+                validate_fio(f, &format!("vm[{i}].workload.fio"), &self.scheme)?;
             }
             validate_network_workload(&v.workload, &format!("vm[{i}].workload"))?;
             if v.name.len() > 64 {
@@ -1313,6 +1316,52 @@ pub const MAX_HTTP_CONNECTIONS: u32 = 4000;
 /// and of the memaslap client in `w`, the workload table at `at`
 /// (`workload` or `vm[i].workload`), and that it holds at most one
 /// network workload.
+/// A Fio job's keys (`at`: where it is, `workload.fio` or
+/// `vm[i].workload.fio`).
+fn validate_fio(f: &FioSpec, at: &str, scheme: &str) -> Result<(), ScenarioError> {
+    let bad = |key: &str, problem: String| {
+        Err(ScenarioError::Invalid {
+            key: if key.is_empty() {
+                at.to_string()
+            } else {
+                format!("{at}.{key}")
+            },
+            problem,
+        })
+    };
+    if !(512..=(1 << 20)).contains(&f.block_bytes) || !f.block_bytes.is_multiple_of(512) {
+        return bad(
+            "block_bytes",
+            format!(
+                "{} must be a multiple of 512 in 512..=1048576",
+                f.block_bytes
+            ),
+        );
+    }
+    if !(0.0..=100.0).contains(&f.read_pct) {
+        return bad("read_pct", format!("{} must be 0..=100", f.read_pct));
+    }
+    if f.disk_bytes < f.block_bytes as u64 || f.disk_bytes > MAX_DISK_BYTES {
+        return bad(
+            "disk_bytes",
+            format!(
+                "{} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)",
+                f.disk_bytes
+            ),
+        );
+    }
+    if !(0.0..=10_000.0).contains(&f.guard_ms) {
+        return bad("guard_ms", format!("{} must be 0..=10000", f.guard_ms));
+    }
+    if scheme == "bare-metal" {
+        return bad(
+            "",
+            "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
+        );
+    }
+    Ok(())
+}
+
 fn validate_network_workload(w: &WorkloadSpec, at: &str) -> Result<(), ScenarioError> {
     let bad = |key: &str, problem: String| {
         Err(ScenarioError::Invalid {
@@ -1879,42 +1928,7 @@ impl Scenario {
             }
         }
         if let Some(f) = &self.workload.fio {
-            if !(512..=(1 << 20)).contains(&f.block_bytes) || f.block_bytes % 512 != 0 {
-                return bad(
-                    "workload.fio.block_bytes",
-                    format!(
-                        "{} must be a multiple of 512 in 512..=1048576",
-                        f.block_bytes
-                    ),
-                );
-            }
-            if !(0.0..=100.0).contains(&f.read_pct) {
-                return bad(
-                    "workload.fio.read_pct",
-                    format!("{} must be 0..=100", f.read_pct),
-                );
-            }
-            if f.disk_bytes < f.block_bytes as u64 || f.disk_bytes > MAX_DISK_BYTES {
-                return bad(
-                    "workload.fio.disk_bytes",
-                    format!(
-                        "{} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)",
-                        f.disk_bytes
-                    ),
-                );
-            }
-            if !(0.0..=10_000.0).contains(&f.guard_ms) {
-                return bad(
-                    "workload.fio.guard_ms",
-                    format!("{} must be 0..=10000", f.guard_ms),
-                );
-            }
-            if self.scheme == "bare-metal" {
-                return bad(
-                    "workload.fio",
-                    "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
-                );
-            }
+            validate_fio(f, "workload.fio", &self.scheme)?;
         }
         if let Some(m) = &self.workload.memcached {
             match (m.client, m.rate_rps) {
