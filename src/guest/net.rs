@@ -522,9 +522,9 @@ impl Kernel {
                     if let Some(f) = vn.rx_get() {
                         self.net.virtio_rx_frames += 1;
                         self.counters.rx_packets += 1;
-                        let extra = self.netif_receive(f, now);
+                        let work = self.rx_deliver(f, now);
                         self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
-                        self.cpu.frames[top].compute = c.rx_per_packet + extra;
+                        self.cpu.frames[top].compute = work;
                         return None;
                     }
                 }
@@ -571,6 +571,7 @@ impl Kernel {
                 None
             }
             _ => {
+                self.rps_action();
                 self.cpu.in_softirq = false;
                 self.pop();
                 self.raise_softirq();

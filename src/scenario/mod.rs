@@ -136,13 +136,22 @@ pub struct VmSpec {
     #[serde(default)]
     pub app_vcpu: u32,
     /// The vCPUs the VF's MSI targets (the guest's `smp_affinity` for its
-    /// IRQ). Default: vCPU 0.
+    /// IRQ; the VM's virtio devices' MSIs follow it too). Default: vCPU 0.
     #[serde(default)]
     pub irq_affinity: Option<Vec<u32>>,
     /// The MSI's delivery mode: `fixed` (one vCPU) or `lowest-priority`
     /// (any vCPU of `irq_affinity`; Linux's flat-mode default up to 8 CPUs).
     #[serde(default)]
     pub msi_mode: MsiMode,
+    /// Receive packet steering: the guest's `rps_cpus` for its receive
+    /// queue (`/sys/class/net/eth0/queues/rx-0/rps_cpus`), a set of its
+    /// vCPUs. The NAPI poll on the vCPU that took the device interrupt
+    /// queues each received packet, by its flow's hash, on the backlog of
+    /// one of them and wakes that vCPU with a CALL_FUNCTION_SINGLE IPI
+    /// (vector 0xfb) at the end of its NET_RX run; the packet's protocol
+    /// processing runs there. Default: off.
+    #[serde(default)]
+    pub rps_cpus: Option<Vec<u32>>,
     /// A lowest-priority CPU-bound task on every vCPU (ES2's burn
     /// scripts: the vCPUs never idle, so the host keeps switching them).
     #[serde(default)]
@@ -281,6 +290,8 @@ pub struct VmView<'a> {
     pub irq_affinity: Vec<usize>,
     /// The MSI's delivery mode.
     pub msi_mode: MsiMode,
+    /// The vCPUs RPS steers received packets to (empty: off).
+    pub rps_cpus: Vec<usize>,
     /// Lowest-priority burners on every vCPU.
     pub burn: bool,
     /// Its workload.
@@ -299,6 +310,7 @@ impl Scenario {
                 app_vcpu: 0,
                 irq_affinity: vec![0],
                 msi_mode: MsiMode::Fixed,
+                rps_cpus: Vec::new(),
                 burn: false,
                 workload: &self.workload,
             }];
@@ -324,6 +336,10 @@ impl Scenario {
                     .as_ref()
                     .map_or(vec![0], |a| a.iter().map(|&x| x as usize).collect()),
                 msi_mode: v.msi_mode,
+                rps_cpus: v
+                    .rps_cpus
+                    .as_ref()
+                    .map_or_else(Vec::new, |a| a.iter().map(|&x| x as usize).collect()),
                 burn: v.burn,
                 workload: if v.active_copies.is_some_and(|a| k as u32 >= a) {
                     &IDLE
@@ -501,6 +517,24 @@ impl Scenario {
                         format!(
                             "{a:?}: fixed delivery names one vCPU; set msi_mode = \"lowest-priority\" for a set"
                         ),
+                    );
+                }
+            }
+            if let Some(r) = &v.rps_cpus {
+                let mut seen = 0u64;
+                for &c in r {
+                    if c >= v.vcpus || seen & (1 << c) != 0 {
+                        return bad(
+                            format!("vm[{i}].rps_cpus"),
+                            format!("{r:?}: a non-empty set of distinct vCPUs in 0..{}", v.vcpus),
+                        );
+                    }
+                    seen |= 1 << c;
+                }
+                if r.is_empty() {
+                    return bad(
+                        format!("vm[{i}].rps_cpus"),
+                        "[]: a non-empty set of vCPUs (leave the key out for no RPS)".into(),
                     );
                 }
             }

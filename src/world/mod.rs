@@ -734,6 +734,12 @@ impl World {
                     crate::guest::RESCHEDULE_VECTOR,
                 ));
             }
+            if !v.rps_cpus.is_empty() {
+                guest_vectors.push((
+                    "the guest's CALL_FUNCTION_SINGLE_VECTOR (RPS)",
+                    crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+                ));
+            }
             if vm_has_vf(v.workload) {
                 guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
             }
@@ -869,8 +875,12 @@ impl World {
                 blk_submit: t_ns(&g.blk_submit_ns),
                 blk_complete: t_ns(&g.blk_complete_ns),
                 icmp_echo: t_ns(&g.icmp_echo_ns),
+                rx_protocol: t_ns(&g.rx_protocol_ns),
+                rps_enqueue: t_ns(&g.rps_enqueue_ns),
+                call_function_ipi: t_ns(&g.call_function_ipi_ns),
             },
             virtio_blk: virtio_blk_guest(w0, blk_dev_of_vm[0]),
+            rps_cpus: views[0].rps_cpus.clone(),
             virtio_net: net_dev_of_vm[0].is_some().then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
                 tx_vector: VIRTIO_NET_VECTORS[1],
@@ -883,6 +893,7 @@ impl World {
             .map(|i| GuestConfig {
                 vf: vfs[i].map(|a| a.vf),
                 virtio_blk: virtio_blk_guest(views[i].workload, blk_dev_of_vm[i]),
+                rps_cpus: views[i].rps_cpus.clone(),
                 virtio_net: if net_dev_of_vm[i].is_some() {
                     gcfg.virtio_net
                 } else {
@@ -2523,6 +2534,19 @@ impl World {
                 "guest.resched_irqs_per_s".into(),
                 gc.resched_irqs as f64 / dur,
             );
+        }
+        if g.rps_enabled() {
+            let r = g.rps_counters();
+            for (k, n) in [
+                ("guest.call_function_irqs_per_s", r.call_function_irqs),
+                ("guest.rps_ipis_per_s", r.ipis),
+                ("guest.rps_steered_per_s", r.steered),
+                ("guest.rps_steered_remote_per_s", r.steered_remote),
+                ("guest.rps_batches_per_s", r.batches),
+            ] {
+                out.insert(k.into(), n as f64 / dur);
+            }
+            out.insert("guest.rps_backlog_drops".into(), r.drops as f64);
         }
     }
 
