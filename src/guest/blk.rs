@@ -56,7 +56,17 @@ impl Kernel {
         }
         if n > 0 {
             // The guard timers of the completed requests are cancelled.
-            self.cpu.hrtimers.retain(|h| h.1 != HrKind::Guard);
+            // They were armed on the submitting task's CPU; cancelling one
+            // from another CPU leaves that CPU's clockevent as it was
+            // (`__remove_hrtimer` reprograms only the local base), so it
+            // may fire and find nothing expired.
+            let home = self.blk_task.map_or(self.on, |t| self.tasks[t].cpu);
+            let cpu = if home == self.on {
+                &mut self.cpu
+            } else {
+                &mut self.parked[home]
+            };
+            cpu.hrtimers.retain(|h| h.1 != HrKind::Guard);
             if let Some(t) = self.blk_task {
                 self.wake(t);
             }
@@ -109,9 +119,11 @@ impl Kernel {
         }
     }
 
-    /// Pushes the submission frame if a task queued requests.
+    /// Pushes the submission frame if a task queued requests: on the
+    /// submitting task's CPU (`submit_bio` runs in its context).
     pub(super) fn blk_pending(&mut self) -> bool {
-        if self.blk.submit.is_empty() {
+        if self.blk.submit.is_empty() || self.blk_task.is_some_and(|t| self.tasks[t].cpu != self.on)
+        {
             return false;
         }
         self.push(FrameKind::BlkSubmit, 0, true);

@@ -111,7 +111,7 @@ impl Kernel {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use crate::guest::app::{App, Metrics, Sys, TaskStep};
 
@@ -124,56 +124,8 @@ pub(super) mod tests {
         fn metrics(&self, _: &mut Metrics) {}
     }
 
-    /// A one-CPU guest configuration with every cost zero (tests set what
-    /// they measure).
-    pub(crate) fn config() -> crate::guest::GuestConfig {
-        let z = 0;
-        crate::guest::GuestConfig {
-            timer_vector: 0xef,
-            vf_vector: 0x41,
-            vf: None,
-            virtio_net: None,
-            virtio_blk: None,
-            hz: 1000,
-            tick: crate::guest::TickMode::Periodic,
-            irq_nesting: false,
-            idle: crate::guest::IdleMode::Poll,
-            apic_timer_period: 1,
-            rcvbuf_packets: 16,
-            napi_weight: 64,
-            netdev_budget: 300,
-            refill_batch: 16,
-            gro: false,
-            itr: crate::guest::itr::ItrParams {
-                lowest_reg: 0,
-                low_reg: 0,
-                bulk_reg: 0,
-                low_threshold: 0,
-                bulk_threshold: 0,
-                driver: crate::guest::itr::ItrDriver::Static,
-            },
-            costs: crate::guest::GuestCosts {
-                irq_entry: z,
-                irq_exit: z,
-                hrtimer_interrupt: z,
-                tick_handler: z,
-                vf_irq_handler: z,
-                napi_poll_base: z,
-                rx_per_packet: z,
-                gro_merge: z,
-                itr_update: z,
-                context_switch: z,
-                syscall: z,
-                tcp_rx_segment: z,
-                tcp_tx_segment: z,
-                udp_tx_datagram: z,
-                virtio_xmit: z,
-                vf_xmit: z,
-                blk_submit: z,
-                blk_complete: z,
-                icmp_echo: z,
-            },
-        }
+    fn config() -> crate::guest::GuestConfig {
+        crate::guest::test_config()
     }
 
     fn kernel(tasks: usize) -> Kernel {

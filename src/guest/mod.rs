@@ -10,6 +10,7 @@ pub mod blk;
 mod fair;
 pub mod itr;
 pub mod net;
+pub mod rps;
 pub mod tcp;
 
 use crate::engine::{Time, NS};
@@ -64,6 +65,14 @@ pub struct GuestCosts {
     /// icmp_rcv → icmp_echo → icmp_reply → ip_push_pending_frames, per
     /// echo request answered (ping).
     pub icmp_echo: Time,
+    /// The part of `rx_per_packet` above the driver (`__netif_receive_skb`
+    /// up to the socket): with RPS it runs on the backlog's CPU.
+    pub rx_protocol: Time,
+    /// RPS per packet on the polling CPU: `get_rps_cpu` and
+    /// `enqueue_to_backlog`.
+    pub rps_enqueue: Time,
+    /// The CALL_FUNCTION_SINGLE IPI's handler body.
+    pub call_function_ipi: Time,
 }
 
 /// The guest's idle loop.
@@ -124,6 +133,8 @@ pub struct GuestConfig {
     pub virtio_net: Option<VirtioNetGuest>,
     /// The virtio-blk device this guest drives, if any.
     pub virtio_blk: Option<blk::VirtioBlkGuest>,
+    /// The receive queue's `rps_cpus` (empty: RPS off).
+    pub rps_cpus: Vec<usize>,
     /// CONFIG_HZ.
     pub hz: u32,
     /// Tick behaviour.
@@ -272,6 +283,10 @@ enum FrameKind {
         round: u32,
     },
     NetTx,
+    /// `process_backlog` (RPS): NET_RX for the packets steered here.
+    Backlog {
+        round: u32,
+    },
     BlkSubmit,
     Switch {
         to: Option<usize>,
@@ -338,6 +353,12 @@ struct Cpu {
     /// GRO's held packets (`napi->gro_list`) of the NAPI running here,
     /// oldest first; flushed at `napi_complete`.
     gro: Vec<crate::hw::wire::Frame>,
+    /// RPS: this CPU's backlog is on its poll list (NET_RX runs it).
+    backlog_poll: bool,
+    /// RPS: CPUs whose backlog this NET_RX run scheduled (`rps_ipi_list`).
+    rps_ipi_list: u64,
+    /// CPUs to send a CALL_FUNCTION_SINGLE IPI now.
+    call_ipi_pending: u64,
 }
 
 impl Cpu {
@@ -370,6 +391,9 @@ impl Cpu {
             ipi_pending: 0,
             poke_pending: 0,
             gro: Vec::with_capacity(net::MAX_GRO_SKBS),
+            backlog_poll: false,
+            rps_ipi_list: 0,
+            call_ipi_pending: 0,
         }
     }
 }
@@ -423,6 +447,9 @@ pub struct Kernel {
     udp_tx_waiters: Vec<usize>,
     /// Equal-priority tasks share a CPU fairly (see `fair`).
     fair: Option<fair::FairShare>,
+    /// Receive packet steering, when `rps_cpus` is set.
+    rps: Option<rps::Rps>,
+    rps_counters: rps::RpsCounters,
     net: NetCounters,
     /// Counters.
     pub counters: GuestCounters,
@@ -438,6 +465,7 @@ impl Kernel {
     pub fn smp(cfg: GuestConfig, cpus: usize) -> Self {
         let itr = DynamicItr::new(&cfg.itr);
         let cpus = cpus.clamp(1, 64);
+        let rps = rps::Rps::new(&cfg.rps_cpus, cpus);
         Kernel {
             on: 0,
             cpu: Cpu::new(),
@@ -466,6 +494,8 @@ impl Kernel {
             udp_binds: Vec::new(),
             udp_tx_waiters: Vec::new(),
             fair: None,
+            rps,
+            rps_counters: rps::RpsCounters::default(),
             net: NetCounters::default(),
             counters: GuestCounters::default(),
             cfg,
@@ -574,6 +604,7 @@ impl Kernel {
             ..Default::default()
         };
         self.net = NetCounters::default();
+        self.rps_counters = rps::RpsCounters::default();
     }
 
     /// The interrupt gate for `vector` is taken: IF is cleared and the
@@ -791,9 +822,22 @@ impl Kernel {
                     value: ((c as u64) << 32) | RESCHEDULE_VECTOR as u64,
                 });
             }
+            if self.cpu.call_ipi_pending != 0 {
+                // smp_call_function_single_async → generic_exec_single:
+                // the csd went on an empty call-single queue, so
+                // arch_send_call_function_single_ipi writes the ICR.
+                let c = self.cpu.call_ipi_pending.trailing_zeros();
+                self.cpu.call_ipi_pending &= !(1 << c);
+                self.counters.ipis_sent += 1;
+                self.rps_counters.ipis += 1;
+                return Action::Instr(Instr::WrMsr {
+                    msr: msr::ICR,
+                    value: ((c as u64) << 32) | rps::CALL_FUNCTION_SINGLE_VECTOR as u64,
+                });
+            }
             let Some(top) = self.cpu.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
-                    if self.cpu.ipi_pending != 0
+                    if (self.cpu.ipi_pending | self.cpu.call_ipi_pending) != 0
                         && matches!(a, Action::Spin | Action::Instr(Instr::Hlt))
                     {
                         // The IPIs a wake-up here asked for go out before
@@ -865,6 +909,15 @@ impl Kernel {
                 self.virtio_poll_step(top, f.stage, round, now, dev)
             }
             FrameKind::NetTx => self.net_tx_step(top, f.stage, now, dev),
+            FrameKind::Backlog { round } => {
+                if f.stage == 0 && self.tx_ready() {
+                    // TCP output the segments caused leaves inline.
+                    self.push_net_tx();
+                    return None;
+                }
+                self.backlog_step(top, f.stage, round, now);
+                None
+            }
             FrameKind::BlkSubmit => {
                 let d = dev.virtio_blk.as_deref_mut();
                 self.blk_submit_step(top, f.stage, now, d)
@@ -966,6 +1019,8 @@ impl Kernel {
                     // switch happens on the way out.
                     self.counters.resched_irqs += 1;
                     0
+                } else if vector == rps::CALL_FUNCTION_SINGLE_VECTOR && self.rps.is_some() {
+                    self.call_function_irq()
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
                     self.cpu.net_rx = true;
@@ -1076,6 +1131,8 @@ impl Kernel {
                 }))
             }
             _ => {
+                // net_rx_action's end: net_rps_action_and_irq_enable.
+                self.rps_action();
                 self.cpu.in_softirq = false;
                 self.pop();
                 self.raise_softirq();
@@ -1094,6 +1151,8 @@ impl Kernel {
         if self.cpu.softirq_done < self.cfg.netdev_budget {
             return false;
         }
+        // net_rx_action stops here: its IPIs go out now.
+        self.rps_action();
         self.cpu.ksoftirqd = true;
         self.cpu.in_softirq = false;
         self.pop();
@@ -1138,6 +1197,9 @@ impl Kernel {
         } else if self.cpu.napi_virtio {
             self.cpu.in_softirq = true;
             self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
+        } else if self.cpu.backlog_poll {
+            self.cpu.in_softirq = true;
+            self.push(FrameKind::Backlog { round: 0 }, c.napi_poll_base, true);
         } else if self.tx_ready() {
             self.push_net_tx();
         }
@@ -1174,6 +1236,8 @@ impl Kernel {
             let c = self.cfg.costs;
             let kind = if self.cpu.net_rx {
                 FrameKind::Softirq { round: 0 }
+            } else if self.cpu.backlog_poll && !self.cpu.napi_virtio {
+                FrameKind::Backlog { round: 0 }
             } else {
                 FrameKind::VirtioPoll { round: 0 }
             };
@@ -1285,5 +1349,61 @@ impl Kernel {
                 None
             }
         }
+    }
+}
+
+/// A guest configuration for unit tests: no devices, every cost zero.
+#[cfg(test)]
+pub(crate) fn test_config() -> GuestConfig {
+    let z = 0;
+    crate::guest::GuestConfig {
+        timer_vector: 0xef,
+        vf_vector: 0x41,
+        vf: None,
+        virtio_net: None,
+        virtio_blk: None,
+        rps_cpus: Vec::new(),
+        hz: 1000,
+        tick: crate::guest::TickMode::Periodic,
+        irq_nesting: false,
+        idle: crate::guest::IdleMode::Poll,
+        apic_timer_period: 1,
+        rcvbuf_packets: 16,
+        napi_weight: 64,
+        netdev_budget: 300,
+        refill_batch: 16,
+        gro: false,
+        itr: crate::guest::itr::ItrParams {
+            lowest_reg: 0,
+            low_reg: 0,
+            bulk_reg: 0,
+            low_threshold: 0,
+            bulk_threshold: 0,
+            driver: crate::guest::itr::ItrDriver::Static,
+        },
+        costs: crate::guest::GuestCosts {
+            irq_entry: z,
+            irq_exit: z,
+            hrtimer_interrupt: z,
+            tick_handler: z,
+            vf_irq_handler: z,
+            napi_poll_base: z,
+            rx_per_packet: z,
+            gro_merge: z,
+            itr_update: z,
+            context_switch: z,
+            syscall: z,
+            tcp_rx_segment: z,
+            tcp_tx_segment: z,
+            udp_tx_datagram: z,
+            virtio_xmit: z,
+            vf_xmit: z,
+            blk_submit: z,
+            blk_complete: z,
+            icmp_echo: z,
+            rx_protocol: z,
+            rps_enqueue: z,
+            call_function_ipi: z,
+        },
     }
 }

@@ -172,10 +172,10 @@ impl Kernel {
     pub(super) fn gro_receive(&mut self, f: Frame, now: Time) -> Time {
         let c = self.cfg.costs;
         let Transport::Tcp(seg) = f.transport else {
-            return c.rx_per_packet + self.netif_receive(f, now);
+            return self.rx_deliver(f, now);
         };
         if !self.cfg.gro {
-            return c.rx_per_packet + self.netif_receive(f, now);
+            return self.rx_deliver(f, now);
         }
         let mut cost = 0;
         let held = self.cpu.gro.iter().position(|h| h.flow == f.flow);
@@ -185,9 +185,9 @@ impl Kernel {
             // goes up first so TCP sees the bytes in order.
             if let Some(i) = held {
                 let p = self.cpu.gro.remove(i);
-                cost += self.netif_receive(p, now);
+                cost += self.gro_up(p, now);
             }
-            return cost + c.rx_per_packet + self.netif_receive(f, now);
+            return cost + self.rx_deliver(f, now);
         }
         if let Some(i) = held {
             let held = &mut self.cpu.gro[i];
@@ -212,19 +212,20 @@ impl Kernel {
                 self.net.gro_merged += 1;
                 if seg.len < size || seg.psh {
                     let p = self.cpu.gro.remove(i);
-                    cost += self.netif_receive(p, now);
+                    cost += self.gro_up(p, now);
                 }
                 return cost + c.gro_merge;
             }
             let p = self.cpu.gro.remove(i);
-            cost += self.netif_receive(p, now);
+            cost += self.gro_up(p, now);
         }
         if seg.len > 0 && !seg.psh && self.cpu.gro.len() < MAX_GRO_SKBS {
-            // The stack's part of its cost is paid when it goes up.
+            // The packet's receive above the driver is paid when it goes
+            // up (here, or on its RPS CPU).
             self.cpu.gro.push(f);
-            return cost + c.rx_per_packet;
+            return cost + self.rx_driver_cost();
         }
-        cost + c.rx_per_packet + self.netif_receive(f, now)
+        cost + self.rx_deliver(f, now)
     }
 
     /// `napi_gro_flush`: every held packet goes up, oldest first. Returns
@@ -233,7 +234,7 @@ impl Kernel {
         let mut cost = 0;
         for k in 0..self.cpu.gro.len() {
             let p = self.cpu.gro[k];
-            cost += self.netif_receive(p, now);
+            cost += self.gro_up(p, now);
         }
         self.cpu.gro.clear();
         cost
@@ -667,6 +668,7 @@ impl Kernel {
                 None
             }
             _ => {
+                self.rps_action();
                 self.cpu.in_softirq = false;
                 self.pop();
                 self.raise_softirq();
@@ -686,7 +688,7 @@ mod tests {
     const TCP: Time = 10_000;
 
     fn kernel(gro: bool) -> Kernel {
-        let mut cfg = crate::guest::fair::tests::config();
+        let mut cfg = crate::guest::test_config();
         cfg.gro = gro;
         cfg.costs.rx_per_packet = RX;
         cfg.costs.gro_merge = MERGE;

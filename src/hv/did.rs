@@ -21,7 +21,7 @@
 //! * §4.5 host traffic to VM cores travels as NMIs, which always exit.
 
 use super::exits::ExitInfo;
-use super::host::{HostTimer, NmiMailbox};
+use super::host::{HostTimer, InFlightIpis, NmiMailbox};
 use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
@@ -47,28 +47,13 @@ pub struct Did {
     /// Guest writes DID does not pass through but cannot serve directly
     /// either (TSC-deadline mode, not covered by the paper; §7.7).
     pub uncovered_writes: u64,
-    /// Per core: the fixed IPIs DID sent there for a running vCPU's
-    /// virtual interrupts, as (arrival, vector, vCPU), newest last
+    /// The fixed IPIs DID sent for running vCPUs' virtual interrupts
     /// (docs/papers.md DID open point 1: a vector in flight when its vCPU
     /// is switched out must not enter the next VM).
-    in_flight: Vec<Vec<(Time, u8, usize)>>,
+    in_flight: InFlightIpis,
 }
 
-/// How long DID remembers an IPI it sent: far longer than any stretch a
-/// core spends with host interrupts off, so an IPI that landed in host mode
-/// is still known when the host takes it.
-const IN_FLIGHT_MEMORY: Time = crate::engine::MS;
-
 impl Did {
-    /// The vCPU an IPI DID sent to `core` with `vector`, landed by `now`,
-    /// was for (the newest such, forgotten once asked).
-    fn landed_for(&mut self, core: usize, vector: u8, now: Time) -> Option<usize> {
-        let list = self.in_flight.get_mut(core)?;
-        let i = list
-            .iter()
-            .rposition(|&(at, v, _)| v == vector && at <= now)?;
-        Some(list.remove(i).2)
-    }
     /// The VF's IRT entry aimed at `core`. Only the vCPU the guest's IRQ
     /// affinity names (the entry's one destination) moves it: `vcpu` None
     /// is the VM's setup.
@@ -100,8 +85,7 @@ impl Scheme for Did {
         self.pending
             .resize(cx.hv.vcpus.len(), ApicBitmap::default());
         self.mailbox.resize(cx.m.cores.len());
-        self.in_flight
-            .resize_with(cx.m.cores.len(), || Vec::with_capacity(32));
+        self.in_flight.resize(cx.m.cores.len());
         let designated = cx.hv.designated_core;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             // §4.1: EIE = 0, NMI exiting = 1, EOI and TMICT pass through.
@@ -207,7 +191,7 @@ impl Scheme for Did {
         // collected; those still in flight land in host mode (no other VM
         // enters before they do: entry_quiesce) and are its.
         let now = cx.now;
-        self.in_flight[core].retain(|&(at, _, t)| !(t == vcpu && at <= now));
+        self.in_flight.forget_landed(core, vcpu, now);
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
@@ -246,7 +230,7 @@ impl Scheme for Did {
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
         // An IPI DID sent for a vCPU's virtual interrupt is that vCPU's,
         // whoever holds the core now.
-        if let Some(vcpu) = self.landed_for(core, vector, cx.now) {
+        if let Some(vcpu) = self.in_flight.landed_for(core, vector, cx.now) {
             self.pending[vcpu].set(vector);
             cx.kick(vcpu);
             return;
@@ -302,10 +286,8 @@ impl Scheme for Did {
             let core = cx.hv.vcpus[vcpu].core;
             let from = cx.hv.designated_core;
             cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
-            let now = cx.now;
-            let list = &mut self.in_flight[core];
-            list.retain(|&(at, _, _)| at + IN_FLIGHT_MEMORY > now);
-            list.push((now + cx.costs.ipi_latency, vector, vcpu));
+            let (now, lat) = (cx.now, cx.costs.ipi_latency);
+            self.in_flight.sent(core, now + lat, vector, vcpu, now);
         } else {
             self.pending[vcpu].set(vector);
             cx.kick(vcpu);
@@ -317,14 +299,7 @@ impl Scheme for Did {
     /// `host_interrupt` gives it to its vCPU).
     fn entry_quiesce(&self, cx: &HvCx, vcpu: usize) -> Time {
         let core = cx.hv.vcpus[vcpu].core;
-        self.in_flight
-            .get(core)
-            .into_iter()
-            .flatten()
-            .filter(|&&(at, _, v)| v != vcpu && at > cx.now)
-            .map(|&(at, _, _)| at - cx.now)
-            .max()
-            .unwrap_or(0)
+        self.in_flight.quiesce(core, vcpu, cx.now)
     }
 
     /// Pending virtual interrupts wait in the self-IPI bitmap; the core's

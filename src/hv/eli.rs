@@ -204,6 +204,16 @@ impl Scheme for Eli {
         }
     }
 
+    /// Directly delivered interrupts are completed on the physical LAPIC,
+    /// whose ISR the host can neither save nor restore: a vCPU is
+    /// scheduled out only with nothing in service there, or the next
+    /// thread on the core would inherit it (as DID, docs/papers.md DID
+    /// open point 4; ELI assumes a core per vCPU and is silent).
+    fn preemptible(&self, cx: &HvCx, vcpu: usize) -> bool {
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.m.lapics[core].isr.is_empty()
+    }
+
     /// Protection 3 with [`Critical::Nmi`]: a host IPI to a core that runs
     /// an ELI guest leaves its vector in the core's mailbox and travels as
     /// an NMI (NMI exiting is on in both modes, as in stock KVM).

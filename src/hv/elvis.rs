@@ -14,10 +14,14 @@
 //!   (direct EOI) in guest mode — IBM's PV posted interrupts deliver the
 //!   same way through a notification vector and a guest patch. When the
 //!   vCPU is not in direct mode (exited, descheduled, or injecting), the
-//!   interrupt is injected the ELI way.
+//!   interrupt is injected the ELI way. Every VM's devices use the same
+//!   vectors, so an IPI still in flight when its vCPU is switched out
+//!   must land in host mode before another VM enters the core (as DID's,
+//!   docs/papers.md DID open point 1).
 
 use super::eli::Eli;
 use super::exits::ExitInfo;
+use super::host::InFlightIpis;
 use super::kvm;
 use super::scheme::{ExitOutcome, Scheme};
 use super::HvCx;
@@ -27,6 +31,8 @@ use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 #[derive(Default)]
 pub struct Elvis {
     eli: Eli,
+    /// The PV IPIs sent to running vCPUs' cores.
+    in_flight: InFlightIpis,
 }
 
 impl Elvis {
@@ -34,6 +40,7 @@ impl Elvis {
     pub fn new(critical: super::eli::Critical) -> Self {
         Elvis {
             eli: Eli::new(critical),
+            in_flight: InFlightIpis::default(),
         }
     }
 
@@ -50,6 +57,7 @@ impl Scheme for Elvis {
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         self.eli.setup_vm(cx, vm);
+        self.in_flight.resize(cx.m.cores.len());
         // The paravirtual devices' vectors belong to the guest: present in
         // the shadow IDT, so their IPIs reach its handlers.
         let vectors = cx.hv.vms[vm].pv_vectors.clone();
@@ -72,6 +80,8 @@ impl Scheme for Elvis {
             let core = cx.hv.vcpus[vcpu].core;
             let from = cx.hv.designated_core;
             cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
+            let (now, lat) = (cx.now, cx.costs.ipi_latency);
+            self.in_flight.sent(core, now + lat, vector, vcpu, now);
         } else {
             kvm::raise(cx, vcpu, vector);
         }
@@ -81,6 +91,12 @@ impl Scheme for Elvis {
     /// while it injects, or after its schedule-out) is taken by the host
     /// and injected.
     fn host_interrupt(&mut self, cx: &mut HvCx, core: usize, vector: u8) {
+        // A PV IPI sent for a vCPU is that vCPU's, whoever holds the core
+        // now.
+        if let Some(vcpu) = self.in_flight.landed_for(core, vector, cx.now) {
+            kvm::raise(cx, vcpu, vector);
+            return;
+        }
         if let Some(vcpu) = cx.hv.vcpu_owning(core) {
             if Self::pv_vector(cx, vcpu, vector) {
                 kvm::raise(cx, vcpu, vector);
@@ -90,12 +106,31 @@ impl Scheme for Elvis {
         self.host_idt(cx, core, vector);
     }
 
+    /// The PV IPIs that landed for `vcpu` were taken; those in flight
+    /// land in host mode (no other VM enters first: `entry_quiesce`).
+    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let core = cx.hv.vcpus[vcpu].core;
+        self.in_flight.forget_landed(core, vcpu, cx.now);
+        cx.hv.vcpus[vcpu].loaded = false;
+    }
+
+    /// Another vCPU enters this core only once every PV IPI sent here for
+    /// a vCPU switched out has landed.
+    fn entry_quiesce(&self, cx: &HvCx, vcpu: usize) -> crate::engine::Time {
+        let core = cx.hv.vcpus[vcpu].core;
+        self.in_flight.quiesce(core, vcpu, cx.now)
+    }
+
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
         self.eli.prepare_entry(cx, vcpu)
     }
 
     fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
         self.eli.guest_isr(cx, vcpu)
+    }
+
+    fn preemptible(&self, cx: &HvCx, vcpu: usize) -> bool {
+        self.eli.preemptible(cx, vcpu)
     }
 
     fn backend_polls(&self) -> bool {

@@ -221,6 +221,70 @@ impl NmiMailbox {
     }
 }
 
+/// Fixed IPIs a scheme sent to a core to deliver a running vCPU's virtual
+/// interrupt directly (DID §4.3, ELVIS's PV interrupts), per core as
+/// (arrival, vector, vCPU), newest last. Guest vectors are not unique
+/// across VMs, so a vector still in flight when its vCPU is switched out
+/// must not enter the next VM on that core (docs/papers.md DID open point
+/// 1): that VM's entry waits until the IPI has landed in host mode
+/// ([`InFlightIpis::quiesce`]), where the scheme hands it to its vCPU
+/// ([`InFlightIpis::landed_for`]).
+#[derive(Clone, Debug, Default)]
+pub struct InFlightIpis {
+    per_core: Vec<Vec<(Time, u8, usize)>>,
+}
+
+/// How long a sent IPI is remembered: far longer than any stretch a core
+/// spends with host interrupts off, so an IPI that landed in host mode is
+/// still known when the host takes it.
+const IN_FLIGHT_MEMORY: Time = crate::engine::MS;
+
+impl InFlightIpis {
+    /// Room for `cores` cores.
+    pub fn resize(&mut self, cores: usize) {
+        self.per_core.resize_with(cores, || Vec::with_capacity(32));
+    }
+
+    /// An IPI with `vector` for `vcpu` was sent to `core` and lands at
+    /// `at`.
+    pub fn sent(&mut self, core: usize, at: Time, vector: u8, vcpu: usize, now: Time) {
+        let list = &mut self.per_core[core];
+        list.retain(|&(t, _, _)| t + IN_FLIGHT_MEMORY > now);
+        list.push((at, vector, vcpu));
+    }
+
+    /// The vCPU an IPI sent to `core` with `vector`, landed by `now`, was
+    /// for (the newest such, forgotten once asked).
+    pub fn landed_for(&mut self, core: usize, vector: u8, now: Time) -> Option<usize> {
+        let list = self.per_core.get_mut(core)?;
+        let i = list
+            .iter()
+            .rposition(|&(at, v, _)| v == vector && at <= now)?;
+        Some(list.remove(i).2)
+    }
+
+    /// `vcpu` leaves `core`: the IPIs for it that have landed were
+    /// delivered or collected; those still in flight stay its.
+    pub fn forget_landed(&mut self, core: usize, vcpu: usize, now: Time) {
+        if let Some(list) = self.per_core.get_mut(core) {
+            list.retain(|&(at, _, t)| !(t == vcpu && at <= now));
+        }
+    }
+
+    /// How much longer `vcpu`'s entry on `core` must wait for IPIs in
+    /// flight there for other vCPUs to land.
+    pub fn quiesce(&self, core: usize, vcpu: usize, now: Time) -> Time {
+        self.per_core
+            .get(core)
+            .into_iter()
+            .flatten()
+            .filter(|&&(at, _, v)| v != vcpu && at > now)
+            .map(|&(at, _, _)| at - now)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod mailbox_tests {
     use super::NmiMailbox;

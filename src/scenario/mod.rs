@@ -136,13 +136,22 @@ pub struct VmSpec {
     #[serde(default)]
     pub app_vcpu: u32,
     /// The vCPUs the VF's MSI targets (the guest's `smp_affinity` for its
-    /// IRQ). Default: vCPU 0.
+    /// IRQ; the VM's virtio devices' MSIs follow it too). Default: vCPU 0.
     #[serde(default)]
     pub irq_affinity: Option<Vec<u32>>,
     /// The MSI's delivery mode: `fixed` (one vCPU) or `lowest-priority`
     /// (any vCPU of `irq_affinity`; Linux's flat-mode default up to 8 CPUs).
     #[serde(default)]
     pub msi_mode: MsiMode,
+    /// Receive packet steering: the guest's `rps_cpus` for its receive
+    /// queue (`/sys/class/net/eth0/queues/rx-0/rps_cpus`), a set of its
+    /// vCPUs. The NAPI poll on the vCPU that took the device interrupt
+    /// queues each received packet, by its flow's hash, on the backlog of
+    /// one of them and wakes that vCPU with a CALL_FUNCTION_SINGLE IPI
+    /// (vector 0xfb) at the end of its NET_RX run; the packet's protocol
+    /// processing runs there. Default: off.
+    #[serde(default)]
+    pub rps_cpus: Option<Vec<u32>>,
     /// A lowest-priority CPU-bound task on every vCPU (ES2's burn
     /// scripts: the vCPUs never idle, so the host keeps switching them).
     #[serde(default)]
@@ -281,6 +290,8 @@ pub struct VmView<'a> {
     pub irq_affinity: Vec<usize>,
     /// The MSI's delivery mode.
     pub msi_mode: MsiMode,
+    /// The vCPUs RPS steers received packets to (empty: off).
+    pub rps_cpus: Vec<usize>,
     /// Lowest-priority burners on every vCPU.
     pub burn: bool,
     /// Its workload.
@@ -299,6 +310,7 @@ impl Scenario {
                 app_vcpu: 0,
                 irq_affinity: vec![0],
                 msi_mode: MsiMode::Fixed,
+                rps_cpus: Vec::new(),
                 burn: false,
                 workload: &self.workload,
             }];
@@ -324,6 +336,10 @@ impl Scenario {
                     .as_ref()
                     .map_or(vec![0], |a| a.iter().map(|&x| x as usize).collect()),
                 msi_mode: v.msi_mode,
+                rps_cpus: v
+                    .rps_cpus
+                    .as_ref()
+                    .map_or_else(Vec::new, |a| a.iter().map(|&x| x as usize).collect()),
                 burn: v.burn,
                 workload: if v.active_copies.is_some_and(|a| k as u32 >= a) {
                     &IDLE
@@ -504,17 +520,38 @@ impl Scenario {
                     );
                 }
             }
-            if v.vcpus > 1 && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
+            if let Some(r) = &v.rps_cpus {
+                let mut seen = 0u64;
+                for &c in r {
+                    if c >= v.vcpus || seen & (1 << c) != 0 {
+                        return bad(
+                            format!("vm[{i}].rps_cpus"),
+                            format!("{r:?}: a non-empty set of distinct vCPUs in 0..{}", v.vcpus),
+                        );
+                    }
+                    seen |= 1 << c;
+                }
+                if r.is_empty() {
+                    return bad(
+                        format!("vm[{i}].rps_cpus"),
+                        "[]: a non-empty set of vCPUs (leave the key out for no RPS)".into(),
+                    );
+                }
+            }
+            if v.vcpus > 1 && v.workload.sip.is_some() {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "SMP guests run udp, cyclictest, whileloop and TCP workloads (SIP and fio need a 1-vCPU VM)".into(),
+                    "SMP guests run udp, cyclictest, whileloop, fio and TCP workloads (SIP needs a 1-vCPU VM)".into(),
                 );
             }
-            if several && (v.workload.sip.is_some() || v.workload.fio.is_some()) {
+            if several && v.workload.sip.is_some() {
                 return bad(
                     format!("vm[{i}].workload"),
-                    "with several VMs, SIP and fio are not modelled yet (udp, cyclictest, whileloop, netpipe, iperf, memcached, netperf, nginx, apache, ping are)".into(),
+                    "with several VMs, SIP is not modelled yet (udp, cyclictest, whileloop, fio, netpipe, iperf, memcached, netperf, nginx, apache, ping are)".into(),
                 );
+            }
+            if let Some(f) = &v.workload.fio {
+                validate_fio(f, &format!("vm[{i}].workload.fio"), &self.scheme)?;
             }
             validate_network_workload(&v.workload, &format!("vm[{i}].workload"))?;
             if v.name.len() > 64 {
@@ -1332,6 +1369,52 @@ pub const MAX_HTTP_CONNECTIONS: u32 = 4000;
 /// and of the memaslap client in `w`, the workload table at `at`
 /// (`workload` or `vm[i].workload`), and that it holds at most one
 /// network workload.
+/// A Fio job's keys (`at`: where it is, `workload.fio` or
+/// `vm[i].workload.fio`).
+fn validate_fio(f: &FioSpec, at: &str, scheme: &str) -> Result<(), ScenarioError> {
+    let bad = |key: &str, problem: String| {
+        Err(ScenarioError::Invalid {
+            key: if key.is_empty() {
+                at.to_string()
+            } else {
+                format!("{at}.{key}")
+            },
+            problem,
+        })
+    };
+    if !(512..=(1 << 20)).contains(&f.block_bytes) || !f.block_bytes.is_multiple_of(512) {
+        return bad(
+            "block_bytes",
+            format!(
+                "{} must be a multiple of 512 in 512..=1048576",
+                f.block_bytes
+            ),
+        );
+    }
+    if !(0.0..=100.0).contains(&f.read_pct) {
+        return bad("read_pct", format!("{} must be 0..=100", f.read_pct));
+    }
+    if f.disk_bytes < f.block_bytes as u64 || f.disk_bytes > MAX_DISK_BYTES {
+        return bad(
+            "disk_bytes",
+            format!(
+                "{} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)",
+                f.disk_bytes
+            ),
+        );
+    }
+    if !(0.0..=10_000.0).contains(&f.guard_ms) {
+        return bad("guard_ms", format!("{} must be 0..=10000", f.guard_ms));
+    }
+    if scheme == "bare-metal" {
+        return bad(
+            "",
+            "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
+        );
+    }
+    Ok(())
+}
+
 fn validate_network_workload(w: &WorkloadSpec, at: &str) -> Result<(), ScenarioError> {
     let bad = |key: &str, problem: String| {
         Err(ScenarioError::Invalid {
@@ -1898,42 +1981,7 @@ impl Scenario {
             }
         }
         if let Some(f) = &self.workload.fio {
-            if !(512..=(1 << 20)).contains(&f.block_bytes) || f.block_bytes % 512 != 0 {
-                return bad(
-                    "workload.fio.block_bytes",
-                    format!(
-                        "{} must be a multiple of 512 in 512..=1048576",
-                        f.block_bytes
-                    ),
-                );
-            }
-            if !(0.0..=100.0).contains(&f.read_pct) {
-                return bad(
-                    "workload.fio.read_pct",
-                    format!("{} must be 0..=100", f.read_pct),
-                );
-            }
-            if f.disk_bytes < f.block_bytes as u64 || f.disk_bytes > MAX_DISK_BYTES {
-                return bad(
-                    "workload.fio.disk_bytes",
-                    format!(
-                        "{} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)",
-                        f.disk_bytes
-                    ),
-                );
-            }
-            if !(0.0..=10_000.0).contains(&f.guard_ms) {
-                return bad(
-                    "workload.fio.guard_ms",
-                    format!("{} must be 0..=10000", f.guard_ms),
-                );
-            }
-            if self.scheme == "bare-metal" {
-                return bad(
-                    "workload.fio",
-                    "virtio-blk needs a hypervisor: bare metal has no QEMU back end".into(),
-                );
-            }
+            validate_fio(f, "workload.fio", &self.scheme)?;
         }
         if let Some(m) = &self.workload.memcached {
             match (m.client, m.rate_rps) {

@@ -1,6 +1,7 @@
-//! The block path on the platform: QEMU's main loop and its thread pool
-//! (`crate::hv::blk_backend`) on host cores, woken by the ioeventfd kick,
-//! and the completion interrupt raised through the scheme.
+//! The block path on the platform: each VM's QEMU main loop and its thread
+//! pool (`crate::hv::blk_backend`) on host cores, woken by the ioeventfd
+//! kick of that VM's device, and the completion interrupt raised through
+//! the scheme as KVM routes the device's MSI.
 
 use super::event::Ev;
 use super::World;
@@ -10,7 +11,7 @@ use crate::hv::blk_backend::{BlkCosts, RamDiskBackend};
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
-/// The host side of the VM's virtio-blk device.
+/// The host side of one VM's virtio-blk device.
 pub(super) struct BlkPath {
     pub(super) backend: RamDiskBackend,
     pub(super) costs: BlkCosts,
@@ -19,12 +20,18 @@ pub(super) struct BlkPath {
 }
 
 impl BlkPath {
-    /// The back end of VM 0's disk of `disk_bytes`, with the calibrated
-    /// costs.
-    pub(super) fn new(cal: &Calibration, kick_fd: u16, vector: u8, disk_bytes: u64) -> BlkPath {
+    /// The back end of VM `vm`'s disk of `disk_bytes`, kicked through
+    /// eventfd `kick_fd`, with the calibrated costs.
+    pub(super) fn new(
+        cal: &Calibration,
+        vm: usize,
+        kick_fd: u16,
+        vector: u8,
+        disk_bytes: u64,
+    ) -> BlkPath {
         let (b, us, ns) = (&cal.blk, super::t_us, super::t_ns);
         BlkPath {
-            backend: RamDiskBackend::new(0, kick_fd, vector, disk_bytes),
+            backend: RamDiskBackend::new(vm, kick_fd, vector, disk_bytes),
             costs: BlkCosts {
                 wakeup: us(&b.wakeup_us),
                 submit: us(&b.submit_us),
@@ -38,9 +45,16 @@ impl BlkPath {
         }
     }
 
-    /// The back end's counters as metrics.
+    /// The back end's counters as metrics, under its VM's prefix (VM 0's
+    /// by their plain names).
     pub(super) fn metrics(&self, m: &mut BTreeMap<String, f64>) {
         let c = &self.backend.counters;
+        let vm = self.backend.vm;
+        let prefix = if vm == 0 {
+            String::new()
+        } else {
+            format!("vm{vm}.")
+        };
         for (k, v) in [
             ("blk.kicks", c.kicks),
             ("blk.requests", c.requests),
@@ -50,48 +64,52 @@ impl BlkPath {
             ("blk.worker_wakeups", c.worker_wakeups),
             ("blk.threads_created", c.threads_created),
         ] {
-            m.insert(k.into(), v as f64);
+            m.insert(format!("{prefix}{k}"), v as f64);
         }
     }
 }
 
 impl World {
-    /// Queues a `BlkStep` for the back end's next due time.
-    fn blk_arm(&mut self) {
-        let Some(b) = &mut self.blk else { return };
+    /// Queues a `BlkStep` for back end `d`'s next due time.
+    fn blk_arm(&mut self, d: usize) {
+        let Some(b) = self.blk.get_mut(d) else { return };
         if let Some(t) = b.backend.next_due() {
             if b.armed.insert(t) {
-                self.q.schedule(t, Ev::BlkStep);
+                self.q.schedule(t, Ev::BlkStep { dev: d as u16 });
             }
         }
     }
 
-    /// An eventfd fired: the block device's kick, if it is its fd.
+    /// An eventfd fired: a block device's kick, if it is one's fd.
     pub(super) fn blk_eventfd(&mut self, fd: u16) {
         let now = self.q.now();
-        let Some(b) = &mut self.blk else { return };
-        if b.backend.kick(fd, now, &b.costs) {
-            self.blk_arm();
-        }
+        let Some(d) = self
+            .blk
+            .iter_mut()
+            .position(|b| b.backend.kick(fd, now, &b.costs))
+        else {
+            return;
+        };
+        self.blk_arm(d);
     }
 
-    /// Something in QEMU's threads came due: run it, signal the guest if
-    /// the main loop did.
-    pub(super) fn blk_step(&mut self) {
+    /// Something in device `d`'s QEMU threads came due: run it, and
+    /// signal the guest if the main loop did.
+    pub(super) fn blk_step(&mut self, d: usize) {
         let now = self.q.now();
-        let Some(b) = &mut self.blk else { return };
+        let Some(b) = self.blk.get_mut(d) else { return };
         b.armed.remove(&now);
-        let Some(dev) = self.m.virtio_blk.first_mut() else {
+        let Some(dev) = self.m.virtio_blk.get_mut(d) else {
             return;
         };
         let out = b.backend.step(now, dev, &b.costs);
         let (vm, vector) = (b.backend.vm, b.backend.vector);
-        self.blk_arm();
+        self.blk_arm(d);
         if out.signal {
-            self.checker.raised(vm, vector, now);
-            let vcpu = self.hv.vms[vm].vcpus[0];
-            let (mut cx, scheme) = self.cx();
-            scheme.virtual_interrupt(&mut cx, vcpu, vector);
+            // virtio_notify → the irqfd: the MSI goes where KVM routes the
+            // VM's device interrupts (its affinity, lowest-priority
+            // arbitration, ES2's redirection), as virtio-net's does.
+            self.irqfd(vm, vector);
         }
     }
 }

@@ -100,8 +100,11 @@ pub enum Ev {
         /// Nap generation.
         gen: u64,
     },
-    /// The block back end's I/O thread finished a request or woke up.
-    BlkStep,
+    /// A block back end's QEMU thread finished a unit of work or woke up.
+    BlkStep {
+        /// The virtio-blk device whose back end it is.
+        dev: u16,
+    },
     /// The next frame from the guest reaches a peer host.
     ToPeer {
         /// Which peer.

@@ -63,9 +63,11 @@ pub const VIRTIO_BLK_VECTOR: u8 = 0x53;
 /// The virtio-blk device's notify port.
 pub const VIRTIO_BLK_NOTIFY_PORT: u16 = 0xC090;
 
-/// The ioeventfd of the virtio-blk queue (virtio-net device d's are 2d
-/// and 2d + 1).
-const BLK_KICK_FD: u16 = 0x8000;
+/// The ioeventfd of virtio-blk device `d`'s request queue (virtio-net
+/// device d's are 2d and 2d + 1, far below).
+fn blk_kick_fd(d: usize) -> u16 {
+    0x8000 + d as u16
+}
 
 /// The ioeventfds of virtio-net device `d`'s RX and TX queues.
 fn net_kick_fds(d: usize) -> [u16; 2] {
@@ -273,8 +275,11 @@ pub struct World {
     peers: Vec<net::PeerLink>,
     /// The timeline, when asked for.
     trace: Option<Box<Trace>>,
-    /// The host side of the VM's virtio-blk device, if any.
-    blk: Option<blk::BlkPath>,
+    /// The host side of each virtio-blk device (device d serves
+    /// `m.virtio_blk[d]`): its own QEMU main loop and thread pool.
+    blk: Vec<blk::BlkPath>,
+    /// Each VM's virtio-blk device, if it has one.
+    blk_dev_of_vm: Vec<Option<usize>>,
     /// VF transmit: the doorbell-to-fetch delay.
     tx_fetch: Time,
     /// The last dispatched events, when asked for (race explorer).
@@ -459,7 +464,57 @@ fn spawn_udp_receiver(kernel: &mut Kernel, cpu: usize, cal: &Calibration) {
     );
 }
 
+/// The guest's view of its virtio-blk device, if the VM has one
+/// (`dev`) and a Fio job drives it.
+fn virtio_blk_guest(
+    w: &crate::scenario::WorkloadSpec,
+    dev: Option<usize>,
+) -> Option<VirtioBlkGuest> {
+    let f = w.fio.as_ref()?;
+    dev?;
+    Some(VirtioBlkGuest {
+        vector: VIRTIO_BLK_VECTOR,
+        notify_port: VIRTIO_BLK_NOTIFY_PORT,
+        guard: from_us(f.guard_ms * 1000.0),
+    })
+}
+
 impl World {
+    /// Gives VM `vm` (kernel `kernel`) virtio-blk device `d` and the Fio
+    /// job on vCPU `cpu` that drives it: the request queue in guest
+    /// memory and an ioeventfd for its notify port.
+    #[allow(clippy::too_many_arguments)]
+    fn add_fio(
+        m: &mut Machine,
+        hv: &mut HvState,
+        kernel: &mut Kernel,
+        s: &Scenario,
+        cal: &Calibration,
+        vm: usize,
+        d: usize,
+        f: &crate::scenario::FioSpec,
+        seed: u64,
+        cpu: usize,
+    ) -> Result<(), BuildError> {
+        let job = Fio::new(
+            seed,
+            f.block_bytes,
+            f.read_pct / 100.0,
+            f.disk_bytes,
+            t_ns(&cal.guest.syscall_ns),
+        );
+        let t = kernel.spawn_on(cpu, Box::new(job), 0, false);
+        kernel.attach_blk(t);
+        let dev = VirtioBlkDev::new(128, s.net.event_idx, VIRTIO_BLK_NOTIFY_PORT)
+            .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        debug_assert_eq!(m.virtio_blk.len(), d, "devices numbered in VM order");
+        m.virtio_blk.push(dev);
+        // KVM_IOEVENTFD for the request queue's notify port.
+        hv.ioeventfds
+            .push((vm, VIRTIO_BLK_NOTIFY_PORT, blk_kick_fd(d)));
+        Ok(())
+    }
+
     /// Gives VM `vm` (kernel `kernel`) virtio-net device `d`: its queues in
     /// guest memory, filled by the driver's probe, and an ioeventfd for
     /// each queue's notify port.
@@ -663,7 +718,13 @@ impl World {
         let vm_has_virtio = |w: &crate::scenario::WorkloadSpec| {
             virtualized && s.net.device == NetDevice::Virtio && w.peers()
         };
-        let has_blk = virtualized && w0.fio.is_some();
+        // VM i's virtio-blk device, if its workload runs Fio: devices
+        // numbered in VM order.
+        let mut blk_dev_of_vm: Vec<Option<usize>> = Vec::with_capacity(nvm);
+        for v in &views {
+            let next = blk_dev_of_vm.iter().flatten().count();
+            blk_dev_of_vm.push((virtualized && v.workload.fio.is_some()).then_some(next));
+        }
         // VM i's virtio-net device, if it has one: devices numbered in VM
         // order.
         let mut net_dev_of_vm: Vec<Option<usize>> = Vec::with_capacity(nvm);
@@ -682,7 +743,7 @@ impl World {
                 guest_vectors.push(("the virtio-net RX queue", VIRTIO_NET_VECTORS[0]));
                 guest_vectors.push(("the virtio-net TX queue", VIRTIO_NET_VECTORS[1]));
             }
-            if i == 0 && has_blk {
+            if blk_dev_of_vm[i].is_some() {
                 guest_vectors.push(("the virtio-blk request queue", VIRTIO_BLK_VECTOR));
             }
             guest_vectors.push(("guest.timer_vector", s.guest.timer_vector));
@@ -690,6 +751,12 @@ impl World {
                 guest_vectors.push((
                     "the guest's RESCHEDULE_VECTOR (SMP)",
                     crate::guest::RESCHEDULE_VECTOR,
+                ));
+            }
+            if !v.rps_cpus.is_empty() {
+                guest_vectors.push((
+                    "the guest's CALL_FUNCTION_SINGLE_VECTOR (RPS)",
+                    crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
                 ));
             }
             if vm_has_vf(v.workload) {
@@ -753,7 +820,7 @@ impl World {
                         if net_dev_of_vm[i].is_some() {
                             v.extend(VIRTIO_NET_VECTORS);
                         }
-                        if i == 0 && has_blk {
+                        if blk_dev_of_vm[i].is_some() {
                             v.push(VIRTIO_BLK_VECTOR);
                         }
                         v
@@ -829,24 +896,25 @@ impl World {
                 blk_submit: t_ns(&g.blk_submit_ns),
                 blk_complete: t_ns(&g.blk_complete_ns),
                 icmp_echo: t_ns(&g.icmp_echo_ns),
+                rx_protocol: t_ns(&g.rx_protocol_ns),
+                rps_enqueue: t_ns(&g.rps_enqueue_ns),
+                call_function_ipi: t_ns(&g.call_function_ipi_ns),
             },
-            virtio_blk: w0.fio.as_ref().filter(|_| has_blk).map(|f| VirtioBlkGuest {
-                vector: VIRTIO_BLK_VECTOR,
-                notify_port: VIRTIO_BLK_NOTIFY_PORT,
-                guard: from_us(f.guard_ms * 1000.0),
-            }),
+            virtio_blk: virtio_blk_guest(w0, blk_dev_of_vm[0]),
+            rps_cpus: views[0].rps_cpus.clone(),
             virtio_net: net_dev_of_vm[0].is_some().then_some(VirtioNetGuest {
                 rx_vector: VIRTIO_NET_VECTORS[0],
                 tx_vector: VIRTIO_NET_VECTORS[1],
                 notify_port: VIRTIO_NOTIFY_PORT,
             }),
         };
-        // The other VMs' kernels: the same guest, their own VF or
-        // virtio-net device, no block device.
+        // The other VMs' kernels: the same guest, their own VF,
+        // virtio-net and virtio-blk devices.
         let other_cfgs: Vec<GuestConfig> = (1..nvm)
             .map(|i| GuestConfig {
                 vf: vfs[i].map(|a| a.vf),
-                virtio_blk: None,
+                virtio_blk: virtio_blk_guest(views[i].workload, blk_dev_of_vm[i]),
+                rps_cpus: views[i].rps_cpus.clone(),
                 virtio_net: if net_dev_of_vm[i].is_some() {
                     gcfg.virtio_net
                 } else {
@@ -877,23 +945,9 @@ impl World {
             0,
             workloads::spawn_datagram(&mut kernel, w0, cal, wire_of(has_virtio), s.seed, 0),
         )];
-        if let (Some(f), true) = (&w0.fio, has_blk) {
-            let t = kernel.spawn(
-                Box::new(Fio::new(
-                    s.seed,
-                    f.block_bytes,
-                    f.read_pct / 100.0,
-                    f.disk_bytes,
-                    t_ns(&g.syscall_ns),
-                )),
-                0,
-                false,
-            );
-            kernel.attach_blk(t);
-            let dev = VirtioBlkDev::new(128, s.net.event_idx, VIRTIO_BLK_NOTIFY_PORT)
-                .map_err(|e| BuildError::Scenario(e.to_string()))?;
-            m.virtio_blk.push(dev);
-            hv.ioeventfds.push((0, VIRTIO_BLK_NOTIFY_PORT, BLK_KICK_FD));
+        if let (Some(f), Some(d)) = (&w0.fio, blk_dev_of_vm[0]) {
+            let cpu = views[0].app_vcpu;
+            Self::add_fio(&mut m, &mut hv, &mut kernel, s, cal, 0, d, f, s.seed, cpu)?;
         }
         if let Some(d) = net_dev_of_vm[0] {
             Self::add_virtio_net(&mut m, &mut hv, &mut kernel, s, 0, d)?;
@@ -929,6 +983,9 @@ impl World {
                 vm,
                 workloads::spawn_datagram(&mut k, v.workload, cal, wire_of(false), s.seed, vm),
             ));
+            if let (Some(f), Some(d)) = (&v.workload.fio, blk_dev_of_vm[vm]) {
+                Self::add_fio(&mut m, &mut hv, &mut k, s, cal, vm, d, f, seed, v.app_vcpu)?;
+            }
             if v.workload.udp.is_some() {
                 spawn_udp_receiver(&mut k, v.app_vcpu, cal);
             }
@@ -1155,11 +1212,21 @@ impl World {
             .then(|| Self::pv_path(s, cal, &net_dev_of_vm, vcpu_cores_mask))
             .transpose()?
             .map(Box::new);
-        let blk = w0
-            .fio
-            .as_ref()
-            .filter(|_| has_blk)
-            .map(|f| blk::BlkPath::new(cal, BLK_KICK_FD, VIRTIO_BLK_VECTOR, f.disk_bytes));
+        // Each VM's QEMU: its own main loop and thread pool.
+        let mut blk = Vec::new();
+        for (vm, v) in views.iter().enumerate() {
+            if let (Some(f), Some(d)) = (&v.workload.fio, blk_dev_of_vm[vm]) {
+                debug_assert_eq!(blk.len(), d, "devices numbered in VM order");
+                let kick = blk_kick_fd(d);
+                blk.push(blk::BlkPath::new(
+                    cal,
+                    vm,
+                    kick,
+                    VIRTIO_BLK_VECTOR,
+                    f.disk_bytes,
+                ));
+            }
+        }
         let mut w = World {
             q,
             m,
@@ -1197,6 +1264,7 @@ impl World {
             peers,
             trace: None,
             blk,
+            blk_dev_of_vm,
             tx_fetch: t_us(&cal.nic.tx_fetch_us),
             event_log: None,
             sched: None,
@@ -1471,7 +1539,7 @@ impl World {
                 self.pv_eventfd(fd);
                 self.blk_eventfd(fd);
             }
-            Ev::BlkStep => self.blk_step(),
+            Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
             Ev::VhostNapEnd { worker, gen } => self.pv_nap_end(worker as usize, gen),
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
@@ -1702,7 +1770,7 @@ impl World {
         for link in &mut self.peers {
             link.peer.reset_metrics();
         }
-        if let Some(b) = &mut self.blk {
+        for b in &mut self.blk {
             b.backend.counters = Default::default();
         }
         for (vf, base) in self.nic_base.iter_mut().enumerate() {
@@ -1974,7 +2042,10 @@ impl World {
                     Some(d) => self.m.virtio_net.get_mut(d),
                     None => None,
                 },
-                virtio_blk: self.m.virtio_blk.get_mut(k),
+                virtio_blk: match self.blk_dev_of_vm[k] {
+                    Some(d) => self.m.virtio_blk.get_mut(d),
+                    None => None,
+                },
             };
             let action = self.guests[k].next(c, now, &mut dev);
             let pokes = self.guests[k].take_pokes(c);
@@ -2489,6 +2560,19 @@ impl World {
                 gc.resched_irqs as f64 / dur,
             );
         }
+        if g.rps_enabled() {
+            let r = g.rps_counters();
+            for (k, n) in [
+                ("guest.call_function_irqs_per_s", r.call_function_irqs),
+                ("guest.rps_ipis_per_s", r.ipis),
+                ("guest.rps_steered_per_s", r.steered),
+                ("guest.rps_steered_remote_per_s", r.steered_remote),
+                ("guest.rps_batches_per_s", r.batches),
+            ] {
+                out.insert(k.into(), n as f64 / dur);
+            }
+            out.insert("guest.rps_backlog_drops".into(), r.drops as f64);
+        }
     }
 
     /// Each virtio-net back end's counters, as its VM's metrics (VM 0's by
@@ -2593,7 +2677,7 @@ impl World {
                 );
             }
         }
-        if let Some(b) = &self.blk {
+        for b in &self.blk {
             b.metrics(&mut metrics);
         }
         if let Some(pv) = &self.pv {
@@ -2688,6 +2772,35 @@ mod tests {
         );
         let st = w.sched.as_ref().expect("a scheduler");
         assert!(st.migrations > 0);
+    }
+
+    /// Every VM whose workload has Fio gets its own virtio-blk device,
+    /// ioeventfd (its notify port is the same in every VM: KVM keys the
+    /// registration by VM) and QEMU back end; a VM without Fio has none.
+    #[test]
+    fn each_fio_vm_has_its_own_blk_device_kick_fd_and_back_end() {
+        let text = "scheme = \"kvm\"\nduration_s = 0.01\nwarmup_s = 0.002\n\
+                    [machine]\ncores = 4\n[[vm]]\ncore = 1\n[vm.workload.udp]\n\
+                    rate_pps = 1000\n[[vm]]\ncore = 2\ncopies = 2\ncopies_cores = [2, 3]\n\
+                    [vm.workload.fio]\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        assert_eq!(w.blk_dev_of_vm, [None, Some(0), Some(1)]);
+        assert_eq!(w.m.virtio_blk.len(), 2);
+        let port = VIRTIO_BLK_NOTIFY_PORT;
+        assert_eq!(w.hv.ioeventfd(0, port), None);
+        assert_eq!(w.hv.ioeventfd(1, port), Some(blk_kick_fd(0)));
+        assert_eq!(w.hv.ioeventfd(2, port), Some(blk_kick_fd(1)));
+        assert!(w.guests[0].config().virtio_blk.is_none());
+        assert!(w.guests[2].config().virtio_blk.is_some());
+        w.run(|_| {});
+        for (d, vm) in [(0, 1), (1, 2)] {
+            let b = &w.blk[d].backend;
+            assert_eq!((b.vm, b.kick_fd), (vm, blk_kick_fd(d)));
+            assert!(b.counters.requests > 50, "device {d}: {:?}", b.counters);
+            // Queue depth 1: a kick per request (one may be in flight).
+            assert!(b.counters.kicks.abs_diff(b.counters.requests) <= 1);
+        }
     }
 
     /// SDM 29.5: under "virtualize x2APIC mode", a TPR write the MSR bitmap

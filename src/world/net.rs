@@ -306,7 +306,7 @@ impl World {
     /// (`kvm_set_irq` → the MSI's destination, as KVM routes it, and
     /// ES2's redirection may rewrite it → the VM's LAPIC as the scheme
     /// keeps it).
-    fn irqfd(&mut self, vm: usize, vector: u8) {
+    pub(super) fn irqfd(&mut self, vm: usize, vector: u8) {
         let now = self.q.now();
         self.checker.raised(vm, vector, now);
         let vcpu = self.hv.msi_destination(vm);
