@@ -73,15 +73,6 @@ fn fio_vms(scheme: &str, copies: u32, cores: &str, idle: &str) -> String {
     )
 }
 
-/// Every VM's name prefix for its metrics.
-fn prefix(vm: usize) -> String {
-    if vm == 0 {
-        String::new()
-    } else {
-        format!("vm{vm}.")
-    }
-}
-
 /// Each VM with Fio has its own virtio-blk device: its own request queue,
 /// ioeventfd and QEMU back end, and its completions come back to it. Two
 /// VMs on their own cores get the IOPS one VM gets.
@@ -93,7 +84,7 @@ fn two_vms_with_fio_each_drive_their_own_device() {
         assert_eq!(two.violations(), 0, "{scheme}: {:?}", two.invariants);
         let solo = metric(&one, "fio.iops");
         for vm in 0..2 {
-            let p = prefix(vm);
+            let p = vm_prefix(vm);
             let reqs = metric(&two, &format!("{p}blk.requests"));
             assert!(reqs > 1000.0, "{scheme} VM {vm}: {reqs}");
             // Queue depth 1: its own kicks reached its own back end, and
@@ -128,7 +119,7 @@ fn completions_follow_each_vms_msi_affinity() {
     let local = run_text(&text(0), &[]);
     let remote = run_text(&text(1), &[]);
     for vm in 0..2 {
-        let p = prefix(vm);
+        let p = vm_prefix(vm);
         for r in [&local, &remote] {
             assert_eq!(r.violations(), 0, "{:?}", r.invariants);
             assert!(metric(r, &format!("{p}blk.requests")) > 500.0);
@@ -170,7 +161,7 @@ fn copies_of_a_fio_vm_sharing_cores_stay_correct_under_every_scheme() {
                 r.invariants.violations.first()
             );
             let iops: Vec<f64> = (0..4)
-                .map(|vm| metric(&r, &format!("{}fio.iops", prefix(vm))))
+                .map(|vm| metric(&r, &format!("{}fio.iops", vm_prefix(vm))))
                 .collect();
             let (lo, hi) = iops
                 .iter()

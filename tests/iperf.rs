@@ -16,6 +16,21 @@ fn iperf(scheme: &str, device: &str) -> exitless::report::RunReport {
     )
 }
 
+/// The same stream with TSO/GSO and GRO off at both ends: MSS frames.
+fn iperf_without_offloads(scheme: &str, device: &str) -> exitless::report::RunReport {
+    run_file(
+        "iperf.toml",
+        &[
+            &format!("scheme={scheme}"),
+            &format!("net.device={device}"),
+            "duration_s=0.05",
+            "guest.gso=false",
+            "guest.gro=false",
+            "net.peer_gso=false",
+        ],
+    )
+}
+
 #[test]
 fn sriov_stream_exit_structure() {
     let kvm = iperf("kvm", "vf");
@@ -47,17 +62,7 @@ fn sriov_stream_exit_structure() {
 fn pv_stream_kicks_are_suppressed_while_vhost_works() {
     // MSS frames (offloads off) keep the guest's NAPI busy on a full ring;
     // with GSO a few large packets arrive and each may be signalled.
-    let kvm = run_file(
-        "iperf.toml",
-        &[
-            "scheme=kvm",
-            "net.device=virtio",
-            "duration_s=0.05",
-            "guest.gso=false",
-            "guest.gro=false",
-            "net.peer_gso=false",
-        ],
-    );
+    let kvm = iperf_without_offloads("kvm", "virtio");
     assert_eq!(kvm.violations(), 0);
     assert!(metric(&kvm, "iperf.throughput_gbps") > 1.0);
     // vhost signals far fewer interrupts than it fills buffers: EVENT_IDX
@@ -88,13 +93,9 @@ fn pv_stream_kicks_are_suppressed_while_vhost_works() {
 /// and the guest sends far fewer ACKs. Every scheme stays correct.
 #[test]
 fn offloads_bring_the_vf_stream_to_line_rate_with_fewer_acks() {
-    let off = ["guest.gso=false", "guest.gro=false", "net.peer_gso=false"];
     for scheme in ["kvm", "did", "bare-metal"] {
-        let s = format!("scheme={scheme}");
-        let on = run_file("iperf.toml", &[&s, "net.device=vf", "duration_s=0.05"]);
-        let mut sets = vec![s.as_str(), "net.device=vf", "duration_s=0.05"];
-        sets.extend(off);
-        let plain = run_file("iperf.toml", &sets);
+        let on = iperf(scheme, "vf");
+        let plain = iperf_without_offloads(scheme, "vf");
         for r in [&on, &plain] {
             assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
             assert_eq!(metric(r, "guest.tcp_retransmits"), 0.0);
@@ -124,17 +125,7 @@ fn offloads_bring_the_vf_stream_to_line_rate_with_fewer_acks() {
 #[test]
 fn gso_packets_cross_vhost_whole() {
     let on = iperf("kvm", "virtio");
-    let plain = run_file(
-        "iperf.toml",
-        &[
-            "scheme=kvm",
-            "net.device=virtio",
-            "duration_s=0.05",
-            "guest.gso=false",
-            "guest.gro=false",
-            "net.peer_gso=false",
-        ],
-    );
+    let plain = iperf_without_offloads("kvm", "virtio");
     assert_eq!(on.violations(), 0);
     let bytes_per_frame =
         |r: &exitless::report::RunReport| metric(r, "iperf.bytes") / metric(r, "vhost.rx_frames");

@@ -189,11 +189,7 @@ fn elvis_pv_interrupts_stay_with_their_vm_when_vms_share_a_core() {
             r.invariants.violations.first()
         );
         for vm in 0..4 {
-            let p = if vm == 0 {
-                String::new()
-            } else {
-                format!("vm{vm}.")
-            };
+            let p = vm_prefix(vm);
             assert!(metric(&r, &format!("{p}netpipe.round_trips")) > 100.0);
         }
     }

@@ -159,11 +159,7 @@ fn four_vms_of_four_vcpus_on_four_cores_stay_correct_under_every_scheme() {
             assert!((65.0..85.0).contains(&wait), "{scheme}: {wait}");
             // Every VM got its datagrams, late (its receiver's vCPU waits).
             for vm in 0..4 {
-                let p = if vm == 0 {
-                    String::new()
-                } else {
-                    format!("vm{vm}.")
-                };
+                let p = vm_prefix(vm);
                 assert!(
                     metric(&r, &format!("{p}udp.received")) > 1000.0,
                     "{scheme} vm{vm}"
@@ -338,11 +334,7 @@ fn four_vms_with_floating_vcpus_stay_correct_under_every_scheme() {
                 r.invariants.violations.first()
             );
             for vm in 0..4 {
-                let p = if vm == 0 {
-                    String::new()
-                } else {
-                    format!("vm{vm}.")
-                };
+                let p = vm_prefix(vm);
                 assert!(
                     metric(&r, &format!("{p}udp.received")) > 1000.0,
                     "{what}: vm{vm}"
