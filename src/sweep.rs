@@ -44,11 +44,7 @@ pub fn flatten(r: &RunReport) -> Result<Metrics, String> {
         }
     };
     for vm in &r.vms {
-        let p = if vm.vm == 0 {
-            String::new()
-        } else {
-            format!("vm{}.", vm.vm)
-        };
+        let p = crate::report::vm_prefix(vm.vm);
         put(format!("{p}exits_per_s"), vm.exits_per_s)?;
         put(format!("{p}tig_pct"), vm.tig_pct)?;
         put(format!("{p}eht_pct"), vm.eht_pct)?;

@@ -20,16 +20,12 @@ use super::tcp::{Tcp, TcpConfig};
 use super::{Action, FrameKind, HrKind, Instr, Kernel};
 use crate::engine::Time;
 use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
-use crate::hw::wire::{Frame, Transport, GSO_MAX_SIZE};
+use crate::hw::wire::{Frame, Transport, GSO_MAX_SIZE, IP_TCP_HEADERS};
 use std::cmp::Reverse;
 
 /// GRO holds packets of at most this many flows per NAPI (Linux
 /// `MAX_GRO_SKBS`).
 pub const MAX_GRO_SKBS: usize = 8;
-
-/// IPv4 and TCP (with timestamps) headers of a GRO packet: its IP
-/// datagram must stay below [`GSO_MAX_SIZE`] (`skb_gro_receive`).
-const GRO_HEADERS: u32 = crate::hw::wire::TCP_HEADERS - 14;
 
 /// The guest's view of its virtio-net device (from PCI config space).
 #[derive(Clone, Copy, Debug)]
@@ -199,7 +195,8 @@ impl Kernel {
             } else {
                 h.len
             };
-            let fits = h.len + seg.len + GRO_HEADERS < GSO_MAX_SIZE;
+            // skb_gro_receive: the IP datagram stays below 64 KiB.
+            let fits = h.len + seg.len + IP_TCP_HEADERS < GSO_MAX_SIZE;
             if seg.len > 0
                 && seg.len <= size
                 && h.seq + u64::from(h.len) == seg.seq

@@ -474,10 +474,9 @@ impl Tcp {
     /// more than half the largest window the peer offered
     /// (`tcp_bound_to_half_wnd`), but at least one MSS.
     fn size_goal(&self) -> u64 {
+        use crate::hw::wire::{GSO_MAX_SIZE, IP_TCP_HEADERS};
         let mss = self.cfg.mss as u64;
-        let ip_tcp = 20 + (crate::hw::wire::TCP_HEADERS as u64 - 14);
-        let max =
-            (crate::hw::wire::GSO_MAX_SIZE as u64 - 1 - ip_tcp).min(self.max_snd_wnd as u64 / 2);
+        let max = u64::from(GSO_MAX_SIZE - 1 - IP_TCP_HEADERS).min(self.max_snd_wnd as u64 / 2);
         (max - max % mss).max(mss)
     }
 
@@ -1153,7 +1152,9 @@ mod tests {
         let off = run(false, 6 << 20);
         assert!(off.iter().all(|&l| l <= m));
         let on = run(true, 6 << 20);
-        let goal = (65_535 - 20 - 52) / m * m;
+        // 65,535 less IPv4 (20) and TCP with timestamps (32): 45 MSS.
+        let goal = (65_535 - 52) / m * m;
+        assert_eq!(goal, 45 * 1448);
         assert!(on.iter().all(|&l| l <= goal));
         assert!(on.contains(&goal), "no full-size GSO packet");
         assert!(on.iter().filter(|&&l| l > m).all(|&l| l % m == 0));

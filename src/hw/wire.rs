@@ -8,8 +8,11 @@ use crate::engine::Time;
 pub const UDP_HEADERS: u32 = 42;
 /// Ethernet (14) + IPv4 (20) + ICMP echo header (8).
 pub const ICMP_HEADERS: u32 = 42;
+/// IPv4 (20) + TCP with timestamps (32): a TCP packet's headers above
+/// Ethernet, what a GSO or GRO packet's IP datagram adds to its payload.
+pub const IP_TCP_HEADERS: u32 = 52;
 /// Ethernet (14) + IPv4 (20) + TCP with timestamps (32).
-pub const TCP_HEADERS: u32 = 66;
+pub const TCP_HEADERS: u32 = 14 + IP_TCP_HEADERS;
 
 /// The TCP header fields the endpoint model uses. Sequence numbers are
 /// 64-bit: a simulated run never wraps them.

@@ -13,6 +13,16 @@ use std::fmt::Write;
 
 pub mod trace;
 
+/// VM `vm`'s prefix for its metric names: VM 0's metrics keep their plain
+/// names, VM *i*'s are `vm<i>.<name>`.
+pub fn vm_prefix(vm: usize) -> String {
+    if vm == 0 {
+        String::new()
+    } else {
+        format!("vm{vm}.")
+    }
+}
+
 /// Writes a file so that `path` holds either its old contents or all of
 /// the new ones, never a prefix: `write` fills a temporary file in the
 /// same directory, which is flushed to disk and then renamed over `path`

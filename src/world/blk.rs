@@ -50,11 +50,7 @@ impl BlkPath {
     pub(super) fn metrics(&self, m: &mut BTreeMap<String, f64>) {
         let c = &self.backend.counters;
         let vm = self.backend.vm;
-        let prefix = if vm == 0 {
-            String::new()
-        } else {
-            format!("vm{vm}.")
-        };
+        let prefix = crate::report::vm_prefix(vm);
         for (k, v) in [
             ("blk.kicks", c.kicks),
             ("blk.requests", c.requests),

@@ -2582,11 +2582,7 @@ impl World {
         for d in &pv.devs {
             let v = &d.counters;
             let w = &pv.workers[d.worker].counters;
-            let prefix = if d.vm == 0 {
-                String::new()
-            } else {
-                format!("vm{}.", d.vm)
-            };
+            let prefix = crate::report::vm_prefix(d.vm);
             let mut put = |k: &str, n: f64| {
                 metrics.insert(format!("{prefix}{k}"), n);
             };
@@ -2685,11 +2681,7 @@ impl World {
         }
         for (vm, r) in self.hv.redirect.iter().enumerate() {
             if let Some(r) = r {
-                let p = if vm == 0 {
-                    String::new()
-                } else {
-                    format!("vm{vm}.")
-                };
+                let p = crate::report::vm_prefix(vm);
                 metrics.insert(format!("{p}es2.redirected"), r.redirected as f64);
                 metrics.insert(format!("{p}es2.to_offline"), r.to_offline as f64);
             }

@@ -52,15 +52,8 @@ pub fn rate(r: &RunReport, reason: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// VM `vm`'s prefix for its metrics (`""` for VM 0, `"vm<i>."` else).
-#[allow(dead_code)]
-pub fn vm_prefix(vm: usize) -> String {
-    if vm == 0 {
-        String::new()
-    } else {
-        format!("vm{vm}.")
-    }
-}
+#[allow(unused_imports)]
+pub use exitless::report::vm_prefix;
 
 /// A workload metric.
 pub fn metric(r: &RunReport, name: &str) -> f64 {
