@@ -125,11 +125,12 @@ pub(super) struct PeerLink {
 }
 
 impl PeerLink {
-    pub(super) fn new(peer: PeerHost, attach: Attach) -> Self {
+    /// Peer host `peer`, attached to VM `vm`'s network by `attach`.
+    pub(super) fn new(peer: PeerHost, attach: Attach, vm: usize) -> Self {
         PeerLink {
             peer,
             attach,
-            vm: 0,
+            vm,
             to_peer: VecDeque::with_capacity(1024),
             to_guest: VecDeque::with_capacity(1024),
             out: Vec::with_capacity(1024),

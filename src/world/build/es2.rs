@@ -1,10 +1,10 @@
 //! Building ES2's workloads (netperf, nginx, Apache, ping, memaslap) into
 //! a VM's guest kernel and its peer hosts, beside the TCP workloads of
-//! [`super::tcp_workload`]: the TCP ones as [`TcpWorkload`]s, the
+//! [`super::tcp::tcp_workload`]: the TCP ones as [`TcpWorkload`]s, the
 //! datagram ones (netperf UDP_STREAM, ping) as programs in the guest and
 //! one single-threaded peer process per flow.
 
-use super::{t_ns, TcpWorkload, TCP_FLOW, TCP_RMEM_DEFAULT};
+use super::tcp::{TcpWorkload, TCP_FLOW, TCP_RMEM_DEFAULT};
 use crate::calibration::Calibration;
 use crate::engine::{from_s, RngStream, Time};
 use crate::guest::app::App;
@@ -23,6 +23,7 @@ use crate::workloads::netperf::{
 };
 use crate::workloads::peer::PeerApp;
 use crate::workloads::ping::PingClient;
+use crate::world::t_ns;
 
 /// The first flow of a VM's datagram workloads (instance j uses flow
 /// `DGRAM_FLOW + j`).

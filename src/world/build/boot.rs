@@ -1,0 +1,278 @@
+//! Stage 6, power-on: the host boots (LAPIC timers, scheduler ticks), the
+//! scheme sets up each VM, the first vCPU on each core is loaded, the
+//! run's first events are queued, and every core starts.
+
+use super::devices::DeviceMap;
+use super::rng_stream;
+use super::topology::Topology;
+use super::workloads::Outside;
+use crate::calibration::Calibration;
+use crate::check::Checker;
+use crate::engine::{from_s, from_us, EventQueue, RngStream};
+use crate::guest::Kernel;
+use crate::hv::host::{HostTimer, HOST_TIMER_VECTOR};
+use crate::hv::scheme::Scheme;
+use crate::hv::{HvCosts, HvCx, HvState};
+use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::lapic::msr;
+use crate::hw::x86::Machine;
+use crate::scenario::Scenario;
+use crate::world::event::Ev;
+use crate::world::{blk, net, sched, t_us, World};
+
+/// Everything the earlier stages built.
+pub(in crate::world) struct Parts<'s> {
+    pub topo: Topology<'s>,
+    pub m: Machine,
+    pub devs: DeviceMap,
+    pub hv: HvState,
+    pub costs: HvCosts,
+    pub guests: Vec<Kernel>,
+    pub outside: Outside,
+    pub pv: Option<net::PvPath>,
+    pub blk: Vec<blk::BlkPath>,
+}
+
+/// The host's boot: every core's LAPIC timer serves host hrtimers, and
+/// the scheduler tick runs where a vCPU thread may run.
+fn host_boot(cx: &mut HvCx, topo: &Topology) {
+    for c in 0..topo.cores {
+        cx.apic_write(c, msr::LVT_TIMER, HOST_TIMER_VECTOR as u64);
+        cx.apic_write(c, msr::TDCR, 0b0011);
+    }
+    let p = cx.hv.host.tick_period;
+    for c in 0..topo.cores {
+        if topo.vcpu_cores_mask & (1 << c) != 0 {
+            cx.host_timer_start(c, p, HostTimer::Tick { core: c });
+        }
+    }
+}
+
+/// Background exits (the paper's rates are an idle VM's): one stream per
+/// vCPU, the events on each VM's first vCPU.
+fn background(
+    s: &Scenario,
+    cal: &Calibration,
+    topo: &Topology,
+    q: &mut EventQueue<Ev>,
+) -> ([f64; 2], Vec<RngStream>) {
+    let rate = if topo.virtualized && s.background.enabled {
+        [
+            cal.background.io_instruction_per_s.value,
+            cal.background.ept_violation_per_s.value,
+        ]
+    } else {
+        [0.0, 0.0]
+    };
+    let mut rngs: Vec<RngStream> = topo
+        .vcpus
+        .iter()
+        .map(|p| {
+            let name = rng_stream("background", p.vm);
+            match p.index {
+                0 => RngStream::new(s.seed, &name),
+                j => RngStream::new(s.seed, &format!("background.vm{}.cpu{j}", p.vm)),
+            }
+        })
+        .collect();
+    for (vcpu, rng) in rngs.iter_mut().enumerate() {
+        if topo.vcpus[vcpu].index != 0 {
+            continue;
+        }
+        for (kind, r) in rate.iter().enumerate() {
+            if *r > 0.0 {
+                let dt = from_s(rng.exponential(1.0 / r));
+                q.schedule(
+                    dt,
+                    Ev::Background {
+                        vcpu: vcpu as u16,
+                        kind: kind as u8,
+                    },
+                );
+            }
+        }
+    }
+    (rate, rngs)
+}
+
+/// Powers the platform on and returns the runnable world.
+pub(in crate::world) fn power_on(
+    s: &Scenario,
+    cal: &Calibration,
+    mut scheme: Box<dyn Scheme>,
+    parts: Parts,
+) -> World {
+    let Parts {
+        topo,
+        mut m,
+        devs,
+        mut hv,
+        costs,
+        guests,
+        outside,
+        pv,
+        blk,
+    } = parts;
+    let nvm = topo.vms();
+    let nvcpu = topo.vcpus.len();
+    let virtualized = topo.virtualized;
+    let mut q = EventQueue::with_capacity(4096);
+    let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
+    checker.early_tolerance = devs.apic_timer_period * 2;
+    {
+        let mut cx = HvCx {
+            now: 0,
+            m: &mut m,
+            hv: &mut hv,
+            q: &mut q,
+            guests: &guests,
+            costs: &costs,
+            charged: 0,
+        };
+        if virtualized {
+            host_boot(&mut cx, &topo);
+        }
+        for vm in 0..nvm {
+            scheme.setup_vm(&mut cx, vm);
+        }
+        // The first vCPU placed on each core starts there; the others
+        // wait in the host scheduler's run queue.
+        for (c, first) in topo.first_on_core.iter().enumerate() {
+            if let Some(v) = *first {
+                cx.hv.sched_in(v);
+                scheme.vcpu_load(&mut cx, v);
+                cx.hv.vcpus[v].vmcs_core = Some(c);
+                cx.hv.last_vcpu[c] = Some(v);
+            }
+        }
+    }
+    for (c, first) in topo.first_on_core.iter().enumerate() {
+        if let Some(v) = *first {
+            m.cores[c].mode = if virtualized {
+                CoreMode::Guest { vcpu: v }
+            } else {
+                CoreMode::Native { kernel: v }
+            };
+        }
+    }
+    for (k, p) in topo.vcpus.iter().enumerate() {
+        if topo.first_on_core[p.core] != Some(k) {
+            checker.set_running(k, false, 0);
+        }
+    }
+    for (vm, c) in outside.clients.iter().enumerate() {
+        if c.is_some() {
+            q.schedule(0, Ev::ClientTx { vm: vm as u16 });
+        }
+    }
+    let (bg_rate, rng_bg) = background(s, cal, &topo, &mut q);
+    let warm = from_s(s.warmup_s);
+    q.schedule(warm, Ev::WarmupEnd);
+    // Scripted preemptions and host IPIs aim at the one VM's first vCPU
+    // (the scenario refuses them with several VMs).
+    let target = 0;
+    if virtualized {
+        for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+            let at = from_us(at_ms * 1000.0);
+            q.schedule_async(at, Ev::Deschedule { vcpu: target });
+            q.schedule_async(
+                at + from_us(for_ms * 1000.0),
+                Ev::Reschedule { vcpu: target },
+            );
+        }
+    }
+    if virtualized && s.host.ipi_per_s > 0.0 {
+        let core = topo.vcpus[target as usize].core as u16;
+        q.schedule(0, Ev::HostIpi { core });
+    }
+    let cores = topo.cores;
+    let mut w = World {
+        q,
+        m,
+        hv,
+        scheme,
+        guests,
+        checker,
+        exits: vec![None; cores],
+        bg_pending: vec![0; nvcpu],
+        bg_rate,
+        rng_bg,
+        rng_exit: RngStream::new(s.seed, "exit-service"),
+        clients: outside.clients,
+        msi_latency: t_us(&cal.nic.msi_latency_us),
+        vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
+        timer_due: vec![None; nvcpu],
+        timer_exits: Default::default(),
+        msi_faults: 0,
+        measure_start: warm,
+        end: warm + from_s(s.duration_s),
+        lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
+        costs,
+        scenario: s.clone(),
+        ends_run: outside.ends_run,
+        deschedule_pending: vec![false; nvcpu],
+        ptimer_gen: vec![0; cores],
+        tsc_hz: devs.clocks.tsc_hz,
+        rng_host: RngStream::new(s.seed, "host-ipi"),
+        nic_base: vec![Default::default(); nvm],
+        pv: pv.map(Box::new),
+        net_dev_of_vm: devs.net_dev,
+        port_rx_free: 0,
+        peers: outside.peers,
+        trace: None,
+        blk,
+        blk_dev_of_vm: devs.blk_dev,
+        tx_fetch: t_us(&cal.nic.tx_fetch_us),
+        event_log: None,
+        sched: None,
+        polling: vec![None; nvcpu],
+        poll_gen: 0,
+        halt_start: vec![0; nvcpu],
+    };
+    if virtualized {
+        for (c, first) in topo.first_on_core.iter().enumerate() {
+            if let Some(v) = *first {
+                w.arm_preemption_timer(c, v);
+            }
+        }
+    }
+    if let (Some(pv), true) = (&mut w.pv, w.scheme.backend_polls()) {
+        // vhost_vq_enable_vqpoll: the workers poll; kicks stay off.
+        pv.side_core = true;
+        for d in &mut pv.devs {
+            d.polling = true;
+            let vq = &mut w.m.virtio_net[d.dev];
+            vq.tx_disable_notify();
+            vq.rx_disable_notify();
+        }
+    }
+    for p in 0..w.peers.len() {
+        w.peer_sent(p);
+    }
+    if virtualized {
+        let tick = w.hv.host.tick_period;
+        let vcpus: Vec<sched::VcpuThread> = topo
+            .vcpus
+            .iter()
+            .zip(&topo.allowed)
+            .map(|(p, &allowed)| sched::VcpuThread {
+                vm: p.vm,
+                core: p.core,
+                allowed,
+            })
+            .collect();
+        let io_cores: Vec<usize> =
+            w.pv.as_ref()
+                .map(|pv| pv.workers.iter().map(|k| k.core).collect())
+                .unwrap_or_default();
+        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, tick).map(Box::new);
+        w.sched_io_threads();
+        w.sched_start();
+    }
+    for (c, first) in topo.first_on_core.iter().enumerate() {
+        if first.is_some() {
+            w.guest_run(c);
+        }
+    }
+    w
+}

@@ -1,0 +1,211 @@
+//! Stage 2, devices: the platform's hardware (cores, LAPICs, the NIC with
+//! one VF per VM, the link, the IOMMU) and each VM's devices: its VF,
+//! virtio-net and virtio-blk, their guest vectors (checked for collisions)
+//! and the VF's MSI-X entry.
+
+use super::topology::Topology;
+use super::{vectors, BuildError, VIRTIO_BLK_NOTIFY_PORT, VIRTIO_BLK_VECTOR, VIRTIO_NOTIFY_PORT};
+use super::{VIRTIO_BLK_QUEUE_SIZE, VIRTIO_NET_VECTORS};
+use crate::calibration::Calibration;
+use crate::engine::{from_us, Time};
+use crate::guest::itr::{ItrDriver, ItrParams};
+use crate::hv::host::HOST_DEVICE_VECTOR_BASE;
+use crate::hv::VfAssignment;
+use crate::hw::virtio_blk::VirtioBlkDev;
+use crate::hw::virtio_net::VirtioNetDev;
+use crate::hw::x86::lapic::ApicClocks;
+use crate::hw::x86::nic::{Link, Nic, NicConfig};
+use crate::hw::x86::Machine;
+use crate::scenario::{ItrMode, NetDevice, Scenario, WorkloadSpec};
+
+/// Which devices each VM has, and the platform clocks the guests see.
+pub(in crate::world) struct DeviceMap {
+    /// The LAPIC's bus and TSC clocks.
+    pub clocks: ApicClocks,
+    /// One tick of the LAPIC timer at the divider the guests program.
+    pub apic_timer_period: Time,
+    /// The VF driver's interrupt-throttling parameters.
+    pub itr: ItrParams,
+    /// Per VM: its VF, if it has one (VF i, IRT entry i).
+    pub vf: Vec<Option<VfAssignment>>,
+    /// Per VM: its virtio-net device, numbered in VM order.
+    pub net_dev: Vec<Option<usize>>,
+    /// Per VM: its virtio-blk device, numbered in VM order.
+    pub blk_dev: Vec<Option<usize>>,
+}
+
+impl DeviceMap {
+    /// Whether some VM has a virtio-net device (vhost back ends run).
+    pub fn has_virtio_net(&self) -> bool {
+        self.net_dev.iter().any(|d| d.is_some())
+    }
+}
+
+/// A VM's peers reach it through `net.device`; UDP PacketGen always comes
+/// through the VF.
+fn has_vf(s: &Scenario, w: &WorkloadSpec) -> bool {
+    w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
+}
+
+/// The VF driver's interrupt-throttling parameters (the driver's, from
+/// calibration; the mode from `nic.itr`).
+fn itr_params(s: &Scenario, cal: &Calibration) -> ItrParams {
+    ItrParams {
+        lowest_reg: cal.nic.itr_lowest_reg.value as u32,
+        low_reg: cal.nic.itr_low_reg.value as u32,
+        bulk_reg: cal.nic.itr_bulk_reg.value as u32,
+        low_threshold: cal.nic.itr_low_threshold_bytes_per_us.value as u64,
+        bulk_threshold: cal.nic.itr_bulk_threshold_bytes_per_us.value as u64,
+        driver: match s.nic.itr {
+            ItrMode::Ixgbevf36 => ItrDriver::Ixgbevf36,
+            ItrMode::Dynamic => ItrDriver::Adaptive,
+            ItrMode::Off | ItrMode::Fixed => ItrDriver::Static,
+        },
+    }
+}
+
+/// The EITR value every VF vector starts with.
+fn initial_eitr(s: &Scenario, cal: &Calibration, itr: &ItrParams) -> Result<u32, BuildError> {
+    Ok(match s.nic.itr {
+        ItrMode::Ixgbevf36 | ItrMode::Dynamic => itr.low_reg,
+        ItrMode::Off => 0,
+        ItrMode::Fixed => {
+            // The EITR interval field is 9 bits (bits 11:3) of
+            // itr_unit_us each.
+            let unit_ps = from_us(cal.nic.itr_unit_us.value);
+            let units = (s.nic.itr_interval_us * 1e6 / unit_ps as f64).round();
+            if units > 511.0 {
+                return Err(BuildError::Scenario(format!(
+                    "nic.itr_interval_us = {} exceeds the EITR field: at most {} us with this calibration's nic.itr_unit_us",
+                    s.nic.itr_interval_us,
+                    511.0 * cal.nic.itr_unit_us.value
+                )));
+            }
+            (units as u32).max(1) << 3
+        }
+    })
+}
+
+/// Numbers the VMs that `has` a device in VM order.
+fn number_devices(
+    views: &[crate::scenario::VmView],
+    has: impl Fn(&WorkloadSpec) -> bool,
+) -> Vec<Option<usize>> {
+    let mut next = 0;
+    views
+        .iter()
+        .map(|v| {
+            has(v.workload).then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect()
+}
+
+/// Builds the machine and each VM's devices.
+pub(in crate::world) fn build(
+    s: &Scenario,
+    cal: &Calibration,
+    topo: &Topology,
+) -> Result<(Machine, DeviceMap), BuildError> {
+    let nvm = topo.vms();
+    let bus_period_ps = (1e6 / cal.apic.bus_mhz.value).round() as u64;
+    let clocks = ApicClocks {
+        bus_period_ps,
+        tsc_hz: (cal.cpu.ghz.value * 1e9) as u64,
+    };
+    let itr = itr_params(s, cal);
+    // One VF per VM, each its own PCIe function.
+    let requester_ids: Vec<u16> = (0..nvm as u16).map(|i| 0x0110 + i).collect();
+    let nic = Nic::new(
+        NicConfig {
+            vfs: nvm as u16,
+            rx_ring_size: cal.nic.rx_ring_size.value as u16,
+            vectors_per_vf: 2,
+            itr_unit_ps: from_us(cal.nic.itr_unit_us.value),
+            initial_eitr: initial_eitr(s, cal, &itr)?,
+        },
+        &requester_ids,
+    )
+    .map_err(|e| BuildError::Scenario(e.to_string()))?;
+    let link = Link {
+        bits_per_sec: (cal.nic.link_gbps.value * 1e9) as u64,
+        propagation_ps: 500_000,
+    };
+    let mut m = Machine::new(topo.cores, topo.vcpus.len(), clocks, nic, link);
+    let virtualized = topo.virtualized;
+    let blk_dev = number_devices(&topo.views, |w| virtualized && w.fio.is_some());
+    let net_dev = number_devices(&topo.views, |w| {
+        virtualized && s.net.device == NetDevice::Virtio && w.peers()
+    });
+    let mut vf = Vec::with_capacity(nvm);
+    for (i, v) in topo.views.iter().enumerate() {
+        // The guest's vectors must be distinct: fixed ones first, so a
+        // collision names the key that moved.
+        let mut guest_vectors = Vec::with_capacity(7);
+        if net_dev[i].is_some() {
+            guest_vectors.push(("the virtio-net RX queue", VIRTIO_NET_VECTORS[0]));
+            guest_vectors.push(("the virtio-net TX queue", VIRTIO_NET_VECTORS[1]));
+        }
+        if blk_dev[i].is_some() {
+            guest_vectors.push(("the virtio-blk request queue", VIRTIO_BLK_VECTOR));
+        }
+        guest_vectors.push(("guest.timer_vector", s.guest.timer_vector));
+        if v.cores.len() > 1 {
+            guest_vectors.push((
+                "the guest's RESCHEDULE_VECTOR (SMP)",
+                crate::guest::RESCHEDULE_VECTOR,
+            ));
+        }
+        if !v.rps_cpus.is_empty() {
+            guest_vectors.push((
+                "the guest's CALL_FUNCTION_SINGLE_VECTOR (RPS)",
+                crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+            ));
+        }
+        let with_vf = has_vf(s, v.workload);
+        if with_vf {
+            guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
+        }
+        vectors::check_guest_vectors(&guest_vectors)?;
+        let a = with_vf.then_some(VfAssignment {
+            vf: i as u16,
+            irte: i as u16,
+            guest_vector: s.guest.vf_vector,
+            host_vector: HOST_DEVICE_VECTOR_BASE + i as u8,
+            requester_id: requester_ids[i],
+        });
+        if a.is_some() {
+            m.nic
+                .program_msix(i as u16, 0, i as u16)
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        }
+        vf.push(a);
+        if blk_dev[i].is_some() {
+            let dev = VirtioBlkDev::new(
+                VIRTIO_BLK_QUEUE_SIZE,
+                s.net.event_idx,
+                VIRTIO_BLK_NOTIFY_PORT,
+            )
+            .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            m.virtio_blk.push(dev);
+        }
+        if net_dev[i].is_some() {
+            let dev = VirtioNetDev::new(s.net.queue_size, s.net.event_idx, VIRTIO_NOTIFY_PORT)
+                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            m.virtio_net.push(dev);
+        }
+    }
+    Ok((
+        m,
+        DeviceMap {
+            clocks,
+            apic_timer_period: bus_period_ps * 16,
+            itr,
+            vf,
+            net_dev,
+            blk_dev,
+        },
+    ))
+}

@@ -1,0 +1,99 @@
+//! Stage 1, topology: the machine's cores, the VMs and their vCPUs (each a
+//! host thread), where each vCPU starts and where it may run. Nothing here
+//! is hardware yet; every later stage reads this plan.
+
+use super::BuildError;
+use crate::hv::scheme::Scheme;
+use crate::scenario::{Scenario, VmView};
+
+/// One vCPU thread: its VM, its index in the VM, the core it starts on.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::world) struct VcpuPlace {
+    pub vm: usize,
+    pub index: usize,
+    pub core: usize,
+}
+
+/// The machine's layout as a scenario describes it.
+pub(in crate::world) struct Topology<'s> {
+    /// The VMs, in order.
+    pub views: Vec<VmView<'s>>,
+    /// Physical cores.
+    pub cores: usize,
+    /// Whether the VMs run under a hypervisor (false: bare metal).
+    pub virtualized: bool,
+    /// Every vCPU, VM by VM (the global vCPU index is the position).
+    pub vcpus: Vec<VcpuPlace>,
+    /// Per vCPU: the cores it may run on (bit i = core i).
+    pub allowed: Vec<u64>,
+    /// Every core some vCPU may run on.
+    pub vcpu_cores_mask: u64,
+    /// Per VM: its vCPUs' global indices.
+    pub vm_vcpus: Vec<Vec<usize>>,
+    /// Per core: the vCPU that starts there (the first placed on it); the
+    /// others wait in the host scheduler's run queue.
+    pub first_on_core: Vec<Option<usize>>,
+}
+
+impl<'s> Topology<'s> {
+    /// Lays out the scenario's VMs on its machine for `scheme`.
+    pub fn plan(s: &'s Scenario, scheme: &dyn Scheme) -> Result<Self, BuildError> {
+        let virtualized = scheme.virtualized();
+        let cores = s.machine.cores;
+        let views = s.vm_views();
+        let refuse = |what: &str| {
+            Err(BuildError::Scenario(format!(
+                "scheme {}: {what}",
+                scheme.name()
+            )))
+        };
+        if !virtualized && views.len() > 1 {
+            return refuse("several VMs need a hypervisor");
+        }
+        let vcpus: Vec<VcpuPlace> = views
+            .iter()
+            .enumerate()
+            .flat_map(|(vm, v)| {
+                v.cores
+                    .iter()
+                    .enumerate()
+                    .map(move |(index, &core)| VcpuPlace { vm, index, core })
+            })
+            .collect();
+        let allowed: Vec<u64> = views
+            .iter()
+            .flat_map(|v| v.allowed.iter().copied())
+            .collect();
+        let vcpu_cores_mask = allowed.iter().fold(0u64, |m, &a| m | a);
+        if !virtualized && allowed.iter().any(|a| a.count_ones() > 1) {
+            return refuse(
+                "allowed_cores needs a hypervisor (bare metal runs its kernel on its core)",
+            );
+        }
+        if !virtualized && vcpus.len() > 1 {
+            return refuse("SMP guests on bare metal are not modelled");
+        }
+        let vm_vcpus = (0..views.len())
+            .map(|vm| (0..vcpus.len()).filter(|&k| vcpus[k].vm == vm).collect())
+            .collect();
+        let mut first_on_core = vec![None; cores];
+        for (k, v) in vcpus.iter().enumerate() {
+            first_on_core[v.core].get_or_insert(k);
+        }
+        Ok(Topology {
+            views,
+            cores,
+            virtualized,
+            vcpus,
+            allowed,
+            vcpu_cores_mask,
+            vm_vcpus,
+            first_on_core,
+        })
+    }
+
+    /// VMs.
+    pub fn vms(&self) -> usize {
+        self.views.len()
+    }
+}

@@ -1,0 +1,272 @@
+//! Stage 5, workloads and peers: each VM's programs in its guest kernel
+//! (timer and CPU tasks, TCP and datagram workloads, Fio, SIP, the UDP
+//! receiver, burners) and the hosts on the other end of its network: the
+//! peer host of each connection or flow, attached over the link to its VF
+//! or behind the bridge to its virtio-net device, and the UDP load
+//! generator.
+
+use super::devices::DeviceMap;
+use super::es2;
+use super::rng_stream;
+use super::tcp::{self, Gso, PeerSide, SIP_UAC_FLOW, SIP_UAS_FLOW, TCP_FLOW};
+use super::topology::Topology;
+use super::BuildError;
+use crate::calibration::Calibration;
+use crate::engine::{as_s, from_s, from_us, RngStream, Time};
+use crate::guest::tcp::Tcp;
+use crate::guest::Kernel;
+use crate::hw::x86::nic::Link;
+use crate::scenario::{Scenario, VirtioPeer, VmView};
+use crate::workloads::burn::Burn;
+use crate::workloads::cyclictest::Cyclictest;
+use crate::workloads::fio::Fio;
+use crate::workloads::peer::{PeerCosts, PeerHost};
+use crate::workloads::sip::{B2buaCosts, CallPattern, SipB2bua, SipUac, SipUas};
+use crate::workloads::udp::{UdpReceiver, UdpSender};
+use crate::workloads::whileloop::WhileLoop;
+use crate::world::{net, t_ns, t_us};
+
+/// Priority of in-guest CPU burners: below every workload task (the UDP
+/// receiver runs at -20).
+const BURN_PRIO: i32 = -40;
+
+/// What the workloads put outside the guests.
+pub(in crate::world) struct Outside {
+    /// The peer hosts, in the order their first frames go out.
+    pub peers: Vec<net::PeerLink>,
+    /// Per VM: its UDP load generator, if it has one.
+    pub clients: Vec<Option<UdpSender>>,
+    /// The VM whose finite task (a WhileLoop) ends the run when it exits.
+    pub ends_run: Option<usize>,
+}
+
+/// A VM's timer and CPU tasks: cyclictest at the highest priority, a
+/// WhileLoop at normal priority.
+fn spawn_timer_and_cpu_tasks(
+    kernel: &mut Kernel,
+    s: &Scenario,
+    cal: &Calibration,
+    vm: usize,
+    v: &VmView,
+    loop_ends_run: bool,
+) -> Result<(), BuildError> {
+    let (g, w, cpu) = (&cal.guest, v.workload, v.app_vcpu);
+    if let Some(c) = &w.cyclictest {
+        let phase = RngStream::new(s.seed, &rng_stream("cyclictest-phase", vm)).uniform();
+        kernel.spawn_on(
+            cpu,
+            Box::new(Cyclictest::new(
+                from_us(c.interval_us),
+                from_s(phase * c.interval_us * 1e-6),
+                t_ns(&g.syscall_ns),
+                t_ns(&g.cyclictest_loop_ns),
+            )),
+            99,
+            false,
+        );
+    }
+    if let Some(l) = &w.whileloop {
+        let lp = WhileLoop::new(
+            l.iterations,
+            g.whileloop_cycles_per_iter.value,
+            cal.cpu.ghz.value,
+        );
+        // When the run ends with the loop, the loop needs at least its
+        // CPU time: one no longer than the warm-up could end before the
+        // measured interval begins (nothing measured).
+        if loop_ends_run && lp.work() <= from_s(s.warmup_s) {
+            return Err(BuildError::Scenario(format!(
+                "workload.whileloop.iterations: {} iterations need {} s of CPU, which ends \
+                 within warmup_s = {} s and leaves nothing to measure; lower warmup_s or \
+                 raise the iterations",
+                l.iterations,
+                as_s(lp.work()),
+                s.warmup_s
+            )));
+        }
+        kernel.spawn_on(cpu, Box::new(lp), 0, false);
+    }
+    Ok(())
+}
+
+/// The peer host's side of VM `vm`'s TCP workload, attached to it.
+fn tcp_peer(
+    s: &Scenario,
+    devs: &DeviceMap,
+    vm: usize,
+    side: PeerSide,
+    costs: PeerCosts,
+    bridge: Time,
+) -> Result<net::PeerLink, BuildError> {
+    let (app, tcp, conns, cpus) = side;
+    let conns = (0..conns)
+        .map(|_| Tcp::new(tcp))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| BuildError::Scenario(e.to_string()))?;
+    let host = PeerHost::new(conns, TCP_FLOW, app, costs, cpus);
+    let attach = if devs.net_dev[vm].is_some() {
+        match s.net.peer {
+            VirtioPeer::Host => net::Attach::Bridge { delay: bridge },
+            VirtioPeer::Remote => net::Attach::Uplink { delay: bridge },
+        }
+    } else {
+        // Each VM's load generator sends to its VF over the link.
+        net::Attach::Wire { vf: vm as u16 }
+    };
+    Ok(net::PeerLink::new(host, attach, vm))
+}
+
+/// SIPp's UAC on the load generator and its UAS on the VM's host (DID
+/// §5.8), each a single-threaded process.
+fn sip_peers(
+    sp: &crate::scenario::SipSpec,
+    cal: &Calibration,
+    vm: usize,
+    bridged: bool,
+    costs: PeerCosts,
+    bridge: Time,
+) -> [net::PeerLink; 2] {
+    let msg = t_ns(&cal.peer.sipp_message_ns);
+    let pattern = CallPattern {
+        rate_cps: sp.rate_cps,
+        duration: from_s(sp.call_duration_s),
+        calls: sp.calls,
+    };
+    let uac = Box::new(SipUac::new(SIP_UAC_FLOW, pattern, msg));
+    let uac = PeerHost::udp(SIP_UAC_FLOW, uac, costs);
+    let uas = PeerHost::udp(SIP_UAS_FLOW, Box::new(SipUas::new(sp.calls, msg)), costs);
+    let vf = vm as u16;
+    let (uac_at, uas_at) = if bridged {
+        (
+            net::Attach::Uplink { delay: bridge },
+            net::Attach::Bridge { delay: bridge },
+        )
+    } else {
+        let delay = t_us(&cal.nic.veb_loopback_us);
+        (net::Attach::Wire { vf }, net::Attach::Veb { vf, delay })
+    };
+    [
+        net::PeerLink::new(uac, uac_at, vm),
+        net::PeerLink::new(uas, uas_at, vm),
+    ]
+}
+
+/// Spawns every VM's programs in its kernel and builds the hosts on the
+/// other end: peers in the order TCP (VM by VM), datagram (VM by VM), SIP.
+pub(in crate::world) fn spawn(
+    s: &Scenario,
+    cal: &Calibration,
+    topo: &Topology,
+    devs: &DeviceMap,
+    link: Link,
+    guests: &mut [Kernel],
+) -> Result<Outside, BuildError> {
+    let g = &cal.guest;
+    let p = &cal.peer;
+    let peer_costs = PeerCosts {
+        rx_segment: t_ns(&p.rx_segment_ns),
+        tx_segment: t_ns(&p.tx_segment_ns),
+        wakeup: t_us(&p.wakeup_us),
+        udp_rx: t_ns(&p.udp_rx_datagram_ns),
+        udp_tx: t_ns(&p.udp_tx_datagram_ns),
+    };
+    let bridge = t_ns(&p.bridge_ns);
+    let gso = Gso {
+        guest: s.guest.gso,
+        peer: s.net.peer_gso,
+    };
+    let one_vm = topo.vms() == 1;
+    let (mut tcp_peers, mut dgram_peers, mut sip) = (Vec::new(), Vec::new(), Vec::new());
+    for (vm, v) in topo.views.iter().enumerate() {
+        let kernel = &mut guests[vm];
+        let w = v.workload;
+        let bridged = devs.net_dev[vm].is_some();
+        // A WhileLoop ends a one-VM run; among several VMs it is a
+        // CPU-bound guest.
+        spawn_timer_and_cpu_tasks(kernel, s, cal, vm, v, one_vm)?;
+        // The same programs in every VM, each drawing its own random
+        // streams.
+        let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        if let Some(t) = tcp::tcp_workload(w, seed, cal) {
+            let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso);
+            tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge)?);
+        }
+        // Datagram peers: over the link to the VF, or behind the bridge.
+        let wire = |len: u32| if bridged { 0 } else { link.wire_time(len) };
+        for d in es2::spawn_datagram(kernel, w, cal, wire, s.seed, vm) {
+            let host = if d.icmp {
+                PeerHost::icmp(d.flow, d.app, peer_costs)
+            } else {
+                PeerHost::udp(d.flow, d.app, peer_costs)
+            };
+            let attach = if bridged {
+                net::Attach::Bridge { delay: bridge }
+            } else {
+                net::Attach::Wire { vf: vm as u16 }
+            };
+            dgram_peers.push(net::PeerLink::new(host, attach, vm));
+        }
+        if let (Some(f), Some(_)) = (&w.fio, devs.blk_dev[vm]) {
+            let job = Fio::new(
+                seed,
+                f.block_bytes,
+                f.read_pct / 100.0,
+                f.disk_bytes,
+                t_ns(&g.syscall_ns),
+            );
+            let t = kernel.spawn_on(v.app_vcpu, Box::new(job), 0, false);
+            kernel.attach_blk(t);
+        }
+        if let Some(sp) = &w.sip {
+            let costs = B2buaCosts {
+                message: t_ns(&g.sip_message_ns),
+                auth: t_ns(&g.sip_auth_ns),
+                syscall: t_ns(&g.syscall_ns),
+            };
+            kernel.spawn(
+                Box::new(SipB2bua::new(SIP_UAC_FLOW, SIP_UAS_FLOW, sp.calls, costs)),
+                0,
+                true,
+            );
+            sip.extend(sip_peers(sp, cal, vm, bridged, peer_costs, bridge));
+        }
+        if w.udp.is_some() {
+            // "Sender and receiver at the lowest priority" (DID §5.2).
+            kernel.spawn_on(
+                v.app_vcpu,
+                Box::new(UdpReceiver::new(t_ns(&g.udp_recv_per_packet_ns))),
+                -20,
+                true,
+            );
+        }
+    }
+    for (vm, v) in topo.views.iter().enumerate() {
+        if v.burn {
+            // Below every other task (SCHED_IDLE-like).
+            for cpu in 0..v.cores.len() {
+                guests[vm].spawn_on(cpu, Box::new(Burn::new()), BURN_PRIO, false);
+            }
+        }
+    }
+    let clients = topo
+        .views
+        .iter()
+        .map(|v| {
+            v.workload
+                .udp
+                .as_ref()
+                .map(|u| UdpSender::new(u.rate_pps, u.payload_bytes))
+        })
+        .collect();
+    tcp_peers.append(&mut dgram_peers);
+    tcp_peers.append(&mut sip);
+    Ok(Outside {
+        peers: tcp_peers,
+        clients,
+        ends_run: topo
+            .views
+            .iter()
+            .position(|v| v.workload.whileloop.is_some())
+            .filter(|_| one_vm),
+    })
+}
