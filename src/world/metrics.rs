@@ -1,0 +1,221 @@
+//! The run's results: each VM's guest, VF and back-end metrics over the
+//! measured interval, the scheduler's and checker's, and the reset at the
+//! end of the warm-up that starts that interval.
+
+use super::{net, World};
+use crate::engine::{Time, SEC};
+use crate::guest::app::Metrics;
+
+impl World {
+    pub(super) fn reset_stats(&mut self, now: Time) {
+        for vm in &mut self.hv.vms {
+            vm.stats = Default::default();
+        }
+        for c in &mut self.m.cores {
+            c.guest_since = c.guest_since.max(now);
+        }
+        for g in &mut self.guests {
+            g.reset_metrics();
+        }
+        self.timer_exits = Default::default();
+        for r in self.hv.redirect.iter_mut().flatten() {
+            r.reset_counters();
+        }
+        if let Some(pv) = &mut self.pv {
+            for d in &mut pv.devs {
+                d.counters = Default::default();
+            }
+            for w in &mut pv.workers {
+                w.counters = Default::default();
+            }
+        }
+        self.scheme.reset_metrics();
+        for link in &mut self.peers {
+            link.peer.reset_metrics();
+        }
+        for b in &mut self.blk {
+            b.backend.counters = Default::default();
+        }
+        for (vf, base) in self.nic_base.iter_mut().enumerate() {
+            *base = self.m.nic.counters(vf as u16).unwrap_or_default();
+        }
+        self.measure_start = now;
+        self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
+        self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
+        self.sched_reset(now);
+    }
+
+    /// The run's results.
+    pub fn report(&self) -> crate::report::RunReport {
+        crate::report::RunReport::from_world(self.snapshot())
+    }
+
+    /// One VM's guest and VF metrics over the measured interval.
+    pub(super) fn vm_metrics(&self, vm: usize, out: &mut Metrics, dur: f64) {
+        let g = &self.guests[vm];
+        g.metrics(out);
+        let vf = vm as u16;
+        let nic = self.m.nic.counters(vf).unwrap_or_default();
+        let base = self.nic_base[vm];
+        out.insert(
+            "nic.rx_packets".into(),
+            (nic.rx_packets - base.rx_packets) as f64,
+        );
+        out.insert(
+            "nic.rx_missed".into(),
+            (nic.rx_missed - base.rx_missed) as f64,
+        );
+        out.insert(
+            "nic.interrupts_per_s".into(),
+            (nic.interrupts - base.interrupts) as f64 / dur,
+        );
+        let gc = g.counters;
+        out.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
+        out.insert("guest.rx_packets".into(), gc.rx_packets as f64);
+        out.insert("guest.socket_drops".into(), gc.socket_drops as f64);
+        out.insert("guest.timer_irqs_per_s".into(), gc.timer_irqs as f64 / dur);
+        if g.cpus() > 1 {
+            out.insert("guest.ipis_sent_per_s".into(), gc.ipis_sent as f64 / dur);
+            out.insert(
+                "guest.resched_irqs_per_s".into(),
+                gc.resched_irqs as f64 / dur,
+            );
+        }
+        if g.rps_enabled() {
+            let r = g.rps_counters();
+            for (k, n) in [
+                ("guest.call_function_irqs_per_s", r.call_function_irqs),
+                ("guest.rps_ipis_per_s", r.ipis),
+                ("guest.rps_steered_per_s", r.steered),
+                ("guest.rps_steered_remote_per_s", r.steered_remote),
+                ("guest.rps_batches_per_s", r.batches),
+            ] {
+                out.insert(k.into(), n as f64 / dur);
+            }
+            out.insert("guest.rps_backlog_drops".into(), r.drops as f64);
+        }
+    }
+
+    /// Each virtio-net back end's counters, as its VM's metrics (VM 0's by
+    /// their plain names), and its worker's.
+    pub(super) fn vhost_metrics(&self, pv: &net::PvPath, metrics: &mut Metrics, dur: f64) {
+        let hybrid = self.scenario.hv.es2_hybrid != crate::hv::es2::Es2Hybrid::Off;
+        for d in &pv.devs {
+            let v = &d.counters;
+            let w = &pv.workers[d.worker].counters;
+            let prefix = crate::report::vm_prefix(d.vm);
+            let mut put = |k: &str, n: f64| {
+                metrics.insert(format!("{prefix}{k}"), n);
+            };
+            for (k, n) in [
+                ("vhost.kicks", v.kicks),
+                ("vhost.wakeups", w.wakeups),
+                ("vhost.tx_frames", v.tx_frames),
+                ("vhost.rx_frames", v.rx_frames),
+                ("vhost.signals", v.signals),
+                ("vhost.signals_suppressed", v.signals_suppressed),
+                ("vhost.tap_drops", v.tap_drops),
+            ] {
+                put(k, n as f64);
+            }
+            if hybrid {
+                put("vhost.quota_requeues", v.quota_requeues as f64);
+                put("vhost.polling_turns", v.polling_turns as f64);
+                put("vhost.empty_polls", v.empty_polls as f64);
+                put("vhost.naps", w.naps as f64);
+            }
+        }
+        {
+            // ES2 §7's overhead: the I/O threads' CPU, % of one core.
+            let busy: Time = pv.workers.iter().map(|w| w.counters.busy).sum();
+            metrics.insert(
+                "vhost.io_cpu_pct".into(),
+                100.0 * busy as f64 / (dur * SEC as f64).max(1.0),
+            );
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> crate::report::Snapshot<'_> {
+        let mut metrics = Metrics::new();
+        let dur = (self.end - self.measure_start) as f64 / SEC as f64;
+        // VM 0's metrics by their plain names, VM i's prefixed `vm<i>.`.
+        for vm in 0..self.guests.len() {
+            if vm == 0 {
+                self.vm_metrics(0, &mut metrics, dur);
+            } else {
+                let mut m = Metrics::new();
+                self.vm_metrics(vm, &mut m, dur);
+                for (k, v) in m {
+                    metrics.insert(format!("vm{vm}.{k}"), v);
+                }
+            }
+        }
+        for link in &self.peers {
+            if link.vm == 0 {
+                link.peer.metrics(&mut metrics);
+            } else {
+                let mut m = Metrics::new();
+                link.peer.metrics(&mut m);
+                // A VM's several peer processes (netperf instances) sum.
+                for (k, v) in m {
+                    *metrics.entry(format!("vm{}.{k}", link.vm)).or_insert(0.0) += v;
+                }
+            }
+        }
+        self.scheme.metrics(&mut metrics);
+        if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
+            self.sched_metrics(&mut metrics, self.end, dur);
+            let w = &self.checker.waited_schedule_in;
+            metrics.insert("irq.waited_schedule_in".into(), w.count() as f64);
+            if w.count() > 0 {
+                metrics.insert(
+                    "irq.waited_schedule_in_mean_us".into(),
+                    crate::engine::as_us(w.mean()),
+                );
+                metrics.insert(
+                    "irq.waited_schedule_in_p99_us".into(),
+                    crate::engine::as_us(w.percentile(99.0)),
+                );
+            }
+            let d = &self.checker.descheduled_delay;
+            metrics.insert("irq.descheduled".into(), d.count() as f64);
+            if d.count() > 0 {
+                metrics.insert(
+                    "irq.descheduled_delay_mean_us".into(),
+                    crate::engine::as_us(d.mean()),
+                );
+                metrics.insert(
+                    "irq.descheduled_delay_p99_us".into(),
+                    crate::engine::as_us(d.percentile(99.0)),
+                );
+                metrics.insert(
+                    "irq.descheduled_delay_max_us".into(),
+                    crate::engine::as_us(d.max()),
+                );
+            }
+        }
+        for b in &self.blk {
+            b.metrics(&mut metrics);
+        }
+        if let Some(pv) = &self.pv {
+            self.vhost_metrics(pv, &mut metrics, dur);
+        }
+        for (vm, r) in self.hv.redirect.iter().enumerate() {
+            if let Some(r) = r {
+                let p = crate::report::vm_prefix(vm);
+                metrics.insert(format!("{p}es2.redirected"), r.redirected as f64);
+                metrics.insert(format!("{p}es2.to_offline"), r.to_offline as f64);
+            }
+        }
+        crate::report::Snapshot {
+            scenario: &self.scenario,
+            scheme: self.scheme.name(),
+            duration: self.end - self.measure_start,
+            vms: &self.hv.vms,
+            metrics,
+            checker: &self.checker,
+            timer_exits: &self.timer_exits,
+            msi_faults: self.msi_faults,
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! The x86 virtualization extension (VT-x) on the platform: what the core
+//! does in VMX non-root mode about pending interrupts (the VMCS-driven
+//! decision between a VM exit, posted-interrupt processing, virtual-
+//! interrupt delivery and delivery through the guest IDT), how a guest
+//! instruction executes (WRMSR / APIC-page stores the VMCS virtualizes or
+//! traps, OUT, MMIO to a VF), and the exit -> handler -> entry path with
+//! its costs. The generic world calls these through `world::arch`; an ARM
+//! EL2 sibling (HCR_EL2 traps, the GIC's virtual CPU interface, list
+//! registers) would stand beside this file.
+
+use super::event::{schedule_apic_effect, Ev};
+use super::{ExitState, Stage, World, EMULATED_DEVICE_PORT};
+use crate::engine::{from_s, Time, SEC};
+use crate::guest::{Instr, VfReg};
+use crate::hv::exits::ExitInfo;
+use crate::hw::x86::core::CoreMode;
+use crate::hw::x86::idt::NP_VECTOR;
+use crate::hw::x86::lapic::{decode_icr, msr, DeliveryMode, Ipi, IpiDest};
+use crate::hw::x86::vmcs::{ApicMmioOutcome, WrmsrOutcome};
+use crate::report::trace::TraceKind;
+
+impl World {
+    /// VM entry with the "activate VMX-preemption timer" control set: the
+    /// timer starts from the VMCS value and counts down at TSC >> rate.
+    pub(super) fn arm_preemption_timer(&mut self, core: usize, vcpu: usize) {
+        let vmcs = &self.m.vmcs[vcpu];
+        if !vmcs.pin.preemption_timer {
+            return;
+        }
+        let ticks =
+            (vmcs.preemption_timer_value as u128) << crate::hw::x86::vmcs::PREEMPTION_TIMER_RATE;
+        let ps = (ticks * SEC as u128 / self.tsc_hz.max(1) as u128) as Time;
+        self.ptimer_gen[core] += 1;
+        let gen = self.ptimer_gen[core];
+        self.q.schedule_in(
+            ps,
+            Ev::PreemptionTimer {
+                core: core as u16,
+                gen,
+            },
+        );
+    }
+
+    /// What the core must do now about pending events, in guest mode: an
+    /// exit, a delivery through the guest IDT, or nothing.
+    pub(super) fn interrupt_decision(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+        let mode = self.m.cores[core].mode;
+        let (k, c) = self.kcpu(self.kernel_of(core));
+        let if_on = self.guests[k].interrupts_enabled(c);
+        let lapic = &mut self.m.lapics[core];
+        match mode {
+            CoreMode::Native { .. } => {
+                if lapic.deliverable().is_some() && if_on {
+                    return lapic.ack().map(Err);
+                }
+                None
+            }
+            CoreMode::Guest { vcpu } => {
+                if self.bg_pending[vcpu] != 0 {
+                    let kind = self.bg_pending[vcpu].trailing_zeros();
+                    self.bg_pending[vcpu] &= !(1 << kind);
+                    return Some(Ok(if kind == 0 {
+                        ExitInfo::IoInstruction {
+                            port: EMULATED_DEVICE_PORT,
+                        }
+                    } else {
+                        ExitInfo::EptViolation
+                    }));
+                }
+                let vmcs = &self.m.vmcs[vcpu];
+                if lapic.nmi_pending() && vmcs.nmi_exits() {
+                    lapic.take_nmi();
+                    return Some(Ok(ExitInfo::Nmi));
+                }
+                if let Some(v) = lapic.deliverable() {
+                    if vmcs.posted_notification_absorbed(v) {
+                        // Posted-interrupt processing (SDM 29.6): the CPU
+                        // acknowledges and EOIs the notification, moves PIR
+                        // into the virtual IRR and clears ON; no exit.
+                        lapic.ack();
+                        lapic.eoi();
+                        let pir = self.m.pi_desc[vcpu].take();
+                        self.m.vapic[vcpu].sync_pir(pir);
+                        return self.interrupt_decision(core);
+                    }
+                    if vmcs.external_interrupt_exits() {
+                        // SDM 27.2.2: with "acknowledge interrupt on exit" the
+                        // processor acknowledges the LAPIC and saves the
+                        // vector; without it the interrupt stays in the IRR.
+                        let vector = if vmcs.exit.ack_interrupt_on_exit {
+                            Some(lapic.ack()?)
+                        } else {
+                            None
+                        };
+                        return Some(Ok(ExitInfo::ExternalInterrupt { vector }));
+                    }
+                    if if_on {
+                        let v = lapic.ack()?;
+                        return Some(self.through_idt(vcpu, v));
+                    }
+                }
+                if vmcs.proc2.virtual_interrupt_delivery && if_on {
+                    // Virtual-interrupt delivery (SDM 29.2): RVI above VPPR.
+                    if let Some(v) = self.m.vapic[vcpu].deliver() {
+                        return Some(self.through_idt(vcpu, v));
+                    }
+                }
+                let vmcs = &self.m.vmcs[vcpu];
+                if vmcs.proc.interrupt_window_exiting && if_on {
+                    return Some(Ok(ExitInfo::PendingInterrupt));
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Event delivery through the IDT the guest-state IDTR points at: the
+    /// gate's handler runs, or a not-present gate raises #NP, which exits if
+    /// the exception bitmap says so (ELI's bounce of host vectors).
+    pub(super) fn through_idt(&self, vcpu: usize, vector: u8) -> Result<ExitInfo, u8> {
+        match self.m.idt_gate(vcpu, vector) {
+            Some(g) => Err(g),
+            None if self.m.vmcs[vcpu].exception_exits(NP_VECTOR) => Ok(ExitInfo::Exception {
+                vector: NP_VECTOR,
+                idt_vectoring: Some(vector),
+            }),
+            // The guest's own #NP handler would run: the interrupt never
+            // reaches a handler for it, which the checker reports as lost.
+            None => Err(vector),
+        }
+    }
+
+    /// EOI virtualization (SDM 29.1.4): the virtual-APIC page takes the
+    /// EOI; an EOI-exit-bitmap vector then exits.
+    pub(super) fn virtualized_eoi(
+        &mut self,
+        k: usize,
+        vcpu: usize,
+        eoi: Option<u8>,
+        now: Time,
+    ) -> Option<(ExitInfo, Option<u8>)> {
+        let cleared = self.m.vapic[vcpu].eoi();
+        if let Some(expected) = eoi {
+            self.checker.eoi(k, expected, cleared, now);
+        }
+        match cleared {
+            Some(v) if self.m.vmcs[vcpu].eoi_exit_bitmap.test(v) => {
+                Some((ExitInfo::EoiInduced { vector: v }, None))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether vCPU `k`'s guest drives its LAPIC in xAPIC mode.
+    pub(super) fn guest_xapic(&self, k: usize) -> bool {
+        self.hv.vms[self.hv.vcpus[k].vm].xapic
+    }
+
+    /// An xAPIC guest's store of `value` to the LAPIC register that x2APIC
+    /// names `reg`, at offset `(reg - 0x800) << 4` of its APIC page, as the
+    /// VMCS's APIC-access controls take it (SDM 29.4.3).
+    pub(super) fn xapic_store(
+        &mut self,
+        k: usize,
+        vcpu: usize,
+        reg: u32,
+        value: u64,
+        eoi: Option<u8>,
+        now: Time,
+    ) -> Option<(ExitInfo, Option<u8>)> {
+        let offset = ((reg - msr::X2APIC_FIRST) << 4) as u16;
+        let value = value as u32;
+        match self.m.vmcs[vcpu].apic_mmio_write_outcome(offset) {
+            ApicMmioOutcome::ApicAccessExit => Some((ExitInfo::ApicAccess { offset, value }, eoi)),
+            ApicMmioOutcome::ApicWriteExit => Some((ExitInfo::ApicWrite { offset, value }, eoi)),
+            ApicMmioOutcome::EoiVirtualization => self.virtualized_eoi(k, vcpu, eoi, now),
+            ApicMmioOutcome::TprVirtualization => {
+                let _ = self.m.vapic[vcpu].write_tpr(u64::from(value));
+                None
+            }
+            // Refused at build (SMP xAPIC guests are not modelled); the
+            // write exits as KVM's fallback would.
+            ApicMmioOutcome::IpiVirtualization => {
+                Some((ExitInfo::ApicWrite { offset, value }, None))
+            }
+        }
+    }
+
+    /// Executes a guest instruction. Returns the exit it causes, if any
+    /// (with the vector an exiting EOI completes).
+    pub(super) fn execute(
+        &mut self,
+        core: usize,
+        k: usize,
+        i: Instr,
+    ) -> Option<(ExitInfo, Option<u8>)> {
+        let now = self.q.now();
+        let vmcs = match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu } => Some(vcpu),
+            _ => None,
+        };
+        let (reg, value, eoi) = match i {
+            Instr::Eoi { vector } => {
+                self.trace_event(TraceKind::Eoi { vector }, core, now, now);
+                (msr::EOI, 0, Some(vector))
+            }
+            Instr::ArmTimer {
+                count,
+                deadline,
+                vector,
+            } => {
+                self.checker.timer_programmed(k, vector, deadline, now);
+                self.timer_due[k] = deadline;
+                (msr::TMICT, count as u64, None)
+            }
+            Instr::WrMsr { msr: r, value } => {
+                if r == msr::ICR {
+                    self.guest_ipi_sent(k, value, now);
+                }
+                (r, value, None)
+            }
+            // Handled by guest_run before it gets here.
+            Instr::Hlt => return None,
+            Instr::PioWrite { port, .. } => {
+                // KVM exits on every IN/OUT; on bare metal there is no
+                // virtio device behind the port.
+                let exits = vmcs.is_some_and(|v| self.m.vmcs[v].proc.unconditional_io_exiting);
+                return exits.then_some((ExitInfo::IoInstruction { port }, None));
+            }
+            Instr::VfWrite { vf, reg } => {
+                // The VF's BAR is mapped into the guest: MMIO goes straight
+                // to the device in every scheme.
+                match reg {
+                    VfReg::Eitr(vec, v) => {
+                        if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
+                            self.nic_action(a);
+                        }
+                    }
+                    VfReg::Tdt => {
+                        let fetch = self.tx_fetch;
+                        if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
+                            self.q.schedule(t, Ev::VfTxDone { vf });
+                        }
+                    }
+                    VfReg::Eims(bits) => {
+                        if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
+                            for a in acts {
+                                self.nic_action(a);
+                            }
+                        }
+                    }
+                }
+                return None;
+            }
+        };
+        // An xAPIC guest stores to its LAPIC page instead: in guest mode
+        // the VMCS's APIC-access controls decide (SDM 29.4); on bare metal
+        // the store reaches the LAPIC as the MSR write would.
+        if let (Some(vcpu), true) = (vmcs, self.guest_xapic(k)) {
+            if (msr::X2APIC_FIRST..=msr::X2APIC_LAST).contains(&reg) {
+                return self.xapic_store(k, vcpu, reg, value, eoi, now);
+            }
+        }
+        // In guest mode the VMCS decides where the write goes (SDM 25.1.3,
+        // 29.5); a faulting virtualized write (#GP) changes nothing, as a
+        // faulting physical one.
+        let outcome = vmcs.map(|v| (v, self.m.vmcs[v].wrmsr_outcome(reg)));
+        match outcome {
+            Some((_, WrmsrOutcome::VmExit)) => {
+                return Some((ExitInfo::MsrWrite { msr: reg, value }, eoi));
+            }
+            Some((vcpu, WrmsrOutcome::EoiVirtualization)) => {
+                return self.virtualized_eoi(k, vcpu, eoi, now);
+            }
+            Some((vcpu, WrmsrOutcome::TprVirtualization)) => {
+                let _ = self.m.vapic[vcpu].write_tpr(value);
+                return None;
+            }
+            Some((vcpu, WrmsrOutcome::SelfIpiVirtualization)) => {
+                let _ = self.m.vapic[vcpu].self_ipi(value);
+                return None;
+            }
+            Some((vcpu, WrmsrOutcome::IpiVirtualization)) => {
+                if self.ipi_virtualization(vcpu, value) {
+                    return None;
+                }
+                // Anything else is an APIC-write VM exit, handled as KVM
+                // handles an ICR write.
+                return Some((ExitInfo::MsrWrite { msr: reg, value }, None));
+            }
+            Some((_, WrmsrOutcome::Msr)) | None => {}
+        }
+        let eff = self.m.lapics[core].write_msr(reg, value, now);
+        if let Ok(eff) = eff {
+            let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_latency);
+            if let (Some(expected), Some(cleared)) = (eoi, r) {
+                // The guest completes the handler the IDT ran for the
+                // physical vector (they differ under a remapping shadow IDT).
+                let cleared = match vmcs {
+                    Some(v) => cleared.map(|c| self.m.idt_gate(v, c).unwrap_or(c)),
+                    None => cleared,
+                };
+                self.checker.eoi(k, expected, cleared, now);
+            }
+        }
+        None
+    }
+
+    /// The guest on `vcpu` wrote its ICR: the checker notes the IPI as
+    /// raised for its target (unicast fixed IPIs to a sibling; the model's
+    /// guests send no other kind).
+    pub(super) fn guest_ipi_sent(&mut self, vcpu: usize, icr: u64, now: Time) {
+        let Ok(Ipi {
+            dest: IpiDest::Physical(id),
+            vector,
+            mode: DeliveryMode::Fixed,
+        }) = decode_icr(icr)
+        else {
+            return;
+        };
+        let vm = self.hv.vcpus[vcpu].vm;
+        if let Some(t) = self.hv.vcpu_by_apic_id(vm, id) {
+            self.checker.raised_on(t, vector, now);
+        }
+    }
+
+    /// IPI virtualization (SDM 30.1.6, "virtualizing ICR writes"): a
+    /// unicast fixed physical-mode IPI is posted by the processor to the
+    /// descriptor the VM's PID-pointer table gives for the destination's
+    /// virtual APIC ID, with a notification if ON was clear and SN is not
+    /// set. No VM exit.
+    pub(super) fn ipi_virtualization(&mut self, vcpu: usize, icr: u64) -> bool {
+        // Physical destination mode (bit 11 clear), which decode_icr does
+        // not look at, and a legal vector.
+        let physical = (icr >> 11) & 1 == 0;
+        let Ok(Ipi {
+            dest: IpiDest::Physical(dest),
+            vector,
+            mode: DeliveryMode::Fixed,
+        }) = decode_icr(icr)
+        else {
+            return false;
+        };
+        if !physical || vector < 0x10 {
+            return false;
+        }
+        let Some(&pid) = self.m.vmcs[vcpu].pid_table.get(dest as usize) else {
+            return false;
+        };
+        let Some(pi) = self.m.pi_desc.get_mut(pid as usize) else {
+            return false;
+        };
+        if pi.post(vector) {
+            let (nv, ndst) = (pi.nv, pi.ndst);
+            if let Some(to) = self.m.core_of_apic(ndst) {
+                // The notification is an ordinary IPI from the sender's core.
+                self.q.schedule_in_async(
+                    self.costs.ipi_latency,
+                    Ev::ApicArrive {
+                        core: to as u16,
+                        vector: nv,
+                        mode: DeliveryMode::Fixed,
+                    },
+                );
+            }
+        }
+        true
+    }
+
+    pub(super) fn exit_cost(&mut self, vm: usize, info: ExitInfo) -> Time {
+        let c = &self.costs;
+        let rt = c.roundtrip;
+        let mut sample = |mean: Time| {
+            rt + from_s(
+                self.rng_exit
+                    .exponential(mean.saturating_sub(rt) as f64 / SEC as f64),
+            )
+        };
+        match info {
+            // The measured 1.97 µs covers the host IRQ handler, charged apart.
+            ExitInfo::ExternalInterrupt { .. } => {
+                c.external_interrupt.saturating_sub(c.irq_handler)
+            }
+            ExitInfo::EoiInduced { .. } => c.msr_write_eoi,
+            ExitInfo::MsrWrite { msr, .. } => c.apic_register_write(msr),
+            ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(vm, port) {
+                Some(_) => c.io_instruction_ioeventfd,
+                None => sample(self.costs.io_instruction_mean),
+            },
+            ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
+            ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
+            ExitInfo::Hlt => c.hlt,
+            // The same register's MSR-write exit, plus decoding the store
+            // for the fault-like APIC access.
+            ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => {
+                let base = c.apic_register_write(info.apic_msr().map_or(0, |(m, _)| m));
+                if matches!(info, ExitInfo::ApicAccess { .. }) {
+                    base + c.apic_access_decode
+                } else {
+                    base
+                }
+            }
+            ExitInfo::Nmi => c.nmi,
+            // Like EXTERNAL_INTERRUPT, the host handler is charged apart.
+            ExitInfo::Exception { .. } => c.exception_np.saturating_sub(c.irq_handler),
+        }
+    }
+
+    pub(super) fn vm_exit(&mut self, core: usize, info: ExitInfo, eoi_expect: Option<u8>) {
+        let now = self.q.now();
+        self.pause_guest(core);
+        let CoreMode::Guest { vcpu } = self.m.cores[core].mode else {
+            return;
+        };
+        self.account_guest_time(core, vcpu, now);
+        // The preemption timer counts only in guest mode.
+        self.ptimer_gen[core] += 1;
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.exits[core] = Some(ExitState {
+            vcpu,
+            info,
+            start: now,
+            stage: Stage::Handler,
+            timer_landed: false,
+            record: true,
+        });
+        let base = self.exit_cost(self.hv.vcpus[vcpu].vm, info);
+        let (mut cx, scheme) = self.cx();
+        let out = scheme.handle_exit(&mut cx, vcpu, info);
+        if matches!(info, ExitInfo::ExternalInterrupt { vector: Some(_) }) {
+            // The host's handler EOIs the vector acknowledged on exit.
+            cx.m.lapics[core].eoi();
+        }
+        let charged = cx.charged;
+        if let (Some(expected), Some(cleared)) = (eoi_expect, out.eoi_cleared) {
+            self.checker.eoi(vcpu, expected, cleared, now);
+        }
+        self.start_segment(core, base + charged);
+    }
+
+    pub(super) fn exit_stage_done(&mut self, core: usize) {
+        let Some(mut e) = self.exits[core] else {
+            return;
+        };
+        if e.stage != Stage::Entering {
+            // Host interrupts are enabled between handler steps.
+            let (mut cx, scheme) = self.cx();
+            let mut took = false;
+            if cx.m.lapics[core].take_nmi() {
+                scheme.host_nmi(&mut cx, core);
+                took = true;
+            } else if let Some(v) = cx.m.lapics[core].ack() {
+                scheme.host_interrupt(&mut cx, core, v);
+                cx.m.lapics[core].eoi();
+                took = true;
+            }
+            if took {
+                let charged = cx.charged.max(1);
+                e.stage = Stage::HostIrq;
+                self.exits[core] = Some(e);
+                self.start_segment(core, charged);
+                return;
+            }
+            let wait = scheme.entry_quiesce(&cx, e.vcpu);
+            if wait > 0 {
+                e.stage = Stage::HostIrq;
+                self.exits[core] = Some(e);
+                self.start_segment(core, wait);
+                return;
+            }
+            scheme.prepare_entry(&mut cx, e.vcpu);
+            let charged = cx.charged;
+            e.stage = Stage::Entering;
+            self.exits[core] = Some(e);
+            if charged > 0 {
+                self.start_segment(core, charged);
+                return;
+            }
+        }
+        self.vm_entry(core);
+    }
+
+    pub(super) fn vm_entry(&mut self, core: usize) {
+        let Some(e) = self.exits[core].take() else {
+            return;
+        };
+        let now = self.q.now();
+        let vcpu = e.vcpu;
+        let vm = self.hv.vcpus[vcpu].vm;
+        let service = now - e.start;
+        let reason = e.info.reason();
+        let kind = if e.record {
+            TraceKind::Exit(reason)
+        } else {
+            TraceKind::ScheduleIn
+        };
+        self.trace_event(kind, core, e.start, now);
+        let deschedule = std::mem::take(&mut self.deschedule_pending[vcpu]);
+        if deschedule && !self.hv.vcpus[vcpu].halted {
+            self.put(core, vcpu);
+            return;
+        }
+        if e.record && e.start >= self.measure_start {
+            self.hv.vms[vm].stats.record_info(&e.info, service);
+            if e.timer_landed {
+                self.timer_exits[reason.index()].record(service);
+            }
+        }
+        if self.hv.vcpus[vcpu].halted {
+            // kvm_vcpu_block: the vCPU thread sleeps instead of entering,
+            // unless an interrupt came in since the HLT exit began
+            // (kvm_vcpu_check_block looks again right before sleeping).
+            let runnable = {
+                let (cx, scheme) = self.cx();
+                scheme.vcpu_has_interrupt(&cx, vcpu)
+            };
+            if !runnable {
+                // A schedule-out that came during the HLT exit is moot:
+                // the thread blocks (pi_pre_block and all), and the
+                // kick that makes an interrupt pending wakes it.
+                return self.halt(core, vcpu);
+            }
+            self.hv.vcpus[vcpu].halted = false;
+        }
+        if deschedule {
+            self.put(core, vcpu);
+            return;
+        }
+        self.m.cores[core].mode = CoreMode::Guest { vcpu };
+        self.m.cores[core].guest_since = now;
+        self.arm_preemption_timer(core, vcpu);
+        if let Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) =
+            self.m.vmcs[vcpu].entry_event.take()
+        {
+            match self.through_idt(vcpu, v) {
+                Err(g) => self.deliver(core, g),
+                Ok(info) => return self.vm_exit(core, info, None),
+            }
+        }
+        let guest_isr = {
+            let (cx, scheme) = self.cx();
+            scheme.guest_isr(&cx, vcpu)
+        };
+        let (k, c) = self.kcpu(vcpu);
+        let in_service = self.guests[k].in_service(c);
+        self.checker.isr_at_entry(vcpu, in_service, guest_isr, now);
+        self.guest_run(core);
+    }
+}
