@@ -7,7 +7,7 @@
 //! each completion cancels it (DID §5.6: "Fio arms a guard timer per
 //! request"), which moves the clockevent when that timer is the next one.
 
-use super::{Action, FrameKind, HrKind, Instr, Kernel};
+use super::{Action, FrameKind, HrKind, Kernel, KernelOp};
 use crate::engine::Time;
 use crate::hw::virtio_blk::{BlkRequest, VirtioBlkDev};
 use std::collections::VecDeque;
@@ -109,7 +109,7 @@ impl Kernel {
             _ => {
                 self.set_stage(top, 0, 0);
                 if dev.kick_prepare() {
-                    return Some(Action::Instr(Instr::PioWrite {
+                    return Some(Action::Op(KernelOp::QueueNotify {
                         port: cfg.notify_port,
                         value: 0,
                     }));

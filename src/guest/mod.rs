@@ -1,9 +1,10 @@
 //! The guest OS model: one Linux-3.6-like kernel per vCPU (or per core on bare
 //! metal). It runs interrupt handlers through its IDT, acknowledges them with
-//! x2APIC EOI writes, programs its LAPIC timer through TMICT, receives packets
-//! with NAPI through the ixgbevf-like VF driver, keeps hrtimers, and schedules
-//! tasks by priority. Every privileged action is an [`Instr`] that the
-//! hardware layer executes; whether it exits is not the guest's business.
+//! end-of-interrupt writes, programs its clockevent, receives packets with NAPI
+//! through the ixgbevf-like VF driver, keeps hrtimers, and schedules tasks by
+//! priority. Every privileged action is an arch-neutral [`KernelOp`] that the
+//! architecture turns into an instruction; whether it exits is not the
+//! guest's business.
 
 pub mod app;
 pub mod blk;
@@ -15,7 +16,7 @@ pub mod tcp;
 
 use crate::engine::{Time, NS};
 use crate::hw::wire::Frame as WireFrame;
-use crate::hw::x86::lapic::{msr, ApicBitmap};
+use crate::hw::x86::lapic::ApicBitmap;
 use app::{App, Datagram, Metrics, Sys, TaskStep};
 use itr::{DynamicItr, ItrParams};
 use net::{Devices, NetCounters, TcpSock, VirtioNetGuest};
@@ -144,8 +145,8 @@ pub struct GuestConfig {
     pub irq_nesting: bool,
     /// What the idle loop does.
     pub idle: IdleMode,
-    /// APIC timer tick after the divider (bus period × 16, TDCR = 0b0011).
-    pub apic_timer_period: Time,
+    /// The clockevent device.
+    pub clockevent: Clockevent,
     /// Socket receive buffer, in datagrams.
     pub rcvbuf_packets: usize,
     /// NAPI weight.
@@ -164,48 +165,78 @@ pub struct GuestConfig {
     pub costs: GuestCosts,
 }
 
-/// A privileged action the guest performs; the hardware decides whether it
-/// exits.
+/// The kernel's clockevent device as its driver sees it (Linux's
+/// `clock_event_device`): the tick a programmed delta counts in, the
+/// shortest delta it accepts, and how many register writes its boot-time
+/// setup takes. The architecture provides it (x86: the LAPIC timer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Instr {
-    /// WRMSR 0x80B (x2APIC EOI), completing the handler of `vector`.
-    Eoi {
+pub struct Clockevent {
+    /// One tick of the device.
+    pub tick: Time,
+    /// `min_delta_ticks`: shorter deltas are rounded up to this.
+    pub min_delta_ticks: u32,
+    /// Register writes of the one-shot setup at boot.
+    pub init_steps: u8,
+}
+
+/// An operation the kernel asks of its platform: its interrupt controller,
+/// its clockevent, a device register, or idle. It names what the kernel
+/// wants, not an instruction: the architecture turns it into the
+/// instruction it is there (x86: `world::vmx` lowers it to WRMSR, OUT, HLT
+/// or an MMIO store), which the hardware executes and the hypervisor's
+/// configuration makes trap or not. Whether it exits is not the guest's
+/// business.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelOp {
+    /// End of interrupt for the handler of `vector` (x86: the x2APIC EOI
+    /// register; ARM: ICC_EOIR1_EL1).
+    EndOfInterrupt {
         /// The vector the guest believes it completes.
         vector: u8,
     },
-    /// WRMSR to TMICT for the guest's next clockevent. `deadline` is the
-    /// expiry the guest expects (None = stop).
-    ArmTimer {
-        /// Initial count.
-        count: u32,
+    /// Programs the clockevent to fire in `ticks` of its tick (x86: TMICT;
+    /// ARM: CNTV_TVAL/CVAL). `deadline` is the expiry the guest expects.
+    ProgramClockevent {
+        /// Delta, in device ticks.
+        ticks: u32,
         /// Expected expiry.
         deadline: Option<Time>,
         /// Timer vector (for the checker).
         vector: u8,
     },
-    /// OUT to an I/O port (a virtio queue notify).
-    PioWrite {
+    /// Step `step` of the clockevent's boot-time one-shot setup on
+    /// `vector` (x86: the LVT timer entry, then the divider).
+    ClockeventInit {
+        /// Which register write of the setup.
+        step: u8,
+        /// The timer's vector.
+        vector: u8,
+    },
+    /// An IPI with `vector` to this VM's CPU `cpu` (x86: the x2APIC ICR;
+    /// ARM: ICC_SGI1R_EL1).
+    SendIpi {
+        /// Target CPU of this kernel.
+        cpu: u32,
+        /// Vector.
+        vector: u8,
+    },
+    /// A virtqueue notify: a write to the device's notify register, which
+    /// the hypervisor emulates (x86: OUT to an I/O port).
+    QueueNotify {
         /// Port.
         port: u16,
         /// Value written (the queue index for QUEUE_NOTIFY).
         value: u32,
     },
-    /// Any other WRMSR.
-    WrMsr {
-        /// MSR index.
-        msr: u32,
-        /// Value.
-        value: u64,
-    },
-    /// HLT (with interrupts on: the idle loop's `sti; hlt`).
-    Hlt,
-    /// MMIO write to the VF's BAR (mapped into the guest: never exits).
+    /// A store to a register of the VF's BAR (mapped into the guest).
     VfWrite {
         /// VF.
         vf: u16,
         /// Register.
         reg: VfReg,
     },
+    /// Idle until an interrupt, interrupts on (x86: `sti; hlt`; ARM: WFI).
+    Idle,
 }
 
 /// VF registers the driver writes on its hot path.
@@ -224,8 +255,8 @@ pub enum VfReg {
 pub enum Action {
     /// Run for this long.
     Compute(Time),
-    /// Execute a privileged instruction, then ask again.
-    Instr(Instr),
+    /// Ask the platform for an operation, then ask again.
+    Op(KernelOp),
     /// The handler of this vector returned (iret); ask again.
     Returned(u8),
     /// Nothing to run: the idle loop spins (idle=poll) until interrupted.
@@ -713,7 +744,7 @@ impl Kernel {
     }
 
     /// Reprograms the clockevent if the earliest hrtimer changed.
-    fn reprogram(&mut self, now: Time) -> Option<Instr> {
+    fn reprogram(&mut self, now: Time) -> Option<KernelOp> {
         let next = self.cpu.hrtimers.iter().map(|h| h.0).min();
         if next == self.cpu.programmed {
             return None;
@@ -724,12 +755,13 @@ impl Kernel {
         // still fire and finds nothing expired.
         let t = next?;
         self.counters.tmict_writes += 1;
-        let p = self.cfg.apic_timer_period.max(1);
-        // Linux's min_delta for the LAPIC clockevent is 0xF ticks.
-        let count = (t.saturating_sub(now).div_ceil(p)).clamp(0xF, u32::MAX as u64) as u32;
-        Some(Instr::ArmTimer {
-            count,
-            deadline: Some(now + count as Time * p),
+        let ce = self.cfg.clockevent;
+        let p = ce.tick.max(1);
+        let ticks = (t.saturating_sub(now).div_ceil(p))
+            .clamp(u64::from(ce.min_delta_ticks), u32::MAX as u64) as u32;
+        Some(KernelOp::ProgramClockevent {
+            ticks,
+            deadline: Some(now + ticks as Time * p),
             vector: self.cfg.timer_vector,
         })
     }
@@ -812,33 +844,32 @@ impl Kernel {
                 return Action::InterruptsEnabled;
             }
             if self.cpu.ipi_pending != 0 {
-                // smp_send_reschedule: a fixed IPI through the x2APIC ICR
-                // to the CPU's APIC ID (the guest numbers them 0..n).
+                // smp_send_reschedule: a fixed IPI to the CPU.
                 let c = self.cpu.ipi_pending.trailing_zeros();
                 self.cpu.ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
-                return Action::Instr(Instr::WrMsr {
-                    msr: msr::ICR,
-                    value: ((c as u64) << 32) | RESCHEDULE_VECTOR as u64,
+                return Action::Op(KernelOp::SendIpi {
+                    cpu: c,
+                    vector: RESCHEDULE_VECTOR,
                 });
             }
             if self.cpu.call_ipi_pending != 0 {
                 // smp_call_function_single_async → generic_exec_single:
                 // the csd went on an empty call-single queue, so
-                // arch_send_call_function_single_ipi writes the ICR.
+                // arch_send_call_function_single_ipi sends the IPI.
                 let c = self.cpu.call_ipi_pending.trailing_zeros();
                 self.cpu.call_ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 self.rps_counters.ipis += 1;
-                return Action::Instr(Instr::WrMsr {
-                    msr: msr::ICR,
-                    value: ((c as u64) << 32) | rps::CALL_FUNCTION_SINGLE_VECTOR as u64,
+                return Action::Op(KernelOp::SendIpi {
+                    cpu: c,
+                    vector: rps::CALL_FUNCTION_SINGLE_VECTOR,
                 });
             }
             let Some(top) = self.cpu.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
                     if (self.cpu.ipi_pending | self.cpu.call_ipi_pending) != 0
-                        && matches!(a, Action::Spin | Action::Instr(Instr::Hlt))
+                        && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
                     {
                         // The IPIs a wake-up here asked for go out before
                         // the CPU idles.
@@ -865,31 +896,23 @@ impl Kernel {
 
     fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
         match f.kind {
-            FrameKind::Boot => match f.stage {
-                0 => {
-                    self.set_stage(top, 1, 0);
-                    // LVTT: one-shot, vector; the guest uses TMICT (lapic=notscdeadline).
-                    Some(Action::Instr(Instr::WrMsr {
-                        msr: msr::LVT_TIMER,
-                        value: self.cfg.timer_vector as u64,
-                    }))
+            // The clockevent's one-shot setup, one register write a step,
+            // then the first programming.
+            FrameKind::Boot if f.stage < self.cfg.clockevent.init_steps => {
+                self.set_stage(top, f.stage + 1, 0);
+                Some(Action::Op(KernelOp::ClockeventInit {
+                    step: f.stage,
+                    vector: self.cfg.timer_vector,
+                }))
+            }
+            FrameKind::Boot => {
+                self.pop();
+                self.set_if(true);
+                if self.cfg.tick == TickMode::Periodic {
+                    self.start_tick(now);
                 }
-                1 => {
-                    self.set_stage(top, 2, 0);
-                    Some(Action::Instr(Instr::WrMsr {
-                        msr: msr::TDCR,
-                        value: 0b0011,
-                    }))
-                }
-                _ => {
-                    self.pop();
-                    self.set_if(true);
-                    if self.cfg.tick == TickMode::Periodic {
-                        self.start_tick(now);
-                    }
-                    self.reprogram(now).map(Action::Instr)
-                }
-            },
+                self.reprogram(now).map(Action::Op)
+            }
             FrameKind::Irq { vector } => self.irq_step(top, f, vector, now, dev),
             FrameKind::Softirq { round } => {
                 if f.stage == 0 && self.tx_ready() {
@@ -946,7 +969,7 @@ impl Kernel {
                             self.start_tick(now);
                         }
                     }
-                    self.reprogram(now).map(Action::Instr)
+                    self.reprogram(now).map(Action::Op)
                 }
                 _ => {
                     self.pop();
@@ -964,11 +987,11 @@ impl Kernel {
                             .socket
                             .is_some_and(|s| !self.sockets[s].is_empty());
                     if until <= now || ready {
-                        return self.reprogram(now).map(Action::Instr);
+                        return self.reprogram(now).map(Action::Op);
                     }
                     self.tasks[task].state = TaskState::Sleeping;
                     self.cpu.hrtimers.push((until, HrKind::Wake(task)));
-                    self.reprogram(now).map(Action::Instr)
+                    self.reprogram(now).map(Action::Op)
                 }
                 _ => {
                     self.pop();
@@ -1002,7 +1025,7 @@ impl Kernel {
                     return None;
                 }
                 self.cpu.in_service.clear(vector);
-                Some(Action::Instr(Instr::Eoi { vector }))
+                Some(Action::Op(KernelOp::EndOfInterrupt { vector }))
             }
             1 => {
                 let work = if is_timer {
@@ -1040,7 +1063,7 @@ impl Kernel {
                 self.set_stage(top, 3, 0);
                 if is_timer || self.is_blk_vector(vector) {
                     // A fired or cancelled first timer moves the clockevent.
-                    return self.reprogram(now).map(Action::Instr);
+                    return self.reprogram(now).map(Action::Op);
                 }
                 None
             }
@@ -1049,7 +1072,7 @@ impl Kernel {
                 if nest {
                     self.cpu.if_flag = false;
                     self.cpu.in_service.clear(vector);
-                    return Some(Action::Instr(Instr::Eoi { vector }));
+                    return Some(Action::Op(KernelOp::EndOfInterrupt { vector }));
                 }
                 None
             }
@@ -1117,7 +1140,7 @@ impl Kernel {
                 let new = self.itr.update(&self.cfg.itr);
                 self.set_stage(top, 1, c.itr_update + flushed);
                 new.map(|v| {
-                    Action::Instr(Instr::VfWrite {
+                    Action::Op(KernelOp::VfWrite {
                         vf,
                         reg: VfReg::Eitr(0, v),
                     })
@@ -1125,7 +1148,7 @@ impl Kernel {
             }
             1 => {
                 self.set_stage(top, 2, 0);
-                Some(Action::Instr(Instr::VfWrite {
+                Some(Action::Op(KernelOp::VfWrite {
                     vf,
                     reg: VfReg::Eims(1),
                 }))
@@ -1246,7 +1269,7 @@ impl Kernel {
         }
         let Some(t) = self.cpu.current else {
             return Some(match self.cfg.idle {
-                IdleMode::Halt if self.cpu.if_flag => Action::Instr(Instr::Hlt),
+                IdleMode::Halt if self.cpu.if_flag => Action::Op(KernelOp::Idle),
                 _ => Action::Spin,
             });
         };
@@ -1367,7 +1390,11 @@ pub(crate) fn test_config() -> GuestConfig {
         tick: crate::guest::TickMode::Periodic,
         irq_nesting: false,
         idle: crate::guest::IdleMode::Poll,
-        apic_timer_period: 1,
+        clockevent: Clockevent {
+            tick: 1,
+            min_delta_ticks: 0xF,
+            init_steps: 2,
+        },
         rcvbuf_packets: 16,
         napi_weight: 64,
         netdev_budget: 300,

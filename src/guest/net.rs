@@ -17,7 +17,7 @@
 
 use super::app::Metrics;
 use super::tcp::{Tcp, TcpConfig};
-use super::{Action, FrameKind, HrKind, Instr, Kernel};
+use super::{Action, FrameKind, HrKind, Kernel, KernelOp};
 use crate::engine::Time;
 use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
 use crate::hw::wire::{Frame, Transport, GSO_MAX_SIZE, IP_TCP_HEADERS};
@@ -440,7 +440,7 @@ impl Kernel {
         if self.cpu.current.is_some() || self.cpu.need_resched {
             return None;
         }
-        self.reprogram(now).map(Action::Instr)
+        self.reprogram(now).map(Action::Op)
     }
 
     /// The next frame any socket with possible output wants to send,
@@ -545,7 +545,7 @@ impl Kernel {
                     (Some(cfg), Some(vn), _) => {
                         if vn.tx_kick_prepare() {
                             self.net.kicks_tx += 1;
-                            return Some(Action::Instr(Instr::PioWrite {
+                            return Some(Action::Op(KernelOp::QueueNotify {
                                 port: cfg.notify_port + TX_QUEUE,
                                 value: TX_QUEUE as u32,
                             }));
@@ -553,7 +553,7 @@ impl Kernel {
                         self.net.kicks_suppressed += 1;
                         None
                     }
-                    (_, _, Some(vf)) => Some(Action::Instr(Instr::VfWrite {
+                    (_, _, Some(vf)) => Some(Action::Op(KernelOp::VfWrite {
                         vf,
                         reg: super::VfReg::Tdt,
                     })),
@@ -631,7 +631,7 @@ impl Kernel {
                         self.cpu.frames[top].compute = c.napi_poll_base;
                         if vn.rx_kick_prepare() {
                             self.net.kicks_rx += 1;
-                            return Some(Action::Instr(Instr::PioWrite {
+                            return Some(Action::Op(KernelOp::QueueNotify {
                                 port: cfg.notify_port + RX_QUEUE,
                                 value: RX_QUEUE as u32,
                             }));

@@ -3,6 +3,7 @@
 //! VM exits and VM entries. This is where the hardware decides, from VMCS
 //! controls and LAPIC state, whether a guest action or an interrupt exits.
 
+mod arch;
 mod blk;
 mod build;
 pub mod event;
@@ -18,7 +19,7 @@ pub use build::{
 use crate::check::Checker;
 use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream, Summary, Time, MS};
 use crate::guest::net::Devices;
-use crate::guest::{Action, Instr, Kernel};
+use crate::guest::{Action, Kernel};
 use crate::hv::exits::ExitInfo;
 use crate::hv::scheme::Scheme;
 use crate::hv::{HvCosts, HvCx, HvState};
@@ -100,6 +101,8 @@ pub struct World {
     /// The VM whose finite task ends the run when it exits (a one-VM
     /// WhileLoop).
     ends_run: Option<usize>,
+    /// The virtualization extension guests run with.
+    arch: arch::Arch,
     deschedule_pending: Vec<bool>,
     rng_host: RngStream,
     ptimer_gen: Vec<u64>,
@@ -742,10 +745,12 @@ impl World {
         self.guests[k].take_interrupt(c, vector);
     }
 
-    /// Runs the guest on `core` until it computes, spins, or exits.
-    fn guest_run(&mut self, core: usize) {
+    /// Runs the guest on `core` until it computes, spins, or exits: the
+    /// architecture decides what pending interrupts do and how each of the
+    /// kernel's operations executes (`arch`).
+    pub(super) fn guest_run(&mut self, core: usize) {
         loop {
-            match self.interrupt_decision(core) {
+            match self.arch_pending(core) {
                 Some(Ok(info)) => return self.vm_exit(core, info, None),
                 Some(Err(v)) => {
                     self.deliver(core, v);
@@ -785,21 +790,12 @@ impl World {
                 Action::Returned(v) => {
                     self.checker.handler_returned(vcpu, v);
                 }
-                // sti; hlt: in guest mode with HLT exiting it exits;
-                // otherwise the core waits for an interrupt (a poke).
-                Action::Instr(Instr::Hlt) => {
-                    if let CoreMode::Guest { vcpu } = self.m.cores[core].mode {
-                        if self.m.vmcs[vcpu].proc.hlt_exiting {
-                            return self.vm_exit(core, ExitInfo::Hlt, None);
-                        }
-                    }
-                    return;
-                }
-                Action::Instr(i) => {
-                    if let Some((info, eoi)) = self.execute(core, vcpu, i) {
-                        return self.vm_exit(core, info, eoi);
-                    }
-                }
+                Action::Op(op) => match self.arch_op(core, vcpu, op) {
+                    arch::OpResult::Continue => {}
+                    // Idle: the core waits for an interrupt (a poke).
+                    arch::OpResult::Wait => return,
+                    arch::OpResult::Exit(info, eoi) => return self.vm_exit(core, info, eoi),
+                },
             }
         }
     }
@@ -836,6 +832,10 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::Calibration;
+    use crate::hw::x86::instr::Instr;
+    use crate::hw::x86::lapic::msr;
+    use build::blk_kick_fd;
 
     /// A one-vCPU world of `scheme` with no workload, its vCPU's core put
     /// back in guest mode so that guest instructions can be executed there.

@@ -8,18 +8,86 @@
 //! EL2 sibling (HCR_EL2 traps, the GIC's virtual CPU interface, list
 //! registers) would stand beside this file.
 
+use super::arch::OpResult;
 use super::event::{schedule_apic_effect, Ev};
 use super::{ExitState, Stage, World, EMULATED_DEVICE_PORT};
 use crate::engine::{from_s, Time, SEC};
-use crate::guest::{Instr, VfReg};
+use crate::guest::{Clockevent, KernelOp, VfReg};
 use crate::hv::exits::ExitInfo;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
+use crate::hw::x86::instr::Instr;
 use crate::hw::x86::lapic::{decode_icr, msr, DeliveryMode, Ipi, IpiDest};
 use crate::hw::x86::vmcs::{ApicMmioOutcome, WrmsrOutcome};
 use crate::report::trace::TraceKind;
 
+/// The guest's clockevent is the LAPIC timer in one-shot mode (the guest
+/// uses TMICT, lapic=notscdeadline) at divide-by-16: a tick is 16 bus
+/// periods; Linux's `min_delta` for it is 0xF ticks; its setup writes the
+/// LVT timer entry, then TDCR.
+pub(super) fn lapic_clockevent(apic_timer_period: Time) -> Clockevent {
+    Clockevent {
+        tick: apic_timer_period,
+        min_delta_ticks: 0xF,
+        init_steps: 2,
+    }
+}
+
+/// The x86 instruction a kernel operation is.
+fn lower(op: KernelOp) -> Instr {
+    match op {
+        KernelOp::EndOfInterrupt { vector } => Instr::Eoi { vector },
+        KernelOp::ProgramClockevent {
+            ticks,
+            deadline,
+            vector,
+        } => Instr::ArmTimer {
+            count: ticks,
+            deadline,
+            vector,
+        },
+        // LVTT: one-shot mode on the vector.
+        KernelOp::ClockeventInit { step: 0, vector } => Instr::WrMsr {
+            msr: msr::LVT_TIMER,
+            value: vector as u64,
+        },
+        // TDCR: divide by 16.
+        KernelOp::ClockeventInit { .. } => Instr::WrMsr {
+            msr: msr::TDCR,
+            value: 0b0011,
+        },
+        // A fixed IPI through the x2APIC ICR to the CPU's APIC ID (the
+        // guest numbers them 0..n).
+        KernelOp::SendIpi { cpu, vector } => Instr::WrMsr {
+            msr: msr::ICR,
+            value: ((cpu as u64) << 32) | vector as u64,
+        },
+        KernelOp::QueueNotify { port, value } => Instr::PioWrite { port, value },
+        KernelOp::VfWrite { vf, reg } => Instr::VfWrite { vf, reg },
+        KernelOp::Idle => Instr::Hlt,
+    }
+}
+
 impl World {
+    /// The guest on `core` (kernel CPU of `vcpu`) asks for `op`: its x86
+    /// instruction executes.
+    pub(super) fn vmx_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
+        match lower(op) {
+            // sti; hlt: in guest mode with HLT exiting it exits; otherwise
+            // the core waits for an interrupt.
+            Instr::Hlt => match self.m.cores[core].mode {
+                CoreMode::Guest { vcpu } if self.m.vmcs[vcpu].proc.hlt_exiting => {
+                    OpResult::Exit(ExitInfo::Hlt, None)
+                }
+                _ => OpResult::Wait,
+            },
+            i => match self.execute(core, vcpu, i) {
+                Some((info, eoi)) => OpResult::Exit(info, eoi),
+                None => OpResult::Continue,
+            },
+        }
+    }
+
     /// VM entry with the "activate VMX-preemption timer" control set: the
     /// timer starts from the VMCS value and counts down at TSC >> rate.
     pub(super) fn arm_preemption_timer(&mut self, core: usize, vcpu: usize) {
@@ -546,5 +614,57 @@ impl World {
         let in_service = self.guests[k].in_service(c);
         self.checker.isr_at_entry(vcpu, in_service, guest_isr, now);
         self.guest_run(core);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_ops_lower_to_the_x2apic_writes_linux_makes() {
+        assert_eq!(
+            lower(KernelOp::SendIpi {
+                cpu: 3,
+                vector: 0xfd
+            }),
+            Instr::WrMsr {
+                msr: msr::ICR,
+                value: (3 << 32) | 0xfd
+            }
+        );
+        let init: Vec<Instr> = (0..lapic_clockevent(1).init_steps)
+            .map(|step| lower(KernelOp::ClockeventInit { step, vector: 0xef }))
+            .collect();
+        assert_eq!(
+            init,
+            [
+                Instr::WrMsr {
+                    msr: msr::LVT_TIMER,
+                    value: 0xef
+                },
+                Instr::WrMsr {
+                    msr: msr::TDCR,
+                    value: 0b0011
+                }
+            ]
+        );
+        assert_eq!(
+            lower(KernelOp::ProgramClockevent {
+                ticks: 20,
+                deadline: Some(5),
+                vector: 0xef
+            }),
+            Instr::ArmTimer {
+                count: 20,
+                deadline: Some(5),
+                vector: 0xef
+            }
+        );
+        assert_eq!(lower(KernelOp::Idle), Instr::Hlt);
+        assert_eq!(
+            lower(KernelOp::EndOfInterrupt { vector: 0x41 }),
+            Instr::Eoi { vector: 0x41 }
+        );
     }
 }

@@ -6,6 +6,7 @@
 pub mod apicv;
 pub mod core;
 pub mod idt;
+pub mod instr;
 pub mod iommu;
 pub mod lapic;
 pub mod nic;

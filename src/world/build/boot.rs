@@ -210,6 +210,7 @@ pub(in crate::world) fn power_on(
         costs,
         scenario: s.clone(),
         ends_run: outside.ends_run,
+        arch: crate::world::arch::Arch::X86Vmx,
         deschedule_pending: vec![false; nvcpu],
         ptimer_gen: vec![0; cores],
         tsc_hz: devs.clocks.tsc_hz,

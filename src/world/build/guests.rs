@@ -54,7 +54,7 @@ fn config(s: &Scenario, cal: &Calibration, devs: &DeviceMap, vm: usize, v: &VmVi
         tick: s.guest.tick,
         irq_nesting: s.guest.irq_nesting,
         idle: s.guest.idle,
-        apic_timer_period: devs.apic_timer_period,
+        clockevent: crate::world::vmx::lapic_clockevent(devs.apic_timer_period),
         rcvbuf_packets: s.guest.rcvbuf_packets,
         napi_weight: s
             .guest

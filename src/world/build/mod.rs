@@ -45,7 +45,7 @@ const VIRTIO_BLK_QUEUE_SIZE: u16 = 128;
 
 /// The ioeventfd of virtio-blk device `d`'s request queue (virtio-net
 /// device d's are 2d and 2d + 1, far below).
-fn blk_kick_fd(d: usize) -> u16 {
+pub(super) fn blk_kick_fd(d: usize) -> u16 {
     0x8000 + d as u16
 }
 

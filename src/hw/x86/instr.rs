@@ -1,0 +1,50 @@
+//! The x86 instructions a guest kernel's platform operations become (see
+//! `crate::guest::KernelOp` and `world::vmx::lower`): what the processor
+//! executes in VMX non-root mode, where the VMCS decides whether it exits.
+
+use crate::engine::Time;
+use crate::guest::VfReg;
+
+/// A privileged x86 instruction of the guest; the hardware decides whether
+/// it exits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Instr {
+    /// WRMSR 0x80B (x2APIC EOI), completing the handler of `vector`.
+    Eoi {
+        /// The vector the guest believes it completes.
+        vector: u8,
+    },
+    /// WRMSR to TMICT for the guest's next clockevent. `deadline` is the
+    /// expiry the guest expects (None = stop).
+    ArmTimer {
+        /// Initial count.
+        count: u32,
+        /// Expected expiry.
+        deadline: Option<Time>,
+        /// Timer vector (for the checker).
+        vector: u8,
+    },
+    /// OUT to an I/O port (a virtio queue notify).
+    PioWrite {
+        /// Port.
+        port: u16,
+        /// Value written (the queue index for QUEUE_NOTIFY).
+        value: u32,
+    },
+    /// Any other WRMSR.
+    WrMsr {
+        /// MSR index.
+        msr: u32,
+        /// Value.
+        value: u64,
+    },
+    /// HLT (with interrupts on: the idle loop's `sti; hlt`).
+    Hlt,
+    /// MMIO write to the VF's BAR (mapped into the guest: never exits).
+    VfWrite {
+        /// VF.
+        vf: u16,
+        /// Register.
+        reg: VfReg,
+    },
+}

@@ -1,0 +1,60 @@
+//! The architecture seam. The generic world (event loop, cores and their
+//! work segments, the host scheduler, devices' back ends) asks the
+//! architecture's virtualization extension three things, here and nowhere
+//! else:
+//!
+//! - what a core in guest mode must do about pending interrupts now
+//!   ([`World::arch_pending`]): exit, deliver a vector through the guest's
+//!   handlers, or nothing;
+//! - how one of the guest kernel's arch-neutral operations executes
+//!   ([`World::arch_op`]): the instruction it becomes and whether that
+//!   traps;
+//! - the exit -> handler -> entry path (`vm_exit`, `exit_stage_done`,
+//!   `vm_entry`), whose stages the generic loop advances as segments end.
+//!
+//! x86 with VT-x is [`Arch::X86Vmx`], implemented in `world::vmx`. An ARM
+//! EL2 implementation (HCR_EL2 traps, the GIC's virtual CPU interface and
+//! list registers, the generic timer) is a sibling variant and a sibling
+//! file `world::el2`, never a branch inside vmx.
+
+use super::World;
+use crate::guest::KernelOp;
+use crate::hv::exits::ExitInfo;
+
+/// The virtualization extension the platform runs guests with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Arch {
+    /// x86-64 with VT-x, x2APIC/xAPIC LAPICs and VT-d (`world::vmx`).
+    X86Vmx,
+}
+
+/// What executing a kernel operation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OpResult {
+    /// It completed in guest mode: the guest goes on.
+    Continue,
+    /// The core idles in guest mode until an interrupt.
+    Wait,
+    /// It exits, with the vector an exiting EOI completes.
+    Exit(ExitInfo, Option<u8>),
+}
+
+impl World {
+    /// What `core` must do now about pending events in guest mode: an exit
+    /// (`Ok`), a delivery through the guest's handlers (`Err(vector)`), or
+    /// nothing.
+    #[inline]
+    pub(super) fn arch_pending(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+        match self.arch {
+            Arch::X86Vmx => self.interrupt_decision(core),
+        }
+    }
+
+    /// Executes the kernel operation `op` of `vcpu` on `core`.
+    #[inline]
+    pub(super) fn arch_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
+        match self.arch {
+            Arch::X86Vmx => self.vmx_op(core, vcpu, op),
+        }
+    }
+}
