@@ -3,8 +3,8 @@
 //! timer is an hrtimer on the host, and pending vectors are injected through
 //! the VMCS at VM entry (`inject_pending_event`).
 
-use super::host::HostTimer;
-use super::HvCx;
+use crate::hv::host::HostTimer;
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{ApicClocks, ApicEffect, Ipi, Lapic, TimerModeChange};
 use crate::hw::x86::vmcs::EntryEvent;
 

@@ -20,11 +20,11 @@
 //!   docs/papers.md DID open point 1).
 
 use super::eli::Eli;
-use super::exits::ExitInfo;
-use super::host::InFlightIpis;
 use super::kvm;
-use super::scheme::{ExitOutcome, Scheme};
-use super::HvCx;
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::InFlightIpis;
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 
 /// The `elvis` scheme.

@@ -5,11 +5,11 @@
 //! These are the [`Scheme`] trait's default hooks; the functions here are
 //! what they call, for other schemes to reuse.
 
-use super::exits::ExitInfo;
-use super::host::RESCHEDULE_VECTOR;
-use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
-use super::HvCx;
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::RESCHEDULE_VECTOR;
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{msr as apic_msr, DeliveryMode, IpiDest};
 use crate::hw::x86::vmcs::Vmcs;
 

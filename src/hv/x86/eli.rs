@@ -30,12 +30,12 @@
 //! exit and every expiry is a virtual interrupt, i.e. an injection-mode
 //! episode.
 
-use super::exits::ExitInfo;
-use super::host::NmiMailbox;
 use super::kvm;
-use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
-use super::HvCx;
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::NmiMailbox;
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::idt::{Idtr, ShadowIdt, NP_VECTOR};
 use crate::hw::x86::lapic::{msr, ApicBitmap};
 

@@ -20,13 +20,13 @@
 //!   parked there and becomes a virtual interrupt when it fires.
 //! * §4.5 host traffic to VM cores travels as NMIs, which always exit.
 
-use super::exits::ExitInfo;
-use super::host::{HostTimer, InFlightIpis, NmiMailbox};
 use super::kvm;
-use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
-use super::HvCx;
 use crate::engine::Time;
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::{HostTimer, InFlightIpis, NmiMailbox};
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::iommu::Irte;
 use crate::hw::x86::lapic::{msr, ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;

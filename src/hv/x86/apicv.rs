@@ -9,8 +9,8 @@
 //! is loaded again (upstream `vmx_vcpu_pi_put`).
 
 use super::kvm;
-use super::scheme::Scheme;
-use super::HvCx;
+use crate::hv::scheme::Scheme;
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 use crate::hw::x86::vmcs::Vmcs;
 

@@ -5,8 +5,8 @@
 //! (DID Fig. 3a) and the emulated ISR is never cleared.
 
 use super::kvm;
-use super::scheme::Scheme;
-use super::HvCx;
+use crate::hv::scheme::Scheme;
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::msr;
 
 /// The `naive` scheme: stock KVM (the trait's defaults, so injection and

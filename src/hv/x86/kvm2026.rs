@@ -22,12 +22,12 @@
 //! * **PV EOI** is not used: KVM turns it off when APICv virtualizes EOI.
 
 use super::apicv::Apicv;
-use super::exits::ExitInfo;
-use super::host::HostTimer;
-use super::scheme::{ExitOutcome, Scheme};
 use super::vlapic;
-use super::HvCx;
 use crate::engine::{Time, NS, US};
+use crate::hv::exits::ExitInfo;
+use crate::hv::host::HostTimer;
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{msr, ApicBitmap};
 
 /// `halt_poll_ns_grow_start`: the first window after a short halt.

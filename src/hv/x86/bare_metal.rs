@@ -1,9 +1,9 @@
 //! No hypervisor: the guest kernel runs natively on its core, owns the LAPIC
 //! and programs the IRT for its NIC function itself.
 
-use super::exits::ExitInfo;
-use super::scheme::{ExitOutcome, Scheme};
-use super::HvCx;
+use crate::hv::exits::ExitInfo;
+use crate::hv::scheme::{ExitOutcome, Scheme};
+use crate::hv::HvCx;
 use crate::hw::x86::lapic::{ApicBitmap, DeliveryMode};
 
 /// The `bare-metal` scheme.
