@@ -1,0 +1,6 @@
+//! ARM interrupt hardware (placeholder, filled in below).
+
+pub mod bank;
+pub mod intid;
+pub mod params;
+pub mod priority;
