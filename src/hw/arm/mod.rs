@@ -5,3 +5,4 @@ pub mod distributor;
 pub mod intid;
 pub mod params;
 pub mod priority;
+pub mod redistributor;
