@@ -1,6 +1,7 @@
 //! ARM interrupt hardware (placeholder, filled in below).
 
 pub mod bank;
+pub mod cpu_interface;
 pub mod distributor;
 pub mod intid;
 pub mod params;
