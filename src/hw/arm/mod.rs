@@ -7,3 +7,4 @@ pub mod intid;
 pub mod params;
 pub mod priority;
 pub mod redistributor;
+pub mod vcpu_interface;
