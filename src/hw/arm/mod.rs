@@ -4,6 +4,7 @@ pub mod bank;
 pub mod cpu_interface;
 pub mod distributor;
 pub mod intid;
+pub mod its;
 pub mod params;
 pub mod priority;
 pub mod redistributor;

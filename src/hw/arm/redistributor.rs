@@ -221,9 +221,12 @@ impl VlpiTables {
         Ok(())
     }
 
-    /// Sets vLPI `vintid` pending in `vpeid`'s pending table; true if it
-    /// was not pending.
+    /// Sets vLPI `vintid` (or, below 16, GICv4.1 vSGI `vintid`) pending in
+    /// `vpeid`'s pending state; true if it was not pending.
     pub fn set_pending(&mut self, vpeid: u16, vintid: u32) -> Result<bool, GicError> {
+        if vintid < PPI_BASE {
+            return self.raise_vsgi(vpeid, vintid);
+        }
         let (v, i) = self.slot(vpeid, vintid)?;
         Ok(self.pending[v].set(i))
     }
