@@ -8,4 +8,5 @@ pub mod its;
 pub mod params;
 pub mod priority;
 pub mod redistributor;
+pub mod timer;
 pub mod vcpu_interface;
