@@ -3,6 +3,7 @@
 pub mod bank;
 pub mod cpu_interface;
 pub mod distributor;
+pub mod el2;
 pub mod intid;
 pub mod its;
 pub mod params;
