@@ -271,6 +271,17 @@ impl VlpiTables {
         best
     }
 
+    fn vsgi_slot(&mut self, vpeid: u16, sgi: u32) -> Result<&mut VsgiState, GicError> {
+        let s = self
+            .vsgi
+            .get_mut(usize::from(vpeid))
+            .ok_or(GicError::Vpe(vpeid))?;
+        if sgi >= 16 {
+            return Err(GicError::Intid(sgi));
+        }
+        Ok(s)
+    }
+
     /// GICv4.1 VSGI command: configures vSGI `sgi` of `vpeid`, or clears its
     /// pending state.
     pub fn configure_vsgi(
@@ -282,19 +293,14 @@ impl VlpiTables {
         enabled: bool,
         clear: bool,
     ) -> Result<(), GicError> {
-        let s = self
-            .vsgi
-            .get_mut(usize::from(vpeid))
-            .ok_or(GicError::Vpe(vpeid))?;
-        if sgi >= 16 {
-            return Err(GicError::Intid(sgi));
-        }
+        let mask = self.mask;
+        let s = self.vsgi_slot(vpeid, sgi)?;
         let bit = 1u16 << sgi;
         if clear {
             s.pending &= !bit;
             return Ok(());
         }
-        s.priority[sgi as usize] = priority & self.mask;
+        s.priority[sgi as usize] = priority & mask;
         s.group1 = if group == Group::G1 {
             s.group1 | bit
         } else {
@@ -311,13 +317,7 @@ impl VlpiTables {
     /// A vSGI for `vpeid` (GICv4.1 GITS_SGIR / GICR_VSGIR); true if newly
     /// pending.
     pub fn raise_vsgi(&mut self, vpeid: u16, sgi: u32) -> Result<bool, GicError> {
-        let s = self
-            .vsgi
-            .get_mut(usize::from(vpeid))
-            .ok_or(GicError::Vpe(vpeid))?;
-        if sgi >= 16 {
-            return Err(GicError::Intid(sgi));
-        }
+        let s = self.vsgi_slot(vpeid, sgi)?;
         let was = s.pending & (1 << sgi) != 0;
         s.pending |= 1 << sgi;
         Ok(!was)
@@ -912,6 +912,18 @@ mod tests {
         LpiConfigTable::new(params().redistributor.lpis)
     }
 
+    /// Core 2's redistributor with LPIs on and doorbell LPI 9000 enabled;
+    /// vPE 5's vLPI 8500 enabled at priority 0x60.
+    fn doorbell_rig() -> (Redistributor, LpiConfigTable, VlpiTables) {
+        let mut r = rd(2);
+        let mut t = table();
+        t.set(9000, 0x80, true).unwrap();
+        r.set_lpis_enabled(true, &t);
+        let mut v = VlpiTables::for_params(&params());
+        v.set_config(5, 8500, 0x60, true).unwrap();
+        (r, t, v)
+    }
+
     #[test]
     fn sgis_and_ppis_are_banked_and_classed() {
         let mut r = rd(1);
@@ -992,12 +1004,7 @@ mod tests {
 
     #[test]
     fn vlpi_to_resident_vpe_needs_no_doorbell() {
-        let mut r = rd(2);
-        let mut t = table();
-        t.set(9000, 0x80, true).unwrap();
-        r.set_lpis_enabled(true, &t);
-        let mut v = VlpiTables::for_params(&params());
-        v.set_config(5, 8500, 0x60, true).unwrap();
+        let (mut r, _t, mut v) = doorbell_rig();
         assert_eq!(r.make_resident(5, &v), Ok(false));
         assert_eq!(
             r.post_vlpi(5, 8500, Some(9000), &mut v),
@@ -1014,12 +1021,7 @@ mod tests {
 
     #[test]
     fn vlpi_to_non_resident_vpe_rings_the_doorbell_and_waits() {
-        let mut r = rd(2);
-        let mut t = table();
-        t.set(9000, 0x80, true).unwrap();
-        r.set_lpis_enabled(true, &t);
-        let mut v = VlpiTables::for_params(&params());
-        v.set_config(5, 8500, 0x60, true).unwrap();
+        let (mut r, t, mut v) = doorbell_rig();
         let post = r.post_vlpi(5, 8500, Some(9000), &mut v).unwrap();
         assert_eq!(
             post,
