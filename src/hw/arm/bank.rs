@@ -424,7 +424,11 @@ mod tests {
         }
         b.set_enabled(36, false).unwrap();
         let best = b.best(Some(Group::G1), |_| true).unwrap();
-        assert_eq!((best.intid, best.priority), (34, 0x40), "tie -> lower INTID");
+        assert_eq!(
+            (best.intid, best.priority),
+            (34, 0x40),
+            "tie -> lower INTID"
+        );
         b.acknowledge(34).unwrap();
         assert_eq!(b.best(Some(Group::G1), |_| true).unwrap().intid, 35);
         assert_eq!(b.best(Some(Group::G1), |i| i != 35).unwrap().intid, 33);

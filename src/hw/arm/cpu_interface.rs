@@ -144,7 +144,11 @@ pub struct SgiRequest {
 /// cluster Aff3.Aff2.Aff1 whose Aff0 bit is set in the target list (the
 /// sender too, if listed; affinities with no core are ignored). A value
 /// with reserved bits (or RS ≠ 0) is refused.
-pub fn decode_sgi1r(value: u64, sender: usize, topology: &Topology) -> Result<SgiRequest, GicError> {
+pub fn decode_sgi1r(
+    value: u64,
+    sender: usize,
+    topology: &Topology,
+) -> Result<SgiRequest, GicError> {
     if value & !SGIR_VALID != 0 {
         return Err(GicError::Reserved {
             reg: "ICC_SGI1R_EL1",
@@ -324,7 +328,11 @@ impl CpuInterface {
     /// ICC_CTLR_EL1 as read: CBPR, EOImode, PMHE, PRIbits, IDbits (24).
     pub fn read_ctlr(&self) -> u64 {
         (if self.prio.cbpr() { CTLR_CBPR } else { 0 })
-            | (if self.prio.eoi_mode() { CTLR_EOIMODE } else { 0 })
+            | (if self.prio.eoi_mode() {
+                CTLR_EOIMODE
+            } else {
+                0
+            })
             | (if self.pmhe { CTLR_PMHE } else { 0 })
             | (u64::from(self.priority_bits - 1) << CTLR_PRIBITS_SHIFT)
             | (1 << CTLR_IDBITS_SHIFT)
@@ -357,7 +365,12 @@ impl CpuInterface {
         [Group::G0, Group::G1]
             .into_iter()
             .filter(|g| self.prio.group_enabled(*g))
-            .map(|g| pick(dist.candidate(self.core, Some(g)), redist.candidate(Some(g))))
+            .map(|g| {
+                pick(
+                    dist.candidate(self.core, Some(g)),
+                    redist.candidate(Some(g)),
+                )
+            })
             .fold(None, pick)
     }
 
@@ -661,7 +674,10 @@ mod tests {
         assert!(g.cpu[0].irq_line(&g.dist, &g.redist[0]));
         assert_eq!(g.ack(0), 2);
         assert_eq!(g.cpu[0].running_priority(), 0x20);
-        assert_eq!(g.cpu[0].read_ap1r(0), (1 << (0x20 >> 3)) | (1 << (0x50 >> 3)));
+        assert_eq!(
+            g.cpu[0].read_ap1r(0),
+            (1 << (0x20 >> 3)) | (1 << (0x50 >> 3))
+        );
         assert_eq!(g.eoi(0, 2).dropped, Some(0x20));
         assert_eq!(g.cpu[0].running_priority(), 0x50);
         assert_eq!(g.eoi(0, 5).dropped, Some(0x50));

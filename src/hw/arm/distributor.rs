@@ -325,8 +325,16 @@ impl Distributor {
     pub fn ctlr(&self) -> u32 {
         CTLR_ARE
             | CTLR_DS
-            | if self.enable_grp[0] { CTLR_ENABLE_GRP0 } else { 0 }
-            | if self.enable_grp[1] { CTLR_ENABLE_GRP1 } else { 0 }
+            | if self.enable_grp[0] {
+                CTLR_ENABLE_GRP0
+            } else {
+                0
+            }
+            | if self.enable_grp[1] {
+                CTLR_ENABLE_GRP1
+            } else {
+                0
+            }
     }
 
     /// GICD_TYPER: ITLinesNumber, LPIS, IDbits (the CPU number field is
@@ -420,7 +428,11 @@ mod tests {
         assert_eq!(d.candidate(2, Some(Group::G1)).map(|c| c.intid), Some(40));
         assert_eq!(d.candidate(1, Some(Group::G1)), None, "not routed there");
         d.acknowledge(40).unwrap();
-        assert_eq!(d.candidate(2, Some(Group::G1)), None, "active, not offered again");
+        assert_eq!(
+            d.candidate(2, Some(Group::G1)),
+            None,
+            "active, not offered again"
+        );
         d.set_spi_line(40, false).unwrap();
         assert_eq!(d.deactivate(40), Ok((true, None)));
         assert_eq!(d.counters().deactivations, 1);
@@ -456,7 +468,8 @@ mod tests {
         let mut d = dist();
         d.set_participating(1, false);
         for spi in [60, 61, 62] {
-            d.configure(spi, 0x80, Group::G1, true, Route::OneOfN).unwrap();
+            d.configure(spi, 0x80, Group::G1, true, Route::OneOfN)
+                .unwrap();
         }
         let got: Vec<_> = [60, 61, 62]
             .iter()
@@ -489,7 +502,8 @@ mod tests {
         assert_eq!(d.typer() & 0x1F, 8);
         assert_eq!((d.typer() >> 19) & 0x1F, 13, "IDbits 14 for 8192 LPIs");
         assert_eq!(d.mmio_read(regs::PIDR2), Ok(0x30));
-        d.mmio_write(regs::CTLR, u64::from(CTLR_ENABLE_GRP1)).unwrap();
+        d.mmio_write(regs::CTLR, u64::from(CTLR_ENABLE_GRP1))
+            .unwrap();
         assert_eq!(d.ctlr(), CTLR_ENABLE_GRP1 | CTLR_ARE | CTLR_DS);
         assert!(d.mmio_write(regs::CTLR, 1 << 8).is_err());
         let r = Route::Affinity(Affinity {

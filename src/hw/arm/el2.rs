@@ -307,20 +307,51 @@ mod tests {
             en: true,
             ..IchHcr::default()
         };
-        for r in [IccReg::Iar1, IccReg::Eoir1, IccReg::Pmr, IccReg::Dir, IccReg::Ctlr] {
-            assert_eq!(c.sysreg_outcome(r, true, &ich), SysregOutcome::Virtual, "{r:?}");
+        for r in [
+            IccReg::Iar1,
+            IccReg::Eoir1,
+            IccReg::Pmr,
+            IccReg::Dir,
+            IccReg::Ctlr,
+        ] {
+            assert_eq!(
+                c.sysreg_outcome(r, true, &ich),
+                SysregOutcome::Virtual,
+                "{r:?}"
+            );
         }
-        assert_eq!(c.sysreg_outcome(IccReg::Sgi1r, true, &ich), SysregOutcome::Trap);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Sgi1r, true, &ich),
+            SysregOutcome::Trap
+        );
         // ICH_HCR_EL2 traps.
         let tall1 = IchHcr { tall1: true, ..ich };
-        assert_eq!(c.sysreg_outcome(IccReg::Iar1, false, &tall1), SysregOutcome::Trap);
-        assert_eq!(c.sysreg_outcome(IccReg::Pmr, true, &tall1), SysregOutcome::Virtual);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Iar1, false, &tall1),
+            SysregOutcome::Trap
+        );
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Pmr, true, &tall1),
+            SysregOutcome::Virtual
+        );
         let tdir = IchHcr { tdir: true, ..ich };
-        assert_eq!(c.sysreg_outcome(IccReg::Dir, true, &tdir), SysregOutcome::Trap);
-        assert_eq!(c.sysreg_outcome(IccReg::Eoir1, true, &tdir), SysregOutcome::Virtual);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Dir, true, &tdir),
+            SysregOutcome::Trap
+        );
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Eoir1, true, &tdir),
+            SysregOutcome::Virtual
+        );
         let tc = IchHcr { tc: true, ..ich };
-        assert_eq!(c.sysreg_outcome(IccReg::Pmr, true, &tc), SysregOutcome::Trap);
-        assert_eq!(c.sysreg_outcome(IccReg::Iar1, false, &tc), SysregOutcome::Virtual);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Pmr, true, &tc),
+            SysregOutcome::Trap
+        );
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Iar1, false, &tc),
+            SysregOutcome::Virtual
+        );
     }
 
     #[test]
@@ -333,10 +364,19 @@ mod tests {
         let ich = IchHcr::default();
         assert!(!c.physical_irq_exits());
         assert!(!c.virtual_irqs_enabled());
-        assert_eq!(c.sysreg_outcome(IccReg::Iar1, false, &ich), SysregOutcome::Physical);
-        assert_eq!(c.sysreg_outcome(IccReg::Sgi1r, true, &ich), SysregOutcome::Physical);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Iar1, false, &ich),
+            SysregOutcome::Physical
+        );
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Sgi1r, true, &ich),
+            SysregOutcome::Physical
+        );
         let tc = IchHcr { tc: true, ..ich };
-        assert_eq!(c.sysreg_outcome(IccReg::Sgi1r, true, &tc), SysregOutcome::Trap);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Sgi1r, true, &tc),
+            SysregOutcome::Trap
+        );
         assert_eq!(c.distributor_mmio_outcome(), MmioOutcome::Direct);
     }
 
@@ -349,7 +389,10 @@ mod tests {
         assert!(!c.effective_imo(), "E2H=1: IMO behaves as 0");
         assert!(!c.virtual_irqs_enabled());
         let ich = IchHcr::default();
-        assert_eq!(c.sysreg_outcome(IccReg::Iar1, false, &ich), SysregOutcome::Physical);
+        assert_eq!(
+            c.sysreg_outcome(IccReg::Iar1, false, &ich),
+            SysregOutcome::Physical
+        );
         c.hcr.e2h = false;
         assert!(c.effective_imo(), "E2H=0: IMO behaves as 1");
     }

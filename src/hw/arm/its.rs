@@ -820,9 +820,17 @@ impl Its {
     /// ID_bits, Devbits, CIDbits, VMOVP (single ITS), HCC 0.
     pub fn typer(&self) -> u64 {
         let id_bits = u64::from(u32::BITS - (self.lpi_end.max(LPI_BASE + 1) - 1).leading_zeros());
-        let dev_bits = u64::from(usize::BITS - self.devices.len().max(2).saturating_sub(1).leading_zeros());
-        let cid_bits =
-            u64::from(usize::BITS - self.collections.len().max(2).saturating_sub(1).leading_zeros());
+        let dev_bits =
+            u64::from(usize::BITS - self.devices.len().max(2).saturating_sub(1).leading_zeros());
+        let cid_bits = u64::from(
+            usize::BITS
+                - self
+                    .collections
+                    .len()
+                    .max(2)
+                    .saturating_sub(1)
+                    .leading_zeros(),
+        );
         1 | (u64::from(self.gicv4) << 1)
             | (7 << 4)
             | ((id_bits - 1) << 8)
@@ -1093,7 +1101,11 @@ impl Its {
         r
     }
 
-    fn execute(&mut self, cmd: ItsCommand, t: &mut ItsTargets<'_>) -> Result<CommandOutcome, ItsError> {
+    fn execute(
+        &mut self,
+        cmd: ItsCommand,
+        t: &mut ItsTargets<'_>,
+    ) -> Result<CommandOutcome, ItsError> {
         use ItsCommand::*;
         match cmd {
             Mapd {
@@ -1305,14 +1317,8 @@ impl Its {
                     return Err(ItsError::Unsupported("GICv4.1 VSGI"));
                 }
                 self.vpe(vpeid)?;
-                t.vlpis.configure_vsgi(
-                    vpeid,
-                    u32::from(sgi),
-                    priority,
-                    group,
-                    enable,
-                    clear,
-                )?;
+                t.vlpis
+                    .configure_vsgi(vpeid, u32::from(sgi), priority, group, enable, clear)?;
             }
         }
         Ok(CommandOutcome::Done)
@@ -1652,7 +1658,11 @@ mod tests {
         // Scheduled in: what waited is visible to the vCPU interface.
         assert_eq!(r.redists[1].make_resident(4, &r.vlpis), Ok(true));
         assert_eq!(
-            r.redists[1].direct_vlpis(&mut r.vlpis).unwrap().best().map(|c| c.intid),
+            r.redists[1]
+                .direct_vlpis(&mut r.vlpis)
+                .unwrap()
+                .best()
+                .map(|c| c.intid),
             Some(8300)
         );
         // A new vLPI while resident: delivered, no doorbell.
@@ -1687,7 +1697,11 @@ mod tests {
     #[test]
     fn vmovp_and_vmovi() {
         let mut r = vlpi_rig(v4());
-        r.cmd(ItsCommand::Vmovp { vpeid: 4, target: 2 }).unwrap();
+        r.cmd(ItsCommand::Vmovp {
+            vpeid: 4,
+            target: 2,
+        })
+        .unwrap();
         r.redists[2].make_resident(4, &r.vlpis).unwrap();
         assert!(matches!(
             r.msi(5, 0),
@@ -1765,7 +1779,11 @@ mod tests {
             vlpis: &mut r.vlpis,
         };
         match r.its.send_vsgi(4, 3, &mut t) {
-            MsiOutcome::VlpiPending { vintid: 3, doorbell, .. } => {
+            MsiOutcome::VlpiPending {
+                vintid: 3,
+                doorbell,
+                ..
+            } => {
                 assert_eq!(doorbell.map(|d| d.intid), Some(8250))
             }
             o => panic!("{o:?}"),
@@ -1789,7 +1807,14 @@ mod tests {
                     event: 256,
                 },
             ),
-            (2, 21, ItsError::UnmappedEvent { device: 2, event: 21 }),
+            (
+                2,
+                21,
+                ItsError::UnmappedEvent {
+                    device: 2,
+                    event: 21,
+                },
+            ),
         ];
         for (d, e, want) in faults {
             assert_eq!(r.msi(d, e), MsiOutcome::Fault(want));
@@ -1802,7 +1827,10 @@ mod tests {
             icid: 7,
         })
         .unwrap();
-        assert_eq!(r.msi(2, 21), MsiOutcome::Fault(ItsError::UnmappedCollection(7)));
+        assert_eq!(
+            r.msi(2, 21),
+            MsiOutcome::Fault(ItsError::UnmappedCollection(7))
+        );
         // A disabled ITS translates nothing.
         r.its.set_enabled(false);
         assert_eq!(r.msi(2, 20), MsiOutcome::Fault(ItsError::Disabled));
@@ -1863,7 +1891,10 @@ mod tests {
                 },
                 ItsError::Unsupported("GICv4 virtual LPIs"),
             ),
-            (ItsCommand::Invall { icid: 0 }, ItsError::UnmappedCollection(0)),
+            (
+                ItsCommand::Invall { icid: 0 },
+                ItsError::UnmappedCollection(0),
+            ),
         ];
         for (c, e) in bad {
             assert_eq!(r.cmd(c), Err(e));
@@ -1892,7 +1923,10 @@ mod tests {
             Err(ItsError::InvalidLpi(3)),
             "MAPI uses the EventID as the LPI"
         );
-        assert_eq!(ItsCommand::decode([0x7F, 0, 0, 0]), Err(ItsError::UnknownCommand(0x7F)));
+        assert_eq!(
+            ItsCommand::decode([0x7F, 0, 0, 0]),
+            Err(ItsError::UnknownCommand(0x7F))
+        );
         assert_eq!(r.its.counters().command_errors, 8);
         assert_eq!(r.its.last_error(), Some(ItsError::InvalidLpi(3)));
     }
@@ -1926,11 +1960,23 @@ mod tests {
                 event: 20,
                 icid: 1,
             },
-            ItsCommand::Inv { device: 1, event: 2 },
+            ItsCommand::Inv {
+                device: 1,
+                event: 2,
+            },
             ItsCommand::Invall { icid: 4 },
-            ItsCommand::Discard { device: 1, event: 2 },
-            ItsCommand::Int { device: 1, event: 2 },
-            ItsCommand::Clear { device: 1, event: 2 },
+            ItsCommand::Discard {
+                device: 1,
+                event: 2,
+            },
+            ItsCommand::Int {
+                device: 1,
+                event: 2,
+            },
+            ItsCommand::Clear {
+                device: 1,
+                event: 2,
+            },
             ItsCommand::Sync { target: 3 },
             ItsCommand::Movall { from: 1, to: 2 },
             ItsCommand::Vmapp {
@@ -1958,7 +2004,10 @@ mod tests {
                 vpeid: 10,
                 doorbell: None,
             },
-            ItsCommand::Vmovp { vpeid: 9, target: 1 },
+            ItsCommand::Vmovp {
+                vpeid: 9,
+                target: 1,
+            },
             ItsCommand::Vsync { vpeid: 9 },
             ItsCommand::Vinvall { vpeid: 9 },
             ItsCommand::Vsgi {
@@ -2011,7 +2060,11 @@ mod tests {
         for c in cmds {
             r.its.submit(c.encode()).unwrap();
         }
-        assert_eq!(r.its.submit([0; 4]), Err(ItsError::QueueFull), "one slot stays free");
+        assert_eq!(
+            r.its.submit([0; 4]),
+            Err(ItsError::QueueFull),
+            "one slot stays free"
+        );
         assert_eq!(r.its.queued(), 3);
         assert_eq!(r.its.mmio_read(regs::CWRITER), Ok(96));
         let mut got = Vec::new();
@@ -2024,7 +2077,13 @@ mod tests {
         // A malformed packet, then an INT: the bad one is skipped.
         r.its.submit([0x7F, 0, 0, 0]).unwrap();
         r.its
-            .submit(ItsCommand::Int { device: 2, event: 20 }.encode())
+            .submit(
+                ItsCommand::Int {
+                    device: 2,
+                    event: 20,
+                }
+                .encode(),
+            )
             .unwrap();
         assert_eq!(r.its.process(&mut t, |o| got.push(o)), 2);
         assert_eq!(
@@ -2036,7 +2095,10 @@ mod tests {
             }]
         );
         assert_eq!(r.its.counters().command_errors, 1);
-        assert_eq!(r.its.mmio_read(regs::CREADR), r.its.mmio_read(regs::CWRITER));
+        assert_eq!(
+            r.its.mmio_read(regs::CREADR),
+            r.its.mmio_read(regs::CWRITER)
+        );
         assert_eq!(r.its.mmio_read(regs::TYPER).map(|t| t & 3), Ok(3));
     }
 }

@@ -84,8 +84,14 @@ mod tests {
         let el2 = El2Controls::kvm_vhe();
         let mut vif = VcpuInterface::new(&p).kvm_linux_guest();
         let spi = 64;
-        dist.configure(spi, 0xA0, Group::G1, false, Route::Affinity(p.topology.affinity(1)))
-            .unwrap();
+        dist.configure(
+            spi,
+            0xA0,
+            Group::G1,
+            false,
+            Route::Affinity(p.topology.affinity(1)),
+        )
+        .unwrap();
 
         // The NIC raises its line; core 1 runs the guest.
         assert_eq!(dist.set_spi_line(spi, true), Ok(Some(1)));
@@ -94,17 +100,28 @@ mod tests {
         // KVM acks (priority drop only) and writes a HW list register.
         assert_eq!(cpu.read_iar1(&mut dist, &mut redist[1]), spi);
         cpu.write_eoir1(spi, &mut dist, &mut redist[1]).unwrap();
-        assert!(!cpu.irq_line(&dist, &redist[1]), "active SPI no longer signals");
+        assert!(
+            !cpu.irq_line(&dist, &redist[1]),
+            "active SPI no longer signals"
+        );
         vif.inject(ListRegister::hardware(spi, spi, 0xA0)).unwrap();
         // Back in the guest: ICV accesses, no trap.
         let ich = vif.hcr();
-        assert_eq!(el2.sysreg_outcome(IccReg::Iar1, false, &ich), SysregOutcome::Virtual);
-        assert_eq!(el2.sysreg_outcome(IccReg::Eoir1, true, &ich), SysregOutcome::Virtual);
+        assert_eq!(
+            el2.sysreg_outcome(IccReg::Iar1, false, &ich),
+            SysregOutcome::Virtual
+        );
+        assert_eq!(
+            el2.sysreg_outcome(IccReg::Eoir1, true, &ich),
+            SysregOutcome::Virtual
+        );
         assert!(vif.virq_line(None));
         assert_eq!(vif.read_iar1(None), spi);
         // The driver services the NIC, which drops its line; then EOI.
         dist.set_spi_line(spi, false).unwrap();
-        let e = vif.guest_eoir(spi, None, &mut dist, &mut redist[1]).unwrap();
+        let e = vif
+            .guest_eoir(spi, None, &mut dist, &mut redist[1])
+            .unwrap();
         assert_eq!(e.hw_deactivate, Some(spi));
         assert!(!dist.bank().is_active(spi));
         // A second interrupt is signalled again: nothing was left active,
@@ -132,7 +149,8 @@ mod tests {
         assert!(redist.set_ppi_line(VTIMER_PPI, level).unwrap());
         assert_eq!(cpu.read_iar1(&mut dist, &mut redist), VTIMER_PPI);
         cpu.write_eoir1(VTIMER_PPI, &mut dist, &mut redist).unwrap();
-        vif.inject(ListRegister::hardware(27, VTIMER_PPI, 0xA0)).unwrap();
+        vif.inject(ListRegister::hardware(27, VTIMER_PPI, 0xA0))
+            .unwrap();
         assert_eq!(vif.read_iar1(None), 27);
         // The guest's handler reprograms the timer: the line drops.
         let u = timer.write(CntReg::VTval, 1000, at).unwrap();

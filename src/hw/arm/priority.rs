@@ -367,7 +367,10 @@ mod tests {
         assert!(p.signals(&c));
         p.activate(&c);
         assert_eq!(p.running(), 0x80);
-        assert!(!p.signals(&cand(41, 0x80, Group::G1)), "same level cannot preempt");
+        assert!(
+            !p.signals(&cand(41, 0x80, Group::G1)),
+            "same level cannot preempt"
+        );
         assert!(p.signals(&cand(42, 0x78, Group::G1)));
         // A coarser binary point puts 0x98 in the running group 0x80.
         p.set_bpr(Group::G1, 5);
@@ -384,7 +387,10 @@ mod tests {
         a.set(0x20, Group::G0);
         a.set(0x40, Group::G1);
         assert_eq!(a.highest(), Some(0x20));
-        assert_eq!(a.register(Group::G1, 0), (1 << (0x80 >> 3)) | (1 << (0x40 >> 3)));
+        assert_eq!(
+            a.register(Group::G1, 0),
+            (1 << (0x80 >> 3)) | (1 << (0x40 >> 3))
+        );
         assert_eq!(a.register(Group::G0, 0), 1 << 4);
         assert_eq!(a.register(Group::G1, 4), 0);
         assert_eq!(a.drop_highest(), Some((0x20, Group::G0)));

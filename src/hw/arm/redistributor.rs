@@ -612,8 +612,7 @@ impl Redistributor {
     pub fn invalidate_lpi(&mut self, intid: u32, table: &LpiConfigTable) -> Result<(), GicError> {
         let i = self.lpi_index(intid)?;
         let b = table.get(intid).unwrap_or(LPI_CONFIG_RES1);
-        self.cached_enabled
-            .assign(i, b & LPI_CONFIG_ENABLE != 0);
+        self.cached_enabled.assign(i, b & LPI_CONFIG_ENABLE != 0);
         self.cached_priority[i as usize] = b & LPI_CONFIG_PRIORITY & self.mask;
         self.counters.invalidations += 1;
         Ok(())
@@ -623,8 +622,7 @@ impl Redistributor {
     pub fn invalidate_all(&mut self, table: &LpiConfigTable) {
         for i in 0..self.lpi_pending.len() {
             let b = table.get(LPI_BASE + i).unwrap_or(LPI_CONFIG_RES1);
-            self.cached_enabled
-                .assign(i, b & LPI_CONFIG_ENABLE != 0);
+            self.cached_enabled.assign(i, b & LPI_CONFIG_ENABLE != 0);
             self.cached_priority[i as usize] = b & LPI_CONFIG_PRIORITY & self.mask;
         }
         self.counters.invalidations += 1;
@@ -661,7 +659,11 @@ impl Redistributor {
         if !self.lpis_enabled {
             return None;
         }
-        best_lpi(&self.lpi_pending, &self.cached_enabled, &self.cached_priority)
+        best_lpi(
+            &self.lpi_pending,
+            &self.cached_enabled,
+            &self.cached_priority,
+        )
     }
 
     /// The best interrupt this redistributor offers its CPU interface: an
@@ -970,7 +972,10 @@ mod tests {
         r.mmio_write(regs::INVLPIR, 8200, &t, &v).unwrap();
         assert_eq!(r.candidate(None).unwrap().intid, 8200);
         r.acknowledge(8200).unwrap();
-        assert!(!r.lpi_pending(8200), "an acknowledged LPI is no longer pending");
+        assert!(
+            !r.lpi_pending(8200),
+            "an acknowledged LPI is no longer pending"
+        );
         assert_eq!(r.deactivate(8200), Ok(false), "LPIs have no active state");
         r.mmio_write(regs::CLRLPIR, 8192, &t, &v).unwrap();
         assert_eq!(r.candidate(None), None);
@@ -1140,7 +1145,8 @@ mod tests {
     #[test]
     fn vsgis_go_active_and_deactivate() {
         let mut v = VlpiTables::for_params(&GicParams::gicv4_1(2, 4));
-        v.configure_vsgi(1, 2, 0x50, Group::G1, true, false).unwrap();
+        v.configure_vsgi(1, 2, 0x50, Group::G1, true, false)
+            .unwrap();
         assert_eq!(v.raise_vsgi(1, 2), Ok(true));
         assert!(v.configure_vsgi(1, 16, 0, Group::G1, true, false).is_err());
         let mut r = Redistributor::new(0, &GicParams::gicv4_1(2, 4));

@@ -241,7 +241,12 @@ impl GenericTimer {
     /// An MRS of a timer register at `now`.
     pub fn read(&self, reg: CntReg, now: Time) -> u64 {
         let ctl = |ch: TimerChannel| {
-            self.chan[ch.index()].ctl | if self.istatus(ch, now) { CTL_ISTATUS } else { 0 }
+            self.chan[ch.index()].ctl
+                | if self.istatus(ch, now) {
+                    CTL_ISTATUS
+                } else {
+                    0
+                }
         };
         let tval = |ch: TimerChannel| {
             // The low 32 bits of CVAL - count, sign-extended.
@@ -411,8 +416,14 @@ mod tests {
     #[test]
     fn bad_writes_are_refused_and_far_deadlines_never_fire() {
         let mut t = timer();
-        assert_eq!(t.write(CntReg::Pct, 0, 0), Err(TimerError::ReadOnly(CntReg::Pct)));
-        assert_eq!(t.write(CntReg::Frq, 1, 0), Err(TimerError::ReadOnly(CntReg::Frq)));
+        assert_eq!(
+            t.write(CntReg::Pct, 0, 0),
+            Err(TimerError::ReadOnly(CntReg::Pct))
+        );
+        assert_eq!(
+            t.write(CntReg::Frq, 1, 0),
+            Err(TimerError::ReadOnly(CntReg::Frq))
+        );
         assert!(t.write(CntReg::VCtl, 8, 0).is_err());
         t.write(CntReg::VCval, u64::MAX, 0).unwrap();
         let u = t.write(CntReg::VCtl, CTL_ENABLE, 0).unwrap();

@@ -240,7 +240,11 @@ impl ListRegister {
         u64::from(self.vintid)
             | link
             | (u64::from(self.priority) << lr::PRIORITY_SHIFT)
-            | if self.group == Group::G1 { lr::GROUP } else { 0 }
+            | if self.group == Group::G1 {
+                lr::GROUP
+            } else {
+                0
+            }
             | (self.state.bits() << lr::STATE_SHIFT)
     }
 
@@ -880,7 +884,11 @@ mod tests {
         assert_eq!(v.hcr().encode(), h);
         assert!(v.hcr().uie && v.hcr().eoicount == 5);
         assert!(v.write_hcr(1 << 9).is_err());
-        let m = vmcr::VENG1 | vmcr::VEOIM | (0xE8 << vmcr::VPMR_SHIFT) | (4 << vmcr::VBPR1_SHIFT) | (2 << vmcr::VBPR0_SHIFT);
+        let m = vmcr::VENG1
+            | vmcr::VEOIM
+            | (0xE8 << vmcr::VPMR_SHIFT)
+            | (4 << vmcr::VBPR1_SHIFT)
+            | (2 << vmcr::VBPR0_SHIFT);
         v.write_vmcr(m).unwrap();
         assert_eq!(v.read_vmcr(), m);
         assert!(v.priority().eoi_mode());
@@ -926,7 +934,11 @@ mod tests {
         assert_eq!(v.read_iar1(None), 50);
         let e = v.write_eoir(50, None).unwrap();
         assert_eq!((e.dropped, e.deactivated_lr), (Some(0x80), None));
-        assert_eq!(v.lr(0).unwrap().state, LrState::Active, "VEOIM: only a drop");
+        assert_eq!(
+            v.lr(0).unwrap().state,
+            LrState::Active,
+            "VEOIM: only a drop"
+        );
         let d = v.write_dir(50, None).unwrap();
         assert_eq!(d.deactivated_lr, Some(0));
         assert!(!v.lr(0).unwrap().valid());
@@ -947,19 +959,28 @@ mod tests {
         redist.set_ppi_line(VTIMER_PPI, true).unwrap();
         assert_eq!(cpu.read_iar1(&mut dist, &mut redist), VTIMER_PPI);
         cpu.write_eoir1(VTIMER_PPI, &mut dist, &mut redist).unwrap();
-        assert!(redist.bank().is_active(VTIMER_PPI), "host: priority drop only");
+        assert!(
+            redist.bank().is_active(VTIMER_PPI),
+            "host: priority drop only"
+        );
         assert_eq!(cpu.running_priority(), 0xFF);
         // Active masks the still-high line: no storm at the host.
         assert_eq!(cpu.read_iar1(&mut dist, &mut redist), SPURIOUS);
 
         let mut v = vif();
-        assert_eq!(v.inject(ListRegister::hardware(27, VTIMER_PPI, 0xA0)), Some(0));
+        assert_eq!(
+            v.inject(ListRegister::hardware(27, VTIMER_PPI, 0xA0)),
+            Some(0)
+        );
         assert_eq!(v.read_iar1(None), 27);
         // The guest reprograms its timer (line drops), then EOIs.
         redist.set_ppi_line(VTIMER_PPI, false).unwrap();
         let e = v.guest_eoir(27, None, &mut dist, &mut redist).unwrap();
         assert_eq!(e.hw_deactivate, Some(VTIMER_PPI));
-        assert!(!redist.bank().is_active(VTIMER_PPI), "physical PPI deactivated");
+        assert!(
+            !redist.bank().is_active(VTIMER_PPI),
+            "physical PPI deactivated"
+        );
         assert_eq!(v.counters().hw_deactivations, 1);
 
         // An SPI forwarded the same way is deactivated in the distributor.
@@ -1067,8 +1088,15 @@ mod tests {
         assert_eq!(v.write_eoir(2000, None), Err(GicError::Intid(2000)));
         assert_eq!(v.write_eoir(1023, None), Ok(VirtualEoi::default()));
         for i in 0..4 {
-            assert_eq!(v.inject(ListRegister::pending(40 + i, 0x80)), Some(i as usize));
+            assert_eq!(
+                v.inject(ListRegister::pending(40 + i, 0x80)),
+                Some(i as usize)
+            );
         }
-        assert_eq!(v.inject(ListRegister::pending(50, 0x80)), None, "all LRs in use");
+        assert_eq!(
+            v.inject(ListRegister::pending(50, 0x80)),
+            None,
+            "all LRs in use"
+        );
     }
 }
