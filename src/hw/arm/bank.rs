@@ -1,7 +1,7 @@
 //! The per-INTID state of a contiguous range of wired interrupts, and the
 //! register layout the distributor (SPIs) and each redistributor's SGI_base
 //! frame (SGIs and PPIs) share (GICv3 spec §12.9 GICD_* and §12.11 GICR_*:
-//! GICR_ISENABLER0 sits at the same offset in SGI_base as GICD_ISENABLER<n>
+//! GICR_ISENABLER0 sits at the same offset in SGI_base as `GICD_ISENABLER<n>`
 //! in the distributor, and so on for every register below).
 //!
 //! Pending state follows §4.1.2: an edge-triggered interrupt latches pending

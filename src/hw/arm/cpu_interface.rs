@@ -58,9 +58,9 @@ pub enum IccReg {
     Sgi1r,
     /// ICC_ASGI1R_EL1: generate SGIs for the other security state.
     Asgi1r,
-    /// ICC_AP0R<n>_EL1.
+    /// `ICC_AP0R<n>_EL1`.
     Ap0r(u8),
-    /// ICC_AP1R<n>_EL1.
+    /// `ICC_AP1R<n>_EL1`.
     Ap1r(u8),
 }
 
@@ -107,7 +107,7 @@ pub const CTLR_PRIBITS_SHIFT: u32 = 8;
 /// ICC_CTLR_EL1.IDbits shift (read-only; 1 = 24-bit INTIDs).
 pub const CTLR_IDBITS_SHIFT: u32 = 11;
 
-/// ICC_SGI1R_EL1.TargetList, bits [15:0].
+/// ICC_SGI1R_EL1.TargetList, bits \[15:0\].
 pub const SGIR_TARGET_LIST: u64 = 0xFFFF;
 /// ICC_SGI1R_EL1.Aff1 shift.
 pub const SGIR_AFF1_SHIFT: u32 = 16;
@@ -360,7 +360,7 @@ impl CpuInterface {
     }
 
     /// The highest-priority pending interrupt of a group this interface has
-    /// enabled (ICC_HPPIR<n>_EL1 before the group check).
+    /// enabled (`ICC_HPPIR<n>_EL1` before the group check).
     pub fn highest_pending(&self, dist: &Distributor, redist: &Redistributor) -> Option<Candidate> {
         [Group::G0, Group::G1]
             .into_iter()
@@ -389,7 +389,7 @@ impl CpuInterface {
             .is_some_and(|c| c.group == group && self.prio.signals(&c))
     }
 
-    /// ICC_IAR<group>_EL1 read: acknowledges and returns the INTID, or 1023.
+    /// `ICC_IAR<group>_EL1` read: acknowledges and returns the INTID, or 1023.
     pub fn acknowledge(
         &mut self,
         group: Group,
@@ -423,7 +423,7 @@ impl CpuInterface {
         self.acknowledge(Group::G1, dist, redist)
     }
 
-    /// ICC_EOIR<n>_EL1 write of `intid`: priority drop, and with EOImode 0
+    /// `ICC_EOIR<n>_EL1` write of `intid`: priority drop, and with EOImode 0
     /// deactivation. The special INTIDs 1020..=1023 are ignored.
     pub fn write_eoir(
         &mut self,
@@ -495,7 +495,7 @@ impl CpuInterface {
         Ok(req)
     }
 
-    /// ICC_AP1R<n>_EL1 as read.
+    /// `ICC_AP1R<n>_EL1` as read.
     pub fn read_ap1r(&self, n: u32) -> u32 {
         self.prio.active_priorities().register(Group::G1, n)
     }
@@ -812,10 +812,10 @@ mod tests {
                         (0..4).filter(|c| mask & (1 << c) != 0).for_each(|c| t.insert(c));
                         let v = encode_sgi1r(intid, &t, mask == 0, &topo);
                         let got = g.send(from, v);
-                        for c in 0..4 {
+                        for (c, s) in sent.iter_mut().enumerate() {
                             let want = if mask == 0 { c != from } else { t.contains(c) };
                             prop_assert_eq!(got.contains(c), want);
-                            if want { sent[c][intid as usize] = true; }
+                            if want { s[intid as usize] = true; }
                         }
                     }
                     Op::Ack(c) => {

@@ -28,7 +28,7 @@ pub mod regs {
     pub const IIDR: u64 = 0x0008;
     /// Routing register of INTID n at `IROUTER + 8n` (64-bit, n = 32..1019).
     pub const IROUTER: u64 = 0x6000;
-    /// Peripheral ID2 (ArchRev in bits [7:4]).
+    /// Peripheral ID2 (ArchRev in bits \[7:4\]).
     pub const PIDR2: u64 = 0xFFE8;
 }
 
@@ -193,7 +193,7 @@ impl Distributor {
         Ok(self.route[i])
     }
 
-    /// Sets the route of SPI `intid` (GICD_IROUTER<n>). A pending 1-of-N
+    /// Sets the route of SPI `intid` (`GICD_IROUTER<n>`). A pending 1-of-N
     /// choice is dropped and made again.
     pub fn set_route(&mut self, intid: u32, route: Route) -> Result<(), GicError> {
         let i = self.index(intid)?;

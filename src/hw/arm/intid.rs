@@ -187,7 +187,7 @@ impl Bitmap {
     }
 
     /// The 32-bit register chunk `n` (bits 32n..32n+31, lowest in bit 0),
-    /// 0 past the end: the layout of GICD_ISENABLER<n> and friends.
+    /// 0 past the end: the layout of `GICD_ISENABLER<n>` and friends.
     pub fn word32(&self, n: u32) -> u32 {
         match self.words.get((n / 2) as usize) {
             Some(w) => (w >> ((n % 2) * 32)) as u32,

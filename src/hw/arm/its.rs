@@ -29,7 +29,7 @@ use crate::hw::arm::redistributor::{
     Doorbell, LpiConfigTable, Redistributor, VlpiPost, VlpiTables,
 };
 
-/// Command opcodes (DW0 bits [7:0]).
+/// Command opcodes (DW0 bits \[7:0\]).
 pub mod opcode {
     /// MOVI.
     pub const MOVI: u8 = 0x01;
@@ -523,9 +523,9 @@ fn doorbell_bits(d: Option<u32>) -> u64 {
 
 impl ItsCommand {
     /// The 32-byte command packet (GICv3 spec §5.3; field positions as in
-    /// the command descriptions: DeviceID DW0[63:32], EventID DW1[31:0],
-    /// pINTID DW1[63:32], ICID DW2[15:0], RDbase DW2[51:16], V DW2[63],
-    /// vPEID DW1[47:32], vINTID DW2[31:0], doorbell DW2[63:32]).
+    /// the command descriptions: DeviceID DW0\[63:32\], EventID DW1\[31:0\],
+    /// pINTID DW1\[63:32\], ICID DW2\[15:0\], RDbase DW2\[51:16\], V DW2\[63\],
+    /// vPEID DW1\[47:32\], vINTID DW2\[31:0\], doorbell DW2\[63:32\]).
     pub fn encode(&self) -> [u64; 4] {
         let dev = |d: u32| u64::from(d) << 32;
         let rd = |c: usize| ((c as u64) & 0xF_FFFF_FFFF) << 16;

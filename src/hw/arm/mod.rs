@@ -46,6 +46,8 @@
 //!                             Redistributor::make_resident then delivers it
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod bank;
 pub mod cpu_interface;
 pub mod distributor;

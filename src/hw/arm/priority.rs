@@ -137,7 +137,7 @@ impl ActivePriorities {
         self.bits == [0, 0]
     }
 
-    /// Register ICC_AP<group>R<n> (n = 0..=3), 0 past the implemented ones.
+    /// Register `ICC_AP<group>R<n>` (n = 0..=3), 0 past the implemented ones.
     pub fn register(&self, group: Group, n: u32) -> u32 {
         if n >= 4 {
             return 0;
@@ -214,7 +214,7 @@ impl PriorityControl {
         }
     }
 
-    /// Writes a binary point (bits [2:0]); values below the minimum are
+    /// Writes a binary point (bits \[2:0\]); values below the minimum are
     /// raised to it. With CBPR set, group-1 writes are ignored.
     pub fn set_bpr(&mut self, group: Group, v: u8) {
         let v = v & 7;
@@ -246,7 +246,7 @@ impl PriorityControl {
         self.eoi_mode = split;
     }
 
-    /// ICC_IGRPEN<g>_EL1 / ICH_VMCR_EL2.VENG<g>.
+    /// `ICC_IGRPEN<g>_EL1` / ICH_VMCR_EL2.`VENG<g>`.
     pub fn group_enabled(&self, group: Group) -> bool {
         self.enabled[group.index()]
     }

@@ -31,7 +31,7 @@ pub mod regs {
     pub const CTLR: u64 = 0x0000;
     /// Implementer identification.
     pub const IIDR: u64 = 0x0004;
-    /// Type register (64-bit; affinity in [63:32]).
+    /// Type register (64-bit; affinity in \[63:32\]).
     pub const TYPER: u64 = 0x0008;
     /// Power management (ProcessorSleep, ChildrenAsleep).
     pub const WAKER: u64 = 0x0014;
@@ -76,11 +76,11 @@ pub const VPENDBASER_VPEID: u64 = 0xFFFF;
 pub const LPI_CONFIG_ENABLE: u8 = 1 << 0;
 /// LPI configuration byte: bit 1 is RES1.
 pub const LPI_CONFIG_RES1: u8 = 1 << 1;
-/// LPI configuration byte: priority in bits [7:2].
+/// LPI configuration byte: priority in bits \[7:2\].
 pub const LPI_CONFIG_PRIORITY: u8 = 0xFC;
 
 /// The LPI configuration table in memory (GICR_PROPBASER), one byte per
-/// LPI: priority [7:2], RES1 [1], enable [0]. Software writes it directly;
+/// LPI: priority \[7:2\], RES1 \[1\], enable \[0\]. Software writes it directly;
 /// redistributors see a change only once it is invalidated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LpiConfigTable {

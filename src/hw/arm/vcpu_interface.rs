@@ -4,7 +4,7 @@
 //! kvm-arm-and-peers.md §2 "LR encoding").
 //!
 //! The hypervisor makes a virtual interrupt pending by writing a list
-//! register (ICH_LR<n>_EL2: vINTID, state, priority, group, and with HW = 1
+//! register (`ICH_LR<n>_EL2`: vINTID, state, priority, group, and with HW = 1
 //! the physical INTID it stands for). While the vCPU runs with
 //! HCR_EL2.IMO = 1, its ICC_IAR1/EOIR1/DIR/PMR... accesses go to this
 //! interface as ICV_* accesses, without trapping: the accessor (the guest
@@ -28,25 +28,25 @@ use crate::hw::arm::params::GicParams;
 use crate::hw::arm::priority::{Candidate, Group, PriorityControl};
 use crate::hw::arm::redistributor::{DirectVlpis, Redistributor};
 
-/// ICH_LR<n>_EL2 field layout.
+/// `ICH_LR<n>_EL2` field layout.
 pub mod lr {
-    /// vINTID, bits [31:0].
+    /// vINTID, bits \[31:0\].
     pub const VINTID: u64 = 0xFFFF_FFFF;
-    /// pINTID shift (bits [44:32], with HW = 1).
+    /// pINTID shift (bits \[44:32\], with HW = 1).
     pub const PINTID_SHIFT: u32 = 32;
     /// pINTID mask after the shift.
     pub const PINTID_MASK: u64 = 0x1FFF;
     /// EOI maintenance request (bit 41, with HW = 0).
     pub const EOI: u64 = 1 << 41;
-    /// Priority shift (bits [55:48]).
+    /// Priority shift (bits \[55:48\]).
     pub const PRIORITY_SHIFT: u32 = 48;
     /// Group: 1 = group 1.
     pub const GROUP: u64 = 1 << 60;
     /// HW: the virtual interrupt stands for the physical pINTID.
     pub const HW: u64 = 1 << 61;
-    /// State shift (bits [63:62]).
+    /// State shift (bits \[63:62\]).
     pub const STATE_SHIFT: u32 = 62;
-    /// Bits [58:56] and [47:45] are RES0 (bit 59, NMI, is not implemented).
+    /// Bits \[58:56\] and \[47:45\] are RES0 (bit 59, NMI, is not implemented).
     pub const RES0: u64 = (0xF << 56) | (0x7 << 45);
 }
 
@@ -78,7 +78,7 @@ pub mod hcr {
     pub const TALL1: u64 = 1 << 12;
     /// TDIR: trap EL1 writes to ICC_DIR_EL1/ICV_DIR_EL1.
     pub const TDIR: u64 = 1 << 14;
-    /// EOIcount shift (bits [31:27]).
+    /// EOIcount shift (bits \[31:27\]).
     pub const EOICOUNT_SHIFT: u32 = 27;
     /// Every bit the model implements.
     pub const VALID: u64 = 0x1F << EOICOUNT_SHIFT
@@ -131,11 +131,11 @@ pub mod vmcr {
     pub const VCBPR: u64 = 1 << 4;
     /// VEOIM.
     pub const VEOIM: u64 = 1 << 9;
-    /// VBPR1 shift (bits [20:18]).
+    /// VBPR1 shift (bits \[20:18\]).
     pub const VBPR1_SHIFT: u32 = 18;
-    /// VBPR0 shift (bits [23:21]).
+    /// VBPR0 shift (bits \[23:21\]).
     pub const VBPR0_SHIFT: u32 = 21;
-    /// VPMR shift (bits [31:24]).
+    /// VPMR shift (bits \[31:24\]).
     pub const VPMR_SHIFT: u32 = 24;
     /// Every defined bit.
     pub const VALID: u64 = VENG0
@@ -230,7 +230,7 @@ impl ListRegister {
         }
     }
 
-    /// The ICH_LR<n>_EL2 value.
+    /// The `ICH_LR<n>_EL2` value.
     pub fn encode(&self) -> u64 {
         let link = match self.hw {
             Some(p) => lr::HW | ((u64::from(p) & lr::PINTID_MASK) << lr::PINTID_SHIFT),
@@ -248,7 +248,7 @@ impl ListRegister {
             | (self.state.bits() << lr::STATE_SHIFT)
     }
 
-    /// Decodes an ICH_LR<n>_EL2 value. Refused: RES0 bits; a vINTID in the
+    /// Decodes an `ICH_LR<n>_EL2` value. Refused: RES0 bits; a vINTID in the
     /// special or unimplemented range; HW = 1 naming a pINTID that is not a
     /// PPI or SPI, or in the pending-and-active state (the combination KVM
     /// never writes, kvm-arm-and-peers.md §2); HW = 0 with pINTID bits
@@ -503,12 +503,12 @@ impl VcpuInterface {
         Ok(())
     }
 
-    /// ICH_LR<n>_EL2 read.
+    /// `ICH_LR<n>_EL2` read.
     pub fn read_lr(&self, n: usize) -> Result<u64, GicError> {
         self.lr(n).map(|l| l.encode())
     }
 
-    /// ICH_LR<n>_EL2 write (decoded and checked).
+    /// `ICH_LR<n>_EL2` write (decoded and checked).
     pub fn write_lr(&mut self, n: usize, v: u64) -> Result<(), GicError> {
         let l = ListRegister::decode(v)?;
         self.set_lr(n, l)
@@ -676,7 +676,7 @@ impl VcpuInterface {
         self.prio.set_pmr(v);
     }
 
-    /// ICV_BPR<n>_EL1 write by the guest.
+    /// `ICV_BPR<n>_EL1` write by the guest.
     pub fn write_bpr(&mut self, group: Group, v: u8) {
         self.prio.set_bpr(group, v);
     }
@@ -686,12 +686,12 @@ impl VcpuInterface {
         self.prio.set_eoi_mode(split);
     }
 
-    /// ICV_IGRPEN<n>_EL1 write by the guest (aliases VMCR.VENG<n>).
+    /// `ICV_IGRPEN<n>_EL1` write by the guest (aliases VMCR.`VENG<n>`).
     pub fn write_igrpen(&mut self, group: Group, on: bool) {
         self.prio.set_group_enabled(group, on);
     }
 
-    /// ICV_IAR<group>_EL1 read by the guest: acknowledges the best pending
+    /// `ICV_IAR<group>_EL1` read by the guest: acknowledges the best pending
     /// virtual interrupt of `group` (an LR goes pending -> active; a direct
     /// vLPI leaves the pending table) and returns its vINTID, or 1023.
     pub fn acknowledge(&mut self, group: Group, direct: Option<&mut DirectVlpis<'_>>) -> u32 {
@@ -764,7 +764,7 @@ impl VcpuInterface {
         out.eoicount_incremented = true;
     }
 
-    /// ICV_EOIR<n>_EL1 write by the guest: drops the virtual running
+    /// `ICV_EOIR<n>_EL1` write by the guest: drops the virtual running
     /// priority; with VEOIM = 0 (or for an LPI in a list register) also
     /// deactivates. A HW = 1 list register reports its pINTID for physical
     /// deactivation ([`Self::guest_eoir`] performs it). Special INTIDs are
