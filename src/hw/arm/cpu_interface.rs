@@ -274,7 +274,7 @@ impl CpuInterface {
     /// Core `core`'s CPU interface in reset state: groups disabled, PMR 0,
     /// EOImode 0, nothing active.
     pub fn new(core: usize, params: &GicParams) -> Self {
-        let bits = params.cpu_interface.priority_bits;
+        let bits = params.cpu_interface.priority_bits.clamp(4, 8);
         CpuInterface {
             core,
             topology: params.topology,

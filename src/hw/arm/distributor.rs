@@ -13,7 +13,7 @@
 //! guests and Linux hosts on GICv3 do.
 
 use crate::hw::arm::bank::IrqBank;
-use crate::hw::arm::intid::{CoreSet, GicError, SPI_BASE};
+use crate::hw::arm::intid::{CoreSet, GicError, SPI_BASE, SPI_LIMIT};
 use crate::hw::arm::params::{Affinity, GicParams, Topology};
 use crate::hw::arm::priority::{Candidate, Group};
 
@@ -128,7 +128,7 @@ impl Distributor {
     /// level-sensitive, group 0, priority 0 and routed to core 0; every core
     /// participates in 1-of-N.
     pub fn new(params: &GicParams) -> Self {
-        let spis = params.distributor.spis;
+        let spis = params.distributor.spis.min(SPI_LIMIT - SPI_BASE);
         let lpi_end = params.lpi_end();
         Distributor {
             topology: params.topology,

@@ -348,4 +348,40 @@ mod tests {
             None
         );
     }
+
+    /// The blocks do not rely on `validate` having been called: built from
+    /// out-of-range parameters they clamp or come out empty, and still
+    /// answer without panicking.
+    #[test]
+    fn blocks_tolerate_unvalidated_params() {
+        use crate::hw::arm::{
+            cpu_interface::CpuInterface, distributor::Distributor, its::Its,
+            redistributor::Redistributor, timer::GenericTimer, vcpu_interface::VcpuInterface,
+        };
+        let mut p = GicParams::gicv3(1);
+        p.cpu_interface.priority_bits = 0;
+        p.vcpu_interface.priority_bits = 0;
+        p.vcpu_interface.list_registers = 0;
+        p.distributor.spis = 5000;
+        p.its.queue = 0;
+        p.its.event_bits = 40;
+        p.its.devices = 1;
+        p.timer.frequency_hz = 0;
+        p.topology.per_cluster = 0;
+        let mut d = Distributor::new(&p);
+        assert!(d.set_spi_line(1019, true).is_ok());
+        assert!(d.set_spi_line(1020, true).is_err());
+        let mut r = Redistributor::new(0, &p);
+        let c = CpuInterface::new(0, &p);
+        assert_eq!((c.read_ctlr() >> 8) & 7, 3, "clamped to 4 priority bits");
+        let v = VcpuInterface::new(&p);
+        assert_eq!(v.list_registers(), 1);
+        let _ = v.vtr();
+        let its = Its::new(&p);
+        assert_eq!(its.queued(), 0);
+        let t = GenericTimer::new(&p.timer);
+        assert_eq!(t.cntpct(crate::engine::SEC), 1);
+        let mut c = c;
+        assert_eq!(c.read_iar1(&mut d, &mut r), crate::hw::arm::intid::SPURIOUS);
+    }
 }

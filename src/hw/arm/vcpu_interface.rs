@@ -440,7 +440,7 @@ impl VcpuInterface {
     /// (disabled), virtual PMR 0, groups disabled.
     pub fn new(params: &GicParams) -> Self {
         let n = params.vcpu_interface.list_registers.clamp(1, 16);
-        let bits = params.vcpu_interface.priority_bits;
+        let bits = params.vcpu_interface.priority_bits.clamp(5, 8);
         VcpuInterface {
             lrs: vec![ListRegister::EMPTY; usize::from(n)].into_boxed_slice(),
             hcr: IchHcr::default(),
