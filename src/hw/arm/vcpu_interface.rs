@@ -1099,4 +1099,43 @@ mod tests {
             "all LRs in use"
         );
     }
+
+    proptest::proptest! {
+        /// Every ICH_LR value the model accepts encodes back to itself (no
+        /// field overlaps or drops bits), and every value it refuses has a
+        /// reason: RES0 bits, a special/unimplemented vINTID, an HW link to
+        /// a non-PPI/SPI or in pending+active, or stray pINTID bits.
+        #[test]
+        fn lr_decode_encode_round_trip(
+            raw in proptest::prelude::any::<u64>(),
+            vintid in proptest::prop_oneof![0u64..1020, 8192u64..20000, 0u64..1 << 32],
+            res0 in proptest::prelude::any::<bool>(),
+            clean_link in proptest::prelude::any::<bool>(),
+        ) {
+            // Mostly well-formed values, so that both branches are exercised.
+            let mut v = (raw & !lr::VINTID & if res0 { !0 } else { !lr::RES0 }) | vintid;
+            if clean_link {
+                let pmask = lr::PINTID_MASK << lr::PINTID_SHIFT;
+                v = if v & lr::HW != 0 {
+                    let p = 16 + ((v & pmask) >> lr::PINTID_SHIFT) % 1004;
+                    (v & !pmask) | (p << lr::PINTID_SHIFT)
+                } else {
+                    v & !(pmask & !lr::EOI)
+                };
+            }
+            match ListRegister::decode(v) {
+                Ok(l) => proptest::prop_assert_eq!(l.encode(), v),
+                Err(_) => {
+                    let vintid = (v & lr::VINTID) as u32;
+                    let p = ((v >> lr::PINTID_SHIFT) & lr::PINTID_MASK) as u32;
+                    let hw = v & lr::HW != 0;
+                    let reason = v & lr::RES0 != 0
+                        || matches!(class(vintid), IntidClass::Special | IntidClass::Reserved)
+                        || (hw && (!(16..1020).contains(&p) || v >> lr::STATE_SHIFT == 3))
+                        || (!hw && v & ((lr::PINTID_MASK << lr::PINTID_SHIFT) & !lr::EOI) != 0);
+                    proptest::prop_assert!(reason);
+                }
+            }
+        }
+    }
 }
