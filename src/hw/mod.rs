@@ -1,5 +1,6 @@
-//! Hardware models. Only `x86` exists so far; ARM (GIC, ITS) will sit beside it.
+//! Hardware models: `x86` (LAPIC, VMCS, IOMMU, NIC) and `arm` (GICv3/v4, ITS, generic timer, EL2 controls), plus the shared virtio devices and wire.
 
+pub mod arm;
 pub mod virtio;
 pub mod virtio_blk;
 pub mod virtio_net;
