@@ -18,6 +18,7 @@ pub mod kvm2026;
 pub mod naive;
 pub mod sched;
 pub mod scheme;
+pub mod vcanal;
 pub mod vhost;
 pub mod vlapic;
 
