@@ -197,11 +197,15 @@ pub fn enqueue(mem: &mut GuestMemory, l: &ChannelLayout, inr: u32) -> Result<(),
     Ok(())
 }
 
-/// The status a consumed slot was left with (0: taken; negative: the
-/// errno the host refused the entry with).
-pub fn slot_status(mem: &GuestMemory, l: &ChannelLayout, pos: u64) -> Result<i32, MemError> {
-    mem.read_u32(l.slot_gpa(pos) + SLOT_STATUS)
-        .map(|s| s as i32)
+/// What the slot of position `pos` holds: the INR index published there
+/// and the status a consumer left (0: taken; negative: the errno the host
+/// refused the entry with).
+pub fn slot_entry(mem: &GuestMemory, l: &ChannelLayout, pos: u64) -> Result<(u32, i32), MemError> {
+    let slot = l.slot_gpa(pos);
+    Ok((
+        mem.read_u32(slot + SLOT_INR)?,
+        mem.read_u32(slot + SLOT_STATUS)? as i32,
+    ))
 }
 
 /// The host's end of one VM's ring: the consumer position, in host memory.
@@ -354,7 +358,7 @@ pub(crate) mod tests {
         for i in 2..6 {
             assert_eq!(c.peek(&mem), Ok(Some(i)));
             c.consume(&mut mem, -22).unwrap();
-            assert_eq!(slot_status(&mem, &l, c.head - 1), Ok(-22));
+            assert_eq!(slot_entry(&mem, &l, c.head - 1), Ok((i, -22)));
         }
         assert_eq!(c.peek(&mem), Ok(None));
     }

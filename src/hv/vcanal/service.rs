@@ -306,6 +306,11 @@ impl Service {
         Ok(())
     }
 
+    /// The position `vm`'s ring is consumed up to (None: no channel).
+    pub fn ring_head(&self, vm: usize) -> Option<u64> {
+        Some(self.vms.get(vm)?.ring?.head)
+    }
+
     /// The VM whose turn is next.
     pub fn next_vm(&self) -> usize {
         self.sched.current()
