@@ -158,18 +158,37 @@ enum After {
     Unmap(i32),
 }
 
-/// A submitted call being waited for.
+/// A submitted call being waited for (made only by [`LibCanal::submit`],
+/// so its INR index is always one of the pool's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pending {
-    /// Its INR.
-    pub inr: u32,
-    /// Its type.
-    pub call: CallType,
-    /// Failed polls so far.
-    pub polls: u32,
-    /// The waiter asked for a completion interrupt.
-    pub irq_mode: bool,
+    inr: u32,
+    call: CallType,
+    polls: u32,
+    irq_mode: bool,
     after: After,
+}
+
+impl Pending {
+    /// Its INR (pool index).
+    pub fn inr(&self) -> u32 {
+        self.inr
+    }
+
+    /// Its call type.
+    pub fn call(&self) -> CallType {
+        self.call
+    }
+
+    /// Failed polls so far.
+    pub fn polls(&self) -> u32 {
+        self.polls
+    }
+
+    /// Whether the waiter asked for a completion interrupt.
+    pub fn irq_mode(&self) -> bool {
+        self.irq_mode
+    }
 }
 
 /// A submission, with the hybrid address space's outcomes to charge.
@@ -331,8 +350,9 @@ impl LibCanal {
         })
     }
 
+    /// GPA of INR `inr`: one of the pool's, since indices come only from
+    /// our own free list (a [`Pending`] is made only by `submit`).
     fn inr_gpa(&self, inr: u32) -> u64 {
-        // Pool indices come from our own free list.
         self.layout.inr_gpa(inr).unwrap_or(self.layout.base)
     }
 

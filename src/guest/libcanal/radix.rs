@@ -319,7 +319,7 @@ mod tests {
         assert_eq!(walks, vec![0x10000, 0x11000, 0x12000, 0x13000]);
         // An unmapped first page: no translation; overflow: none either.
         assert_eq!(translate(&mut c, 0x50000, 8, |_| None), None);
-        assert_eq!(translate(&mut c, u64::MAX - 4, 8, |p| Some(p)), None);
+        assert_eq!(translate(&mut c, u64::MAX - 4, 8, Some), None);
         assert_eq!(
             translate(&mut c, 0x50000, 0, |_| None),
             Some(Translation::default())

@@ -274,7 +274,7 @@ fn polls_up_to_the_budget_then_asks_for_an_interrupt() {
     assert_eq!(steps[99], WaitStep::ArmInterrupt);
     // The re-check after arming: still not done, sleep.
     assert_eq!(steps[100], WaitStep::Sleep);
-    assert_eq!(s.pending.polls, 100);
+    assert_eq!(s.pending.polls(), 100);
     // Data arrives: the host must interrupt.
     assert!(r.complete(&d[0], Outcome::Value(42), None));
     assert_eq!(
@@ -366,7 +366,7 @@ proptest! {
                     prop_assert_eq!(c.ret, Ok(3));
                     // Completed while polling: no interrupt was needed
                     // unless the waiter had armed.
-                    if !s.pending.irq_mode {
+                    if !s.pending.irq_mode() {
                         prop_assert_eq!(irq, Some(false));
                     }
                     return Ok(());

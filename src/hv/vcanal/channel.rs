@@ -130,7 +130,7 @@ impl ChannelLayout {
         if self.pool_len == 0 || self.pool_len > limits.max_pool_len {
             return Err(ChannelError::BadPool(self.pool_len));
         }
-        if self.base % POOL_ALIGN != 0 {
+        if !self.base.is_multiple_of(POOL_ALIGN) {
             return Err(ChannelError::Misaligned(self.base));
         }
         // With both sizes bounded by u32, size() cannot overflow.

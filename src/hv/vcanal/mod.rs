@@ -61,7 +61,7 @@ impl VcanalCosts {
             return self.idle_poll_round;
         }
         let taken = r.taken as Time;
-        let checked = (r.taken - r.refused) as Time;
+        let checked = r.taken.saturating_sub(r.refused) as Time;
         taken * self.dequeue
             + checked * self.service_per_call
             + r.translations as Time * self.port_translation
