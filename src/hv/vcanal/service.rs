@@ -316,9 +316,9 @@ impl Service {
         self.sched.current()
     }
 
-    /// Totals of `vm`.
+    /// Totals of `vm` (zero for no such VM).
     pub fn stats(&self, vm: usize) -> VmStats {
-        self.vms[vm].stats
+        self.vms.get(vm).map(|v| v.stats).unwrap_or_default()
     }
 
     /// Entry `index` of `vm`'s socket array.
@@ -376,6 +376,9 @@ impl Service {
         mut issue: impl FnMut(Dispatch),
     ) -> Result<TurnReport, ServiceError> {
         let vm = self.sched.current();
+        if vm >= self.vms.len() {
+            return Err(ServiceError::NoVm(vm));
+        }
         let mut r = TurnReport {
             vm,
             ..TurnReport::default()

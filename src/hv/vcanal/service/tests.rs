@@ -770,6 +770,12 @@ fn announcements_are_checked_once_per_vm() {
     let r = s.turn(&mut m1.mem, 8, |_| {}).unwrap();
     assert!(r.idle());
     assert_eq!(s.ring_head(1), None);
+    // A service of no VMs has no turn to give.
+    let mut none = Service::new(0, params());
+    assert_eq!(
+        none.turn(&mut m1.mem, 8, |_| {}).unwrap_err(),
+        ServiceError::NoVm(0)
+    );
 }
 
 /// What a hostile guest does between turns.
