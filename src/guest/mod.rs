@@ -10,6 +10,7 @@ pub mod app;
 pub mod blk;
 mod fair;
 pub mod itr;
+pub mod libcanal;
 pub mod net;
 pub mod rps;
 pub mod tcp;

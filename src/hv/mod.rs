@@ -10,6 +10,7 @@ pub mod exits;
 pub mod host;
 pub mod sched;
 pub mod scheme;
+pub mod vcanal;
 pub mod vhost;
 pub mod x86;
 

@@ -1,6 +1,9 @@
-//! Hardware models: `x86` (LAPIC, VMCS, IOMMU, NIC) and `arm` (GICv3/v4, ITS, generic timer, EL2 controls), plus the shared virtio devices and wire.
+//! Hardware models: `x86` (LAPIC, VMCS, IOMMU, NIC) and `arm` (GICv3/v4,
+//! ITS, generic timer, EL2 controls), plus what neither owns: the virtio
+//! devices, the wire, and guest memory shared with the host.
 
 pub mod arm;
+pub mod guest_memory;
 pub mod virtio;
 pub mod virtio_blk;
 pub mod virtio_net;
