@@ -316,11 +316,8 @@ impl NginxSpec {
         within(at, "workers", self.workers, 1, MAX_INSTANCES)?;
         validate_http(
             at,
-            self.ab_processes,
-            self.concurrency,
-            self.page_bytes,
-            self.header_bytes,
-            self.request_bytes,
+            (self.ab_processes, self.concurrency),
+            (self.page_bytes, self.header_bytes, self.request_bytes),
         )
     }
 }
@@ -370,24 +367,18 @@ impl ApacheSpec {
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
         validate_http(
             at,
-            self.ab_processes,
-            self.concurrency,
-            self.page_bytes,
-            self.header_bytes,
-            self.request_bytes,
+            (self.ab_processes, self.concurrency),
+            (self.page_bytes, self.header_bytes, self.request_bytes),
         )
     }
 }
 
-/// The keys nginx and apache share: ApacheBench's processes and
-/// concurrency, the page, header and request sizes.
+/// The keys nginx and apache share (`at`: the table): ApacheBench's
+/// processes and concurrency, the page, header and request sizes.
 fn validate_http(
     at: &str,
-    ab: u16,
-    c: u16,
-    page: u32,
-    header: u32,
-    req: u32,
+    (ab, c): (u16, u16),
+    (page, header, req): (u32, u32, u32),
 ) -> Result<(), ScenarioError> {
     within(at, "ab_processes", ab, 1, MAX_INSTANCES)?;
     let connections = u32::from(ab) * u32::from(c);
