@@ -6,7 +6,8 @@
 use super::{bad, Scenario, ScenarioError, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
-/// One VM of a several-VM scenario.
+/// One VM: a `[[vm]]` table, or the VM a scenario without them stands
+/// for ([`VmSpec::top_level`]).
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VmSpec {
