@@ -691,3 +691,69 @@ fn every_size_key_at_its_maximum_builds_within_the_budget() {
         }
     }
 }
+
+/// A value for each workload key without a default that its table needs
+/// (serde requires it, or validation does: the open-loop memcached
+/// client's rate), so that each other key can be tried alone.
+const NEEDED: &[(&str, &str)] = &[
+    ("udp.rate_pps", "10000"),
+    ("whileloop.iterations", "1e9"),
+    ("netpipe.msg_bytes", "64"),
+    ("memcached.rate_rps", "10000"),
+];
+
+/// Every numeric workload key (from the scenario structs, so a new key
+/// is covered), at zero, negative, NaN, infinite and huge values, in the
+/// single-VM form and in a `[[vm]]` table: either refused by parsing with
+/// an error naming the key as written (`workload.udp.rate_pps`,
+/// `vm[0].workload.udp.rate_pps`), or, where zero or a large integer is
+/// legal, accepted, built and run briefly within the deadline and the
+/// memory budget. No key takes a negative, NaN, infinite or 1e30 value.
+/// (A per-VM `rate_pps = 1e9` used to be accepted and run without end.)
+#[test]
+fn every_workload_value_is_range_checked_in_both_forms() {
+    let all = exitless::keys::keys();
+    let numeric: Vec<&str> = all
+        .iter()
+        .filter(|k| k.key.starts_with("workload.") && matches!(k.ty.as_str(), "float" | "integer"))
+        .map(|k| k.key.as_str())
+        .collect();
+    assert!(numeric.len() >= 30, "{numeric:?}");
+    let never = ["-1", "nan", "inf", "-inf", "1e30"];
+    let maybe = ["0", "1000000000", "4294967296"];
+    let head = "scheme = \"kvm\"\nduration_s = 0.002\nwarmup_s = 0.001\n";
+    let (mut failures, mut accepted) = (Vec::new(), Vec::new());
+    for key in numeric {
+        let (table, leaf) = key["workload.".len()..].split_once('.').unwrap();
+        let vm_key = format!("vm[].{key}");
+        assert!(all.iter().any(|k| k.key == vm_key), "{vm_key} is not a key");
+        let needed: String = NEEDED
+            .iter()
+            .filter_map(|(k, v)| {
+                let (t, l) = k.split_once('.').unwrap();
+                (t == table && l != leaf).then(|| format!("{l} = {v}\n"))
+            })
+            .collect();
+        for value in never.into_iter().chain(maybe) {
+            let body = format!("{needed}{leaf} = {value}\n");
+            for (text, want) in [
+                (format!("{head}[workload.{table}]\n{body}"), key.to_string()),
+                (
+                    format!("{head}[[vm]]\ncore = 1\n[vm.workload.{table}]\n{body}"),
+                    format!("vm[0].{key}"),
+                ),
+            ] {
+                let (o, peak) = parse_build_run(text, Calibration::default_host());
+                match o {
+                    Outcome::Refused(Some(k)) if k == want => {}
+                    Outcome::Ran if peak <= BUDGET && maybe.contains(&value) => {
+                        accepted.push(format!("{want} = {value}"))
+                    }
+                    o => failures.push(format!("{want} = {value}: {o:?}, peak {peak} bytes")),
+                }
+            }
+        }
+    }
+    eprintln!("accepted: {accepted:#?}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -1,0 +1,636 @@
+//! The VMs (`[[vm]]`): each one's vCPUs, their cores, its interrupt
+//! routing and its workload; the view of them the world builder reads.
+//! A scenario without `[[vm]]` tables stands for one VM (see
+//! [`VmSpec::top_level`]).
+
+use super::{bad, Scenario, ScenarioError, WorkloadSpec};
+use serde::{Deserialize, Serialize};
+
+/// One VM: a `[[vm]]` table, or the VM a scenario without them stands
+/// for ([`VmSpec::top_level`]).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// Its name in reports (default `vm<i>`).
+    #[serde(default)]
+    pub name: String,
+    /// vCPUs (1 to [`Self::MAX_VCPUS`]).
+    #[serde(default = "one_u32")]
+    pub vcpus: u32,
+    /// The core its vCPU thread is pinned to (1..cores; core 0 is the
+    /// host's). VMs may share a core: the host scheduler multiplexes them.
+    /// With several vCPUs, give `cores` instead (or vCPU i goes to
+    /// `core + i`).
+    #[serde(default)]
+    pub core: Option<usize>,
+    /// The core each vCPU thread is pinned to, one per vCPU.
+    #[serde(default)]
+    pub cores: Option<Vec<usize>>,
+    /// The cores the vCPU threads may run on (a cpuset, `virsh vcpupin`):
+    /// the host scheduler places and migrates them within it. `"any"`
+    /// (every core but the host's core 0), one list for every vCPU, or one
+    /// list per vCPU. `core`/`cores` then give where each starts (default:
+    /// spread over the set). Default: pinned to `core`/`cores`.
+    #[serde(default)]
+    pub allowed_cores: Option<AllowedCores>,
+    /// The vCPU the workload's tasks are bound to.
+    #[serde(default)]
+    pub app_vcpu: u32,
+    /// The vCPUs the VF's MSI targets (the guest's `smp_affinity` for its
+    /// IRQ; the VM's virtio devices' MSIs follow it too). Default: vCPU 0.
+    #[serde(default)]
+    pub irq_affinity: Option<Vec<u32>>,
+    /// The MSI's delivery mode: `fixed` (one vCPU) or `lowest-priority`
+    /// (any vCPU of `irq_affinity`; Linux's flat-mode default up to 8 CPUs).
+    #[serde(default)]
+    pub msi_mode: MsiMode,
+    /// Receive packet steering: the guest's `rps_cpus` for its receive
+    /// queue (`/sys/class/net/eth0/queues/rx-0/rps_cpus`), a set of its
+    /// vCPUs. The NAPI poll on the vCPU that took the device interrupt
+    /// queues each received packet, by its flow's hash, on the backlog of
+    /// one of them and wakes that vCPU with a CALL_FUNCTION_SINGLE IPI
+    /// (vector 0xfb) at the end of its NET_RX run; the packet's protocol
+    /// processing runs there. Default: off.
+    #[serde(default)]
+    pub rps_cpus: Option<Vec<u32>>,
+    /// A lowest-priority CPU-bound task on every vCPU (ES2's burn
+    /// scripts: the vCPUs never idle, so the host keeps switching them).
+    #[serde(default)]
+    pub burn: bool,
+    /// This many identical VMs (consolidation sweeps: `--set vm.0.copies=4`).
+    #[serde(default = "one_u32")]
+    pub copies: u32,
+    /// Only the first this many copies run `workload`; the others keep
+    /// their vCPUs, pinning and burners but run nothing else (ES2 §6.3:
+    /// "1–4 VMs tested at once; the rest are background"). Default: all.
+    #[serde(default)]
+    pub active_copies: Option<u32>,
+    /// The cores copies are spread over: vCPU j of copy k runs on
+    /// `copies_cores[(k * vcpus + j) % len]`. Default: every copy on
+    /// `cores`.
+    #[serde(default)]
+    pub copies_cores: Option<Vec<usize>>,
+    /// Its workload. With several VMs: `udp`, `cyclictest`, `whileloop`
+    /// (a CPU-bound guest that does not end the run).
+    #[serde(default)]
+    pub workload: WorkloadSpec,
+    /// Whether this is the VM of the single-VM form (a top-level
+    /// `workload`, no `[[vm]]`): its workload's keys are named as the
+    /// user wrote them (`workload.udp.rate_pps`), and a serialized
+    /// scenario writes it back in that form. Not a key.
+    #[serde(skip)]
+    pub(crate) top_level: bool,
+}
+
+/// The cores a VM's vCPU threads may run on.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(
+    untagged,
+    expecting = "\"any\", a list of cores, or one list of cores per vCPU"
+)]
+pub enum AllowedCores {
+    /// `"any"`: every core but the host's core 0.
+    Named(String),
+    /// One set for every vCPU.
+    Shared(Vec<usize>),
+    /// One set per vCPU.
+    PerVcpu(Vec<Vec<usize>>),
+}
+
+impl AllowedCores {
+    /// The set of vCPU `j` on a machine of `machine_cores` cores.
+    fn set(&self, j: usize, machine_cores: usize) -> Vec<usize> {
+        match self {
+            AllowedCores::Named(_) => (1..machine_cores).collect(),
+            AllowedCores::Shared(v) => v.clone(),
+            AllowedCores::PerVcpu(v) => v.get(j).cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// How a device MSI picks its vCPU among the affinity set.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MsiMode {
+    /// The one vCPU named.
+    #[default]
+    Fixed,
+    /// The lowest-priority vCPU of the set (KVM arbitrates in software;
+    /// a remapping IRTE names the set's first vCPU).
+    LowestPriority,
+}
+
+impl VmSpec {
+    /// Most vCPUs a VM may have (the guest's reschedule IPIs are a 64-bit
+    /// mask).
+    pub const MAX_VCPUS: u32 = 64;
+
+    /// The VM the single-VM form stands for: one vCPU pinned to core 1
+    /// (core 0 is the host's), MSI fixed to vCPU 0, no RPS, no burners,
+    /// one copy, running `workload` (the top-level one).
+    pub fn top_level(workload: WorkloadSpec) -> VmSpec {
+        VmSpec {
+            name: String::new(),
+            vcpus: 1,
+            core: Some(1),
+            cores: None,
+            allowed_cores: None,
+            app_vcpu: 0,
+            irq_affinity: None,
+            msi_mode: MsiMode::Fixed,
+            rps_cpus: None,
+            burn: false,
+            copies: 1,
+            active_copies: None,
+            copies_cores: None,
+            workload,
+            top_level: true,
+        }
+    }
+
+    /// The key of its workload table as the user wrote it: `workload`
+    /// (the single-VM form) or `vm[i].workload`.
+    pub fn workload_key(&self, i: usize) -> String {
+        if self.top_level {
+            "workload".into()
+        } else {
+            format!("vm[{i}].workload")
+        }
+    }
+
+    /// The core each vCPU of copy `k` starts on (and stays on, unless
+    /// `allowed_cores` lets it move).
+    pub fn copy_cores(&self, k: usize, machine_cores: usize) -> Vec<usize> {
+        let n = self.vcpus as usize;
+        match (&self.copies_cores, &self.allowed_cores) {
+            (Some(pool), _) if !pool.is_empty() => {
+                (0..n).map(|j| pool[(k * n + j) % pool.len()]).collect()
+            }
+            (_, Some(a)) if self.core.is_none() && self.cores.is_none() => {
+                // Spread over the set: vCPU j of copy k takes its
+                // (k * vcpus + j)th core, round the set.
+                (0..n)
+                    .map(|j| {
+                        let set = a.set(j, machine_cores);
+                        set.get((k * n + j) % set.len().max(1))
+                            .copied()
+                            .unwrap_or(1)
+                    })
+                    .collect()
+            }
+            _ => self.vcpu_cores(),
+        }
+    }
+
+    /// The cores each vCPU may run on, as masks (bit i = core i): its
+    /// `allowed_cores` set, or its start core of copy `k`.
+    pub fn copy_allowed(&self, k: usize, machine_cores: usize) -> Vec<u64> {
+        let start = self.copy_cores(k, machine_cores);
+        (0..self.vcpus as usize)
+            .map(|j| match &self.allowed_cores {
+                Some(a) => a
+                    .set(j, machine_cores)
+                    .iter()
+                    .fold(0u64, |m, &c| m | (1u64 << (c & 63))),
+                None => 1u64 << (start[j] & 63),
+            })
+            .collect()
+    }
+
+    /// The core of each vCPU.
+    pub fn vcpu_cores(&self) -> Vec<usize> {
+        match (&self.cores, self.core) {
+            (Some(c), _) => c.clone(),
+            (None, Some(c)) => (0..self.vcpus as usize).map(|i| c + i).collect(),
+            (None, None) => (0..self.vcpus as usize).map(|i| 1 + i).collect(),
+        }
+    }
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+/// A VM as the builder sees it, from `[[vm]]` or the top level.
+#[derive(Clone, Debug)]
+pub struct VmView<'a> {
+    /// Name.
+    pub name: String,
+    /// Core of its first vCPU.
+    pub core: usize,
+    /// Core of each vCPU (where it starts).
+    pub cores: Vec<usize>,
+    /// The cores each vCPU may run on (bit i = core i).
+    pub allowed: Vec<u64>,
+    /// The vCPU its workload's tasks run on.
+    pub app_vcpu: usize,
+    /// The vCPUs its VF's MSI may target.
+    pub irq_affinity: Vec<usize>,
+    /// The MSI's delivery mode.
+    pub msi_mode: MsiMode,
+    /// The vCPUs RPS steers received packets to (empty: off).
+    pub rps_cpus: Vec<usize>,
+    /// Lowest-priority burners on every vCPU.
+    pub burn: bool,
+    /// Its workload.
+    pub workload: &'a WorkloadSpec,
+}
+
+impl Scenario {
+    /// The VMs to build, in order (VM 0 first).
+    pub fn vm_views(&self) -> Vec<VmView<'_>> {
+        static IDLE: std::sync::LazyLock<WorkloadSpec> =
+            std::sync::LazyLock::new(WorkloadSpec::default);
+        self.vms
+            .iter()
+            .flat_map(|v| (0..v.copies as usize).map(move |k| (v, k)))
+            .enumerate()
+            .map(|(i, (v, k))| VmView {
+                name: if v.name.is_empty() {
+                    format!("vm{i}")
+                } else {
+                    v.name.clone()
+                },
+                core: v.copy_cores(k, self.machine.cores)[0],
+                cores: v.copy_cores(k, self.machine.cores),
+                allowed: v.copy_allowed(k, self.machine.cores),
+                app_vcpu: v.app_vcpu as usize,
+                irq_affinity: v
+                    .irq_affinity
+                    .as_ref()
+                    .map_or(vec![0], |a| a.iter().map(|&x| x as usize).collect()),
+                msi_mode: v.msi_mode,
+                rps_cpus: v
+                    .rps_cpus
+                    .as_ref()
+                    .map_or_else(Vec::new, |a| a.iter().map(|&x| x as usize).collect()),
+                burn: v.burn,
+                workload: if v.active_copies.is_some_and(|a| k as u32 >= a) {
+                    &IDLE
+                } else {
+                    &v.workload
+                },
+            })
+            .collect()
+    }
+
+    /// Most VMs a scenario may have.
+    pub const MAX_VMS: usize = 64;
+
+    /// Checks the VMs (each one's keys and workload) and what the
+    /// scenario's other sections allow with several of them.
+    pub(super) fn validate_vms(&self) -> Result<(), ScenarioError> {
+        if let Some(i) = self.vms.iter().position(|v| v.copies == 0) {
+            return bad(&format!("vm[{i}]"), "copies", "0: at least 1");
+        }
+        let total: usize = self.vms.iter().map(|v| v.copies as usize).sum();
+        if total > Self::MAX_VMS {
+            return bad("", "vm", format!("{total} VMs: at most {}", Self::MAX_VMS));
+        }
+        // The single-VM form moved the top-level workload into its VM:
+        // one left here was written beside `[[vm]]` tables.
+        if !self.workload.is_empty() {
+            return bad(
+                "",
+                "workload",
+                "with [[vm]] tables each VM has its own `workload`; the top-level one must be empty",
+            );
+        }
+        let several = total > 1;
+        for (i, v) in self.vms.iter().enumerate() {
+            v.validate(i, self.machine.cores, &self.scheme, several)?;
+        }
+        if several && (!self.preemptions.is_empty() || self.host.ipi_per_s > 0.0) {
+            return bad(
+                "",
+                "preemptions / host.ipi_per_s",
+                "scripted preemptions and host IPIs target one VM: use them with a single VM",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl VmSpec {
+    /// Checks `vm[i]`'s keys and its workload on a machine of
+    /// `machine_cores` cores under `scheme`; `several`: the scenario has
+    /// more than one VM (copies included).
+    fn validate(
+        &self,
+        i: usize,
+        machine_cores: usize,
+        scheme: &str,
+        several: bool,
+    ) -> Result<(), ScenarioError> {
+        let at = &format!("vm[{i}]");
+        self.validate_placement(at, machine_cores)?;
+        self.validate_interrupts(at)?;
+        let workload = &self.workload_key(i);
+        if self.vcpus > 1 && self.workload.sip.is_some() {
+            return bad(
+                workload,
+                "",
+                "SMP guests run udp, cyclictest, whileloop, fio and TCP workloads (SIP needs a 1-vCPU VM)",
+            );
+        }
+        if several && self.workload.sip.is_some() {
+            return bad(
+                workload,
+                "",
+                "with several VMs, SIP is not modelled yet (udp, cyclictest, whileloop, fio, netpipe, iperf, memcached, netperf, nginx, apache, ping are)",
+            );
+        }
+        self.workload.validate(workload, scheme)?;
+        if self.name.len() > 64 {
+            return bad(at, "name", "longer than 64 bytes");
+        }
+        Ok(())
+    }
+
+    /// Its vCPUs and the cores they and its copies run on (`at`: `vm[i]`).
+    fn validate_placement(&self, at: &str, machine_cores: usize) -> Result<(), ScenarioError> {
+        if self.vcpus == 0 || self.vcpus > Self::MAX_VCPUS {
+            return bad(
+                at,
+                "vcpus",
+                format!("{}: must be in 1..={}", self.vcpus, Self::MAX_VCPUS),
+            );
+        }
+        if self.core.is_some() && self.cores.is_some() {
+            return bad(at, "cores", "give `core` or `cores`, not both");
+        }
+        if self.core.is_none() && self.cores.is_none() && self.allowed_cores.is_none() {
+            return bad(
+                at,
+                "core",
+                "missing: the core its vCPU runs on (or `cores`, one per vCPU, or `allowed_cores`)",
+            );
+        }
+        self.validate_allowed_cores(at, machine_cores)?;
+        let cores = self.copy_cores(0, machine_cores);
+        if cores.len() != self.vcpus as usize {
+            return bad(
+                at,
+                "cores",
+                format!(
+                    "{} cores for {} vCPUs: give one per vCPU",
+                    cores.len(),
+                    self.vcpus
+                ),
+            );
+        }
+        if let Some(c) = cores.iter().find(|&&c| c == 0 || c >= machine_cores) {
+            return bad(
+                at,
+                if self.cores.is_some() {
+                    "cores"
+                } else {
+                    "core"
+                },
+                format!(
+                    "core {c} (of vCPU {}) must be in 1..{machine_cores} (core 0 is the host's)",
+                    cores.iter().position(|x| x == c).unwrap_or(0),
+                ),
+            );
+        }
+        if let Some(pool) = &self.copies_cores {
+            if let Some(c) = pool.iter().find(|&&c| c == 0 || c >= machine_cores) {
+                return bad(
+                    at,
+                    "copies_cores",
+                    format!("core {c} must be in 1..{machine_cores}"),
+                );
+            }
+            if pool.is_empty() || pool.len() > 1024 {
+                return bad(at, "copies_cores", "1 to 1024 cores");
+            }
+        }
+        if let Some(a) = self.active_copies.filter(|&a| a > self.copies) {
+            return bad(
+                at,
+                "active_copies",
+                format!("{a}: at most `copies` ({})", self.copies),
+            );
+        }
+        Ok(())
+    }
+
+    /// Where its tasks and its device interrupts go (`at`: `vm[i]`): the
+    /// application vCPU, the MSI's affinity, RPS.
+    fn validate_interrupts(&self, at: &str) -> Result<(), ScenarioError> {
+        if self.app_vcpu >= self.vcpus {
+            return bad(
+                at,
+                "app_vcpu",
+                format!("{}: the VM has vCPUs 0..{}", self.app_vcpu, self.vcpus),
+            );
+        }
+        if let Some(a) = &self.irq_affinity {
+            if a.is_empty() || a.iter().any(|&x| x >= self.vcpus) || a.len() > 64 {
+                return bad(
+                    at,
+                    "irq_affinity",
+                    format!("{a:?}: a non-empty list of vCPUs in 0..{}", self.vcpus),
+                );
+            }
+            if self.msi_mode == MsiMode::Fixed && a.len() > 1 {
+                return bad(
+                    at,
+                    "irq_affinity",
+                    format!(
+                        "{a:?}: fixed delivery names one vCPU; set msi_mode = \"lowest-priority\" for a set"
+                    ),
+                );
+            }
+        }
+        if let Some(r) = &self.rps_cpus {
+            let mut seen = 0u64;
+            for &c in r {
+                if c >= self.vcpus || seen & (1 << c) != 0 {
+                    return bad(
+                        at,
+                        "rps_cpus",
+                        format!(
+                            "{r:?}: a non-empty set of distinct vCPUs in 0..{}",
+                            self.vcpus
+                        ),
+                    );
+                }
+                seen |= 1 << c;
+            }
+            if r.is_empty() {
+                return bad(
+                    at,
+                    "rps_cpus",
+                    "[]: a non-empty set of vCPUs (leave the key out for no RPS)",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `allowed_cores` (`at`: `vm[i]`): real cores other than the host's,
+    /// one set per vCPU if per vCPU, and every copy's start cores inside
+    /// their sets.
+    fn validate_allowed_cores(&self, at: &str, cores: usize) -> Result<(), ScenarioError> {
+        let Some(a) = &self.allowed_cores else {
+            return Ok(());
+        };
+        let bad = |problem: String| bad(at, "allowed_cores", problem);
+        let n = self.vcpus as usize;
+        match a {
+            AllowedCores::Named(name) if name != "any" => {
+                return bad(format!(
+                    "\"{name}\": give \"any\", a list of cores, or one list per vCPU"
+                ));
+            }
+            AllowedCores::PerVcpu(sets) if sets.len() != n => {
+                return bad(format!(
+                    "{} lists for {n} vCPUs: give one per vCPU (or one list for all)",
+                    sets.len()
+                ));
+            }
+            _ => {}
+        }
+        for j in 0..n {
+            let set = a.set(j, cores);
+            if set.is_empty() {
+                return bad(format!("vCPU {j} may run nowhere: give at least one core"));
+            }
+            if let Some(c) = set.iter().find(|&&c| c == 0 || c >= cores) {
+                return bad(format!(
+                    "core {c} (for vCPU {j}) must be in 1..{cores} (core 0 is the host's)"
+                ));
+            }
+        }
+        for k in 0..self.copies.min(1024) as usize {
+            let start = self.copy_cores(k, cores);
+            for (j, &c) in start.iter().enumerate() {
+                if !a.set(j, cores).contains(&c) {
+                    return bad(format!(
+                        "vCPU {j} of copy {k} starts on core {c}, outside its allowed cores {:?}",
+                        a.set(j, cores)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{err, ok, BASE};
+
+    /// `allowed_cores`: "any", one set, one set per vCPU; start cores
+    /// spread over the set unless given; bad sets are errors naming the key.
+    #[test]
+    fn allowed_cores_give_each_vcpu_its_set() {
+        let vm = |allowed: &str, extra: &str| {
+            format!(
+                "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 5\n[[vm]]\nvcpus = 2\ncopies = 2\n\
+                 allowed_cores = {allowed}\n{extra}\n"
+            )
+        };
+        let s = ok(&vm("\"any\"", ""), &[]);
+        let v = s.vm_views();
+        assert_eq!(v[0].allowed, vec![0b11110, 0b11110]);
+        // Spread: copy k's vCPU j starts on the (2k + j)th core of the set.
+        assert_eq!(
+            (v[0].cores.clone(), v[1].cores.clone()),
+            (vec![1, 2], vec![3, 4])
+        );
+        let s = ok(&vm("[[1, 2], [3]]", ""), &[]);
+        assert_eq!(s.vm_views()[1].allowed, vec![0b110, 0b1000]);
+        let s = ok(&vm("[2, 3]", "cores = [3, 3]"), &[]);
+        assert_eq!(s.vm_views()[0].cores, vec![3, 3]);
+        // Without allowed_cores each vCPU is pinned to its core.
+        let s = ok(
+            "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 4\n[[vm]]\nvcpus = 2\ncores = [1, 3]\n",
+            &[],
+        );
+        assert_eq!(s.vm_views()[0].allowed, vec![0b10, 0b1000]);
+        for (allowed, extra, want) in [
+            ("\"all\"", "", "give \"any\""),
+            ("[0, 1]", "", "core 0"),
+            ("[1, 5]", "", "core 5"),
+            ("[[1], [2], [3]]", "", "3 lists for 2 vCPUs"),
+            ("[[1], []]", "", "may run nowhere"),
+            ("[1, 2]", "cores = [1, 3]", "starts on core 3"),
+        ] {
+            let e = err(&vm(allowed, extra), &[]);
+            assert!(
+                e.contains("vm[0].allowed_cores") && e.contains(want),
+                "{allowed}: {e}"
+            );
+        }
+    }
+
+    /// A scenario without `[[vm]]` is one VM: the same as a `[[vm]]` on
+    /// core 1 with one vCPU running its workload, named vm0.
+    #[test]
+    fn the_single_vm_form_is_one_vm_on_core_1() {
+        let s = ok(BASE, &[]);
+        assert_eq!(s.vms.len(), 1);
+        assert!(s.workload.is_empty());
+        let table = "scheme = \"did\"\nduration_s = 0.1\n[[vm]]\ncore = 1\n\
+                     [vm.workload.udp]\nrate_pps = 100000\n";
+        let t = ok(table, &[]);
+        assert_eq!(format!("{:?}", s.vm_views()), format!("{:?}", t.vm_views()));
+        assert_eq!(s.vm_views()[0].name, "vm0");
+        // Written both ways: the top-level workload must stay empty.
+        let e = err(&format!("{table}[workload.cyclictest]\n"), &[]);
+        assert!(
+            e.contains("`workload`") && e.contains("must be empty"),
+            "{e}"
+        );
+    }
+
+    /// The rules on one VM's workloads hold in every `[[vm]]`, named by
+    /// its key; the single-VM form keeps its keys.
+    #[test]
+    fn workload_rules_apply_to_each_vm() {
+        let vm = |w: &str| {
+            format!(
+                "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 3\n[[vm]]\ncore = 1\n\
+                 [vm.workload.udp]\nrate_pps = 1000\n[[vm]]\ncore = 2\n{w}"
+            )
+        };
+        for (w, key) in [
+            (
+                "[vm.workload.udp]\nrate_pps = -1\n",
+                "`vm[1].workload.udp.rate_pps`",
+            ),
+            (
+                "[vm.workload.cyclictest]\ninterval_us = 0\n",
+                "`vm[1].workload.cyclictest.interval_us`",
+            ),
+            (
+                "[vm.workload.memcached]\nrate_rps = 1000\nconnections = 0\n",
+                "`vm[1].workload.memcached.connections`",
+            ),
+            (
+                "[vm.workload.netpipe]\nmsg_bytes = 0\n",
+                "`vm[1].workload.netpipe.msg_bytes`",
+            ),
+            (
+                "[vm.workload.netpipe]\nmsg_bytes = 64\n[vm.workload.iperf]\n",
+                "`vm[1].workload.iperf`",
+            ),
+            (
+                "[vm.workload.netpipe]\nmsg_bytes = 64\n[vm.workload.udp]\nrate_pps = 1\n",
+                "`vm[1].workload.udp`",
+            ),
+        ] {
+            let e = err(&vm(w), &[]);
+            assert!(e.contains(key), "{w}: {e}");
+        }
+        let bm = vm("[vm.workload.iperf]\n").replace("\"kvm\"", "\"bare-metal\"");
+        let e = err(&bm, &["net.device=virtio"]);
+        assert!(e.contains("`net.device`"), "{e}");
+        let e = err(BASE, &["rate_pps=1e9"]);
+        assert!(e.contains("`workload.udp.rate_pps`"), "{e}");
+    }
+}

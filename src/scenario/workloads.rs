@@ -1,0 +1,811 @@
+//! The workloads a VM runs (`workload` / `vm[i].workload`): each
+//! workload's table, its defaults and its checks.
+
+use super::{bad, key, require, within, ScenarioError};
+use serde::{Deserialize, Serialize};
+
+/// Largest `workload.fio.disk_bytes`: 1 TiB (the RAM disk is not
+/// allocated, but offsets stay far from overflow).
+pub const MAX_DISK_BYTES: u64 = 1 << 40;
+
+/// Largest `workload.memcached.client_threads` (the paper: 8).
+pub const MAX_CLIENT_THREADS: u16 = 1024;
+
+/// Most netperf instances, nginx workers or ab processes per VM.
+pub const MAX_INSTANCES: u16 = 64;
+
+/// Most HTTP connections (ab processes × concurrency) per VM.
+pub const MAX_HTTP_CONNECTIONS: u32 = 4000;
+
+/// Workloads.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// External UDP sender and in-guest receiver.
+    pub udp: Option<UdpSpec>,
+    /// WhileLoop.
+    pub whileloop: Option<WhileLoopSpec>,
+    /// cyclictest.
+    pub cyclictest: Option<CyclictestSpec>,
+    /// NetPIPE TCP ping-pong with the peer host.
+    pub netpipe: Option<NetpipeSpec>,
+    /// iperf TCP stream with the peer host.
+    pub iperf: Option<IperfSpec>,
+    /// Fio on a virtio-blk disk over a host RAM disk.
+    pub fio: Option<FioSpec>,
+    /// Memcached server in the VM, load generator at the peer.
+    pub memcached: Option<MemcachedSpec>,
+    /// SIP B2BUA in the VM between a SIPp-like client and server.
+    pub sip: Option<SipSpec>,
+    /// netperf TCP_STREAM or UDP_STREAM between the VM and the client host
+    /// (ES2 §6).
+    pub netperf: Option<NetperfSpec>,
+    /// nginx in the VM, ApacheBench processes on the client host (ES2 §6.3).
+    pub nginx: Option<NginxSpec>,
+    /// Apache (one thread per connection) in the VM, ApacheBench on the
+    /// client host: the served-time distribution (ES2 §6.4).
+    pub apache: Option<ApacheSpec>,
+    /// ping from the client host; the guest kernel answers in its softirq
+    /// (ES2 §6.4).
+    pub ping: Option<PingSpec>,
+}
+
+impl WorkloadSpec {
+    /// Whether no workload is configured (an idle VM).
+    pub fn is_empty(&self) -> bool {
+        self.udp.is_none()
+            && self.whileloop.is_none()
+            && self.cyclictest.is_none()
+            && self.fio.is_none()
+            && !self.peers()
+    }
+
+    /// Whether a TCP workload (talking to the peer host) is configured.
+    pub fn tcp(&self) -> bool {
+        self.netpipe.is_some() || self.iperf.is_some() || self.memcached.is_some()
+    }
+
+    /// Whether a workload talks to peer hosts (TCP workloads, SIP, the
+    /// ES2 workloads).
+    pub fn peers(&self) -> bool {
+        self.tcp() || self.sip.is_some() || self.es2()
+    }
+
+    /// Whether one of ES2's workloads (netperf, nginx, apache, ping) is
+    /// configured.
+    pub fn es2(&self) -> bool {
+        self.netperf.is_some()
+            || self.nginx.is_some()
+            || self.apache.is_some()
+            || self.ping.is_some()
+    }
+
+    /// The network workloads configured, by table name (at most one may
+    /// run in a VM).
+    pub fn network_workloads(&self) -> Vec<&'static str> {
+        [
+            ("netpipe", self.netpipe.is_some()),
+            ("iperf", self.iperf.is_some()),
+            ("memcached", self.memcached.is_some()),
+            ("sip", self.sip.is_some()),
+            ("netperf", self.netperf.is_some()),
+            ("nginx", self.nginx.is_some()),
+            ("apache", self.apache.is_some()),
+            ("ping", self.ping.is_some()),
+        ]
+        .into_iter()
+        .filter(|x| x.1)
+        .map(|x| x.0)
+        .collect()
+    }
+
+    /// Checks each workload table's keys and which workloads one VM can
+    /// run together. `at`: this table as the user wrote it (`workload`
+    /// for the single-VM form, `vm[i].workload`); `scheme`: the
+    /// scenario's.
+    pub fn validate(&self, at: &str, scheme: &str) -> Result<(), ScenarioError> {
+        let table = |name: &str| key(at, name);
+        if let Some(u) = &self.udp {
+            u.validate(&table("udp"))?;
+        }
+        if let Some(f) = &self.fio {
+            f.validate(&table("fio"), scheme)?;
+        }
+        if let Some(m) = &self.memcached {
+            m.validate(&table("memcached"))?;
+            if self.netpipe.is_some() || self.iperf.is_some() {
+                return bad(at, "memcached", "one TCP workload per VM");
+            }
+        }
+        if let Some(i) = &self.iperf {
+            i.validate(&table("iperf"))?;
+            if self.netpipe.is_some() {
+                return bad(
+                    at,
+                    "iperf",
+                    "one TCP workload per VM: drop workload.netpipe",
+                );
+            }
+        }
+        if let Some(n) = &self.netpipe {
+            n.validate(&table("netpipe"))?;
+        }
+        let net = self.network_workloads();
+        if net.len() > 1 && self.es2() {
+            return bad(
+                at,
+                net[1],
+                format!(
+                    "one network workload per VM: {} cannot be combined",
+                    net.join(" and ")
+                ),
+            );
+        }
+        if self.es2() && self.udp.is_some() {
+            return bad(
+                at,
+                "udp",
+                format!("cannot be combined with workload.{} yet", net[0]),
+            );
+        }
+        if let Some(n) = &self.netperf {
+            n.validate(&table("netperf"))?;
+        }
+        if let Some(n) = &self.nginx {
+            n.validate(&table("nginx"))?;
+        }
+        if let Some(a) = &self.apache {
+            a.validate(&table("apache"))?;
+        }
+        if let Some(p) = &self.ping {
+            p.validate(&table("ping"))?;
+        }
+        if let Some(s) = &self.sip {
+            s.validate(&table("sip"))?;
+            if self.tcp() {
+                return bad(
+                    at,
+                    "sip",
+                    "cannot be combined with a TCP workload (netpipe, iperf, memcached)",
+                );
+            }
+        }
+        if self.peers() && self.udp.is_some() {
+            return bad(
+                at,
+                "udp",
+                "cannot be combined with a TCP or SIP workload yet",
+            );
+        }
+        if let Some(w) = &self.whileloop {
+            w.validate(&table("whileloop"))?;
+        }
+        if let Some(c) = &self.cyclictest {
+            c.validate(&table("cyclictest"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Which netperf test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetperfTest {
+    /// TCP_STREAM: a TCP bulk transfer, `msg_bytes` per send().
+    TcpStream,
+    /// UDP_STREAM: `msg_bytes` datagrams, one per sendto(); throughput is
+    /// what the receiving application got.
+    UdpStream,
+}
+
+/// Which way a netperf stream flows, seen from the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetperfDirection {
+    /// The VM sends to the client host (netperf in the VM).
+    Send,
+    /// The client host sends to the VM (netserver in the VM).
+    Recv,
+}
+
+/// netperf (ES2 §6.2, §6.3: 512-byte TCP and UDP streams, 4 instances
+/// per VM in the multi-VM runs).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetperfSpec {
+    /// `tcp-stream` or `udp-stream`.
+    #[serde(default = "netperf_test")]
+    pub test: NetperfTest,
+    /// `send` (the VM sends) or `recv` (the client host sends).
+    #[serde(default = "netperf_direction")]
+    pub direction: NetperfDirection,
+    /// Bytes per send() / sendto() (netperf's `-m`; ES2: 512). UDP: at
+    /// most 1472, one frame (IP fragmentation is not modelled).
+    #[serde(default = "netperf_msg")]
+    pub msg_bytes: u32,
+    /// netperf instances, each its own process and connection (or UDP
+    /// flow) on both hosts (ES2's multi-VM runs: 4 per VM).
+    #[serde(default = "one_u16")]
+    pub threads: u16,
+}
+
+fn netperf_test() -> NetperfTest {
+    NetperfTest::TcpStream
+}
+fn netperf_direction() -> NetperfDirection {
+    NetperfDirection::Send
+}
+fn netperf_msg() -> u32 {
+    512
+}
+fn one_u16() -> u16 {
+    1
+}
+
+impl NetperfSpec {
+    /// Checks its keys (`at`: its table, `workload.netperf` or
+    /// `vm[i].workload.netperf`).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let max = match self.test {
+            NetperfTest::TcpStream => 1 << 20,
+            // One datagram per frame: 1500-byte MTU less IP and UDP headers.
+            NetperfTest::UdpStream => 1472,
+        };
+        let msg = self.msg_bytes;
+        let range = format!("1..={max} for this test");
+        require((1..=max).contains(&msg), at, "msg_bytes", msg, &range)?;
+        within(at, "threads", self.threads, 1, MAX_INSTANCES)
+    }
+}
+
+/// nginx serving a static page to ApacheBench (ES2 §6.3). ab runs with
+/// keep-alive (`ab -k`): the TCP model has no connection set-up, so each
+/// of ab's connections stays open and carries one request at a time.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NginxSpec {
+    /// nginx worker processes, each an epoll loop over its own port's
+    /// connections (ES2: 4, one per vCPU). On an SMP guest worker j runs
+    /// on vCPU j mod vCPUs; on a 1-vCPU guest all share CPU 0.
+    #[serde(default = "four_u16")]
+    pub workers: u16,
+    /// ApacheBench processes on the client host, each on its own CPU;
+    /// process p talks to worker p mod workers (ES2: 4 per tested VM).
+    #[serde(default = "four_u16")]
+    pub ab_processes: u16,
+    /// Requests each ab process keeps in flight, one per connection
+    /// (ab's `-c`; default 1).
+    #[serde(default = "one_u16")]
+    pub concurrency: u16,
+    /// Body bytes of the page: nginx's default `index.html` ("Welcome to
+    /// nginx!") is 612 bytes (the file in nginx's source distribution,
+    /// `html/index.html`; ab reports it as "Document Length: 612 bytes").
+    #[serde(default = "nginx_page")]
+    pub page_bytes: u32,
+    /// Response header bytes in front of the body. Default 238, counted
+    /// from the header nginx 1.x sends for a static file over keep-alive
+    /// (status line 17, Server 22, Date 37, Content-Type 25,
+    /// Content-Length 21, Last-Modified 46, Connection 24, ETag 22,
+    /// Accept-Ranges 22, blank line 2) [estimate].
+    #[serde(default = "nginx_header")]
+    pub header_bytes: u32,
+    /// Request bytes ab sends. Default 100: `GET / HTTP/1.0` (16),
+    /// `Connection: Keep-Alive` (24), `Host: 10.0.0.2` (16),
+    /// `User-Agent: ApacheBench/2.3` (29), `Accept: */*` (13), blank
+    /// line (2), each with its CRLF (ab 2.3's request with `-k`).
+    #[serde(default = "http_request")]
+    pub request_bytes: u32,
+}
+
+fn four_u16() -> u16 {
+    4
+}
+fn nginx_page() -> u32 {
+    612
+}
+fn nginx_header() -> u32 {
+    238
+}
+fn http_request() -> u32 {
+    100
+}
+
+impl NginxSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        within(at, "workers", self.workers, 1, MAX_INSTANCES)?;
+        validate_http(
+            at,
+            (self.ab_processes, self.concurrency),
+            (self.page_bytes, self.header_bytes, self.request_bytes),
+        )
+    }
+}
+
+/// Apache httpd (worker/prefork MPM: one thread per connection) serving a
+/// small static page to ApacheBench; ES2 §6.4's served-time experiment:
+/// one ab process, concurrency 16. Keep-alive, as for `nginx`.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApacheSpec {
+    /// ApacheBench processes on the client host (ES2 §6.4: 1).
+    #[serde(default = "one_u16")]
+    pub ab_processes: u16,
+    /// Requests each ab process keeps in flight, one per connection; the
+    /// server runs one thread per connection (ES2 §6.4: 16).
+    #[serde(default = "sixteen_u16")]
+    pub concurrency: u16,
+    /// Body bytes: Apache 2.4's stock `htdocs/index.html`
+    /// (`<html><body><h1>It works!</h1></body></html>` and a newline) is
+    /// 45 bytes; ES2 says only "a small static page".
+    #[serde(default = "apache_page")]
+    pub page_bytes: u32,
+    /// Response header bytes. Default 284, counted from Apache 2.4's
+    /// header for a static file over keep-alive (status 17, Date 37,
+    /// Server 32, Last-Modified 46, ETag 27, Accept-Ranges 22,
+    /// Content-Length 20, Keep-Alive 32, Connection 24, Content-Type 25,
+    /// blank line 2) [estimate].
+    #[serde(default = "apache_header")]
+    pub header_bytes: u32,
+    /// Request bytes ab sends (as for `nginx`: 100).
+    #[serde(default = "http_request")]
+    pub request_bytes: u32,
+}
+
+fn sixteen_u16() -> u16 {
+    16
+}
+fn apache_page() -> u32 {
+    45
+}
+fn apache_header() -> u32 {
+    284
+}
+
+impl ApacheSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        validate_http(
+            at,
+            (self.ab_processes, self.concurrency),
+            (self.page_bytes, self.header_bytes, self.request_bytes),
+        )
+    }
+}
+
+/// The keys nginx and apache share (`at`: the table): ApacheBench's
+/// processes and concurrency, the page, header and request sizes.
+fn validate_http(
+    at: &str,
+    (ab, c): (u16, u16),
+    (page, header, req): (u32, u32, u32),
+) -> Result<(), ScenarioError> {
+    within(at, "ab_processes", ab, 1, MAX_INSTANCES)?;
+    let connections = u32::from(ab) * u32::from(c);
+    if c == 0 || connections > MAX_HTTP_CONNECTIONS {
+        return bad(
+            at,
+            "concurrency",
+            format!(
+                "{c} must be at least 1, and ab_processes × concurrency = {connections} at most {MAX_HTTP_CONNECTIONS}"
+            ),
+        );
+    }
+    within(at, "page_bytes", page, 1, 1 << 20)?;
+    let status_line = "17..=65536 (a status line at least)";
+    require(
+        (17..=65536).contains(&header),
+        at,
+        "header_bytes",
+        header,
+        status_line,
+    )?;
+    let request_line = "16..=65536 (a request line at least)";
+    require(
+        (16..=65536).contains(&req),
+        at,
+        "request_bytes",
+        req,
+        request_line,
+    )
+}
+
+/// ping (ES2 §6.4: one echo request every second, RTT distribution).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PingSpec {
+    /// Seconds between echo requests (ping's `-i`; default 1, as ES2).
+    #[serde(default = "ping_interval")]
+    pub interval_s: f64,
+    /// ICMP payload bytes (ping's `-s`; default 56).
+    #[serde(default = "ping_payload")]
+    pub payload_bytes: u32,
+}
+
+fn ping_interval() -> f64 {
+    1.0
+}
+fn ping_payload() -> u32 {
+    56
+}
+
+impl PingSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let i = self.interval_s;
+        require(
+            (1e-5..=10.0).contains(&i),
+            at,
+            "interval_s",
+            i,
+            "in [1e-5, 10]",
+        )?;
+        let p = self.payload_bytes;
+        require(p <= 1472, at, "payload_bytes", p, "0..=1472 (one frame)")
+    }
+}
+
+/// SIP (DID §5.8): SIPp's `-r rate_cps -d call_duration_s -m calls`.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SipSpec {
+    /// New calls per second (the paper: 100).
+    #[serde(default = "sip_rate")]
+    pub rate_cps: f64,
+    /// Seconds an answered call lasts (the paper: 10).
+    #[serde(default = "sip_duration")]
+    pub call_duration_s: f64,
+    /// Calls to place (the paper: 10,000).
+    #[serde(default = "sip_calls")]
+    pub calls: u32,
+}
+
+fn sip_rate() -> f64 {
+    100.0
+}
+fn sip_duration() -> f64 {
+    10.0
+}
+fn sip_calls() -> u32 {
+    10_000
+}
+
+impl SipSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let r = self.rate_cps;
+        require(r > 0.0 && r <= 1e5, at, "rate_cps", r, "in (0, 100000]")?;
+        let d = self.call_duration_s;
+        require(
+            (0.0..=3600.0).contains(&d),
+            at,
+            "call_duration_s",
+            d,
+            "in [0, 3600]",
+        )?;
+        within(at, "calls", self.calls, 1, 1_000_000)
+    }
+}
+
+/// The memcached load generator's shape.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemcachedClientKind {
+    /// Open loop (mutilate-style, DID §5.7): Poisson arrivals at
+    /// `rate_rps` round robin over the connections.
+    #[default]
+    OpenLoop,
+    /// Closed loop (memaslap, ES2 §6.3): `concurrency` requests in flight,
+    /// each re-issued as soon as its reply arrives.
+    Memaslap,
+}
+
+/// Memcached.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemcachedSpec {
+    /// Offered load, requests/s (the open-loop client; required for it,
+    /// not allowed with `memaslap`).
+    #[serde(default)]
+    pub rate_rps: Option<f64>,
+    /// `open-loop` (default) or `memaslap` (closed loop).
+    #[serde(default)]
+    pub client: MemcachedClientKind,
+    /// memaslap's concurrency: requests in flight, spread round robin
+    /// over the connections (ES2: 256, with 256 connections).
+    #[serde(default = "mc_concurrency")]
+    pub concurrency: u32,
+    /// Share of gets, percent. Default: 80 for the open-loop client
+    /// (4 gets per set, DID's mix), 90 for memaslap (its default 9:1,
+    /// ES2's mix).
+    #[serde(default)]
+    pub get_pct: Option<f64>,
+    /// TCP connections (the paper: 200).
+    #[serde(default = "mc_conns")]
+    pub connections: u16,
+    /// Server worker threads (the paper: 2).
+    #[serde(default = "mc_threads")]
+    pub threads: u16,
+    /// Load-generator threads, each on its own CPU (the paper: 8).
+    #[serde(default = "mc_client_threads")]
+    pub client_threads: u16,
+    /// Key bytes.
+    #[serde(default = "mc_key")]
+    pub key_bytes: u32,
+    /// Value bytes.
+    #[serde(default = "mc_value")]
+    pub value_bytes: u32,
+}
+
+fn mc_conns() -> u16 {
+    200
+}
+fn mc_concurrency() -> u32 {
+    256
+}
+fn mc_threads() -> u16 {
+    2
+}
+fn mc_client_threads() -> u16 {
+    8
+}
+fn mc_key() -> u32 {
+    30
+}
+fn mc_value() -> u32 {
+    400
+}
+
+impl MemcachedSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        match (self.client, self.rate_rps) {
+            (MemcachedClientKind::OpenLoop, None) => {
+                return bad(
+                    at,
+                    "rate_rps",
+                    "missing: the open-loop client's offered rate, requests/s (or set client = \"memaslap\")",
+                );
+            }
+            (MemcachedClientKind::OpenLoop, Some(r)) => {
+                require(r > 0.0 && r <= 1e7, at, "rate_rps", r, "in (0, 1e7]")?;
+            }
+            _ => {}
+        }
+        within(at, "connections", self.connections, 1, 4000)?;
+        if self.threads == 0 || self.threads > self.connections {
+            return bad(
+                at,
+                "threads",
+                "must be at least 1 and at most the connections",
+            );
+        }
+        within(
+            at,
+            "client_threads",
+            self.client_threads,
+            1,
+            MAX_CLIENT_THREADS,
+        )?;
+        within(at, "key_bytes", self.key_bytes, 1, 250)?;
+        within(at, "value_bytes", self.value_bytes, 1, 1 << 20)?;
+        if let Some(g) = self.get_pct {
+            require((0.0..=100.0).contains(&g), at, "get_pct", g, "in [0, 100]")?;
+        }
+        if self.client == MemcachedClientKind::Memaslap {
+            if self.rate_rps.is_some() {
+                return bad(
+                    at,
+                    "rate_rps",
+                    "memaslap is a closed-loop client: its rate is what the server answers; remove rate_rps",
+                );
+            }
+            let depth = crate::workloads::memcached::PIPELINE_DEPTH;
+            let most = u32::from(self.connections) * depth as u32;
+            if self.concurrency == 0 || self.concurrency > most {
+                return bad(
+                    at,
+                    "concurrency",
+                    format!(
+                        "{} must be at least 1 and at most connections × {depth} = {most}",
+                        self.concurrency
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fio.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FioSpec {
+    /// Request size, bytes (the paper: 4 KB).
+    #[serde(default = "fio_block")]
+    pub block_bytes: u32,
+    /// Share of reads, percent (the paper: random reads and writes).
+    #[serde(default = "fio_reads")]
+    pub read_pct: f64,
+    /// RAM-disk size, bytes (the paper: 1 GB).
+    #[serde(default = "fio_disk")]
+    pub disk_bytes: u64,
+    /// The guard timer Fio arms per request, ms (0: none).
+    #[serde(default = "fio_guard")]
+    pub guard_ms: f64,
+}
+
+fn fio_block() -> u32 {
+    4096
+}
+fn fio_reads() -> f64 {
+    50.0
+}
+fn fio_disk() -> u64 {
+    1 << 30
+}
+fn fio_guard() -> f64 {
+    10.0
+}
+
+impl FioSpec {
+    /// Checks its keys (`at`: its table); `scheme`: the scenario's, since
+    /// bare metal has no virtio-blk back end.
+    pub fn validate(&self, at: &str, scheme: &str) -> Result<(), ScenarioError> {
+        let block = self.block_bytes;
+        require(
+            (512..=(1 << 20)).contains(&block) && block.is_multiple_of(512),
+            at,
+            "block_bytes",
+            block,
+            "a multiple of 512 in 512..=1048576",
+        )?;
+        within(at, "read_pct", self.read_pct, 0.0, 100.0)?;
+        let disk = self.disk_bytes;
+        if disk < block as u64 || disk > MAX_DISK_BYTES {
+            return bad(
+                at,
+                "disk_bytes",
+                format!(
+                    "{disk} must hold at least one block and be at most {MAX_DISK_BYTES} (1 TiB)"
+                ),
+            );
+        }
+        within(at, "guard_ms", self.guard_ms, 0.0, 10_000.0)?;
+        if scheme == "bare-metal" {
+            return bad(
+                at,
+                "",
+                "virtio-blk needs a hypervisor: bare metal has no QEMU back end",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Which way an iperf stream flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum IperfDirection {
+    /// The peer host sends, the VM receives.
+    ToVm,
+    /// The VM sends, the peer host receives.
+    FromVm,
+}
+
+/// iperf.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IperfSpec {
+    /// Direction of the stream.
+    #[serde(default = "to_vm")]
+    pub direction: IperfDirection,
+    /// Bytes per read()/write() call (iperf's default buffer: 128 KiB).
+    #[serde(default = "iperf_len")]
+    pub len_bytes: u32,
+}
+
+fn to_vm() -> IperfDirection {
+    IperfDirection::ToVm
+}
+fn iperf_len() -> u32 {
+    128 * 1024
+}
+
+impl IperfSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        within(at, "len_bytes", self.len_bytes, 1, 1 << 24)
+    }
+}
+
+/// NetPIPE.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetpipeSpec {
+    /// Message size, bytes (the paper: 32 to 1024).
+    pub msg_bytes: u32,
+}
+
+impl NetpipeSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        within(at, "msg_bytes", self.msg_bytes, 1, 65536)
+    }
+}
+
+/// UDP PacketGen.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UdpSpec {
+    /// Packets per second.
+    pub rate_pps: f64,
+    /// UDP payload bytes.
+    #[serde(default = "payload")]
+    pub payload_bytes: u32,
+}
+
+fn payload() -> u32 {
+    128
+}
+
+impl UdpSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let r = self.rate_pps;
+        let line_rate = "in (0, 14880952] (10 GbE line rate of minimum frames)";
+        require(r > 0.0 && r <= 14_880_952.0, at, "rate_pps", r, line_rate)?;
+        within(at, "payload_bytes", self.payload_bytes, 18, 1472)
+    }
+}
+
+/// WhileLoop.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WhileLoopSpec {
+    /// Loop iterations (the paper: 2^34).
+    pub iterations: f64,
+}
+
+impl WhileLoopSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let n = self.iterations;
+        require(
+            (1.0..1e15).contains(&n),
+            at,
+            "iterations",
+            n,
+            "in [1, 1e15)",
+        )
+    }
+}
+
+/// cyclictest.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CyclictestSpec {
+    /// Timer interval, µs.
+    #[serde(default = "interval")]
+    pub interval_us: f64,
+}
+
+fn interval() -> f64 {
+    1000.0
+}
+
+impl CyclictestSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let i = self.interval_us;
+        require(
+            (10.0..=1e6).contains(&i),
+            at,
+            "interval_us",
+            i,
+            "in [10, 1e6]",
+        )
+    }
+}
