@@ -238,6 +238,34 @@ pub enum KernelOp {
     },
     /// Idle until an interrupt, interrupts on (x86: `sti; hlt`; ARM: WFI).
     Idle,
+    /// A hypercall `nr` with argument `arg` (x86: VMCALL, RAX/RBX; ARM:
+    /// HVC), as a guest module issues it.
+    Hypercall {
+        /// Hypercall number.
+        nr: u32,
+        /// Argument.
+        arg: u64,
+    },
+    /// Sets bit `vector` in the posted-interrupt request bitmap of CPU
+    /// `cpu`'s descriptor page, which the hypervisor mapped into guest
+    /// memory (Directvisor's module, did-implementation.md §3). A memory
+    /// store.
+    PirSet {
+        /// The CPU whose descriptor page.
+        cpu: u32,
+        /// Vector.
+        vector: u8,
+    },
+    /// A posted IPI: set `vector` in CPU `cpu`'s descriptor page, then send
+    /// the host's posted-interrupt notification vector to that CPU's APIC
+    /// ID as the guest read it (Directvisor's `set_apic_ipi` replacement of
+    /// `apic->send_IPI`, did-implementation.md §3 "IPI").
+    PostedIpi {
+        /// Target CPU of this kernel.
+        cpu: u32,
+        /// The vector that travels in the PIR.
+        vector: u8,
+    },
 }
 
 /// VF registers the driver writes on its hot path.
