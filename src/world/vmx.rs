@@ -420,7 +420,13 @@ impl World {
     /// for the checker that raises `vector` for that vCPU. Returns the
     /// target's x2APIC ID as the guest reads it (its virtual x2APIC ID
     /// register), or None if the VM has no such CPU.
-    pub(super) fn guest_pir_set(&mut self, k: usize, cpu: u32, vector: u8, now: Time) -> Option<u32> {
+    pub(super) fn guest_pir_set(
+        &mut self,
+        k: usize,
+        cpu: u32,
+        vector: u8,
+        now: Time,
+    ) -> Option<u32> {
         let vm = self.hv.vcpus[k].vm;
         let t = self.hv.vcpu_by_apic_id(vm, cpu)?;
         self.m.pi_desc[t].pir.set(vector);
