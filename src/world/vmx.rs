@@ -301,9 +301,7 @@ impl World {
                 return None;
             }
             Instr::PostedIpi { cpu, vector } => {
-                let Some(id) = self.guest_pir_set(k, cpu, vector, now) else {
-                    return None;
-                };
+                let id = self.guest_pir_set(k, cpu, vector, now)?;
                 // Linux 4.10's POSTED_INTR_VECTOR, hard-coded in the
                 // module's did.h (did-implementation.md §3).
                 let nv = crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR;
