@@ -8,6 +8,7 @@
 
 pub mod app;
 pub mod blk;
+pub mod did_module;
 mod fair;
 pub mod itr;
 pub mod libcanal;
@@ -127,6 +128,11 @@ pub enum ApicMode {
 pub struct GuestConfig {
     /// LOCAL_TIMER_VECTOR of the guest.
     pub timer_vector: u8,
+    /// The DID authors' guest module is loaded (`did_module`,
+    /// did-implementation.md §3): each CPU enables the direct timer by
+    /// hypercalls at boot, filters early timer interrupts and posts its
+    /// IPIs.
+    pub did_module: bool,
     /// Vector the guest programmed into its VF's MSI-X entry.
     pub vf_vector: u8,
     /// The VF this guest drives, if any.
@@ -238,6 +244,34 @@ pub enum KernelOp {
     },
     /// Idle until an interrupt, interrupts on (x86: `sti; hlt`; ARM: WFI).
     Idle,
+    /// A hypercall `nr` with argument `arg` (x86: VMCALL, RAX/RBX; ARM:
+    /// HVC), as a guest module issues it.
+    Hypercall {
+        /// Hypercall number.
+        nr: u32,
+        /// Argument.
+        arg: u64,
+    },
+    /// Sets bit `vector` in the posted-interrupt request bitmap of CPU
+    /// `cpu`'s descriptor page, which the hypervisor mapped into guest
+    /// memory (Directvisor's module, did-implementation.md §3). A memory
+    /// store.
+    PirSet {
+        /// The CPU whose descriptor page.
+        cpu: u32,
+        /// Vector.
+        vector: u8,
+    },
+    /// A posted IPI: set `vector` in CPU `cpu`'s descriptor page, then send
+    /// the host's posted-interrupt notification vector to that CPU's APIC
+    /// ID as the guest read it (Directvisor's `set_apic_ipi` replacement of
+    /// `apic->send_IPI`, did-implementation.md §3 "IPI").
+    PostedIpi {
+        /// Target CPU of this kernel.
+        cpu: u32,
+        /// The vector that travels in the PIR.
+        vector: u8,
+    },
 }
 
 /// VF registers the driver writes on its hot path.
@@ -305,6 +339,8 @@ enum HrKind {
 #[derive(Clone, Copy, Debug)]
 enum FrameKind {
     Boot,
+    /// The DID module's per-CPU enable (`did_module::enable_step`).
+    DidModule,
     Irq {
         vector: u8,
     },
@@ -391,6 +427,8 @@ struct Cpu {
     rps_ipi_list: u64,
     /// CPUs to send a CALL_FUNCTION_SINGLE IPI now.
     call_ipi_pending: u64,
+    /// The DID module's direct timer and posted IPIs are on here.
+    dtid: bool,
 }
 
 impl Cpu {
@@ -426,6 +464,7 @@ impl Cpu {
             backlog_poll: false,
             rps_ipi_list: 0,
             call_ipi_pending: 0,
+            dtid: false,
         }
     }
 }
@@ -849,10 +888,7 @@ impl Kernel {
                 let c = self.cpu.ipi_pending.trailing_zeros();
                 self.cpu.ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
-                return Action::Op(KernelOp::SendIpi {
-                    cpu: c,
-                    vector: RESCHEDULE_VECTOR,
-                });
+                return Action::Op(self.ipi(c, RESCHEDULE_VECTOR));
             }
             if self.cpu.call_ipi_pending != 0 {
                 // smp_call_function_single_async → generic_exec_single:
@@ -862,10 +898,7 @@ impl Kernel {
                 self.cpu.call_ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 self.rps_counters.ipis += 1;
-                return Action::Op(KernelOp::SendIpi {
-                    cpu: c,
-                    vector: rps::CALL_FUNCTION_SINGLE_VECTOR,
-                });
+                return Action::Op(self.ipi(c, rps::CALL_FUNCTION_SINGLE_VECTOR));
             }
             let Some(top) = self.cpu.frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
@@ -887,6 +920,16 @@ impl Kernel {
             if let Some(a) = self.frame_step(top, f, now, dev) {
                 return a;
             }
+        }
+    }
+
+    /// `apic->send_IPI`: a fixed IPI, or with the DID module's
+    /// replacement a posted one (did-implementation.md §3 "IPI").
+    fn ipi(&self, cpu: u32, vector: u8) -> KernelOp {
+        if self.cpu.dtid {
+            KernelOp::PostedIpi { cpu, vector }
+        } else {
+            KernelOp::SendIpi { cpu, vector }
         }
     }
 
@@ -912,7 +955,35 @@ impl Kernel {
                 if self.cfg.tick == TickMode::Periodic {
                     self.start_tick(now);
                 }
+                if self.cfg.did_module {
+                    // Loaded after boot; its ioctls run with IRQs off.
+                    self.push(FrameKind::DidModule, 0, false);
+                }
                 self.reprogram(now).map(Action::Op)
+            }
+            FrameKind::DidModule => {
+                use did_module::EnableStep;
+                self.set_stage(top, f.stage + 1, 0);
+                let cpu = self.on as u32;
+                match did_module::enable_step(f.stage) {
+                    EnableStep::Hypercall(nr) => Some(Action::Op(KernelOp::Hypercall {
+                        nr,
+                        arg: u64::from(cpu),
+                    })),
+                    EnableStep::PirTimerBit => Some(Action::Op(KernelOp::PirSet {
+                        cpu,
+                        vector: self.cfg.timer_vector,
+                    })),
+                    EnableStep::ArmTimer => {
+                        self.cpu.dtid = true;
+                        self.cpu.programmed = None;
+                        self.reprogram(now).map(Action::Op)
+                    }
+                    EnableStep::Done => {
+                        self.pop();
+                        None
+                    }
+                }
             }
             FrameKind::Irq { vector } => self.irq_step(top, f, vector, now, dev),
             FrameKind::Softirq { round } => {
@@ -1028,7 +1099,21 @@ impl Kernel {
                 self.cpu.in_service.clear(vector);
                 Some(Action::Op(KernelOp::EndOfInterrupt { vector }))
             }
-            1 => {
+            // The DID module's timer handler (did-implementation.md §3):
+            // re-set the PIR timer bit first, then return at once from an
+            // early interrupt (any notification delivers the pre-set bit).
+            1 if is_timer && self.cpu.dtid => {
+                self.set_stage(top, 5, 0);
+                Some(Action::Op(KernelOp::PirSet {
+                    cpu: self.on as u32,
+                    vector,
+                }))
+            }
+            5 if self.cpu.programmed.is_some_and(|t| now < t) => {
+                self.set_stage(top, 3, 0);
+                None
+            }
+            1 | 5 => {
                 let work = if is_timer {
                     self.counters.timer_irqs += 1;
                     // The one-shot clockevent has fired: it must be reprogrammed.
@@ -1382,6 +1467,7 @@ pub(crate) fn test_config() -> GuestConfig {
     let z = 0;
     crate::guest::GuestConfig {
         timer_vector: 0xef,
+        did_module: false,
         vf_vector: 0x41,
         vf: None,
         virtio_net: None,

@@ -33,6 +33,8 @@ pub enum ExitReason {
     APIC_ACCESS,
     /// 56: a virtualized APIC-page write that needs emulation (trap-like).
     APIC_WRITE,
+    /// 18: VMCALL (a hypercall).
+    VMCALL,
 }
 
 impl ExitReason {
@@ -50,10 +52,11 @@ impl ExitReason {
         ExitReason::PREEMPTION_TIMER,
         ExitReason::APIC_ACCESS,
         ExitReason::APIC_WRITE,
+        ExitReason::VMCALL,
     ];
 
     /// Number of reasons modelled.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
 
     /// KVM's name for the reason.
     pub fn name(self) -> &'static str {
@@ -70,6 +73,7 @@ impl ExitReason {
             ExitReason::PREEMPTION_TIMER => "PREEMPTION_TIMER",
             ExitReason::APIC_ACCESS => "APIC_ACCESS",
             ExitReason::APIC_WRITE => "APIC_WRITE",
+            ExitReason::VMCALL => "VMCALL",
         }
     }
 
@@ -142,6 +146,13 @@ pub enum ExitInfo {
         /// The value written.
         value: u32,
     },
+    /// VMCALL: a hypercall (RAX, RBX).
+    Vmcall {
+        /// Hypercall number (RAX).
+        nr: u32,
+        /// Argument (RBX).
+        arg: u64,
+    },
 }
 
 impl ExitInfo {
@@ -170,6 +181,7 @@ impl ExitInfo {
             ExitInfo::Hlt => ExitReason::HLT,
             ExitInfo::ApicAccess { .. } => ExitReason::APIC_ACCESS,
             ExitInfo::ApicWrite { .. } => ExitReason::APIC_WRITE,
+            ExitInfo::Vmcall { .. } => ExitReason::VMCALL,
         }
     }
 }

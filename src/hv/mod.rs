@@ -15,7 +15,7 @@ pub mod vhost;
 pub mod x86;
 
 // The x86 schemes keep their paths (`hv::did`, ...).
-pub use x86::{apicv, bare_metal, did, eli, elvis, kvm, kvm2026, naive, vlapic};
+pub use x86::{apicv, bare_metal, did, directvisor, eli, elvis, kvm, kvm2026, naive, vlapic};
 
 use crate::engine::{EventQueue, Time};
 use crate::guest::Kernel;

@@ -26,6 +26,14 @@ pub trait Scheme {
         true
     }
 
+    /// Whether VM `vm`'s guest loads the DID authors' guest module
+    /// (did-implementation.md §3), a guest modification the scheme needs:
+    /// the guest then enables the direct timer and ICR pass-through by
+    /// hypercalls and posts its IPIs. Default: an unmodified guest.
+    fn guest_loads_did_module(&self, _vm: usize) -> bool {
+        false
+    }
+
     /// A VM was created: program its vCPUs' VMCS controls and MSR bitmaps,
     /// and its devices' IRT entries.
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize);
@@ -230,6 +238,13 @@ pub struct SchemeOptions {
     /// to a running vCPU of its lowest-priority set (or the one likely to
     /// run next).
     pub es2_redirect: bool,
+    /// `directvisor`: the single-VM branch's global x2APIC MSR bitmap
+    /// (did-implementation.md §2 "MSR bitmap"): a guest's pass-through
+    /// reaches every vCPU of every VM. Default: per-vCPU (multi-VM branch).
+    pub directvisor_global_msr_bitmap: bool,
+    /// `directvisor`: VMs whose guest does not load the DID module
+    /// (ordinary VMs on the same host).
+    pub directvisor_plain_vms: Vec<usize>,
 }
 
 impl SchemeOptions {
@@ -271,12 +286,18 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "elvis" => Box::new(super::elvis::Elvis::new(opts.eli_critical)),
         "apicv" => Box::new(super::apicv::Apicv::new(opts.vtd_posted_interrupts)),
         "kvm-2026" => Box::new(super::kvm2026::Kvm2026::new(opts.kvm2026())),
+        "directvisor" => Box::new(super::directvisor::Directvisor::new(
+            super::directvisor::DirectvisorOptions {
+                global_msr_bitmap: opts.directvisor_global_msr_bitmap,
+                plain_vms: opts.directvisor_plain_vms.clone(),
+            },
+        )),
         _ => return None,
     })
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 8] = [
+pub const SCHEMES: [&str; 9] = [
     "bare-metal",
     "kvm",
     "apicv",
@@ -285,10 +306,11 @@ pub const SCHEMES: [&str; 8] = [
     "elvis",
     "did",
     "naive",
+    "directvisor",
 ];
 
 /// One line on each scheme, in the order of [`SCHEMES`].
-pub const SCHEME_SUMMARIES: [&str; 8] = [
+pub const SCHEME_SUMMARIES: [&str; 9] = [
     "the same guest on the machine without a hypervisor",
     "stock KVM: external interrupts and EOI/timer writes exit; software-emulated LAPIC and injection",
     "KVM + APICv: posted interrupts, virtual-interrupt delivery, EOI virtualization ([hv] vtd_posted_interrupts for VT-d PI)",
@@ -297,4 +319,5 @@ pub const SCHEME_SUMMARIES: [&str; 8] = [
     "ELVIS: ELI plus a vhost worker polling the virtqueues and exitless PV interrupts",
     "DID: interrupts and timer in guest mode as real IPIs, direct EOI, host traffic as NMIs (VEE '15)",
     "emulated injection plus direct EOI: the broken design of DID §2.2, for the checker",
+    "Directvisor: the DID authors' KVM code; a guest module's hypercalls pass TMICT/ICR through, the real LAPIC timer and IPIs post on the notification vector, dedicated cores ([hv] directvisor_global_msr_bitmap, directvisor_plain_vms)",
 ];

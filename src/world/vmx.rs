@@ -65,6 +65,9 @@ fn lower(op: KernelOp) -> Instr {
         KernelOp::QueueNotify { port, value } => Instr::PioWrite { port, value },
         KernelOp::VfWrite { vf, reg } => Instr::VfWrite { vf, reg },
         KernelOp::Idle => Instr::Hlt,
+        KernelOp::Hypercall { nr, arg } => Instr::Vmcall { nr, arg },
+        KernelOp::PirSet { cpu, vector } => Instr::PirSet { cpu, vector },
+        KernelOp::PostedIpi { cpu, vector } => Instr::PostedIpi { cpu, vector },
     }
 }
 
@@ -288,6 +291,22 @@ impl World {
                 }
                 (r, value, None)
             }
+            // VMCALL exits unconditionally in non-root mode (SDM 25.1.2);
+            // on bare metal there is no hypervisor to answer (#UD, ignored).
+            Instr::Vmcall { nr, arg } => {
+                return vmcs.map(|_| (ExitInfo::Vmcall { nr, arg }, None));
+            }
+            Instr::PirSet { cpu, vector } => {
+                self.guest_pir_set(k, cpu, vector, now);
+                return None;
+            }
+            Instr::PostedIpi { cpu, vector } => {
+                let id = self.guest_pir_set(k, cpu, vector, now)?;
+                // Linux 4.10's POSTED_INTR_VECTOR, hard-coded in the
+                // module's did.h (did-implementation.md §3).
+                let nv = crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR;
+                (msr::ICR, (u64::from(id) << 32) | u64::from(nv), None)
+            }
             // Handled by guest_run before it gets here.
             Instr::Hlt => return None,
             Instr::PioWrite { port, .. } => {
@@ -393,6 +412,26 @@ impl World {
         }
     }
 
+    /// The guest on vCPU `k` set `vector` in the PIR of its VM's CPU
+    /// `cpu`'s descriptor page (a store to guest memory the hypervisor
+    /// mapped the descriptor onto, did-implementation.md §2 `osnet_map_pid`):
+    /// for the checker that raises `vector` for that vCPU. Returns the
+    /// target's x2APIC ID as the guest reads it (its virtual x2APIC ID
+    /// register), or None if the VM has no such CPU.
+    pub(super) fn guest_pir_set(
+        &mut self,
+        k: usize,
+        cpu: u32,
+        vector: u8,
+        now: Time,
+    ) -> Option<u32> {
+        let vm = self.hv.vcpus[k].vm;
+        let t = self.hv.vcpu_by_apic_id(vm, cpu)?;
+        self.m.pi_desc[t].pir.set(vector);
+        self.checker.raised_on(t, vector, now);
+        Some(self.m.vapic[t].x2apic_id.unwrap_or(cpu))
+    }
+
     /// IPI virtualization (SDM 30.1.6, "virtualizing ICR writes"): a
     /// unicast fixed physical-mode IPI is posted by the processor to the
     /// descriptor the VM's PID-pointer table gives for the destination's
@@ -459,6 +498,9 @@ impl World {
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,
             ExitInfo::Hlt => c.hlt,
+            // Hypercalls: the bare exit round trip; the handler's work is
+            // what the scheme charges.
+            ExitInfo::Vmcall { .. } => rt,
             // The same register's MSR-write exit, plus decoding the store
             // for the fault-like APIC access.
             ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => {

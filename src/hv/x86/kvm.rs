@@ -120,6 +120,9 @@ pub fn exit<S: Scheme + ?Sized>(
         // Stock KVM traps no exception an interrupt's delivery can raise;
         // a scheme that traps #NP (ELI) handles it in its own hook.
         ExitInfo::Exception { .. } => {}
+        // kvm_emulate_hypercall: a number KVM does not know returns
+        // -KVM_ENOSYS in RAX.
+        ExitInfo::Vmcall { .. } => {}
     }
     ExitOutcome::default()
 }

@@ -9,6 +9,7 @@
 pub mod apicv;
 pub mod bare_metal;
 pub mod did;
+pub mod directvisor;
 pub mod eli;
 pub mod elvis;
 pub mod kvm;

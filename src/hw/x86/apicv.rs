@@ -56,6 +56,9 @@ pub struct VirtualApic {
     pub rvi: u8,
     /// Servicing virtual interrupt (highest vISR).
     pub svi: u8,
+    /// The virtual x2APIC ID register (0x802) as the hypervisor set it;
+    /// None: KVM's default, the vCPU's index in its VM.
+    pub x2apic_id: Option<u32>,
 }
 
 impl VirtualApic {

@@ -47,4 +47,32 @@ pub enum Instr {
         /// Register.
         reg: VfReg,
     },
+    /// VMCALL at CPL 0: RAX = hypercall number, RBX = argument (KVM's
+    /// `kvm_emulate_hypercall` ABI). In VMX non-root mode it always exits.
+    Vmcall {
+        /// RAX.
+        nr: u32,
+        /// RBX.
+        arg: u64,
+    },
+    /// `lock bts` of bit `vector` in the PIR of the posted-interrupt
+    /// descriptor page of the guest's CPU `cpu`, a page of guest memory
+    /// after the hypervisor moved the descriptor there
+    /// (did-implementation.md §2 `osnet_map_pid`, §3). A store: never exits.
+    PirSet {
+        /// The guest CPU whose descriptor page it is.
+        cpu: u32,
+        /// The bit set.
+        vector: u8,
+    },
+    /// Directvisor's replacement `send_IPI` (did-implementation.md §3):
+    /// `lock bts` of `vector` in CPU `cpu`'s descriptor page, then WRMSR
+    /// ICR with the posted-interrupt notification vector to that CPU's
+    /// APIC ID as the guest read it from its x2APIC ID register.
+    PostedIpi {
+        /// Target guest CPU.
+        cpu: u32,
+        /// The vector set in its PIR.
+        vector: u8,
+    },
 }

@@ -45,9 +45,17 @@ fn guest_costs(cal: &Calibration) -> GuestCosts {
 }
 
 /// VM `vm`'s kernel configuration.
-fn config(s: &Scenario, cal: &Calibration, devs: &DeviceMap, vm: usize, v: &VmView) -> GuestConfig {
+fn config(
+    s: &Scenario,
+    cal: &Calibration,
+    devs: &DeviceMap,
+    vm: usize,
+    v: &VmView,
+    did_module: bool,
+) -> GuestConfig {
     GuestConfig {
         timer_vector: s.guest.timer_vector,
+        did_module,
         vf_vector: s.guest.vf_vector,
         vf: devs.vf[vm].map(|a| a.vf),
         hz: s.guest.hz,
@@ -89,12 +97,13 @@ pub(in crate::world) fn kernels(
     topo: &Topology,
     devs: &DeviceMap,
     m: &mut Machine,
+    did_module: &dyn Fn(usize) -> bool,
 ) -> Vec<Kernel> {
     topo.views
         .iter()
         .enumerate()
         .map(|(vm, v)| {
-            let mut k = Kernel::smp(config(s, cal, devs, vm, v), v.cores.len());
+            let mut k = Kernel::smp(config(s, cal, devs, vm, v, did_module(vm)), v.cores.len());
             if let Some(d) = devs.net_dev[vm] {
                 // virtnet_probe: fill the RX ring, TX interrupts off.
                 k.virtio_net_probe(&mut m.virtio_net[d]);
