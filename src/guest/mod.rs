@@ -435,15 +435,13 @@ pub const RESCHEDULE_VECTOR: u8 = 0xfd;
 
 /// One guest kernel: one per VM, with per-CPU state for each of its vCPUs
 /// (one per core on bare metal). Calls name the CPU they run on; the
-/// kernel swaps that CPU's state in.
+/// kernel indexes that CPU's state in place.
 pub struct Kernel {
     cfg: GuestConfig,
-    /// The CPU whose state is in `cpu`.
+    /// The CPU the current call runs on (its state is `cpus[on]`).
     on: usize,
-    /// The state of CPU `on`.
-    cpu: Cpu,
-    /// Every CPU's state; entry `on` is stale while `cpu` holds it.
-    parked: Vec<Cpu>,
+    /// Every CPU's state.
+    cpus: Vec<Cpu>,
     tasks: Vec<Task>,
     sockets: Vec<VecDeque<Datagram>>,
     /// Datagrams sent on UDP sockets, waiting for the transmit path.
@@ -500,8 +498,7 @@ impl Kernel {
         let rps = rps::Rps::new(&cfg.rps_cpus, cpus);
         Kernel {
             on: 0,
-            cpu: Cpu::new(),
-            parked: (0..cpus).map(|_| Cpu::new()).collect(),
+            cpus: (0..cpus).map(|_| Cpu::new()).collect(),
             tasks: Vec::new(),
             sockets: Vec::new(),
             udp_tx: VecDeque::with_capacity(app::UDP_SNDBUF_DATAGRAMS),
@@ -536,32 +533,27 @@ impl Kernel {
 
     /// Number of CPUs.
     pub fn cpus(&self) -> usize {
-        self.parked.len()
+        self.cpus.len()
     }
 
-    /// Swaps CPU `c`'s state in.
+    /// Makes CPU `c` the one calls run on (no state moves: it is indexed
+    /// in place).
+    #[inline]
     fn on_cpu(&mut self, c: usize) {
-        if c != self.on {
-            std::mem::swap(&mut self.cpu, &mut self.parked[self.on]);
-            std::mem::swap(&mut self.cpu, &mut self.parked[c]);
-            self.on = c;
-        }
+        debug_assert!(c < self.cpus.len());
+        self.on = c;
     }
 
     /// CPU `c`'s state, read only.
     fn cpu_ref(&self, c: usize) -> &Cpu {
-        if c == self.on {
-            &self.cpu
-        } else {
-            &self.parked[c]
-        }
+        &self.cpus[c]
     }
 
     /// CPUs other than the caller's that must get a reschedule IPI or
     /// whose polling idle loop was poked, since the last call (bitmasks).
     pub fn take_pokes(&mut self, c: usize) -> u64 {
         self.on_cpu(c);
-        std::mem::take(&mut self.cpu.poke_pending)
+        std::mem::take(&mut self.cpus[self.on].poke_pending)
     }
 
     /// Gives task `t` the block queue of the virtio-blk device.
@@ -582,7 +574,7 @@ impl Kernel {
 
     /// Adds a task bound to CPU `cpu` (`sched_setaffinity` to one CPU).
     pub fn spawn_on(&mut self, cpu: usize, app: Box<dyn App>, prio: i32, socket: bool) -> usize {
-        let cpu = cpu.min(self.parked.len() - 1);
+        let cpu = cpu.min(self.cpus.len() - 1);
         let socket = socket.then(|| {
             self.sockets
                 .push(VecDeque::with_capacity(self.cfg.rcvbuf_packets));
@@ -600,11 +592,7 @@ impl Kernel {
             cpu,
             vruntime: 0,
         });
-        if cpu == self.on {
-            self.cpu.need_resched = true;
-        } else {
-            self.parked[cpu].need_resched = true;
-        }
+        self.cpus[cpu].need_resched = true;
         self.tasks.len() - 1
     }
 
@@ -644,23 +632,24 @@ impl Kernel {
     pub fn take_interrupt(&mut self, cpu: usize, vector: u8) {
         self.on_cpu(cpu);
         self.counters.irqs += 1;
-        self.cpu.in_service.set(vector);
-        self.cpu.frames.push(Frame {
+        self.cpus[self.on].in_service.set(vector);
+        let cpu = &mut self.cpus[self.on];
+        cpu.frames.push(Frame {
             kind: FrameKind::Irq { vector },
             stage: 0,
             compute: self.cfg.costs.irq_entry,
-            saved_if: self.cpu.if_flag,
+            saved_if: cpu.if_flag,
         });
-        self.cpu.if_flag = false;
+        self.cpus[self.on].if_flag = false;
     }
 
     /// The last `Compute` ran to completion.
     pub fn compute_done(&mut self, cpu: usize) {
         self.on_cpu(cpu);
-        match self.cpu.frames.last_mut() {
+        match self.cpus[self.on].frames.last_mut() {
             Some(f) => f.compute = 0,
             None => {
-                if let Some(t) = self.cpu.current {
+                if let Some(t) = self.cpus[self.on].current {
                     self.tasks[t].compute = 0;
                 }
             }
@@ -670,9 +659,9 @@ impl Kernel {
     /// The last `Compute` was preempted after `elapsed`.
     pub fn charge(&mut self, cpu: usize, elapsed: Time) {
         self.on_cpu(cpu);
-        let c = match self.cpu.frames.last_mut() {
+        let c = match self.cpus[self.on].frames.last_mut() {
             Some(f) => &mut f.compute,
-            None => match self.cpu.current {
+            None => match self.cpus[self.on].current {
                 Some(t) => &mut self.tasks[t].compute,
                 None => return,
             },
@@ -688,11 +677,7 @@ impl Kernel {
             self.tasks[t].state = TaskState::Runnable;
             self.fair_wake(t);
             let c = self.tasks[t].cpu;
-            let cpu = if c == self.on {
-                &mut self.cpu
-            } else {
-                &mut self.parked[c]
-            };
+            let cpu = &mut self.cpus[c];
             let cur = cpu.current.map(|c| self.tasks[c].prio);
             if cur.is_none_or(|p| self.tasks[t].prio > p) || cpu.current == Some(t) {
                 cpu.need_resched = true;
@@ -701,9 +686,9 @@ impl Kernel {
                     // it a reschedule IPI unless its idle loop polls
                     // need_resched (TIF_POLLING_NRFLAG).
                     if cpu.current.is_none() && self.cfg.idle == IdleMode::Poll {
-                        self.cpu.poke_pending |= 1 << c;
+                        self.cpus[self.on].poke_pending |= 1 << c;
                     } else {
-                        self.cpu.ipi_pending |= 1 << c;
+                        self.cpus[self.on].ipi_pending |= 1 << c;
                     }
                 }
             }
@@ -731,26 +716,28 @@ impl Kernel {
     }
 
     fn start_tick(&mut self, now: Time) {
-        if self.cpu.tick_on || self.cfg.tick == TickMode::Off {
+        if self.cpus[self.on].tick_on || self.cfg.tick == TickMode::Off {
             return;
         }
-        self.cpu.tick_on = true;
+        self.cpus[self.on].tick_on = true;
         let p = self.tick_period();
-        self.cpu.hrtimers.push(((now / p + 1) * p, HrKind::Tick));
+        self.cpus[self.on]
+            .hrtimers
+            .push(((now / p + 1) * p, HrKind::Tick));
     }
 
     fn stop_tick(&mut self) {
-        self.cpu.tick_on = false;
-        self.cpu.hrtimers.retain(|h| h.1 != HrKind::Tick);
+        self.cpus[self.on].tick_on = false;
+        self.cpus[self.on].hrtimers.retain(|h| h.1 != HrKind::Tick);
     }
 
     /// Reprograms the clockevent if the earliest hrtimer changed.
     fn reprogram(&mut self, now: Time) -> Option<KernelOp> {
-        let next = self.cpu.hrtimers.iter().map(|h| h.0).min();
-        if next == self.cpu.programmed {
+        let next = self.cpus[self.on].hrtimers.iter().map(|h| h.0).min();
+        if next == self.cpus[self.on].programmed {
             return None;
         }
-        self.cpu.programmed = next;
+        self.cpus[self.on].programmed = next;
         // With no timer left Linux does not touch the device
         // (hrtimer_force_reprogram skips KTIME_MAX): an armed one-shot may
         // still fire and finds nothing expired.
@@ -771,9 +758,9 @@ impl Kernel {
     fn expire_hrtimers(&mut self, now: Time) -> u32 {
         let mut ticks = 0;
         let mut i = 0;
-        while i < self.cpu.hrtimers.len() {
-            if self.cpu.hrtimers[i].0 <= now {
-                let (t, k) = self.cpu.hrtimers.swap_remove(i);
+        while i < self.cpus[self.on].hrtimers.len() {
+            if self.cpus[self.on].hrtimers[i].0 <= now {
+                let (t, k) = self.cpus[self.on].hrtimers.swap_remove(i);
                 match k {
                     HrKind::Tick => {
                         ticks += 1;
@@ -782,7 +769,7 @@ impl Kernel {
                         while n <= now {
                             n += p;
                         }
-                        self.cpu.hrtimers.push((n, HrKind::Tick));
+                        self.cpus[self.on].hrtimers.push((n, HrKind::Tick));
                     }
                     HrKind::Wake(task) => self.wake(task),
                     HrKind::TcpWheel => self.tcp_wheel_run(now),
@@ -814,24 +801,25 @@ impl Kernel {
 
     /// Sets RFLAGS.IF, noting a rising edge for the hardware.
     fn set_if(&mut self, on: bool) {
-        if on && !self.cpu.if_flag {
-            self.cpu.if_rose = true;
+        if on && !self.cpus[self.on].if_flag {
+            self.cpus[self.on].if_rose = true;
         }
-        self.cpu.if_flag = on;
+        self.cpus[self.on].if_flag = on;
     }
 
     fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
-        self.cpu.frames.push(Frame {
+        let cpu = &mut self.cpus[self.on];
+        cpu.frames.push(Frame {
             kind,
             stage: 0,
             compute,
-            saved_if: self.cpu.if_flag,
+            saved_if: cpu.if_flag,
         });
         self.set_if(if_flag);
     }
 
     fn pop(&mut self) {
-        if let Some(f) = self.cpu.frames.pop() {
+        if let Some(f) = self.cpus[self.on].frames.pop() {
             self.set_if(f.saved_if);
         }
     }
@@ -841,25 +829,25 @@ impl Kernel {
     pub fn next(&mut self, cpu: usize, now: Time, dev: &mut Devices) -> Action {
         self.on_cpu(cpu);
         loop {
-            if std::mem::take(&mut self.cpu.if_rose) {
+            if std::mem::take(&mut self.cpus[self.on].if_rose) {
                 return Action::InterruptsEnabled;
             }
-            if self.cpu.ipi_pending != 0 {
+            if self.cpus[self.on].ipi_pending != 0 {
                 // smp_send_reschedule: a fixed IPI to the CPU.
-                let c = self.cpu.ipi_pending.trailing_zeros();
-                self.cpu.ipi_pending &= !(1 << c);
+                let c = self.cpus[self.on].ipi_pending.trailing_zeros();
+                self.cpus[self.on].ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 return Action::Op(KernelOp::SendIpi {
                     cpu: c,
                     vector: RESCHEDULE_VECTOR,
                 });
             }
-            if self.cpu.call_ipi_pending != 0 {
+            if self.cpus[self.on].call_ipi_pending != 0 {
                 // smp_call_function_single_async → generic_exec_single:
                 // the csd went on an empty call-single queue, so
                 // arch_send_call_function_single_ipi sends the IPI.
-                let c = self.cpu.call_ipi_pending.trailing_zeros();
-                self.cpu.call_ipi_pending &= !(1 << c);
+                let c = self.cpus[self.on].call_ipi_pending.trailing_zeros();
+                self.cpus[self.on].call_ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 self.rps_counters.ipis += 1;
                 return Action::Op(KernelOp::SendIpi {
@@ -867,9 +855,9 @@ impl Kernel {
                     vector: rps::CALL_FUNCTION_SINGLE_VECTOR,
                 });
             }
-            let Some(top) = self.cpu.frames.len().checked_sub(1) else {
+            let Some(top) = self.cpus[self.on].frames.len().checked_sub(1) else {
                 if let Some(a) = self.task_context(now) {
-                    if (self.cpu.ipi_pending | self.cpu.call_ipi_pending) != 0
+                    if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
                         && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
                     {
                         // The IPIs a wake-up here asked for go out before
@@ -880,7 +868,7 @@ impl Kernel {
                 }
                 continue;
             };
-            let f = self.cpu.frames[top];
+            let f = self.cpus[self.on].frames[top];
             if f.compute > 0 {
                 return Action::Compute(f.compute);
             }
@@ -891,8 +879,8 @@ impl Kernel {
     }
 
     fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
-        self.cpu.frames[top].stage = stage;
-        self.cpu.frames[top].compute = compute;
+        self.cpus[self.on].frames[top].stage = stage;
+        self.cpus[self.on].frames[top].compute = compute;
     }
 
     fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
@@ -949,15 +937,14 @@ impl Kernel {
             FrameKind::Switch { to } => match f.stage {
                 0 => {
                     self.counters.context_switches += 1;
-                    let from = self.cpu.current;
-                    self.cpu.current = to;
+                    let from = self.cpus[self.on].current;
+                    self.cpus[self.on].current = to;
                     self.set_stage(top, 1, 0);
                     if self.cfg.tick == TickMode::NohzIdle {
                         if to.is_none() && from.is_some() {
                             // tick_nohz_stop_sched_tick keeps the tick when
                             // the next timer is at most one jiffy away.
-                            let next = self
-                                .cpu
+                            let next = self.cpus[self.on]
                                 .hrtimers
                                 .iter()
                                 .filter(|h| h.1 != HrKind::Tick)
@@ -982,7 +969,9 @@ impl Kernel {
                     self.set_stage(top, 1, 0);
                     // A task sleeps on one timer at a time (an earlier one
                     // an early wake-up left armed is cancelled).
-                    self.cpu.hrtimers.retain(|h| h.1 != HrKind::Wake(task));
+                    self.cpus[self.on]
+                        .hrtimers
+                        .retain(|h| h.1 != HrKind::Wake(task));
                     let ready = wait
                         && self.tasks[task]
                             .socket
@@ -991,13 +980,15 @@ impl Kernel {
                         return self.reprogram(now).map(Action::Op);
                     }
                     self.tasks[task].state = TaskState::Sleeping;
-                    self.cpu.hrtimers.push((until, HrKind::Wake(task)));
+                    self.cpus[self.on]
+                        .hrtimers
+                        .push((until, HrKind::Wake(task)));
                     self.reprogram(now).map(Action::Op)
                 }
                 _ => {
                     self.pop();
                     if self.tasks[task].state != TaskState::Runnable {
-                        self.cpu.need_resched = true;
+                        self.cpus[self.on].need_resched = true;
                     }
                     None
                 }
@@ -1025,20 +1016,20 @@ impl Kernel {
                     self.set_if(true);
                     return None;
                 }
-                self.cpu.in_service.clear(vector);
+                self.cpus[self.on].in_service.clear(vector);
                 Some(Action::Op(KernelOp::EndOfInterrupt { vector }))
             }
             1 => {
                 let work = if is_timer {
                     self.counters.timer_irqs += 1;
                     // The one-shot clockevent has fired: it must be reprogrammed.
-                    self.cpu.programmed = None;
+                    self.cpus[self.on].programmed = None;
                     let ticks = self.expire_hrtimers(now);
                     if ticks > 0 {
                         self.fair_tick();
                     }
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
-                } else if vector == RESCHEDULE_VECTOR && self.parked.len() > 1 {
+                } else if vector == RESCHEDULE_VECTOR && self.cpus.len() > 1 {
                     // scheduler_ipi: need_resched is already set; the
                     // switch happens on the way out.
                     self.counters.resched_irqs += 1;
@@ -1047,7 +1038,7 @@ impl Kernel {
                     self.call_function_irq()
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
-                    self.cpu.net_rx = true;
+                    self.cpus[self.on].net_rx = true;
                     c.vf_irq_handler
                 } else if self.is_virtio_vector(vector) {
                     self.virtio_irq(vector, dev);
@@ -1071,8 +1062,8 @@ impl Kernel {
             3 => {
                 self.set_stage(top, 4, c.irq_exit);
                 if nest {
-                    self.cpu.if_flag = false;
-                    self.cpu.in_service.clear(vector);
+                    self.cpus[self.on].if_flag = false;
+                    self.cpus[self.on].in_service.clear(vector);
                     return Some(Action::Op(KernelOp::EndOfInterrupt { vector }));
                 }
                 None
@@ -1096,8 +1087,8 @@ impl Kernel {
     ) -> Option<Action> {
         let c = self.cfg.costs;
         let Some(vf) = self.cfg.vf else {
-            self.cpu.net_rx = false;
-            self.cpu.in_softirq = false;
+            self.cpus[self.on].net_rx = false;
+            self.cpus[self.on].in_softirq = false;
             self.pop();
             return None;
         };
@@ -1110,10 +1101,11 @@ impl Kernel {
                 }
                 if round < self.cfg.napi_weight {
                     if let Ok(Some(p)) = nic.rx_poll(vf) {
-                        self.cpu.frames[top].kind = FrameKind::Softirq { round: round + 1 };
+                        self.cpus[self.on].frames[top].kind =
+                            FrameKind::Softirq { round: round + 1 };
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
-                        self.cpu.frames[top].compute = self.gro_receive(p.frame, now);
+                        self.cpus[self.on].frames[top].compute = self.gro_receive(p.frame, now);
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
@@ -1127,8 +1119,8 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.cpu.frames[top].kind = FrameKind::Softirq { round: 0 };
-                    self.cpu.frames[top].compute = c.napi_poll_base;
+                    self.cpus[self.on].frames[top].kind = FrameKind::Softirq { round: 0 };
+                    self.cpus[self.on].frames[top].compute = c.napi_poll_base;
                     return None;
                 }
                 // Ring empty: napi_complete, then the dynamic ITR update.
@@ -1136,7 +1128,7 @@ impl Kernel {
                     let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
                     self.cleaned_unrefilled = 0;
                 }
-                self.cpu.net_rx = false;
+                self.cpus[self.on].net_rx = false;
                 let flushed = self.gro_flush(now);
                 let new = self.itr.update(&self.cfg.itr);
                 self.set_stage(top, 1, c.itr_update + flushed);
@@ -1157,7 +1149,7 @@ impl Kernel {
             _ => {
                 // net_rx_action's end: net_rps_action_and_irq_enable.
                 self.rps_action();
-                self.cpu.in_softirq = false;
+                self.cpus[self.on].in_softirq = false;
                 self.pop();
                 self.raise_softirq();
                 None
@@ -1171,14 +1163,14 @@ impl Kernel {
     /// poll stays scheduled, the vector masked). Returns true if the
     /// softirq frame was left for that reason.
     fn softirq_budget_spent(&mut self) -> bool {
-        self.cpu.softirq_done += self.cfg.napi_weight;
-        if self.cpu.softirq_done < self.cfg.netdev_budget {
+        self.cpus[self.on].softirq_done += self.cfg.napi_weight;
+        if self.cpus[self.on].softirq_done < self.cfg.netdev_budget {
             return false;
         }
         // net_rx_action stops here: its IPIs go out now.
         self.rps_action();
-        self.cpu.ksoftirqd = true;
-        self.cpu.in_softirq = false;
+        self.cpus[self.on].ksoftirqd = true;
+        self.cpus[self.on].in_softirq = false;
         self.pop();
         true
     }
@@ -1210,19 +1202,19 @@ impl Kernel {
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
     /// the VF or virtio-net, else NET_TX for pending TCP output.
     fn raise_softirq(&mut self) {
-        if self.cpu.in_softirq || self.cpu.ksoftirqd {
+        if self.cpus[self.on].in_softirq || self.cpus[self.on].ksoftirqd {
             return;
         }
         let c = self.cfg.costs;
-        self.cpu.softirq_done = 0;
-        if self.cpu.net_rx {
-            self.cpu.in_softirq = true;
+        self.cpus[self.on].softirq_done = 0;
+        if self.cpus[self.on].net_rx {
+            self.cpus[self.on].in_softirq = true;
             self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpu.napi_virtio {
-            self.cpu.in_softirq = true;
+        } else if self.cpus[self.on].napi_virtio {
+            self.cpus[self.on].in_softirq = true;
             self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpu.backlog_poll {
-            self.cpu.in_softirq = true;
+        } else if self.cpus[self.on].backlog_poll {
+            self.cpus[self.on].in_softirq = true;
             self.push(FrameKind::Backlog { round: 0 }, c.napi_poll_base, true);
         } else if self.tx_ready() {
             self.push_net_tx();
@@ -1239,10 +1231,10 @@ impl Kernel {
             self.push_net_tx();
             return None;
         }
-        if self.cpu.need_resched {
-            self.cpu.need_resched = false;
+        if self.cpus[self.on].need_resched {
+            self.cpus[self.on].need_resched = false;
             let next = self.pick();
-            if next != self.cpu.current {
+            if next != self.cpus[self.on].current {
                 self.push(
                     FrameKind::Switch { to: next },
                     self.cfg.costs.context_switch,
@@ -1251,16 +1243,18 @@ impl Kernel {
                 return None;
             }
         }
-        if self.cpu.ksoftirqd && (self.cpu.current.is_none() || self.cpu.task_stepped) {
+        if self.cpus[self.on].ksoftirqd
+            && (self.cpus[self.on].current.is_none() || self.cpus[self.on].task_stepped)
+        {
             // ksoftirqd's turn: the deferred NET_RX poll goes on.
-            self.cpu.ksoftirqd = false;
-            self.cpu.task_stepped = false;
-            self.cpu.softirq_done = 0;
-            self.cpu.in_softirq = true;
+            self.cpus[self.on].ksoftirqd = false;
+            self.cpus[self.on].task_stepped = false;
+            self.cpus[self.on].softirq_done = 0;
+            self.cpus[self.on].in_softirq = true;
             let c = self.cfg.costs;
-            let kind = if self.cpu.net_rx {
+            let kind = if self.cpus[self.on].net_rx {
                 FrameKind::Softirq { round: 0 }
-            } else if self.cpu.backlog_poll && !self.cpu.napi_virtio {
+            } else if self.cpus[self.on].backlog_poll && !self.cpus[self.on].napi_virtio {
                 FrameKind::Backlog { round: 0 }
             } else {
                 FrameKind::VirtioPoll { round: 0 }
@@ -1268,14 +1262,14 @@ impl Kernel {
             self.push(kind, c.napi_poll_base + c.context_switch, true);
             return None;
         }
-        let Some(t) = self.cpu.current else {
+        let Some(t) = self.cpus[self.on].current else {
             return Some(match self.cfg.idle {
-                IdleMode::Halt if self.cpu.if_flag => Action::Op(KernelOp::Idle),
+                IdleMode::Halt if self.cpus[self.on].if_flag => Action::Op(KernelOp::Idle),
                 _ => Action::Spin,
             });
         };
         if self.tasks[t].state != TaskState::Runnable {
-            self.cpu.need_resched = true;
+            self.cpus[self.on].need_resched = true;
             return None;
         }
         if self.tasks[t].compute > 0 {
@@ -1307,7 +1301,7 @@ impl Kernel {
             _ => {}
         }
         let step = task.app.step(&mut sys);
-        self.cpu.task_stepped = true;
+        self.cpus[self.on].task_stepped = true;
         if !self.udp_tx.is_empty() {
             // sendto() → udp_sendmsg → dev_queue_xmit.
             self.tx_pending = true;
@@ -1350,7 +1344,7 @@ impl Kernel {
                     return None;
                 }
                 self.udp_wait_for_space(t);
-                self.cpu.need_resched = true;
+                self.cpus[self.on].need_resched = true;
                 None
             }
             TaskStep::SleepUntil(until) | TaskStep::WaitUntil(until) => {
@@ -1369,7 +1363,7 @@ impl Kernel {
             TaskStep::Exit => {
                 self.tasks[t].state = TaskState::Exited;
                 self.counters.tasks_exited += 1;
-                self.cpu.need_resched = true;
+                self.cpus[self.on].need_resched = true;
                 None
             }
         }
