@@ -1429,3 +1429,33 @@ pub(crate) fn test_config() -> GuestConfig {
         },
     }
 }
+
+#[cfg(test)]
+mod per_cpu_tests {
+    use super::*;
+
+    /// Each CPU's state stays its own while calls move between CPUs in any
+    /// order (it is indexed in place, not swapped in).
+    #[test]
+    fn per_cpu_state_follows_its_cpu_across_switches() {
+        let mut k = Kernel::smp(test_config(), 3);
+        for c in 0..3 {
+            assert!(k.in_service(c).is_empty());
+        }
+        let frames: Vec<usize> = k.cpus.iter().map(|c| c.frames.len()).collect();
+        k.take_interrupt(1, 0x40);
+        k.take_interrupt(2, 0x50);
+        k.take_interrupt(1, 0x60);
+        k.take_interrupt(0, 0x70);
+        let vectors = |k: &Kernel, c: usize| k.in_service(c).iter().collect::<Vec<_>>();
+        assert_eq!(vectors(&k, 0), [0x70]);
+        assert_eq!(vectors(&k, 1), [0x40, 0x60]);
+        assert_eq!(vectors(&k, 2), [0x50]);
+        for c in 0..3 {
+            assert!(!k.interrupts_enabled(c));
+        }
+        let pushed: Vec<usize> = (0..3).map(|c| k.cpus[c].frames.len() - frames[c]).collect();
+        assert_eq!(pushed, [1, 2, 1]);
+        assert_eq!(k.counters.irqs, 4);
+    }
+}
