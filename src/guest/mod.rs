@@ -829,25 +829,26 @@ impl Kernel {
     pub fn next(&mut self, cpu: usize, now: Time, dev: &mut Devices) -> Action {
         self.on_cpu(cpu);
         loop {
-            if std::mem::take(&mut self.cpus[self.on].if_rose) {
+            let cpu = &mut self.cpus[self.on];
+            if std::mem::take(&mut cpu.if_rose) {
                 return Action::InterruptsEnabled;
             }
-            if self.cpus[self.on].ipi_pending != 0 {
+            if cpu.ipi_pending != 0 {
                 // smp_send_reschedule: a fixed IPI to the CPU.
-                let c = self.cpus[self.on].ipi_pending.trailing_zeros();
-                self.cpus[self.on].ipi_pending &= !(1 << c);
+                let c = cpu.ipi_pending.trailing_zeros();
+                cpu.ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 return Action::Op(KernelOp::SendIpi {
                     cpu: c,
                     vector: RESCHEDULE_VECTOR,
                 });
             }
-            if self.cpus[self.on].call_ipi_pending != 0 {
+            if cpu.call_ipi_pending != 0 {
                 // smp_call_function_single_async → generic_exec_single:
                 // the csd went on an empty call-single queue, so
                 // arch_send_call_function_single_ipi sends the IPI.
-                let c = self.cpus[self.on].call_ipi_pending.trailing_zeros();
-                self.cpus[self.on].call_ipi_pending &= !(1 << c);
+                let c = cpu.call_ipi_pending.trailing_zeros();
+                cpu.call_ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 self.rps_counters.ipis += 1;
                 return Action::Op(KernelOp::SendIpi {
@@ -855,7 +856,7 @@ impl Kernel {
                     vector: rps::CALL_FUNCTION_SINGLE_VECTOR,
                 });
             }
-            let Some(top) = self.cpus[self.on].frames.len().checked_sub(1) else {
+            let Some(&f) = cpu.frames.last() else {
                 if let Some(a) = self.task_context(now) {
                     if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
                         && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
@@ -868,7 +869,7 @@ impl Kernel {
                 }
                 continue;
             };
-            let f = self.cpus[self.on].frames[top];
+            let top = cpu.frames.len() - 1;
             if f.compute > 0 {
                 return Action::Compute(f.compute);
             }
@@ -879,8 +880,9 @@ impl Kernel {
     }
 
     fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
-        self.cpus[self.on].frames[top].stage = stage;
-        self.cpus[self.on].frames[top].compute = compute;
+        let f = &mut self.cpus[self.on].frames[top];
+        f.stage = stage;
+        f.compute = compute;
     }
 
     fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
@@ -1202,23 +1204,26 @@ impl Kernel {
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
     /// the VF or virtio-net, else NET_TX for pending TCP output.
     fn raise_softirq(&mut self) {
-        if self.cpus[self.on].in_softirq || self.cpus[self.on].ksoftirqd {
+        let cpu = &mut self.cpus[self.on];
+        if cpu.in_softirq || cpu.ksoftirqd {
             return;
         }
         let c = self.cfg.costs;
-        self.cpus[self.on].softirq_done = 0;
-        if self.cpus[self.on].net_rx {
-            self.cpus[self.on].in_softirq = true;
-            self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpus[self.on].napi_virtio {
-            self.cpus[self.on].in_softirq = true;
-            self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpus[self.on].backlog_poll {
-            self.cpus[self.on].in_softirq = true;
-            self.push(FrameKind::Backlog { round: 0 }, c.napi_poll_base, true);
-        } else if self.tx_ready() {
-            self.push_net_tx();
-        }
+        cpu.softirq_done = 0;
+        let kind = if cpu.net_rx {
+            FrameKind::Softirq { round: 0 }
+        } else if cpu.napi_virtio {
+            FrameKind::VirtioPoll { round: 0 }
+        } else if cpu.backlog_poll {
+            FrameKind::Backlog { round: 0 }
+        } else {
+            if self.tx_ready() {
+                self.push_net_tx();
+            }
+            return;
+        };
+        cpu.in_softirq = true;
+        self.push(kind, c.napi_poll_base, true);
     }
 
     fn task_context(&mut self, now: Time) -> Option<Action> {
@@ -1231,8 +1236,7 @@ impl Kernel {
             self.push_net_tx();
             return None;
         }
-        if self.cpus[self.on].need_resched {
-            self.cpus[self.on].need_resched = false;
+        if std::mem::take(&mut self.cpus[self.on].need_resched) {
             let next = self.pick();
             if next != self.cpus[self.on].current {
                 self.push(
@@ -1243,18 +1247,17 @@ impl Kernel {
                 return None;
             }
         }
-        if self.cpus[self.on].ksoftirqd
-            && (self.cpus[self.on].current.is_none() || self.cpus[self.on].task_stepped)
-        {
+        let cpu = &mut self.cpus[self.on];
+        if cpu.ksoftirqd && (cpu.current.is_none() || cpu.task_stepped) {
             // ksoftirqd's turn: the deferred NET_RX poll goes on.
-            self.cpus[self.on].ksoftirqd = false;
-            self.cpus[self.on].task_stepped = false;
-            self.cpus[self.on].softirq_done = 0;
-            self.cpus[self.on].in_softirq = true;
+            cpu.ksoftirqd = false;
+            cpu.task_stepped = false;
+            cpu.softirq_done = 0;
+            cpu.in_softirq = true;
             let c = self.cfg.costs;
-            let kind = if self.cpus[self.on].net_rx {
+            let kind = if cpu.net_rx {
                 FrameKind::Softirq { round: 0 }
-            } else if self.cpus[self.on].backlog_poll && !self.cpus[self.on].napi_virtio {
+            } else if cpu.backlog_poll && !cpu.napi_virtio {
                 FrameKind::Backlog { round: 0 }
             } else {
                 FrameKind::VirtioPoll { round: 0 }
@@ -1262,14 +1265,14 @@ impl Kernel {
             self.push(kind, c.napi_poll_base + c.context_switch, true);
             return None;
         }
-        let Some(t) = self.cpus[self.on].current else {
+        let Some(t) = cpu.current else {
             return Some(match self.cfg.idle {
-                IdleMode::Halt if self.cpus[self.on].if_flag => Action::Op(KernelOp::Idle),
+                IdleMode::Halt if cpu.if_flag => Action::Op(KernelOp::Idle),
                 _ => Action::Spin,
             });
         };
         if self.tasks[t].state != TaskState::Runnable {
-            self.cpus[self.on].need_resched = true;
+            cpu.need_resched = true;
             return None;
         }
         if self.tasks[t].compute > 0 {
