@@ -131,9 +131,6 @@ pub(super) fn tcp_workload(
     es2::tcp_workload(w, cal)
 }
 
-/// Priority of in-guest CPU burners: below every workload task (the UDP
-/// receiver runs at -20).
-
 /// The peer's side of a TCP workload: its program, socket options,
 /// connections and CPUs.
 pub(super) type PeerSide = (Box<dyn PeerApp>, TcpConfig, usize, usize);
