@@ -6,6 +6,14 @@
 //! Cancellation is by generation counters held by the event's owner (a stale
 //! event is popped and ignored), so the heap never needs a search.
 //!
+//! The event that will pop next is usually the one just scheduled (a core's
+//! work segment ends before anything else is due), so the queue keeps its
+//! minimum, when it knows it, in a one-slot *front* register beside the
+//! heap: an event that sorts before everything pending goes there instead
+//! of into the heap, one scheduled later that sorts before it pushes it
+//! into the heap, and a pop takes the front if it holds one. The order is
+//! exactly the heap's: the front is always strictly before every heap entry.
+//!
 //! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
 //! ties at one picosecond then break in a seeded random order, and events
 //! scheduled with [`EventQueue::schedule_async`] (messages in flight whose
@@ -22,6 +30,14 @@ struct Entry<E> {
     at: Time,
     seq: u64,
     event: E,
+}
+
+impl<E> Entry<E> {
+    /// Whether `self` pops before `other`: earlier, then lower key.
+    #[inline]
+    fn before(&self, other: &Self) -> bool {
+        (self.at, self.seq) < (other.at, other.seq)
+    }
 }
 
 impl<E> PartialEq for Entry<E> {
@@ -48,6 +64,9 @@ impl<E> Ord for Entry<E> {
 /// Event queue with simulated clock. `E` is a small `Copy` payload.
 pub struct EventQueue<E> {
     heap: BinaryHeap<Entry<E>>,
+    /// The next event to pop, when it is known without the heap: strictly
+    /// before every entry of `heap`.
+    front: Option<Entry<E>>,
     now: Time,
     seq: u64,
     popped: u64,
@@ -67,6 +86,7 @@ impl<E> EventQueue<E> {
     pub fn with_capacity(capacity: usize) -> Self {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
+            front: None,
             now: 0,
             seq: 0,
             popped: 0,
@@ -119,12 +139,35 @@ impl<E> EventQueue<E> {
     /// that `key`, from [`Self::reserve`], holds.
     #[inline]
     pub fn schedule_reserved(&mut self, at: Time, key: u64, event: E) {
-        let at = at.max(self.now);
-        self.heap.push(Entry {
-            at,
+        let e = Entry {
+            at: at.max(self.now),
             seq: key,
             event,
-        });
+        };
+        match &mut self.front {
+            Some(f) => {
+                if e.before(f) {
+                    // The new event pops first: the old front joins the heap.
+                    let old = std::mem::replace(f, e);
+                    self.heap.push(old);
+                } else {
+                    self.heap.push(e);
+                }
+            }
+            None => {
+                if self.heap.peek().is_none_or(|h| e.before(h)) {
+                    self.front = Some(e);
+                } else {
+                    self.heap.push(e);
+                }
+            }
+        }
+    }
+
+    /// The event that pops next, without popping it.
+    #[inline]
+    fn peek(&self) -> Option<&Entry<E>> {
+        self.front.as_ref().or_else(|| self.heap.peek())
     }
 
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
@@ -153,10 +196,13 @@ impl<E> EventQueue<E> {
     /// Pops the next event, advancing the clock, unless it lies after `until`.
     #[inline]
     pub fn pop_until(&mut self, until: Time) -> Option<(Time, E)> {
-        if self.heap.peek()?.at > until {
+        if self.peek()?.at > until {
             return None;
         }
-        let e = self.heap.pop()?;
+        let e = match self.front.take() {
+            Some(f) => f,
+            None => self.heap.pop()?,
+        };
         self.now = e.at;
         self.popped += 1;
         Some((e.at, e.event))
@@ -164,24 +210,28 @@ impl<E> EventQueue<E> {
 
     /// Advances the clock to `t` (end of a run) if nothing earlier is pending.
     pub fn advance_to(&mut self, t: Time) {
-        if self.heap.peek().is_none_or(|e| e.at >= t) {
+        if self.peek().is_none_or(|e| e.at >= t) {
             self.now = self.now.max(t);
         }
     }
 
     /// The pending events with their times, in no particular order.
     pub fn pending(&self) -> impl Iterator<Item = (Time, &E)> {
-        self.heap.iter().map(|e| (e.at, &e.event))
+        self.entries().map(|e| (e.at, &e.event))
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry<E>> {
+        self.front.iter().chain(self.heap.iter())
     }
 
     /// Number of pending events.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + usize::from(self.front.is_some())
     }
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.front.is_none() && self.heap.is_empty()
     }
 
     /// Events popped since creation (the engine's work counter).
@@ -236,7 +286,7 @@ mod tests {
         r.schedule(50, 'b');
         r.schedule(50, 'c');
         let keys = |q: &EventQueue<char>| {
-            let mut k: Vec<(u64, char)> = q.heap.iter().map(|e| (e.seq, e.event)).collect();
+            let mut k: Vec<(u64, char)> = q.entries().map(|e| (e.seq, e.event)).collect();
             k.sort_unstable();
             k
         };
@@ -291,7 +341,115 @@ mod tests {
         assert_eq!(q.pop_until(u64::MAX), Some((7, 1)));
     }
 
+    /// The reference order: a plain heap of (time, key, id), with the keys
+    /// and jitters a queue perturbed by `p` = (seed, max_jitter,
+    /// shuffle_ties) draws, in the same order.
+    struct Reference {
+        heap: BinaryHeap<std::cmp::Reverse<(Time, u64, usize)>>,
+        now: Time,
+        seq: u64,
+        p: Option<(RngStream, Time, bool)>,
+    }
+
+    impl Reference {
+        fn key(&mut self) -> u64 {
+            self.seq += 1;
+            match &mut self.p {
+                Some((rng, _, true)) => rng.next_u64(),
+                _ => self.seq,
+            }
+        }
+        fn jitter(&mut self) -> Time {
+            match &mut self.p {
+                Some((rng, j, _)) if *j > 0 => rng.next_u64() % (*j + 1),
+                _ => 0,
+            }
+        }
+        fn push(&mut self, at: Time, key: u64, id: usize) {
+            self.heap
+                .push(std::cmp::Reverse((at.max(self.now), key, id)));
+        }
+        fn pop_until(&mut self, until: Time) -> Option<(Time, usize)> {
+            let std::cmp::Reverse((at, _, id)) = *self.heap.peek()?;
+            if at > until {
+                return None;
+            }
+            self.heap.pop();
+            self.now = at;
+            Some((at, id))
+        }
+    }
+
     proptest! {
+        /// The front slot never changes the order: under random schedules
+        /// (plain, async, reserved then queued later, in the past), pops
+        /// with random horizons and every perturbation mode, the queue pops
+        /// exactly what a plain heap of (time, key) pops.
+        #[test]
+        fn front_slot_pops_in_plain_heap_order(
+            ops in proptest::collection::vec((0u8..6, 0u64..40), 0..400),
+            perturbation in proptest::option::of((any::<u64>(), 0u64..8, any::<bool>())),
+        ) {
+            let mut q = EventQueue::with_capacity(2);
+            let mut r = Reference { heap: BinaryHeap::new(), now: 0, seq: 0, p: None };
+            if let Some((seed, jitter, shuffle)) = perturbation {
+                q.perturb(seed, jitter, shuffle);
+                r.p = Some((RngStream::new(seed, "engine.perturbation"), jitter, shuffle));
+            }
+            let mut reserved: Vec<(u64, usize)> = Vec::new();
+            for (id, (op, t)) in ops.into_iter().enumerate() {
+                let now = q.now();
+                prop_assert_eq!(now, r.now);
+                match op {
+                    // A time that may lie in the past (clamped).
+                    0 => {
+                        q.schedule(t, id);
+                        let k = r.key();
+                        r.push(t, k, id);
+                    }
+                    1 => {
+                        q.schedule_in(t, id);
+                        let k = r.key();
+                        r.push(now + t, k, id);
+                    }
+                    2 => {
+                        q.schedule_in_async(t, id);
+                        let j = r.jitter();
+                        let k = r.key();
+                        r.push(now + t + j, k, id);
+                    }
+                    3 => {
+                        let k = q.reserve();
+                        prop_assert_eq!(k, r.key());
+                        reserved.push((k, id));
+                    }
+                    4 => {
+                        if let Some((k, id)) = reserved.pop() {
+                            q.schedule_reserved(now + t, k, id);
+                            r.push(now + t, k, id);
+                        }
+                    }
+                    _ => {
+                        prop_assert_eq!(q.pop_until(now + t), r.pop_until(now + t));
+                    }
+                }
+                prop_assert_eq!(q.len(), r.heap.len());
+                let mut pending: Vec<usize> = q.pending().map(|e| *e.1).collect();
+                let mut want: Vec<usize> = r.heap.iter().map(|e| e.0 .2).collect();
+                pending.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(pending, want);
+            }
+            loop {
+                let got = q.pop_until(u64::MAX);
+                prop_assert_eq!(got, r.pop_until(u64::MAX));
+                if got.is_none() {
+                    break;
+                }
+            }
+            prop_assert!(q.is_empty());
+        }
+
         #[test]
         fn output_is_sorted_and_stable(times in proptest::collection::vec(0u64..50, 0..200)) {
             let mut q = EventQueue::with_capacity(4);

@@ -61,12 +61,7 @@ impl Kernel {
             // (`__remove_hrtimer` reprograms only the local base), so it
             // may fire and find nothing expired.
             let home = self.blk_task.map_or(self.on, |t| self.tasks[t].cpu);
-            let cpu = if home == self.on {
-                &mut self.cpu
-            } else {
-                &mut self.parked[home]
-            };
-            cpu.hrtimers.retain(|h| h.1 != HrKind::Guard);
+            self.cpus[home].hrtimers.retain(|h| h.1 != HrKind::Guard);
             if let Some(t) = self.blk_task {
                 self.wake(t);
             }
@@ -101,7 +96,9 @@ impl Kernel {
                     return None;
                 }
                 if cfg.guard > 0 {
-                    self.cpu.hrtimers.push((now + cfg.guard, HrKind::Guard));
+                    self.cpus[self.on]
+                        .hrtimers
+                        .push((now + cfg.guard, HrKind::Guard));
                 }
                 self.set_stage(top, 1, self.cfg.costs.blk_submit);
                 None

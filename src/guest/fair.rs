@@ -35,7 +35,7 @@ pub(super) struct FairShare {
 impl Kernel {
     /// Shares each CPU fairly among its tasks of equal priority.
     pub fn set_fair_share(&mut self) {
-        let n = self.parked.len();
+        let n = self.cpus.len();
         self.fair = Some(FairShare {
             min_vruntime: vec![0; n],
             slice_from: vec![0; n],
@@ -87,7 +87,9 @@ impl Kernel {
     /// has had its share and another task of its priority waits.
     pub(super) fn fair_tick(&mut self) {
         let Some(f) = &self.fair else { return };
-        let Some(cur) = self.cpu.current else { return };
+        let Some(cur) = self.cpus[self.on].current else {
+            return;
+        };
         let prio = self.tasks[cur].prio;
         let waiting = self
             .tasks
@@ -105,7 +107,7 @@ impl Kernel {
             .vruntime
             .saturating_sub(f.slice_from[self.on]);
         if ran >= slice {
-            self.cpu.need_resched = true;
+            self.cpus[self.on].need_resched = true;
         }
     }
 }
@@ -154,21 +156,21 @@ mod tests {
         let mut k = kernel(2);
         k.set_fair_share();
         assert_eq!(k.fair_pick(), Some(0));
-        k.cpu.current = Some(0);
-        k.cpu.need_resched = false;
+        k.cpus[k.on].current = Some(0);
+        k.cpus[k.on].need_resched = false;
         // Two tasks: 3 ms slices.
         k.fair_charge(0, 2900 * US);
         k.fair_tick();
-        assert!(!k.cpu.need_resched);
+        assert!(!k.cpus[k.on].need_resched);
         k.fair_charge(0, 100 * US);
         k.fair_tick();
-        assert!(k.cpu.need_resched);
+        assert!(k.cpus[k.on].need_resched);
         // Alone, it runs on.
-        k.cpu.need_resched = false;
+        k.cpus[k.on].need_resched = false;
         k.tasks[1].state = TaskState::Blocked;
         k.fair_charge(0, 10_000 * US);
         k.fair_tick();
-        assert!(!k.cpu.need_resched);
+        assert!(!k.cpus[k.on].need_resched);
     }
 
     #[test]

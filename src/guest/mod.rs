@@ -474,15 +474,13 @@ pub const RESCHEDULE_VECTOR: u8 = 0xfd;
 
 /// One guest kernel: one per VM, with per-CPU state for each of its vCPUs
 /// (one per core on bare metal). Calls name the CPU they run on; the
-/// kernel swaps that CPU's state in.
+/// kernel indexes that CPU's state in place.
 pub struct Kernel {
     cfg: GuestConfig,
-    /// The CPU whose state is in `cpu`.
+    /// The CPU the current call runs on (its state is `cpus[on]`).
     on: usize,
-    /// The state of CPU `on`.
-    cpu: Cpu,
-    /// Every CPU's state; entry `on` is stale while `cpu` holds it.
-    parked: Vec<Cpu>,
+    /// Every CPU's state.
+    cpus: Vec<Cpu>,
     tasks: Vec<Task>,
     sockets: Vec<VecDeque<Datagram>>,
     /// Datagrams sent on UDP sockets, waiting for the transmit path.
@@ -539,8 +537,7 @@ impl Kernel {
         let rps = rps::Rps::new(&cfg.rps_cpus, cpus);
         Kernel {
             on: 0,
-            cpu: Cpu::new(),
-            parked: (0..cpus).map(|_| Cpu::new()).collect(),
+            cpus: (0..cpus).map(|_| Cpu::new()).collect(),
             tasks: Vec::new(),
             sockets: Vec::new(),
             udp_tx: VecDeque::with_capacity(app::UDP_SNDBUF_DATAGRAMS),
@@ -575,32 +572,27 @@ impl Kernel {
 
     /// Number of CPUs.
     pub fn cpus(&self) -> usize {
-        self.parked.len()
+        self.cpus.len()
     }
 
-    /// Swaps CPU `c`'s state in.
+    /// Makes CPU `c` the one calls run on (no state moves: it is indexed
+    /// in place).
+    #[inline]
     fn on_cpu(&mut self, c: usize) {
-        if c != self.on {
-            std::mem::swap(&mut self.cpu, &mut self.parked[self.on]);
-            std::mem::swap(&mut self.cpu, &mut self.parked[c]);
-            self.on = c;
-        }
+        debug_assert!(c < self.cpus.len());
+        self.on = c;
     }
 
     /// CPU `c`'s state, read only.
     fn cpu_ref(&self, c: usize) -> &Cpu {
-        if c == self.on {
-            &self.cpu
-        } else {
-            &self.parked[c]
-        }
+        &self.cpus[c]
     }
 
     /// CPUs other than the caller's that must get a reschedule IPI or
     /// whose polling idle loop was poked, since the last call (bitmasks).
     pub fn take_pokes(&mut self, c: usize) -> u64 {
         self.on_cpu(c);
-        std::mem::take(&mut self.cpu.poke_pending)
+        std::mem::take(&mut self.cpus[self.on].poke_pending)
     }
 
     /// Gives task `t` the block queue of the virtio-blk device.
@@ -621,7 +613,7 @@ impl Kernel {
 
     /// Adds a task bound to CPU `cpu` (`sched_setaffinity` to one CPU).
     pub fn spawn_on(&mut self, cpu: usize, app: Box<dyn App>, prio: i32, socket: bool) -> usize {
-        let cpu = cpu.min(self.parked.len() - 1);
+        let cpu = cpu.min(self.cpus.len() - 1);
         let socket = socket.then(|| {
             self.sockets
                 .push(VecDeque::with_capacity(self.cfg.rcvbuf_packets));
@@ -639,11 +631,7 @@ impl Kernel {
             cpu,
             vruntime: 0,
         });
-        if cpu == self.on {
-            self.cpu.need_resched = true;
-        } else {
-            self.parked[cpu].need_resched = true;
-        }
+        self.cpus[cpu].need_resched = true;
         self.tasks.len() - 1
     }
 
@@ -683,23 +671,24 @@ impl Kernel {
     pub fn take_interrupt(&mut self, cpu: usize, vector: u8) {
         self.on_cpu(cpu);
         self.counters.irqs += 1;
-        self.cpu.in_service.set(vector);
-        self.cpu.frames.push(Frame {
+        self.cpus[self.on].in_service.set(vector);
+        let cpu = &mut self.cpus[self.on];
+        cpu.frames.push(Frame {
             kind: FrameKind::Irq { vector },
             stage: 0,
             compute: self.cfg.costs.irq_entry,
-            saved_if: self.cpu.if_flag,
+            saved_if: cpu.if_flag,
         });
-        self.cpu.if_flag = false;
+        self.cpus[self.on].if_flag = false;
     }
 
     /// The last `Compute` ran to completion.
     pub fn compute_done(&mut self, cpu: usize) {
         self.on_cpu(cpu);
-        match self.cpu.frames.last_mut() {
+        match self.cpus[self.on].frames.last_mut() {
             Some(f) => f.compute = 0,
             None => {
-                if let Some(t) = self.cpu.current {
+                if let Some(t) = self.cpus[self.on].current {
                     self.tasks[t].compute = 0;
                 }
             }
@@ -709,9 +698,9 @@ impl Kernel {
     /// The last `Compute` was preempted after `elapsed`.
     pub fn charge(&mut self, cpu: usize, elapsed: Time) {
         self.on_cpu(cpu);
-        let c = match self.cpu.frames.last_mut() {
+        let c = match self.cpus[self.on].frames.last_mut() {
             Some(f) => &mut f.compute,
-            None => match self.cpu.current {
+            None => match self.cpus[self.on].current {
                 Some(t) => &mut self.tasks[t].compute,
                 None => return,
             },
@@ -727,11 +716,7 @@ impl Kernel {
             self.tasks[t].state = TaskState::Runnable;
             self.fair_wake(t);
             let c = self.tasks[t].cpu;
-            let cpu = if c == self.on {
-                &mut self.cpu
-            } else {
-                &mut self.parked[c]
-            };
+            let cpu = &mut self.cpus[c];
             let cur = cpu.current.map(|c| self.tasks[c].prio);
             if cur.is_none_or(|p| self.tasks[t].prio > p) || cpu.current == Some(t) {
                 cpu.need_resched = true;
@@ -740,9 +725,9 @@ impl Kernel {
                     // it a reschedule IPI unless its idle loop polls
                     // need_resched (TIF_POLLING_NRFLAG).
                     if cpu.current.is_none() && self.cfg.idle == IdleMode::Poll {
-                        self.cpu.poke_pending |= 1 << c;
+                        self.cpus[self.on].poke_pending |= 1 << c;
                     } else {
-                        self.cpu.ipi_pending |= 1 << c;
+                        self.cpus[self.on].ipi_pending |= 1 << c;
                     }
                 }
             }
@@ -770,26 +755,28 @@ impl Kernel {
     }
 
     fn start_tick(&mut self, now: Time) {
-        if self.cpu.tick_on || self.cfg.tick == TickMode::Off {
+        if self.cpus[self.on].tick_on || self.cfg.tick == TickMode::Off {
             return;
         }
-        self.cpu.tick_on = true;
+        self.cpus[self.on].tick_on = true;
         let p = self.tick_period();
-        self.cpu.hrtimers.push(((now / p + 1) * p, HrKind::Tick));
+        self.cpus[self.on]
+            .hrtimers
+            .push(((now / p + 1) * p, HrKind::Tick));
     }
 
     fn stop_tick(&mut self) {
-        self.cpu.tick_on = false;
-        self.cpu.hrtimers.retain(|h| h.1 != HrKind::Tick);
+        self.cpus[self.on].tick_on = false;
+        self.cpus[self.on].hrtimers.retain(|h| h.1 != HrKind::Tick);
     }
 
     /// Reprograms the clockevent if the earliest hrtimer changed.
     fn reprogram(&mut self, now: Time) -> Option<KernelOp> {
-        let next = self.cpu.hrtimers.iter().map(|h| h.0).min();
-        if next == self.cpu.programmed {
+        let next = self.cpus[self.on].hrtimers.iter().map(|h| h.0).min();
+        if next == self.cpus[self.on].programmed {
             return None;
         }
-        self.cpu.programmed = next;
+        self.cpus[self.on].programmed = next;
         // With no timer left Linux does not touch the device
         // (hrtimer_force_reprogram skips KTIME_MAX): an armed one-shot may
         // still fire and finds nothing expired.
@@ -810,9 +797,9 @@ impl Kernel {
     fn expire_hrtimers(&mut self, now: Time) -> u32 {
         let mut ticks = 0;
         let mut i = 0;
-        while i < self.cpu.hrtimers.len() {
-            if self.cpu.hrtimers[i].0 <= now {
-                let (t, k) = self.cpu.hrtimers.swap_remove(i);
+        while i < self.cpus[self.on].hrtimers.len() {
+            if self.cpus[self.on].hrtimers[i].0 <= now {
+                let (t, k) = self.cpus[self.on].hrtimers.swap_remove(i);
                 match k {
                     HrKind::Tick => {
                         ticks += 1;
@@ -821,7 +808,7 @@ impl Kernel {
                         while n <= now {
                             n += p;
                         }
-                        self.cpu.hrtimers.push((n, HrKind::Tick));
+                        self.cpus[self.on].hrtimers.push((n, HrKind::Tick));
                     }
                     HrKind::Wake(task) => self.wake(task),
                     HrKind::TcpWheel => self.tcp_wheel_run(now),
@@ -853,24 +840,25 @@ impl Kernel {
 
     /// Sets RFLAGS.IF, noting a rising edge for the hardware.
     fn set_if(&mut self, on: bool) {
-        if on && !self.cpu.if_flag {
-            self.cpu.if_rose = true;
+        if on && !self.cpus[self.on].if_flag {
+            self.cpus[self.on].if_rose = true;
         }
-        self.cpu.if_flag = on;
+        self.cpus[self.on].if_flag = on;
     }
 
     fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
-        self.cpu.frames.push(Frame {
+        let cpu = &mut self.cpus[self.on];
+        cpu.frames.push(Frame {
             kind,
             stage: 0,
             compute,
-            saved_if: self.cpu.if_flag,
+            saved_if: cpu.if_flag,
         });
         self.set_if(if_flag);
     }
 
     fn pop(&mut self) {
-        if let Some(f) = self.cpu.frames.pop() {
+        if let Some(f) = self.cpus[self.on].frames.pop() {
             self.set_if(f.saved_if);
         }
     }
@@ -880,29 +868,30 @@ impl Kernel {
     pub fn next(&mut self, cpu: usize, now: Time, dev: &mut Devices) -> Action {
         self.on_cpu(cpu);
         loop {
-            if std::mem::take(&mut self.cpu.if_rose) {
+            let cpu = &mut self.cpus[self.on];
+            if std::mem::take(&mut cpu.if_rose) {
                 return Action::InterruptsEnabled;
             }
-            if self.cpu.ipi_pending != 0 {
+            if cpu.ipi_pending != 0 {
                 // smp_send_reschedule: a fixed IPI to the CPU.
-                let c = self.cpu.ipi_pending.trailing_zeros();
-                self.cpu.ipi_pending &= !(1 << c);
+                let c = cpu.ipi_pending.trailing_zeros();
+                cpu.ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 return Action::Op(self.ipi(c, RESCHEDULE_VECTOR));
             }
-            if self.cpu.call_ipi_pending != 0 {
+            if cpu.call_ipi_pending != 0 {
                 // smp_call_function_single_async → generic_exec_single:
                 // the csd went on an empty call-single queue, so
                 // arch_send_call_function_single_ipi sends the IPI.
-                let c = self.cpu.call_ipi_pending.trailing_zeros();
-                self.cpu.call_ipi_pending &= !(1 << c);
+                let c = cpu.call_ipi_pending.trailing_zeros();
+                cpu.call_ipi_pending &= !(1 << c);
                 self.counters.ipis_sent += 1;
                 self.rps_counters.ipis += 1;
                 return Action::Op(self.ipi(c, rps::CALL_FUNCTION_SINGLE_VECTOR));
             }
-            let Some(top) = self.cpu.frames.len().checked_sub(1) else {
+            let Some(&f) = cpu.frames.last() else {
                 if let Some(a) = self.task_context(now) {
-                    if (self.cpu.ipi_pending | self.cpu.call_ipi_pending) != 0
+                    if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
                         && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
                     {
                         // The IPIs a wake-up here asked for go out before
@@ -913,7 +902,7 @@ impl Kernel {
                 }
                 continue;
             };
-            let f = self.cpu.frames[top];
+            let top = cpu.frames.len() - 1;
             if f.compute > 0 {
                 return Action::Compute(f.compute);
             }
@@ -934,8 +923,9 @@ impl Kernel {
     }
 
     fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
-        self.cpu.frames[top].stage = stage;
-        self.cpu.frames[top].compute = compute;
+        let f = &mut self.cpus[self.on].frames[top];
+        f.stage = stage;
+        f.compute = compute;
     }
 
     fn frame_step(&mut self, top: usize, f: Frame, now: Time, dev: &mut Devices) -> Option<Action> {
@@ -1020,15 +1010,14 @@ impl Kernel {
             FrameKind::Switch { to } => match f.stage {
                 0 => {
                     self.counters.context_switches += 1;
-                    let from = self.cpu.current;
-                    self.cpu.current = to;
+                    let from = self.cpus[self.on].current;
+                    self.cpus[self.on].current = to;
                     self.set_stage(top, 1, 0);
                     if self.cfg.tick == TickMode::NohzIdle {
                         if to.is_none() && from.is_some() {
                             // tick_nohz_stop_sched_tick keeps the tick when
                             // the next timer is at most one jiffy away.
-                            let next = self
-                                .cpu
+                            let next = self.cpus[self.on]
                                 .hrtimers
                                 .iter()
                                 .filter(|h| h.1 != HrKind::Tick)
@@ -1053,7 +1042,9 @@ impl Kernel {
                     self.set_stage(top, 1, 0);
                     // A task sleeps on one timer at a time (an earlier one
                     // an early wake-up left armed is cancelled).
-                    self.cpu.hrtimers.retain(|h| h.1 != HrKind::Wake(task));
+                    self.cpus[self.on]
+                        .hrtimers
+                        .retain(|h| h.1 != HrKind::Wake(task));
                     let ready = wait
                         && self.tasks[task]
                             .socket
@@ -1062,13 +1053,15 @@ impl Kernel {
                         return self.reprogram(now).map(Action::Op);
                     }
                     self.tasks[task].state = TaskState::Sleeping;
-                    self.cpu.hrtimers.push((until, HrKind::Wake(task)));
+                    self.cpus[self.on]
+                        .hrtimers
+                        .push((until, HrKind::Wake(task)));
                     self.reprogram(now).map(Action::Op)
                 }
                 _ => {
                     self.pop();
                     if self.tasks[task].state != TaskState::Runnable {
-                        self.cpu.need_resched = true;
+                        self.cpus[self.on].need_resched = true;
                     }
                     None
                 }
@@ -1096,7 +1089,7 @@ impl Kernel {
                     self.set_if(true);
                     return None;
                 }
-                self.cpu.in_service.clear(vector);
+                self.cpus[self.on].in_service.clear(vector);
                 Some(Action::Op(KernelOp::EndOfInterrupt { vector }))
             }
             // The DID module's timer handler (did-implementation.md §3):
@@ -1117,13 +1110,13 @@ impl Kernel {
                 let work = if is_timer {
                     self.counters.timer_irqs += 1;
                     // The one-shot clockevent has fired: it must be reprogrammed.
-                    self.cpu.programmed = None;
+                    self.cpus[self.on].programmed = None;
                     let ticks = self.expire_hrtimers(now);
                     if ticks > 0 {
                         self.fair_tick();
                     }
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
-                } else if vector == RESCHEDULE_VECTOR && self.parked.len() > 1 {
+                } else if vector == RESCHEDULE_VECTOR && self.cpus.len() > 1 {
                     // scheduler_ipi: need_resched is already set; the
                     // switch happens on the way out.
                     self.counters.resched_irqs += 1;
@@ -1132,7 +1125,7 @@ impl Kernel {
                     self.call_function_irq()
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
-                    self.cpu.net_rx = true;
+                    self.cpus[self.on].net_rx = true;
                     c.vf_irq_handler
                 } else if self.is_virtio_vector(vector) {
                     self.virtio_irq(vector, dev);
@@ -1156,8 +1149,8 @@ impl Kernel {
             3 => {
                 self.set_stage(top, 4, c.irq_exit);
                 if nest {
-                    self.cpu.if_flag = false;
-                    self.cpu.in_service.clear(vector);
+                    self.cpus[self.on].if_flag = false;
+                    self.cpus[self.on].in_service.clear(vector);
                     return Some(Action::Op(KernelOp::EndOfInterrupt { vector }));
                 }
                 None
@@ -1181,8 +1174,8 @@ impl Kernel {
     ) -> Option<Action> {
         let c = self.cfg.costs;
         let Some(vf) = self.cfg.vf else {
-            self.cpu.net_rx = false;
-            self.cpu.in_softirq = false;
+            self.cpus[self.on].net_rx = false;
+            self.cpus[self.on].in_softirq = false;
             self.pop();
             return None;
         };
@@ -1195,10 +1188,11 @@ impl Kernel {
                 }
                 if round < self.cfg.napi_weight {
                     if let Ok(Some(p)) = nic.rx_poll(vf) {
-                        self.cpu.frames[top].kind = FrameKind::Softirq { round: round + 1 };
+                        self.cpus[self.on].frames[top].kind =
+                            FrameKind::Softirq { round: round + 1 };
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
-                        self.cpu.frames[top].compute = self.gro_receive(p.frame, now);
+                        self.cpus[self.on].frames[top].compute = self.gro_receive(p.frame, now);
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
@@ -1212,8 +1206,8 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.cpu.frames[top].kind = FrameKind::Softirq { round: 0 };
-                    self.cpu.frames[top].compute = c.napi_poll_base;
+                    self.cpus[self.on].frames[top].kind = FrameKind::Softirq { round: 0 };
+                    self.cpus[self.on].frames[top].compute = c.napi_poll_base;
                     return None;
                 }
                 // Ring empty: napi_complete, then the dynamic ITR update.
@@ -1221,7 +1215,7 @@ impl Kernel {
                     let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
                     self.cleaned_unrefilled = 0;
                 }
-                self.cpu.net_rx = false;
+                self.cpus[self.on].net_rx = false;
                 let flushed = self.gro_flush(now);
                 let new = self.itr.update(&self.cfg.itr);
                 self.set_stage(top, 1, c.itr_update + flushed);
@@ -1242,7 +1236,7 @@ impl Kernel {
             _ => {
                 // net_rx_action's end: net_rps_action_and_irq_enable.
                 self.rps_action();
-                self.cpu.in_softirq = false;
+                self.cpus[self.on].in_softirq = false;
                 self.pop();
                 self.raise_softirq();
                 None
@@ -1256,14 +1250,14 @@ impl Kernel {
     /// poll stays scheduled, the vector masked). Returns true if the
     /// softirq frame was left for that reason.
     fn softirq_budget_spent(&mut self) -> bool {
-        self.cpu.softirq_done += self.cfg.napi_weight;
-        if self.cpu.softirq_done < self.cfg.netdev_budget {
+        self.cpus[self.on].softirq_done += self.cfg.napi_weight;
+        if self.cpus[self.on].softirq_done < self.cfg.netdev_budget {
             return false;
         }
         // net_rx_action stops here: its IPIs go out now.
         self.rps_action();
-        self.cpu.ksoftirqd = true;
-        self.cpu.in_softirq = false;
+        self.cpus[self.on].ksoftirqd = true;
+        self.cpus[self.on].in_softirq = false;
         self.pop();
         true
     }
@@ -1295,23 +1289,26 @@ impl Kernel {
     /// `do_softirq` on the way out of an interrupt or softirq: NET_RX for
     /// the VF or virtio-net, else NET_TX for pending TCP output.
     fn raise_softirq(&mut self) {
-        if self.cpu.in_softirq || self.cpu.ksoftirqd {
+        let cpu = &mut self.cpus[self.on];
+        if cpu.in_softirq || cpu.ksoftirqd {
             return;
         }
         let c = self.cfg.costs;
-        self.cpu.softirq_done = 0;
-        if self.cpu.net_rx {
-            self.cpu.in_softirq = true;
-            self.push(FrameKind::Softirq { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpu.napi_virtio {
-            self.cpu.in_softirq = true;
-            self.push(FrameKind::VirtioPoll { round: 0 }, c.napi_poll_base, true);
-        } else if self.cpu.backlog_poll {
-            self.cpu.in_softirq = true;
-            self.push(FrameKind::Backlog { round: 0 }, c.napi_poll_base, true);
-        } else if self.tx_ready() {
-            self.push_net_tx();
-        }
+        cpu.softirq_done = 0;
+        let kind = if cpu.net_rx {
+            FrameKind::Softirq { round: 0 }
+        } else if cpu.napi_virtio {
+            FrameKind::VirtioPoll { round: 0 }
+        } else if cpu.backlog_poll {
+            FrameKind::Backlog { round: 0 }
+        } else {
+            if self.tx_ready() {
+                self.push_net_tx();
+            }
+            return;
+        };
+        cpu.in_softirq = true;
+        self.push(kind, c.napi_poll_base, true);
     }
 
     fn task_context(&mut self, now: Time) -> Option<Action> {
@@ -1324,10 +1321,9 @@ impl Kernel {
             self.push_net_tx();
             return None;
         }
-        if self.cpu.need_resched {
-            self.cpu.need_resched = false;
+        if std::mem::take(&mut self.cpus[self.on].need_resched) {
             let next = self.pick();
-            if next != self.cpu.current {
+            if next != self.cpus[self.on].current {
                 self.push(
                     FrameKind::Switch { to: next },
                     self.cfg.costs.context_switch,
@@ -1336,16 +1332,17 @@ impl Kernel {
                 return None;
             }
         }
-        if self.cpu.ksoftirqd && (self.cpu.current.is_none() || self.cpu.task_stepped) {
+        let cpu = &mut self.cpus[self.on];
+        if cpu.ksoftirqd && (cpu.current.is_none() || cpu.task_stepped) {
             // ksoftirqd's turn: the deferred NET_RX poll goes on.
-            self.cpu.ksoftirqd = false;
-            self.cpu.task_stepped = false;
-            self.cpu.softirq_done = 0;
-            self.cpu.in_softirq = true;
+            cpu.ksoftirqd = false;
+            cpu.task_stepped = false;
+            cpu.softirq_done = 0;
+            cpu.in_softirq = true;
             let c = self.cfg.costs;
-            let kind = if self.cpu.net_rx {
+            let kind = if cpu.net_rx {
                 FrameKind::Softirq { round: 0 }
-            } else if self.cpu.backlog_poll && !self.cpu.napi_virtio {
+            } else if cpu.backlog_poll && !cpu.napi_virtio {
                 FrameKind::Backlog { round: 0 }
             } else {
                 FrameKind::VirtioPoll { round: 0 }
@@ -1353,14 +1350,14 @@ impl Kernel {
             self.push(kind, c.napi_poll_base + c.context_switch, true);
             return None;
         }
-        let Some(t) = self.cpu.current else {
+        let Some(t) = cpu.current else {
             return Some(match self.cfg.idle {
-                IdleMode::Halt if self.cpu.if_flag => Action::Op(KernelOp::Idle),
+                IdleMode::Halt if cpu.if_flag => Action::Op(KernelOp::Idle),
                 _ => Action::Spin,
             });
         };
         if self.tasks[t].state != TaskState::Runnable {
-            self.cpu.need_resched = true;
+            cpu.need_resched = true;
             return None;
         }
         if self.tasks[t].compute > 0 {
@@ -1392,7 +1389,7 @@ impl Kernel {
             _ => {}
         }
         let step = task.app.step(&mut sys);
-        self.cpu.task_stepped = true;
+        self.cpus[self.on].task_stepped = true;
         if !self.udp_tx.is_empty() {
             // sendto() → udp_sendmsg → dev_queue_xmit.
             self.tx_pending = true;
@@ -1435,7 +1432,7 @@ impl Kernel {
                     return None;
                 }
                 self.udp_wait_for_space(t);
-                self.cpu.need_resched = true;
+                self.cpus[self.on].need_resched = true;
                 None
             }
             TaskStep::SleepUntil(until) | TaskStep::WaitUntil(until) => {
@@ -1454,7 +1451,7 @@ impl Kernel {
             TaskStep::Exit => {
                 self.tasks[t].state = TaskState::Exited;
                 self.counters.tasks_exited += 1;
-                self.cpu.need_resched = true;
+                self.cpus[self.on].need_resched = true;
                 None
             }
         }
@@ -1519,5 +1516,35 @@ pub(crate) fn test_config() -> GuestConfig {
             rps_enqueue: z,
             call_function_ipi: z,
         },
+    }
+}
+
+#[cfg(test)]
+mod per_cpu_tests {
+    use super::*;
+
+    /// Each CPU's state stays its own while calls move between CPUs in any
+    /// order (it is indexed in place, not swapped in).
+    #[test]
+    fn per_cpu_state_follows_its_cpu_across_switches() {
+        let mut k = Kernel::smp(test_config(), 3);
+        for c in 0..3 {
+            assert!(k.in_service(c).is_empty());
+        }
+        let frames: Vec<usize> = k.cpus.iter().map(|c| c.frames.len()).collect();
+        k.take_interrupt(1, 0x40);
+        k.take_interrupt(2, 0x50);
+        k.take_interrupt(1, 0x60);
+        k.take_interrupt(0, 0x70);
+        let vectors = |k: &Kernel, c: usize| k.in_service(c).iter().collect::<Vec<_>>();
+        assert_eq!(vectors(&k, 0), [0x70]);
+        assert_eq!(vectors(&k, 1), [0x40, 0x60]);
+        assert_eq!(vectors(&k, 2), [0x50]);
+        for c in 0..3 {
+            assert!(!k.interrupts_enabled(c));
+        }
+        let pushed: Vec<usize> = (0..3).map(|c| k.cpus[c].frames.len() - frames[c]).collect();
+        assert_eq!(pushed, [1, 2, 1]);
+        assert_eq!(k.counters.irqs, 4);
     }
 }

@@ -174,19 +174,19 @@ impl Kernel {
             return self.rx_deliver(f, now);
         }
         let mut cost = 0;
-        let held = self.cpu.gro.iter().position(|h| h.flow == f.flow);
+        let held = self.cpus[self.on].gro.iter().position(|h| h.flow == f.flow);
         if f.gso_size > 0 {
             // A packet that is already GSO (virtio-net's GUEST_TSO4) skips
             // GRO (`skb_is_gso` → GRO_NORMAL); a held packet of its flow
             // goes up first so TCP sees the bytes in order.
             if let Some(i) = held {
-                let p = self.cpu.gro.remove(i);
+                let p = self.cpus[self.on].gro.remove(i);
                 cost += self.gro_up(p, now);
             }
             return cost + self.rx_deliver(f, now);
         }
         if let Some(i) = held {
-            let held = &mut self.cpu.gro[i];
+            let held = &mut self.cpus[self.on].gro[i];
             let Transport::Tcp(h) = &mut held.transport else {
                 unreachable!("only TCP packets are held")
             };
@@ -208,18 +208,18 @@ impl Kernel {
                 held.gso_size = u16::try_from(size).unwrap_or(u16::MAX);
                 self.net.gro_merged += 1;
                 if seg.len < size || seg.psh {
-                    let p = self.cpu.gro.remove(i);
+                    let p = self.cpus[self.on].gro.remove(i);
                     cost += self.gro_up(p, now);
                 }
                 return cost + c.gro_merge;
             }
-            let p = self.cpu.gro.remove(i);
+            let p = self.cpus[self.on].gro.remove(i);
             cost += self.gro_up(p, now);
         }
-        if seg.len > 0 && !seg.psh && self.cpu.gro.len() < MAX_GRO_SKBS {
+        if seg.len > 0 && !seg.psh && self.cpus[self.on].gro.len() < MAX_GRO_SKBS {
             // The packet's receive above the driver is paid when it goes
             // up (here, or on its RPS CPU).
-            self.cpu.gro.push(f);
+            self.cpus[self.on].gro.push(f);
             return cost + self.rx_driver_cost();
         }
         cost + self.rx_deliver(f, now)
@@ -229,11 +229,11 @@ impl Kernel {
     /// their cost.
     pub(super) fn gro_flush(&mut self, now: Time) -> Time {
         let mut cost = 0;
-        for k in 0..self.cpu.gro.len() {
-            let p = self.cpu.gro[k];
+        for k in 0..self.cpus[self.on].gro.len() {
+            let p = self.cpus[self.on].gro[k];
             cost += self.gro_up(p, now);
         }
-        self.cpu.gro.clear();
+        self.cpus[self.on].gro.clear();
         cost
     }
 
@@ -379,12 +379,11 @@ impl Kernel {
         if next != self.tcp_wheel_armed {
             // The wheel's hrtimer may sit on another CPU's list (the one
             // that armed it last): one wheel, one timer.
-            self.cpu.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
-            for c in &mut self.parked {
+            for c in &mut self.cpus {
                 c.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
             }
             if let Some(t) = next {
-                self.cpu.hrtimers.push((t, HrKind::TcpWheel));
+                self.cpus[self.on].hrtimers.push((t, HrKind::TcpWheel));
             }
             self.tcp_wheel_armed = next;
         }
@@ -437,7 +436,7 @@ impl Kernel {
     /// included); a CPU about to run a woken task restarts its tick on the
     /// switch instead.
     fn irq_exit_nohz(&mut self, now: Time) -> Option<Action> {
-        if self.cpu.current.is_some() || self.cpu.need_resched {
+        if self.cpus[self.on].current.is_some() || self.cpus[self.on].need_resched {
             return None;
         }
         self.reprogram(now).map(Action::Op)
@@ -573,7 +572,7 @@ impl Kernel {
         self.net.virtio_irqs += 1;
         if vector == cfg.rx_vector {
             vn.rx_disable_cb();
-            self.cpu.napi_virtio = true;
+            self.cpus[self.on].napi_virtio = true;
         } else if vector == cfg.tx_vector {
             vn.tx_disable_cb();
             if self.tx_stopped {
@@ -601,8 +600,8 @@ impl Kernel {
         dev: &mut Devices,
     ) -> Option<Action> {
         let (Some(cfg), Some(vn)) = (self.cfg.virtio_net, dev.virtio_net.as_deref_mut()) else {
-            self.cpu.napi_virtio = false;
-            self.cpu.in_softirq = false;
+            self.cpus[self.on].napi_virtio = false;
+            self.cpus[self.on].in_softirq = false;
             self.pop();
             return None;
         };
@@ -615,8 +614,9 @@ impl Kernel {
                         self.net.virtio_rx_frames += 1;
                         self.counters.rx_packets += 1;
                         let cost = self.gro_receive(f, now);
-                        self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: round + 1 };
-                        self.cpu.frames[top].compute = cost;
+                        self.cpus[self.on].frames[top].kind =
+                            FrameKind::VirtioPoll { round: round + 1 };
+                        self.cpus[self.on].frames[top].compute = cost;
                         return None;
                     }
                 }
@@ -628,7 +628,7 @@ impl Kernel {
                         added += 1;
                     }
                     if added > 0 {
-                        self.cpu.frames[top].compute = c.napi_poll_base;
+                        self.cpus[self.on].frames[top].compute = c.napi_poll_base;
                         if vn.rx_kick_prepare() {
                             self.net.kicks_rx += 1;
                             return Some(Action::Op(KernelOp::QueueNotify {
@@ -648,7 +648,7 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.cpus[self.on].frames[top].kind = FrameKind::VirtioPoll { round: 0 };
                     self.set_stage(top, 0, c.napi_poll_base);
                     return None;
                 }
@@ -656,17 +656,17 @@ impl Kernel {
                 let flushed = self.gro_flush(now);
                 if !vn.rx_enable_cb() {
                     vn.rx_disable_cb();
-                    self.cpu.frames[top].kind = FrameKind::VirtioPoll { round: 0 };
+                    self.cpus[self.on].frames[top].kind = FrameKind::VirtioPoll { round: 0 };
                     self.set_stage(top, 0, flushed);
                     return None;
                 }
-                self.cpu.napi_virtio = false;
+                self.cpus[self.on].napi_virtio = false;
                 self.set_stage(top, 2, flushed);
                 None
             }
             _ => {
                 self.rps_action();
-                self.cpu.in_softirq = false;
+                self.cpus[self.on].in_softirq = false;
                 self.pop();
                 self.raise_softirq();
                 self.irq_exit_nohz(now)
@@ -745,7 +745,7 @@ mod tests {
         // A pure ACK flushes what is held and goes up by itself.
         let ack = Frame::tcp(1, TcpSegment::default(), 0);
         assert_eq!(k.gro_receive(ack, 0), TCP + RX + TCP);
-        assert!(k.cpu.gro.is_empty());
+        assert!(k.cpus[k.on].gro.is_empty());
     }
 
     /// A packet stays below 64 KiB: the 46th MSS frame starts a new one.
@@ -757,7 +757,7 @@ mod tests {
         }
         assert_eq!(k.gro_receive(data(45 * 1448, 1448, false), 0), TCP + RX);
         assert_eq!(received(&k), 45 * 1448);
-        let Transport::Tcp(held) = k.cpu.gro[0].transport else {
+        let Transport::Tcp(held) = k.cpus[k.on].gro[0].transport else {
             panic!("not TCP")
         };
         assert_eq!((held.seq, held.len), (45 * 1448, 1448));
@@ -779,7 +779,7 @@ mod tests {
         let p = Frame::tcp_gso(1, seg, 1448, 0);
         assert_eq!(k.gro_receive(p, 0), TCP + RX + TCP);
         assert_eq!(received(&k), 11 * 1448);
-        assert!(k.cpu.gro.is_empty());
+        assert!(k.cpus[k.on].gro.is_empty());
     }
 
     /// Without GRO every frame pays the whole receive path.

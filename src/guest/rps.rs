@@ -143,9 +143,9 @@ impl Kernel {
         if q.is_empty() && rps.scheduled & (1 << cpu) == 0 {
             rps.scheduled |= 1 << cpu;
             if cpu == self.on {
-                self.cpu.backlog_poll = true;
+                self.cpus[self.on].backlog_poll = true;
             } else {
-                self.cpu.rps_ipi_list |= 1 << cpu;
+                self.cpus[self.on].rps_ipi_list |= 1 << cpu;
             }
         }
         q.push_back(f);
@@ -158,8 +158,8 @@ impl Kernel {
     /// `net_rps_action_and_irq_enable`: the CPUs this one queued work for
     /// get their IPIs now.
     pub(super) fn rps_action(&mut self) {
-        let list = std::mem::take(&mut self.cpu.rps_ipi_list);
-        self.cpu.call_ipi_pending |= list;
+        let list = std::mem::take(&mut self.cpus[self.on].rps_ipi_list);
+        self.cpus[self.on].call_ipi_pending |= list;
     }
 
     /// The CALL_FUNCTION_SINGLE handler (`smp_call_function_single_interrupt`
@@ -168,7 +168,7 @@ impl Kernel {
     pub(super) fn call_function_irq(&mut self) -> Time {
         self.rps_counters.call_function_irqs += 1;
         if self.rps.is_some() {
-            self.cpu.backlog_poll = true;
+            self.cpus[self.on].backlog_poll = true;
         }
         self.cfg.costs.call_function_ipi
     }
@@ -185,8 +185,8 @@ impl Kernel {
                 if let Some(f) = next {
                     // Counted in rx_packets by the poll that took it.
                     let extra = self.netif_receive(f, now);
-                    self.cpu.frames[top].kind = FrameKind::Backlog { round: round + 1 };
-                    self.cpu.frames[top].compute = c.rx_protocol + extra;
+                    self.cpus[self.on].frames[top].kind = FrameKind::Backlog { round: round + 1 };
+                    self.cpus[self.on].frames[top].compute = c.rx_protocol + extra;
                     return;
                 }
             } else {
@@ -195,21 +195,21 @@ impl Kernel {
                 if self.softirq_budget_spent() {
                     return;
                 }
-                self.cpu.frames[top].kind = FrameKind::Backlog { round: 0 };
-                self.cpu.frames[top].compute = c.napi_poll_base;
+                self.cpus[self.on].frames[top].kind = FrameKind::Backlog { round: 0 };
+                self.cpus[self.on].frames[top].compute = c.napi_poll_base;
                 return;
             }
             // Empty: `napi->state = 0` under the backlog's lock.
             if let Some(r) = &mut self.rps {
                 r.scheduled &= !(1 << on);
             }
-            self.cpu.backlog_poll = false;
+            self.cpus[self.on].backlog_poll = false;
             self.rps_counters.batches += 1;
             self.set_stage(top, 1, 0);
             return;
         }
         self.rps_action();
-        self.cpu.in_softirq = false;
+        self.cpus[self.on].in_softirq = false;
         self.pop();
         self.raise_softirq();
     }
@@ -269,18 +269,24 @@ mod tests {
         let f = |flow| Frame::udp(flow, 64, 0, 0);
         k.rx_deliver(f(remote), 0);
         k.rx_deliver(f(remote), 0);
-        assert_eq!(k.cpu.rps_ipi_list, 1 << 2, "one IPI for two packets");
-        assert!(!k.cpu.backlog_poll);
+        assert_eq!(k.cpus[k.on].rps_ipi_list, 1 << 2, "one IPI for two packets");
+        assert!(!k.cpus[k.on].backlog_poll);
         k.rx_deliver(f(local), 0);
-        assert!(k.cpu.backlog_poll, "this CPU's backlog is scheduled here");
-        assert_eq!(k.cpu.rps_ipi_list, 1 << 2);
+        assert!(
+            k.cpus[k.on].backlog_poll,
+            "this CPU's backlog is scheduled here"
+        );
+        assert_eq!(k.cpus[k.on].rps_ipi_list, 1 << 2);
         k.rps_action();
-        assert_eq!((k.cpu.rps_ipi_list, k.cpu.call_ipi_pending), (0, 1 << 2));
+        assert_eq!(
+            (k.cpus[k.on].rps_ipi_list, k.cpus[k.on].call_ipi_pending),
+            (0, 1 << 2)
+        );
         // Still scheduled on CPU 2: more packets, no new IPI.
-        k.cpu.call_ipi_pending = 0;
+        k.cpus[k.on].call_ipi_pending = 0;
         k.rx_deliver(f(remote), 0);
         k.rps_action();
-        assert_eq!(k.cpu.call_ipi_pending, 0);
+        assert_eq!(k.cpus[k.on].call_ipi_pending, 0);
         let c = k.rps_counters();
         assert_eq!((c.steered, c.steered_remote, c.drops), (4, 3, 0));
         assert_eq!(k.rps.as_ref().unwrap().backlog[2].len(), 3);

@@ -182,11 +182,8 @@ impl Scheme for Did {
         }
         // 3. Vectors already latched for the VM become virtual interrupts
         // (§7.4 default); on a VM core every fixed vector is the VM's (§7.2).
-        let irr = cx.m.lapics[core].irr;
-        for v in irr.iter() {
-            self.pending[vcpu].set(v);
-            cx.m.lapics[core].irr.clear(v);
-        }
+        let irr = std::mem::take(&mut cx.m.lapics[core].irr);
+        self.pending[vcpu].union_with(&irr);
         // The IPIs sent for it that have landed were delivered or just
         // collected; those still in flight land in host mode (no other VM
         // enters before they do: entry_quiesce) and are its.

@@ -271,9 +271,7 @@ impl Scheme for Eli {
     fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
         let core = cx.hv.vcpus[vcpu].core;
         let mut isr = cx.m.shadow_idt[vcpu].guest_view(&cx.m.lapics[core].isr);
-        for v in cx.hv.vcpus[vcpu].vlapic.isr.iter() {
-            isr.set(v);
-        }
+        isr.union_with(&cx.hv.vcpus[vcpu].vlapic.isr);
         isr
     }
 }

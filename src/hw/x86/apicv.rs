@@ -64,9 +64,7 @@ pub struct VirtualApic {
 impl VirtualApic {
     /// Merges posted requests into vIRR and updates RVI.
     pub fn sync_pir(&mut self, pir: ApicBitmap) {
-        for v in pir.iter() {
-            self.virr.set(v);
-        }
+        self.virr.union_with(&pir);
         self.rvi = self.virr.highest().unwrap_or(0);
     }
 

@@ -65,11 +65,9 @@ impl ShadowIdt {
     /// as the guest vector its handler serves.
     pub fn guest_view(&self, isr: &ApicBitmap) -> ApicBitmap {
         let mut out = ApicBitmap::default();
-        for v in 0..=255u8 {
-            if isr.test(v) {
-                if let Some(g) = self.gate(v) {
-                    out.set(g);
-                }
+        for v in isr.iter() {
+            if let Some(g) = self.gate(v) {
+                out.set(g);
             }
         }
         out

@@ -59,9 +59,21 @@ impl ApicBitmap {
         self.0.iter().map(|w| w.count_ones()).sum()
     }
 
-    /// The vectors set, lowest first.
-    pub fn iter(&self) -> impl Iterator<Item = u8> + '_ {
-        (0..=255u8).filter(move |v| self.test(*v))
+    /// The vectors set, lowest first. Scans a word at a time: the cost is
+    /// the number of vectors set, not 256 tests.
+    pub fn iter(&self) -> ApicBits {
+        ApicBits {
+            words: self.0,
+            word: 0,
+        }
+    }
+
+    /// Sets every vector set in `other` (a word-wise OR).
+    #[inline]
+    pub fn union_with(&mut self, other: &ApicBitmap) {
+        for (w, o) in self.0.iter_mut().zip(other.0) {
+            *w |= o;
+        }
     }
 
     /// The 32-bit register chunk `n` (0..=7) as ISRn/TMRn/IRRn read it:
@@ -71,6 +83,32 @@ impl ApicBitmap {
             Some(w) => (w >> ((n % 2) * 32)) as u32,
             None => 0,
         }
+    }
+}
+
+/// The vectors set in an [`ApicBitmap`], lowest first ([`ApicBitmap::iter`]):
+/// a copy of the words, each emptied bit by bit with `trailing_zeros`.
+#[derive(Clone, Debug)]
+pub struct ApicBits {
+    words: [u64; 4],
+    word: usize,
+}
+
+impl Iterator for ApicBits {
+    type Item = u8;
+
+    #[inline]
+    fn next(&mut self) -> Option<u8> {
+        while self.word < 4 {
+            let w = &mut self.words[self.word];
+            if *w != 0 {
+                let bit = w.trailing_zeros();
+                *w &= *w - 1;
+                return Some((self.word as u32 * 64 + bit) as u8);
+            }
+            self.word += 1;
+        }
+        None
     }
 }
 
@@ -1938,6 +1976,26 @@ mod tests {
                 prop_assert_eq!(b.is_empty(), model.is_empty());
             }
             prop_assert_eq!(b.iter().collect::<Vec<_>>(), model.into_iter().collect::<Vec<_>>());
+        }
+
+        /// The word-wise scan yields exactly the vectors a bit-by-bit test of
+        /// all 256 finds, in the same order; the word-wise union is the
+        /// bit-by-bit one.
+        #[test]
+        fn wordwise_iter_and_union_equal_bit_by_bit(a in any::<[u64; 4]>(), b in any::<[u64; 4]>(), sparse in any::<[u8; 4]>()) {
+            // Dense random words and sparse ones (a few bits per word).
+            for words in [a, [a[0] & b[0] & u64::from(sparse[0]), a[1] & b[1] & (u64::from(sparse[1]) << 56), 0, b[3] & a[3] & b[2]]] {
+                let x = ApicBitmap(words);
+                let bitwise: Vec<u8> = (0..=255u8).filter(|v| x.test(*v)).collect();
+                prop_assert_eq!(x.iter().collect::<Vec<_>>(), bitwise);
+                let mut u = ApicBitmap(b);
+                u.union_with(&x);
+                let mut r = ApicBitmap(b);
+                for v in (0..=255u8).filter(|v| x.test(*v)) {
+                    r.set(v);
+                }
+                prop_assert_eq!(u, r);
+            }
         }
 
         /// TMCCT never rises while a one-shot countdown runs, and starts at
