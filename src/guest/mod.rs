@@ -915,7 +915,7 @@ impl Kernel {
     /// `apic->send_IPI`: a fixed IPI, or with the DID module's
     /// replacement a posted one (did-implementation.md §3 "IPI").
     fn ipi(&self, cpu: u32, vector: u8) -> KernelOp {
-        if self.cpu.dtid {
+        if self.cpus[self.on].dtid {
             KernelOp::PostedIpi { cpu, vector }
         } else {
             KernelOp::SendIpi { cpu, vector }
@@ -965,8 +965,8 @@ impl Kernel {
                         vector: self.cfg.timer_vector,
                     })),
                     EnableStep::ArmTimer => {
-                        self.cpu.dtid = true;
-                        self.cpu.programmed = None;
+                        self.cpus[self.on].dtid = true;
+                        self.cpus[self.on].programmed = None;
                         self.reprogram(now).map(Action::Op)
                     }
                     EnableStep::Done => {
@@ -1095,14 +1095,14 @@ impl Kernel {
             // The DID module's timer handler (did-implementation.md §3):
             // re-set the PIR timer bit first, then return at once from an
             // early interrupt (any notification delivers the pre-set bit).
-            1 if is_timer && self.cpu.dtid => {
+            1 if is_timer && self.cpus[self.on].dtid => {
                 self.set_stage(top, 5, 0);
                 Some(Action::Op(KernelOp::PirSet {
                     cpu: self.on as u32,
                     vector,
                 }))
             }
-            5 if self.cpu.programmed.is_some_and(|t| now < t) => {
+            5 if self.cpus[self.on].programmed.is_some_and(|t| now < t) => {
                 self.set_stage(top, 3, 0);
                 None
             }
