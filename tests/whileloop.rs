@@ -48,3 +48,15 @@ fn the_measured_interval_runs_from_the_warm_up_to_the_loop_end() {
         r.duration_s
     );
 }
+
+#[test]
+fn in_vm_form_the_short_loop_error_names_the_vm_key() {
+    let text = "scheme = \"did\"\nduration_s = 1\nwarmup_s = 0.05\n\
+                [[vm]]\ncore = 1\n[vm.workload.whileloop]\niterations = 1000000\n";
+    let s = Scenario::parse(text, &[]).expect("scenario parses");
+    let e = World::build(&s, &Calibration::default_host())
+        .err()
+        .expect("a loop that ends in the warm-up must not build")
+        .to_string();
+    assert!(e.contains("vm[0].workload.whileloop.iterations"), "{e}");
+}

@@ -236,6 +236,9 @@ pub struct VmView<'a> {
     pub burn: bool,
     /// Its workload.
     pub workload: &'a WorkloadSpec,
+    /// Its workload table's key as the user wrote it (`workload` or
+    /// `vm[i].workload`), for errors found while building.
+    pub workload_key: String,
 }
 
 impl Scenario {
@@ -245,9 +248,10 @@ impl Scenario {
             std::sync::LazyLock::new(WorkloadSpec::default);
         self.vms
             .iter()
-            .flat_map(|v| (0..v.copies as usize).map(move |k| (v, k)))
             .enumerate()
-            .map(|(i, (v, k))| VmView {
+            .flat_map(|(j, v)| (0..v.copies as usize).map(move |k| (j, v, k)))
+            .enumerate()
+            .map(|(i, (j, v, k))| VmView {
                 name: if v.name.is_empty() {
                     format!("vm{i}")
                 } else {
@@ -272,6 +276,7 @@ impl Scenario {
                 } else {
                     &v.workload
                 },
+                workload_key: v.workload_key(j),
             })
             .collect()
     }

@@ -76,9 +76,10 @@ fn spawn_timer_and_cpu_tasks(
         // measured interval begins (nothing measured).
         if loop_ends_run && lp.work() <= from_s(s.warmup_s) {
             return Err(BuildError::Scenario(format!(
-                "workload.whileloop.iterations: {} iterations need {} s of CPU, which ends \
+                "{}.whileloop.iterations: {} iterations need {} s of CPU, which ends \
                  within warmup_s = {} s and leaves nothing to measure; lower warmup_s or \
                  raise the iterations",
+                v.workload_key,
                 l.iterations,
                 as_s(lp.work()),
                 s.warmup_s
