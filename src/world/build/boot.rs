@@ -95,6 +95,45 @@ fn background(
     (rate, rngs)
 }
 
+/// The run's first events: the load generators' first datagrams, the
+/// background exits, the end of the warm-up, scripted preemptions and
+/// host IPIs.
+fn first_events(
+    s: &Scenario,
+    cal: &Calibration,
+    topo: &Topology,
+    outside: &Outside,
+    q: &mut EventQueue<Ev>,
+) -> ([f64; 2], Vec<RngStream>) {
+    for (vm, c) in outside.clients.iter().enumerate() {
+        if c.is_some() {
+            q.schedule(0, Ev::ClientTx { vm: vm as u16 });
+        }
+    }
+    let rng = background(s, cal, topo, q);
+    let virtualized = topo.virtualized;
+    let warm = from_s(s.warmup_s);
+    q.schedule(warm, Ev::WarmupEnd);
+    // Scripted preemptions and host IPIs aim at the one VM's first vCPU
+    // (the scenario refuses them with several VMs).
+    let target = 0;
+    if virtualized {
+        for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+            let at = from_us(at_ms * 1000.0);
+            q.schedule_async(at, Ev::Deschedule { vcpu: target });
+            q.schedule_async(
+                at + from_us(for_ms * 1000.0),
+                Ev::Reschedule { vcpu: target },
+            );
+        }
+    }
+    if virtualized && s.host.ipi_per_s > 0.0 {
+        let core = topo.vcpus[target as usize].core as u16;
+        q.schedule(0, Ev::HostIpi { core });
+    }
+    rng
+}
+
 /// Powers the platform on and returns the runnable world.
 pub(in crate::world) fn power_on(
     s: &Scenario,
@@ -160,31 +199,8 @@ pub(in crate::world) fn power_on(
             checker.set_running(k, false, 0);
         }
     }
-    for (vm, c) in outside.clients.iter().enumerate() {
-        if c.is_some() {
-            q.schedule(0, Ev::ClientTx { vm: vm as u16 });
-        }
-    }
-    let (bg_rate, rng_bg) = background(s, cal, &topo, &mut q);
+    let (bg_rate, rng_bg) = first_events(s, cal, &topo, &outside, &mut q);
     let warm = from_s(s.warmup_s);
-    q.schedule(warm, Ev::WarmupEnd);
-    // Scripted preemptions and host IPIs aim at the one VM's first vCPU
-    // (the scenario refuses them with several VMs).
-    let target = 0;
-    if virtualized {
-        for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
-            let at = from_us(at_ms * 1000.0);
-            q.schedule_async(at, Ev::Deschedule { vcpu: target });
-            q.schedule_async(
-                at + from_us(for_ms * 1000.0),
-                Ev::Reschedule { vcpu: target },
-            );
-        }
-    }
-    if virtualized && s.host.ipi_per_s > 0.0 {
-        let core = topo.vcpus[target as usize].core as u16;
-        q.schedule(0, Ev::HostIpi { core });
-    }
     let cores = topo.cores;
     let mut w = World {
         q,
