@@ -27,6 +27,10 @@ pub struct WorkloadSpec {
     pub whileloop: Option<WhileLoopSpec>,
     /// cyclictest.
     pub cyclictest: Option<CyclictestSpec>,
+    /// The hrtimer latency test module (a kernel hrtimer, no task).
+    pub hrtimer_latency: Option<HrtimerLatencySpec>,
+    /// The IPI latency test module (CPU 0 sends to CPU 1; 2 vCPUs or more).
+    pub ipi_latency: Option<IpiLatencySpec>,
     /// NetPIPE TCP ping-pong with the peer host.
     pub netpipe: Option<NetpipeSpec>,
     /// iperf TCP stream with the peer host.
@@ -56,6 +60,8 @@ impl WorkloadSpec {
         self.udp.is_none()
             && self.whileloop.is_none()
             && self.cyclictest.is_none()
+            && self.hrtimer_latency.is_none()
+            && self.ipi_latency.is_none()
             && self.fio.is_none()
             && !self.peers()
     }
@@ -182,6 +188,12 @@ impl WorkloadSpec {
         }
         if let Some(c) = &self.cyclictest {
             c.validate(&table("cyclictest"))?;
+        }
+        if let Some(h) = &self.hrtimer_latency {
+            h.validate(&table("hrtimer_latency"))?;
+        }
+        if let Some(i) = &self.ipi_latency {
+            i.validate(&table("ipi_latency"))?;
         }
         Ok(())
     }
@@ -797,6 +809,59 @@ fn interval() -> f64 {
 }
 
 impl CyclictestSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let i = self.interval_us;
+        require(
+            (10.0..=1e6).contains(&i),
+            at,
+            "interval_us",
+            i,
+            "in [10, 1e6]",
+        )
+    }
+}
+
+/// The hrtimer latency test (did-implementation.md §6: the authors'
+/// hrtimer module, traced with ftrace): a kernel hrtimer on the VM's
+/// application CPU every `interval_us`; latency = its callback's start in
+/// `hrtimer_interrupt` − the programmed expiry. Metrics `hrtimer.*`.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HrtimerLatencySpec {
+    /// Timer period, µs.
+    #[serde(default = "interval")]
+    pub interval_us: f64,
+}
+
+impl HrtimerLatencySpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        let i = self.interval_us;
+        require(
+            (10.0..=1e6).contains(&i),
+            at,
+            "interval_us",
+            i,
+            "in [10, 1e6]",
+        )
+    }
+}
+
+/// The IPI latency test (did-implementation.md §6: `run_did send_ipi`):
+/// every `interval_us` the guest's CPU 0 sends a CALL_FUNCTION_SINGLE IPI
+/// to its CPU 1 through the kernel's `apic->send_IPI` (the DID module's
+/// posted IPI when loaded); latency = the receiver's handler entry − the
+/// send. Needs a VM of 2 vCPUs or more. Metrics `ipi.*`.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IpiLatencySpec {
+    /// Time between sends, µs.
+    #[serde(default = "interval")]
+    pub interval_us: f64,
+}
+
+impl IpiLatencySpec {
     /// Checks its keys (`at`: its table).
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
         let i = self.interval_us;
