@@ -58,7 +58,7 @@ use crate::hv::exits::ExitInfo;
 use crate::hv::scheme::{ExitOutcome, Scheme};
 use crate::hv::HvCx;
 use crate::hw::x86::core::CoreMode;
-use crate::hw::x86::lapic::{msr, ApicBitmap};
+use crate::hw::x86::lapic::msr;
 use crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR;
 
 /// LVTT timer mode periodic (bit 17).
@@ -161,24 +161,10 @@ impl Scheme for Directvisor {
         !self.opts.plain_vms.contains(&vm)
     }
 
+    super::apicv::apicv_passthrough!();
+
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         self.apicv.setup_vm(cx, vm);
-    }
-
-    fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_load(cx, vcpu)
-    }
-
-    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_put(cx, vcpu)
-    }
-
-    fn vcpu_blocking(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_blocking(cx, vcpu)
-    }
-
-    fn vcpu_unblocking(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_unblocking(cx, vcpu)
     }
 
     /// `kvm_cpu_has_interrupt` with APICv: ON, or a deliverable vIRR
@@ -220,20 +206,12 @@ impl Scheme for Directvisor {
         self.apicv.host_interrupt(cx, core, vector)
     }
 
-    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
-        self.apicv.virtual_interrupt(cx, vcpu, vector)
-    }
-
     /// `vmx_sync_pir_to_irr`: the PIR moves only when ON is set.
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
         if cx.m.pi_desc[vcpu].on {
             let pir = cx.m.pi_desc[vcpu].take();
             cx.m.vapic[vcpu].sync_pir(pir);
         }
-    }
-
-    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
-        self.apicv.guest_isr(cx, vcpu)
     }
 
     fn reset_metrics(&mut self) {
