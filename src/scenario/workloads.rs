@@ -27,10 +27,17 @@ pub struct WorkloadSpec {
     pub whileloop: Option<WhileLoopSpec>,
     /// cyclictest.
     pub cyclictest: Option<CyclictestSpec>,
-    /// The hrtimer latency test module (a kernel hrtimer, no task).
-    pub hrtimer_latency: Option<HrtimerLatencySpec>,
-    /// The IPI latency test module (CPU 0 sends to CPU 1; 2 vCPUs or more).
-    pub ipi_latency: Option<IpiLatencySpec>,
+    /// The hrtimer latency test (did-implementation.md §6: the authors'
+    /// hrtimer module, traced with ftrace): a kernel hrtimer on the VM's
+    /// application CPU (a module, no task); latency = its callback's start
+    /// in `hrtimer_interrupt` − the programmed expiry. Metrics `hrtimer.*`.
+    pub hrtimer_latency: Option<TestModuleSpec>,
+    /// The IPI latency test (did-implementation.md §6: `run_did
+    /// send_ipi`): the guest's CPU 0 sends a CALL_FUNCTION_SINGLE IPI to
+    /// its CPU 1 through the kernel's `apic->send_IPI` (the DID module's
+    /// posted IPI when loaded); latency = the receiver's handler entry −
+    /// the send. Needs 2 vCPUs or more. Metrics `ipi.*`.
+    pub ipi_latency: Option<TestModuleSpec>,
     /// NetPIPE TCP ping-pong with the peer host.
     pub netpipe: Option<NetpipeSpec>,
     /// iperf TCP stream with the peer host.
@@ -811,66 +818,36 @@ fn interval() -> f64 {
 impl CyclictestSpec {
     /// Checks its keys (`at`: its table).
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
-        let i = self.interval_us;
-        require(
-            (10.0..=1e6).contains(&i),
-            at,
-            "interval_us",
-            i,
-            "in [10, 1e6]",
-        )
+        validate_interval_us(at, self.interval_us)
     }
 }
 
-/// The hrtimer latency test (did-implementation.md §6: the authors'
-/// hrtimer module, traced with ftrace): a kernel hrtimer on the VM's
-/// application CPU every `interval_us`; latency = its callback's start in
-/// `hrtimer_interrupt` − the programmed expiry. Metrics `hrtimer.*`.
+/// A periodic timer's `interval_us` (cyclictest, the test modules):
+/// 10 µs to 1 s.
+fn validate_interval_us(at: &str, i: f64) -> Result<(), ScenarioError> {
+    require(
+        (10.0..=1e6).contains(&i),
+        at,
+        "interval_us",
+        i,
+        "in [10, 1e6]",
+    )
+}
+
+/// The period of a kernel test module's hrtimer (`workload.hrtimer_latency`,
+/// `workload.ipi_latency`).
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HrtimerLatencySpec {
-    /// Timer period, µs.
+pub struct TestModuleSpec {
+    /// The module's hrtimer period, µs: between expiries measured
+    /// (hrtimer_latency) or between IPIs sent (ipi_latency).
     #[serde(default = "interval")]
     pub interval_us: f64,
 }
 
-impl HrtimerLatencySpec {
+impl TestModuleSpec {
     /// Checks its keys (`at`: its table).
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
-        let i = self.interval_us;
-        require(
-            (10.0..=1e6).contains(&i),
-            at,
-            "interval_us",
-            i,
-            "in [10, 1e6]",
-        )
-    }
-}
-
-/// The IPI latency test (did-implementation.md §6: `run_did send_ipi`):
-/// every `interval_us` the guest's CPU 0 sends a CALL_FUNCTION_SINGLE IPI
-/// to its CPU 1 through the kernel's `apic->send_IPI` (the DID module's
-/// posted IPI when loaded); latency = the receiver's handler entry − the
-/// send. Needs a VM of 2 vCPUs or more. Metrics `ipi.*`.
-#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IpiLatencySpec {
-    /// Time between sends, µs.
-    #[serde(default = "interval")]
-    pub interval_us: f64,
-}
-
-impl IpiLatencySpec {
-    /// Checks its keys (`at`: its table).
-    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
-        let i = self.interval_us;
-        require(
-            (10.0..=1e6).contains(&i),
-            at,
-            "interval_us",
-            i,
-            "in [10, 1e6]",
-        )
+        validate_interval_us(at, self.interval_us)
     }
 }
