@@ -13,7 +13,6 @@ use exitless::explore::explore;
 use exitless::report::RunReport;
 use exitless::scenario::Scenario;
 use exitless::world::World;
-use std::path::PathBuf;
 
 fn run(rel: &str, sets: &[&str]) -> RunReport {
     let mut w =
@@ -209,6 +208,6 @@ fn the_ipi_module_goes_through_each_schemes_ipi_path() {
     assert!(kvm > 2.0 * dv, "kvm {kvm} vs posted physical IPI {dv}");
     // A 1-vCPU VM has no CPU 1 to send to.
     let text = "scheme = \"kvm\"\nduration_s = 0.01\n[[vm]]\nvcpus = 1\ncores = [1]\n[vm.workload.ipi_latency]\n";
-    let err = Scenario::parse(text, &[]).err().expect("refused");
+    let err = Scenario::parse(text, &[]).expect_err("refused");
     assert!(err.to_string().contains("ipi_latency"), "{err}");
 }

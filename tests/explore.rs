@@ -15,7 +15,6 @@ use exitless::hv::HvCx;
 use exitless::hw::x86::lapic::ApicBitmap;
 use exitless::scenario::Scenario;
 use exitless::world::World;
-use std::path::PathBuf;
 
 #[test]
 fn the_naive_design_is_caught_with_a_counterexample() {
