@@ -60,6 +60,7 @@ fn every_metric_of_the_validation_scenarios_is_in_docs_metrics_md() {
         "validation/did",
         "validation/eli",
         "validation/consolidation",
+        "validation/directvisor",
         "scenarios/explore",
         "scenarios/smp",
         "scenarios/es2",

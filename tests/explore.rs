@@ -4,7 +4,9 @@
 //! scenarios (issue 8, item 8).
 
 use exitless::calibration::Calibration;
-use exitless::explore::{explore, explore_with, ExploreOptions};
+mod common;
+use common::{explore_opts as opts, load_scenario as scenario};
+use exitless::explore::{explore, explore_with};
 use exitless::hv::did::Did;
 use exitless::hv::exits::ExitInfo;
 use exitless::hv::host::HostTimer;
@@ -13,22 +15,6 @@ use exitless::hv::HvCx;
 use exitless::hw::x86::lapic::ApicBitmap;
 use exitless::scenario::Scenario;
 use exitless::world::World;
-use std::path::PathBuf;
-
-fn scenario(rel: &str, sets: &[&str]) -> Scenario {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    Scenario::load(&p, &sets).expect("scenario loads")
-}
-
-fn opts(runs: u64) -> ExploreOptions {
-    ExploreOptions {
-        runs,
-        max_jitter: 3_000_000,
-        shuffle_ties: true,
-        threads: 2,
-    }
-}
 
 #[test]
 fn the_naive_design_is_caught_with_a_counterexample() {

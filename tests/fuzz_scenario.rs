@@ -253,6 +253,7 @@ fn keys() -> Vec<(&'static str, BoxedStrategy<V>)> {
         ("workload.udp.payload_bytes", int(18, 1472)),
         ("workload.whileloop.iterations", float(1.0, 1e7)),
         ("workload.cyclictest.interval_us", float(10.0, 2000.0)),
+        ("workload.hrtimer_latency.interval_us", float(10.0, 2000.0)),
         ("workload.netpipe.msg_bytes", int(1, 65_536)),
         ("workload.iperf.direction", word(&["to-vm", "from-vm"])),
         ("workload.iperf.len_bytes", int(1, 1 << 17)),

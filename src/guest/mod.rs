@@ -15,6 +15,7 @@ pub mod libcanal;
 pub mod net;
 pub mod rps;
 pub mod tcp;
+mod testmod;
 
 use crate::engine::{Time, NS};
 use crate::hw::wire::Frame as WireFrame;
@@ -334,6 +335,10 @@ enum HrKind {
     /// The earliest TCP timer on the jiffy wheel.
     TcpWheel,
     Guard,
+    /// The hrtimer latency module's timer (`testmod`).
+    LatencyProbe,
+    /// The IPI latency module's sending timer (`testmod`).
+    IpiProbe,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -520,6 +525,10 @@ pub struct Kernel {
     rps: Option<rps::Rps>,
     rps_counters: rps::RpsCounters,
     net: NetCounters,
+    /// The hrtimer latency test module, if loaded.
+    hrtimer_latency: Option<testmod::HrtimerLatency>,
+    /// The IPI latency test module, if loaded.
+    ipi_latency: Option<testmod::IpiLatency>,
     /// Counters.
     pub counters: GuestCounters,
 }
@@ -565,6 +574,8 @@ impl Kernel {
             rps,
             rps_counters: rps::RpsCounters::default(),
             net: NetCounters::default(),
+            hrtimer_latency: None,
+            ipi_latency: None,
             counters: GuestCounters::default(),
             cfg,
         }
@@ -651,6 +662,7 @@ impl Kernel {
             t.app.metrics(out);
         }
         self.net_metrics(out);
+        self.testmod_metrics(out);
     }
 
     /// Start of the measured interval.
@@ -664,6 +676,7 @@ impl Kernel {
         };
         self.net = NetCounters::default();
         self.rps_counters = rps::RpsCounters::default();
+        self.testmod_reset();
     }
 
     /// The interrupt gate for `vector` is taken: IF is cleared and the
@@ -814,6 +827,7 @@ impl Kernel {
                     HrKind::TcpWheel => self.tcp_wheel_run(now),
                     // The guard expired before the request completed.
                     HrKind::Guard => {}
+                    HrKind::LatencyProbe | HrKind::IpiProbe => self.probe_expired(k, t, now),
                 }
             } else {
                 i += 1;
@@ -889,6 +903,17 @@ impl Kernel {
                 self.rps_counters.ipis += 1;
                 return Action::Op(self.ipi(c, rps::CALL_FUNCTION_SINGLE_VECTOR));
             }
+            if let Some(to) = self
+                .ipi_latency
+                .as_ref()
+                .filter(|p| p.due && p.from == self.on)
+                .map(|p| p.to as u32)
+            {
+                self.ipi_probe_sent(now);
+                self.counters.ipis_sent += 1;
+                return Action::Op(self.ipi(to, rps::CALL_FUNCTION_SINGLE_VECTOR));
+            }
+            let cpu = &mut self.cpus[self.on];
             let Some(&f) = cpu.frames.last() else {
                 if let Some(a) = self.task_context(now) {
                     if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
@@ -1121,8 +1146,19 @@ impl Kernel {
                     // switch happens on the way out.
                     self.counters.resched_irqs += 1;
                     0
-                } else if vector == rps::CALL_FUNCTION_SINGLE_VECTOR && self.rps.is_some() {
-                    self.call_function_irq()
+                } else if vector == rps::CALL_FUNCTION_SINGLE_VECTOR
+                    && (self.rps.is_some() || self.ipi_latency.is_some())
+                {
+                    // generic_smp_call_function_single_interrupt: every
+                    // queued call runs (RPS's, the IPI test module's).
+                    let probe = self.ipi_probe_received(now);
+                    if self.rps.is_some() {
+                        self.call_function_irq()
+                    } else if probe {
+                        c.call_function_ipi
+                    } else {
+                        0
+                    }
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
                     self.cpus[self.on].net_rx = true;

@@ -348,6 +348,13 @@ impl VmSpec {
             );
         }
         self.workload.validate(workload, scheme)?;
+        if self.vcpus < 2 && self.workload.ipi_latency.is_some() {
+            return bad(
+                workload,
+                "ipi_latency",
+                "CPU 0 sends to CPU 1: the VM needs vcpus = 2 or more",
+            );
+        }
         if self.name.len() > 64 {
             return bad(at, "name", "longer than 64 bytes");
         }

@@ -16,6 +16,24 @@ pub fn exitless(args: &[&str]) -> std::process::Output {
         .expect("binary runs")
 }
 
+/// A scenario file (`rel`: from the repository root) with overrides.
+pub fn load_scenario(rel: &str, sets: &[&str]) -> Scenario {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    Scenario::load(&p, &sets).expect("scenario loads")
+}
+
+/// The race explorer's options in the tests: `runs` perturbed runs, up to
+/// 3 µs of jitter, ties shuffled, two threads (the machine's cores).
+pub fn explore_opts(runs: u64) -> exitless::explore::ExploreOptions {
+    exitless::explore::ExploreOptions {
+        runs,
+        max_jitter: 3_000_000,
+        shuffle_ties: true,
+        threads: 2,
+    }
+}
+
 /// Path of a validation scenario.
 pub fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

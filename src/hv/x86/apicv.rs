@@ -18,6 +18,44 @@ use crate::hw::x86::vmcs::Vmcs;
 /// the host with it.
 pub const POSTED_INTR_WAKEUP_VECTOR: u8 = 0xF1;
 
+/// The `Scheme` methods a scheme built on stock APICv (a field `apicv:
+/// Apicv`) keeps unchanged: vCPU load and put, blocking and unblocking
+/// (the PI descriptor's NDST, SN and wake-up vector), KVM's virtual
+/// interrupts (posted), the guest's ISR (the virtual-APIC page). kvm-2026
+/// and directvisor expand it inside their `impl Scheme`.
+macro_rules! apicv_passthrough {
+    () => {
+        fn vcpu_load(&mut self, cx: &mut $crate::hv::HvCx, vcpu: usize) {
+            self.apicv.vcpu_load(cx, vcpu)
+        }
+
+        fn vcpu_put(&mut self, cx: &mut $crate::hv::HvCx, vcpu: usize) {
+            self.apicv.vcpu_put(cx, vcpu)
+        }
+
+        fn vcpu_blocking(&mut self, cx: &mut $crate::hv::HvCx, vcpu: usize) {
+            self.apicv.vcpu_blocking(cx, vcpu)
+        }
+
+        fn vcpu_unblocking(&mut self, cx: &mut $crate::hv::HvCx, vcpu: usize) {
+            self.apicv.vcpu_unblocking(cx, vcpu)
+        }
+
+        fn virtual_interrupt(&mut self, cx: &mut $crate::hv::HvCx, vcpu: usize, vector: u8) {
+            self.apicv.virtual_interrupt(cx, vcpu, vector)
+        }
+
+        fn guest_isr(
+            &self,
+            cx: &$crate::hv::HvCx,
+            vcpu: usize,
+        ) -> $crate::hw::x86::lapic::ApicBitmap {
+            self.apicv.guest_isr(cx, vcpu)
+        }
+    };
+}
+pub(crate) use apicv_passthrough;
+
 /// The `apicv` scheme.
 #[derive(Default)]
 pub struct Apicv {

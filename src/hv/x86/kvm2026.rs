@@ -28,7 +28,7 @@ use crate::hv::exits::ExitInfo;
 use crate::hv::host::HostTimer;
 use crate::hv::scheme::{ExitOutcome, Scheme};
 use crate::hv::HvCx;
-use crate::hw::x86::lapic::{msr, ApicBitmap};
+use crate::hw::x86::lapic::msr;
 
 /// `halt_poll_ns_grow_start`: the first window after a short halt.
 const HALT_POLL_GROW_START: Time = 10 * US;
@@ -105,6 +105,8 @@ impl Scheme for Kvm2026 {
         "kvm-2026"
     }
 
+    super::apicv::apicv_passthrough!();
+
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         self.apicv.setup_vm(cx, vm);
         self.poll_window.resize(cx.hv.vcpus.len(), 0);
@@ -120,22 +122,6 @@ impl Scheme for Kvm2026 {
                 let _ = vmcs.msr_bitmap.set_write_intercept(msr::ICR, false);
             }
         }
-    }
-
-    fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_load(cx, vcpu)
-    }
-
-    fn vcpu_put(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_put(cx, vcpu)
-    }
-
-    fn vcpu_blocking(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_blocking(cx, vcpu)
-    }
-
-    fn vcpu_unblocking(&mut self, cx: &mut HvCx, vcpu: usize) {
-        self.apicv.vcpu_unblocking(cx, vcpu)
     }
 
     fn vcpu_has_interrupt(&self, cx: &HvCx, vcpu: usize) -> bool {
@@ -158,16 +144,8 @@ impl Scheme for Kvm2026 {
         self.apicv.host_interrupt(cx, core, vector)
     }
 
-    fn virtual_interrupt(&mut self, cx: &mut HvCx, vcpu: usize, vector: u8) {
-        self.apicv.virtual_interrupt(cx, vcpu, vector)
-    }
-
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
         self.apicv.prepare_entry(cx, vcpu)
-    }
-
-    fn guest_isr(&self, cx: &HvCx, vcpu: usize) -> ApicBitmap {
-        self.apicv.guest_isr(cx, vcpu)
     }
 
     /// The guest timer's expiry is posted (from the housekeeping core when

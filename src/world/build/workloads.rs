@@ -65,6 +65,20 @@ fn spawn_timer_and_cpu_tasks(
             false,
         );
     }
+    // The kernel test modules start at an arbitrary moment relative to
+    // the tick, as cyclictest does.
+    if let Some(h) = &w.hrtimer_latency {
+        let phase = RngStream::new(s.seed, &rng_stream("hrtimer-latency-phase", vm)).uniform();
+        let interval = from_us(h.interval_us);
+        let first = interval + from_s(phase * h.interval_us * 1e-6);
+        kernel.load_hrtimer_latency(cpu, first, interval);
+    }
+    if let Some(i) = &w.ipi_latency {
+        let phase = RngStream::new(s.seed, &rng_stream("ipi-latency-phase", vm)).uniform();
+        let interval = from_us(i.interval_us);
+        let first = interval + from_s(phase * i.interval_us * 1e-6);
+        kernel.load_ipi_latency(0, 1, first, interval);
+    }
     if let Some(l) = &w.whileloop {
         let lp = WhileLoop::new(
             l.iterations,
