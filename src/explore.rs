@@ -292,8 +292,35 @@ pub fn replay_flags(p: &Option<Perturbation>) -> String {
     }
 }
 
-/// The text report of an exploration.
-pub fn render(x: &Exploration, opts: &ExploreOptions, scenario_path: &str) -> String {
+/// The command that reproduces a run of `scenario_path` as the user gave
+/// it: the global options (`--calibration`, `--calibration-set`) and the
+/// scenario's `--set` overrides, each word shell-quoted where it needs to
+/// be, so a printed replay line runs the same scenario.
+pub fn replay_command(global: &[String], scenario_path: &str, sets: &[String]) -> String {
+    let quote = |w: &str| {
+        let plain = !w.is_empty()
+            && w.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+        if plain {
+            w.to_string()
+        } else {
+            format!("'{}'", w.replace('\'', "'\\''"))
+        }
+    };
+    let mut words = vec!["exitless".to_string()];
+    words.extend(global.iter().map(|w| quote(w)));
+    words.push("explore".into());
+    words.push(quote(scenario_path));
+    for kv in sets {
+        words.push("--set".into());
+        words.push(quote(kv));
+    }
+    words.join(" ")
+}
+
+/// The text report of an exploration; `replay` is the command prefix of its
+/// replay line ([`replay_command`]).
+pub fn render(x: &Exploration, opts: &ExploreOptions, scenario_path: &str, replay: &str) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -308,15 +335,16 @@ pub fn render(x: &Exploration, opts: &ExploreOptions, scenario_path: &str) -> St
     );
     let _ = writeln!(o, "  failing interleavings: {}", x.failing_runs);
     if let Some(c) = &x.counterexample {
-        o += &render_counterexample(c, &x.scheme, scenario_path);
+        o += &render_counterexample(c, &x.scheme, replay);
     } else {
         let _ = writeln!(o, "  no violation found");
     }
     o
 }
 
-/// The text of one counterexample.
-pub fn render_counterexample(c: &Counterexample, scheme: &str, scenario_path: &str) -> String {
+/// The text of one counterexample; `replay` is the command prefix of its
+/// replay line ([`replay_command`]).
+pub fn render_counterexample(c: &Counterexample, scheme: &str, replay: &str) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -337,7 +365,7 @@ pub fn render_counterexample(c: &Counterexample, scheme: &str, scenario_path: &s
     );
     let _ = writeln!(
         o,
-        "  replay: exitless explore {scenario_path} --set scheme={scheme} {}",
+        "  replay: {replay} --set scheme={scheme} {}",
         replay_flags(&c.perturbation)
     );
     for v in &c.violations {
@@ -404,5 +432,24 @@ mod tests {
         assert_eq!(log.len(), TRACE_EVENTS);
         assert!(log.windows(2).all(|p| p[0].0 <= p[1].0));
         assert!(log.last().unwrap().0 <= 2_000 * US);
+    }
+
+    #[test]
+    fn the_replay_command_repeats_every_option_quoted_for_the_shell() {
+        let cmd = replay_command(
+            &[
+                "--calibration".into(),
+                "my host.toml".into(),
+                "--calibration-set".into(),
+                "exit.hlt_us=1.5".into(),
+            ],
+            "validation/did/figure3.toml",
+            &["duration_s=0.01".into(), "name=it's".into()],
+        );
+        assert_eq!(
+            cmd,
+            "exitless --calibration 'my host.toml' --calibration-set exit.hlt_us=1.5 \
+             explore validation/did/figure3.toml --set duration_s=0.01 --set 'name=it'\\''s'"
+        );
     }
 }

@@ -364,7 +364,19 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             }
             emit(&text)?;
         }
-        Cmd::Explore(a) => return explore_cmd(a, &cal, cli.quiet),
+        Cmd::Explore(a) => {
+            // The global options the replay line must repeat.
+            let mut global = Vec::new();
+            if let Some(c) = &cli.calibration {
+                global.push("--calibration".to_string());
+                global.push(c.display().to_string());
+            }
+            for kv in &cli.calibration_sets {
+                global.push("--calibration-set".to_string());
+                global.push(kv.clone());
+            }
+            return explore_cmd(a, &cal, cli.quiet, &global);
+        }
         Cmd::Sweep(a) => cli::sweep_cmd(a, &cal, cli.quiet, show)?,
         Cmd::Calibrate(a) => cli::calibrate_cmd(a, cli.quiet)?,
         Cmd::Keys(a) => cli::keys_cmd(a)?,
@@ -373,7 +385,12 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
 }
 
 /// `exitless explore`: the race explorer over one or more schemes.
-fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCode, Failure> {
+fn explore_cmd(
+    a: ExploreArgs,
+    cal: &Calibration,
+    quiet: bool,
+    global: &[String],
+) -> Result<ExitCode, Failure> {
     use exitless::explore::{self, ExploreOptions, Perturbation};
     if !(a.jitter_ns >= 0.0 && a.jitter_ns <= 1e9) {
         return Err(Failure::Input(format!(
@@ -400,6 +417,9 @@ fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCod
         a.schemes.iter().map(|s| Some(s.clone())).collect()
     };
     let path = a.scenario.display().to_string();
+    // A counterexample's replay line repeats every option that shaped the
+    // run (the scheme is added per scheme).
+    let replay = explore::replay_command(global, &path, &a.sets);
     let mut found = false;
     for scheme in schemes {
         let mut sets = a.sets.clone();
@@ -419,7 +439,7 @@ fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCod
                 "replay {path}: scheme {}: {} violation(s)\n{}",
                 s.scheme,
                 c.violations.len(),
-                explore::render_counterexample(&c, &s.scheme, &path)
+                explore::render_counterexample(&c, &s.scheme, &replay)
             ))?;
             continue;
         }
@@ -438,7 +458,7 @@ fn explore_cmd(a: ExploreArgs, cal: &Calibration, quiet: bool) -> Result<ExitCod
             note!("\n");
         }
         found |= x.failing_runs > 0;
-        emit(&explore::render(&x, &opts, &path))?;
+        emit(&explore::render(&x, &opts, &path, &replay))?;
     }
     Ok(if found {
         ExitCode::from(3)

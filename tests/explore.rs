@@ -180,3 +180,53 @@ fn a_did_that_schedules_out_mid_handler_is_found_when_vms_share_a_core() {
         .iter()
         .any(|v| { v.kind == exitless::check::ViolationKind::IsrInconsistent }));
 }
+
+/// The replay line a counterexample prints repeats the user's `--set` and
+/// calibration options, so running it reproduces the same violations.
+#[test]
+fn the_printed_replay_line_reproduces_the_run() {
+    let out = common::exitless(&[
+        "-q",
+        "--calibration-set",
+        "exit.hlt_us=1.5",
+        "explore",
+        "validation/did/figure3.toml",
+        "--set",
+        "duration_s=0.01",
+        "--runs",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "the naive design fails");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("replay: "))
+        .expect("a replay line");
+    assert!(line.contains("--set duration_s=0.01"), "{line}");
+    assert!(line.contains("--calibration-set exit.hlt_us=1.5"), "{line}");
+    // An unperturbed counterexample says so after the command.
+    let line = line.split(" (no perturbation").next().unwrap_or(line);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[0], "exitless");
+    let mut args = vec!["-q"];
+    args.extend(&words[1..]);
+    let again = common::exitless(&args);
+    assert_eq!(
+        again.status.code(),
+        Some(3),
+        "the replay fails the same way"
+    );
+    let violations = |t: &str| {
+        t.lines()
+            .filter(|l| l.trim_start().starts_with("violation:"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let replayed = String::from_utf8_lossy(&again.stdout);
+    assert!(!violations(&replayed).is_empty(), "{replayed}");
+    assert_eq!(
+        violations(&replayed),
+        violations(text.split("minimal counterexample").nth(1).unwrap_or("")),
+        "the replay reports the counterexample's violations"
+    );
+}
