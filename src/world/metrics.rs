@@ -140,14 +140,11 @@ impl World {
         let dur = (self.end - self.measure_start) as f64 / SEC as f64;
         // VM 0's metrics by their plain names, VM i's prefixed `vm<i>.`.
         for vm in 0..self.guests.len() {
-            if vm == 0 {
-                self.vm_metrics(0, &mut metrics, dur);
-            } else {
-                let mut m = Metrics::new();
-                self.vm_metrics(vm, &mut m, dur);
-                for (k, v) in m {
-                    metrics.insert(format!("vm{vm}.{k}"), v);
-                }
+            let mut m = Metrics::new();
+            self.vm_metrics(vm, &mut m, dur);
+            let prefix = crate::report::vm_prefix(vm);
+            for (k, v) in m {
+                metrics.insert(format!("{prefix}{k}"), v);
             }
         }
         for link in &self.peers {

@@ -518,11 +518,7 @@ impl World {
                 continue;
             }
             let stacked = st.s.stacked_time(vm, now).saturating_sub(base) as f64;
-            let key = if vm == 0 {
-                "host.vcpu_stacking_pct".to_string()
-            } else {
-                format!("vm{vm}.host.vcpu_stacking_pct")
-            };
+            let key = format!("{}host.vcpu_stacking_pct", crate::report::vm_prefix(vm));
             out.insert(key, 100.0 * stacked / ps.max(1.0));
         }
         for v in 0..st.base.len() {

@@ -307,7 +307,7 @@ impl World {
                 let nv = crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR;
                 (msr::ICR, (u64::from(id) << 32) | u64::from(nv), None)
             }
-            // Handled by guest_run before it gets here.
+            // Handled by vmx_op before it gets here.
             Instr::Hlt => return None,
             Instr::PioWrite { port, .. } => {
                 // KVM exits on every IN/OUT; on bare metal there is no

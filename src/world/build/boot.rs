@@ -8,7 +8,7 @@ use super::topology::Topology;
 use super::workloads::Outside;
 use crate::calibration::Calibration;
 use crate::check::Checker;
-use crate::engine::{from_s, from_us, EventQueue, RngStream};
+use crate::engine::{from_s, from_us, EventQueue, RngStream, Time};
 use crate::guest::Kernel;
 use crate::hv::host::{HostTimer, HOST_TIMER_VECTOR};
 use crate::hv::scheme::Scheme;
@@ -103,6 +103,7 @@ fn first_events(
     cal: &Calibration,
     topo: &Topology,
     outside: &Outside,
+    warm: Time,
     q: &mut EventQueue<Ev>,
 ) -> ([f64; 2], Vec<RngStream>) {
     for (vm, c) in outside.clients.iter().enumerate() {
@@ -112,7 +113,6 @@ fn first_events(
     }
     let rng = background(s, cal, topo, q);
     let virtualized = topo.virtualized;
-    let warm = from_s(s.warmup_s);
     q.schedule(warm, Ev::WarmupEnd);
     // Scripted preemptions and host IPIs aim at the one VM's first vCPU
     // (the scenario refuses them with several VMs).
@@ -199,8 +199,8 @@ pub(in crate::world) fn power_on(
             checker.set_running(k, false, 0);
         }
     }
-    let (bg_rate, rng_bg) = first_events(s, cal, &topo, &outside, &mut q);
     let warm = from_s(s.warmup_s);
+    let (bg_rate, rng_bg) = first_events(s, cal, &topo, &outside, warm, &mut q);
     let cores = topo.cores;
     let mut w = World {
         q,

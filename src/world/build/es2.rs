@@ -274,12 +274,8 @@ pub(super) fn spawn_datagram(
         }
     }
     if let Some(p) = &w.ping {
-        let stream = if vm == 0 {
-            "ping-phase".to_string()
-        } else {
-            format!("ping-phase.vm{vm}")
-        };
         // The first request at a random phase of the interval.
+        let stream = super::rng_stream("ping-phase", vm);
         let start = from_s(RngStream::new(seed, &stream).uniform() * p.interval_s);
         peers.push(DatagramPeer {
             flow: DGRAM_FLOW,

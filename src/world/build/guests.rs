@@ -11,6 +11,7 @@ use crate::engine::from_us;
 use crate::guest::blk::VirtioBlkGuest;
 use crate::guest::net::VirtioNetGuest;
 use crate::guest::{GuestConfig, GuestCosts, Kernel};
+use crate::hv::scheme::Scheme;
 use crate::hw::x86::Machine;
 use crate::scenario::{Scenario, VmView};
 use crate::world::t_ns;
@@ -97,13 +98,16 @@ pub(in crate::world) fn kernels(
     topo: &Topology,
     devs: &DeviceMap,
     m: &mut Machine,
-    did_module: &dyn Fn(usize) -> bool,
+    scheme: &dyn Scheme,
 ) -> Vec<Kernel> {
     topo.views
         .iter()
         .enumerate()
         .map(|(vm, v)| {
-            let mut k = Kernel::smp(config(s, cal, devs, vm, v, did_module(vm)), v.cores.len());
+            let mut k = Kernel::smp(
+                config(s, cal, devs, vm, v, scheme.guest_loads_did_module(vm)),
+                v.cores.len(),
+            );
             if let Some(d) = devs.net_dev[vm] {
                 // virtnet_probe: fill the RX ring, TX interrupts off.
                 k.virtio_net_probe(&mut m.virtio_net[d]);

@@ -88,8 +88,7 @@ impl World {
         let costs = hypervisor::costs(cal, devs.apic_timer_period);
         let pv = hypervisor::vhost(s, cal, &topo, &devs);
         let blk = hypervisor::blk_paths(cal, &topo, &devs);
-        let module = |vm| scheme.guest_loads_did_module(vm);
-        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, &module);
+        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref());
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
         let parts = boot::Parts {
             topo,
