@@ -215,6 +215,15 @@ pub(crate) fn emit(text: &str) -> Result<(), Failure> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // SIGINT / SIGTERM while an output is being written: remove its
+    // temporary file (the target keeps its old contents), then end as a
+    // shell expects of an interrupted command (128 + SIGINT).
+    if let Err(e) = ctrlc::set_handler(|| {
+        exitless::report::remove_temporaries();
+        std::process::exit(130);
+    }) {
+        note!("exitless: warning: no SIGINT/SIGTERM handler ({e}); an interrupted write may leave a temporary file\n");
+    }
     match real_main(cli) {
         Ok(c) => c,
         Err(Failure::Input(e)) => {

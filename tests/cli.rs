@@ -354,6 +354,129 @@ fn the_trace_is_written_whole_through_a_temporary_file() {
 }
 
 #[test]
+fn a_trace_through_a_symlink_or_to_a_device_keeps_what_is_there() {
+    let dir = std::env::temp_dir().join(format!("exitless-trace-link-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("real")).unwrap();
+    let real = dir.join("real").join("t.json");
+    let link = dir.join("t.json");
+    std::os::unix::fs::symlink("real/t.json", &link).unwrap();
+    let traced = |to: &std::path::Path| {
+        exitless(&[
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.01",
+            "--trace",
+            to.to_str().unwrap(),
+        ])
+    };
+    let o = traced(&link);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The link is still a link, and the trace is where it points.
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&real).unwrap()).unwrap();
+    assert!(v["traceEvents"].as_array().unwrap().len() > 3);
+    // /dev/null stays the device it is.
+    let o = traced(std::path::Path::new("/dev/null"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sigint_ends_a_run_as_an_interrupted_command() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=1000",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Long enough for main() to have installed its handler.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    // Our handler's exit code (it removes temporary outputs first), not
+    // death by the signal.
+    assert_eq!(status.code(), Some(130), "{status:?}");
+}
+
+#[test]
+fn hostile_overrides_and_paths_are_short_clean_errors() {
+    let big = "x".repeat(100_000);
+    let deep = vec!["a"; 30_000].join(".");
+    for set in [
+        format!("scheme={big}"),
+        format!("workload.udp.rate_pps={big}"),
+        format!("nic.{big}=3"),
+        format!("{deep}=1"),
+    ] {
+        let o = exitless(&["-q", "run", "validation/did/fig4.toml", "--set", &set]);
+        // An error (not SIGABRT from a stack overflow), naming the problem
+        // without echoing the 100 KB back.
+        assert_eq!(o.status.code(), Some(2), "{}", &set[..40]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.len() < 2_000, "{} bytes of error", err.len());
+        assert!(err.contains("bytes in all"), "{err}");
+    }
+    // A FIFO nobody writes to: an error at once, not a wait forever.
+    let dir = std::env::temp_dir().join(format!("exitless-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("scenario.toml");
+    if Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let o = exitless(&["-q", "run", fifo.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("FIFO with no writer"), "{err}");
+        // With a writer, the scenario is read through the FIFO.
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let text = std::fs::read_to_string(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("validation/did/fig4.toml"),
+                )
+                .unwrap();
+                std::fs::write(fifo, text).unwrap();
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let o = exitless(&[
+            "-q",
+            "run",
+            fifo.to_str().unwrap(),
+            "--set",
+            "duration_s=0.01",
+        ]);
+        writer.join().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn options_without_effect_warn_on_stderr_and_in_the_json_report() {
     let o = exitless(&[
         "-q",

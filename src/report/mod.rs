@@ -11,7 +11,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+pub mod output;
 pub mod trace;
+
+pub use output::{remove_temporaries, write_file_atomically};
 
 /// VM `vm`'s prefix for its metric names: VM 0's metrics keep their plain
 /// names, VM *i*'s are `vm<i>.<name>`.
@@ -21,53 +24,6 @@ pub fn vm_prefix(vm: usize) -> String {
     } else {
         format!("vm{vm}.")
     }
-}
-
-/// Writes a file so that `path` holds either its old contents or all of
-/// the new ones, never a prefix: `write` fills a temporary file in the
-/// same directory, which is flushed to disk and then renamed over `path`
-/// (rename(2) replaces the target atomically within a file system). If
-/// `write` fails, or the process is interrupted, `path` is untouched; on
-/// an error the temporary file is removed.
-pub fn write_file_atomically(
-    path: &std::path::Path,
-    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind};
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "not a file name"))?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    // create_new: never follow or clobber something already there (a
-    // shared directory such as /tmp may hold a planted symlink).
-    let mut attempt = 0u32;
-    let (tmp, file) = loop {
-        let mut n = std::ffi::OsString::from(".");
-        n.push(name);
-        n.push(format!(".{}-{attempt}.tmp", std::process::id()));
-        let tmp = dir.join(n);
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    let mut out = std::io::BufWriter::new(file);
-    let done = write(&mut out)
-        .and_then(|_| out.into_inner().map_err(|e| e.into_error()))
-        .and_then(|f| f.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    done
 }
 
 /// What the world hands to the report.
@@ -351,46 +307,5 @@ impl RunReport {
             let _ = writeln!(o, "\nassumption {} = {}: {}", a.key, a.value, a.reason);
         }
         o
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scratch_dir(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("exitless-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    #[test]
-    fn an_interrupted_write_leaves_the_old_file_whole_and_no_temporary() {
-        let dir = scratch_dir("atomic-fail");
-        let path = dir.join("trace.json");
-        std::fs::write(&path, "old, complete").unwrap();
-        // The writer dies half-way, as a run interrupted while writing would.
-        let r = write_file_atomically(&path, |w| {
-            w.write_all(b"{\"traceEvents\":[")?;
-            Err(std::io::Error::other("interrupted"))
-        });
-        assert!(r.is_err());
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old, complete");
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-        assert_eq!(left.len(), 1, "temporary file left behind");
-        std::fs::remove_dir_all(&dir).ok();
-    }
-
-    #[test]
-    fn a_finished_write_replaces_the_file() {
-        let dir = scratch_dir("atomic-ok");
-        let path = dir.join("out.json");
-        std::fs::write(&path, "old").unwrap();
-        write_file_atomically(&path, |w| w.write_all(b"new")).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        // A directory is not a file name to write.
-        assert!(write_file_atomically(&dir.join(".."), |w| w.write_all(b"x")).is_err());
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

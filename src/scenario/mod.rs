@@ -107,18 +107,57 @@ pub const MAX_INPUT_BYTES: u64 = 1 << 20;
 
 /// Reads a text input file of at most [`MAX_INPUT_BYTES`].
 pub fn read_input(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_INPUT_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_INPUT_BYTES {
+    use std::io::{ErrorKind, Read};
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    // Opened non-blocking: open(2) of a FIFO nobody writes to would wait
+    // forever. Reads then wait for a writer that is there but slow.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = f.metadata()?.file_type();
+    if kind.is_dir() {
         return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("larger than {MAX_INPUT_BYTES} bytes"),
+            ErrorKind::InvalidInput,
+            "a directory, not a file",
         ));
     }
-    Ok(text)
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    // A FIFO reads as empty until its writer has opened it: give a writer
+    // that is about to (a process substitution, a script) a moment.
+    let mut writer_grace = 40;
+    loop {
+        match f.read(&mut chunk) {
+            Ok(0) if kind.is_fifo() && bytes.is_empty() && writer_grace > 0 => {
+                writer_grace -= 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok(0) => break,
+            Ok(n) => {
+                bytes.extend_from_slice(&chunk[..n]);
+                if bytes.len() as u64 > MAX_INPUT_BYTES {
+                    return Err(std::io::Error::new(
+                        ErrorKind::InvalidData,
+                        format!("larger than {MAX_INPUT_BYTES} bytes"),
+                    ));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if bytes.is_empty() && kind.is_fifo() {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            "a FIFO with no writer: nothing to read",
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 fn one() -> u64 {
@@ -152,13 +191,17 @@ pub enum ScenarioError {
         err: std::io::Error,
     },
     /// Bad TOML or a key that does not belong.
-    #[error("scenario {0}")]
+    #[error("scenario {}", overrides::elide_quoted(.0))]
     Parse(String),
     /// Bad `--set`.
-    #[error("--set {0}")]
+    #[error("--set {}", overrides::elide_quoted(.0))]
     Set(String),
     /// A value out of range.
-    #[error("scenario key `{key}`: {problem}")]
+    #[error(
+        "scenario key `{}`: {}",
+        overrides::shown(key),
+        overrides::elide_quoted(problem)
+    )]
     Invalid {
         /// Dotted key.
         key: String,

@@ -32,7 +32,7 @@ fn scalar(text: &str) -> toml::Value {
 /// line its key; an error on a header is the table's own.
 pub(super) fn typed_error(text: &str, e: &toml::de::Error) -> ScenarioError {
     let Some(span) = e.span().filter(|s| s.start <= text.len()) else {
-        return ScenarioError::Parse(e.message().to_string());
+        return ScenarioError::Parse(shown(e.message()).into_owned());
     };
     let line_start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
     let line = text[line_start..].lines().next().unwrap_or("");
@@ -88,17 +88,74 @@ pub(super) fn typed_error(text: &str, e: &toml::de::Error) -> ScenarioError {
         join(section(), line.split('=').next().unwrap_or("").trim())
     };
     if key.is_empty() {
-        return ScenarioError::Parse(msg.to_string());
+        return ScenarioError::Parse(shown(msg).into_owned());
     }
     ScenarioError::Invalid {
-        key,
-        problem: msg.to_string(),
+        key: shown(&key).into_owned(),
+        problem: shown(msg).into_owned(),
     }
+}
+
+/// The deepest key a scenario has is five parts (`vm.2.workload.udp.
+/// rate_pps`); a deeper `--set` key cannot name anything, and building
+/// its nested tables unbounded (a 30,000-part key) overflowed the stack
+/// when the tree was serialized.
+const MAX_KEY_PARTS: usize = 16;
+
+/// Longest user text an error message repeats in full.
+const MAX_ECHO: usize = 120;
+
+/// `text` as an error message shows it: in full when short, else its
+/// start, its length and its end (an error must not echo a 100 KB value
+/// back, and the end of a message says what was expected).
+pub(super) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_ECHO {
+        return text.into();
+    }
+    let mut head = MAX_ECHO * 2 / 3;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - MAX_ECHO / 3;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…[{} bytes in all]…{}",
+        &text[..head],
+        text.len(),
+        &text[tail..]
+    )
+    .into()
+}
+
+/// `msg` with every quoted span (between backticks or double quotes)
+/// longer than an error should echo shortened by [`shown`]: the user's
+/// value is cut, the message around it (what was expected, the known
+/// names) is kept.
+pub(crate) fn elide_quoted(msg: &str) -> std::borrow::Cow<'_, str> {
+    if msg.len() <= MAX_ECHO {
+        return msg.into();
+    }
+    let mut out = msg.to_string();
+    for q in ['`', '"'] {
+        out = out
+            .split(q)
+            .enumerate()
+            .map(|(i, part)| if i % 2 == 1 { shown(part) } else { part.into() })
+            .collect::<Vec<_>>()
+            .join(&q.to_string());
+    }
+    out.into()
 }
 
 /// Applies one `key=value` override to a TOML tree.
 pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> {
-    let (k, v) = kv
+    let text = kv;
+    // Messages below quote the override as `kv`, shortened.
+    let shown_kv = shown(text);
+    let kv = shown_kv.as_ref();
+    let (k, v) = text
         .split_once('=')
         .ok_or_else(|| ScenarioError::Set(format!("`{kv}`: expected key=value")))?;
     let key = alias(k.trim());
@@ -106,6 +163,12 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
         return Err(ScenarioError::Set(format!("`{kv}`: empty key")));
     }
     let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() > MAX_KEY_PARTS {
+        return Err(ScenarioError::Set(format!(
+            "`{kv}`: a key of {} parts; no scenario key has more than {MAX_KEY_PARTS}",
+            parts.len()
+        )));
+    }
     // A workload key needs the workload: `--set` tunes a workload the
     // scenario runs, it does not add one. A table given with all its
     // defaults (`[workload.sip]` alone) is a workload too.
@@ -167,8 +230,9 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
     }
     if key.starts_with("workload.") && parts.len() == 3 && !workload_given {
         return Err(ScenarioError::Set(format!(
-            "`{k}`: this scenario has no `{}` workload",
-            parts[1]
+            "`{}`: this scenario has no `{}` workload",
+            shown(k),
+            shown(parts[1])
         )));
     }
     t.insert(parts[parts.len() - 1].to_string(), scalar(v.trim()));
