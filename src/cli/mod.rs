@@ -234,12 +234,20 @@ pub fn calibrate_cmd(a: CalibrateArgs, quiet: bool) -> Result<(), Failure> {
             r.avg_us
         );
     }
+    for r in &c.blocking {
+        crate::note!(
+            "exitless: calibrate: {input}: {} (avg {} us over {} samples) is not a service time: perf times it up to the next entry, so it includes the halted period; not in the overlay (the handler's own cost stays the calibration's)\n",
+            r.reason,
+            r.avg_us,
+            r.samples
+        );
+    }
     for r in &c.empty {
         crate::note!("exitless: calibrate: {input}: {r} has no samples; not in the overlay\n");
     }
     if c.entries.is_empty() {
         return Err(Failure::Input(format!(
-            "{input}: no exit reason with a calibration key (known: EXTERNAL_INTERRUPT, MSR_WRITE, IO_INSTRUCTION, EPT_VIOLATION, PENDING_INTERRUPT, HLT, EXCEPTION_NMI)"
+            "{input}: no exit reason with a calibration key (known: EXTERNAL_INTERRUPT, MSR_WRITE, IO_INSTRUCTION, EPT_VIOLATION, PENDING_INTERRUPT, EXCEPTION_NMI; HLT's perf time includes the halted period and is never taken)"
         )));
     }
     for r in &rows {
