@@ -134,9 +134,9 @@ struct ExploreArgs {
     /// Replay one perturbation seed and print its trace instead of exploring.
     #[arg(long, value_name = "SEED")]
     replay: Option<u64>,
-    /// Simulations in parallel (default: available cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    /// Simulations in parallel, 1 to 1024 (default: available cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: Option<u64>,
 }
 
 /// Largest `--trace-limit`: the events are kept in memory and then
@@ -414,7 +414,7 @@ fn explore_cmd(
         runs: a.runs,
         max_jitter: (a.jitter_ns * 1000.0).round() as exitless::engine::Time,
         shuffle_ties: !a.fifo_ties,
-        threads: a.threads.unwrap_or_else(|| {
+        threads: a.threads.map(|t| t as usize).unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1)

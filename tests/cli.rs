@@ -535,6 +535,8 @@ fn oversized_inputs_and_limits_are_refused() {
         ],
         vec!["reproduce", "did", "--threads", "0"],
         vec!["reproduce", "did", "--threads", "1000000"],
+        vec!["explore", "validation/did/fig4.toml", "--threads", "0"],
+        vec!["explore", "validation/did/fig4.toml", "--threads", "100000"],
     ] {
         let o = exitless(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

@@ -55,6 +55,21 @@ fn overload_misses_the_qos_bound() {
     );
     assert!(metric(&r, "memcached.within_10ms_pct") < 95.0);
     assert_eq!(r.violations(), 0);
+    // The interval's counters add up once the requests the warm-up left
+    // open are counted: each one sent is answered or still open.
+    let start = metric(&r, "memcached.outstanding_at_start");
+    assert!(
+        start > 0.0,
+        "an overloaded server has requests open at the start"
+    );
+    let sent = metric(&r, "memcached.sent");
+    let done = metric(&r, "memcached.completed");
+    let open = metric(&r, "memcached.outstanding");
+    assert_eq!(
+        start + sent,
+        done + open,
+        "{start} + {sent} vs {done} + {open}"
+    );
 }
 
 #[test]

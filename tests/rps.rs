@@ -214,6 +214,19 @@ fn bad_rps_settings_are_refused_by_key() {
         let e = parse(rps);
         assert!(e.contains("vm[0].rps_cpus"), "{rps}: {e}");
     }
+    // irq_affinity is a set too (a duplicate was accepted once).
+    let dup = udp_vm("kvm", "", "").replace(
+        "irq_affinity = [0]",
+        "msi_mode = \"lowest-priority\"\nirq_affinity = [0, 1, 0]",
+    );
+    let e = Scenario::parse(&dup, &[])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("vm[0].irq_affinity") && e.contains("distinct"),
+        "{e}"
+    );
     let s = Scenario::parse(
         &udp_vm("kvm", "rps_cpus = [2]", "[guest]\nvf_vector = 0xfb"),
         &[],

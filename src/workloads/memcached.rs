@@ -111,6 +111,10 @@ pub struct MemcachedClient {
     backlog_peak: usize,
     completed: u64,
     within_10ms: u64,
+    /// Requests sent before the interval and unanswered at its start: the
+    /// counters of the interval add up with it (`outstanding_at_start +
+    /// sent = completed + outstanding`).
+    outstanding_at_start: usize,
 }
 
 impl MemcachedClient {
@@ -135,6 +139,7 @@ impl MemcachedClient {
             backlog_peak: 0,
             completed: 0,
             within_10ms: 0,
+            outstanding_at_start: 0,
         }
     }
 
@@ -184,7 +189,11 @@ fn latency_metrics(out: &mut Metrics, latency: &LatencyHistogram, outstanding: u
             latency.percentile(p) as f64 / MS as f64,
         );
     }
-    out.insert("memcached.mean_us".into(), latency.mean() as f64 / 1e6);
+    // In ms like the percentiles beside it (latency.mean() is in ps).
+    out.insert(
+        "memcached.mean_ms".into(),
+        latency.mean() as f64 / MS as f64,
+    );
     out.insert("memcached.outstanding".into(), outstanding as f64);
 }
 
@@ -240,10 +249,15 @@ impl PeerApp for MemcachedClient {
         self.backlog_peak = self.backlog.len();
         self.completed = 0;
         self.within_10ms = 0;
+        self.outstanding_at_start = self.outstanding.iter().map(|q| q.len()).sum();
     }
 
     fn metrics(&self, out: &mut Metrics) {
         out.insert("memcached.offered".into(), self.offered as f64);
+        out.insert(
+            "memcached.outstanding_at_start".into(),
+            self.outstanding_at_start as f64,
+        );
         out.insert("memcached.sent".into(), self.sent as f64);
         out.insert("memcached.not_sent".into(), self.not_sent as f64);
         out.insert("memcached.backlog".into(), self.backlog.len() as f64);
