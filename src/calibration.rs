@@ -50,6 +50,7 @@ section!(Host {
     kvm_timer_fn_us,
     irq_handler_us,
     ipi_latency_us,
+    ipi_latency_max_us,
     self_ipi_us,
     irt_update_us,
     call_function_us,
@@ -179,6 +180,9 @@ pub enum CalibrationError {
     /// An entry whose key has no range rule (a new key needs one).
     #[error("calibration: {0} has no range rule")]
     NoRange(String),
+    /// Two entries that contradict each other.
+    #[error("calibration: {0}")]
+    Inconsistent(String),
     /// The parsed calibration could not be walked (never expected).
     #[error("calibration: {0}")]
     Internal(String),
@@ -297,7 +301,17 @@ impl Calibration {
     pub fn check(&self) -> Result<(), CalibrationError> {
         let v =
             toml::Value::try_from(self).map_err(|e| CalibrationError::Internal(e.to_string()))?;
-        check(&v, "")
+        check(&v, "")?;
+        let (lat, max) = (
+            self.host.ipi_latency_us.value,
+            self.host.ipi_latency_max_us.value,
+        );
+        if max < lat {
+            return Err(CalibrationError::Inconsistent(format!(
+                "host.ipi_latency_max_us = {max} is below host.ipi_latency_us = {lat}: the delivery bound is the latest an IPI lands"
+            )));
+        }
+        Ok(())
     }
 
     /// The shipped calibration.

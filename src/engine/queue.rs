@@ -187,6 +187,24 @@ impl<E> EventQueue<E> {
         self.schedule_async(self.now.saturating_add(delay), event);
     }
 
+    /// A message in flight `delay` after now that the hardware guarantees
+    /// to deliver within `max_delay` (an IPI's delivery bound): a perturbed
+    /// queue delays it by at most `max_delay - delay`. The jitter is drawn
+    /// as for any message, so the other messages' draws do not move.
+    #[inline]
+    pub fn schedule_in_async_within(&mut self, delay: Time, max_delay: Time, event: E) {
+        let jitter = match &mut self.perturbation {
+            Some(p) if p.max_jitter > 0 => p.rng.next_u64() % (p.max_jitter + 1),
+            _ => 0,
+        };
+        let slack = max_delay.saturating_sub(delay);
+        let at = self
+            .now
+            .saturating_add(delay)
+            .saturating_add(jitter.min(slack));
+        self.schedule(at, event);
+    }
+
     /// Schedules `event` `delay` after now.
     #[inline]
     pub fn schedule_in(&mut self, delay: Time, event: E) {
@@ -339,6 +357,26 @@ mod tests {
         let mut q = EventQueue::with_capacity(2);
         q.schedule_async(7, 1);
         assert_eq!(q.pop_until(u64::MAX), Some((7, 1)));
+    }
+
+    #[test]
+    fn a_message_with_a_delivery_bound_is_perturbed_within_it() {
+        let mut latest = 0;
+        for seed in 1..200 {
+            let mut q = EventQueue::with_capacity(4);
+            q.perturb(seed, 1_000, false);
+            // Nominal 10, at the latest 14, in a queue that jitters by up
+            // to 1000.
+            q.schedule_in_async_within(10, 14, 1);
+            let (t, _) = q.pop_until(u64::MAX).unwrap();
+            assert!((10..=14).contains(&t), "{t}");
+            latest = latest.max(t);
+        }
+        assert_eq!(latest, 14, "the bound is reached, not only approached");
+        // Unperturbed: the nominal time.
+        let mut q = EventQueue::with_capacity(2);
+        q.schedule_in_async_within(10, 14, 1);
+        assert_eq!(q.pop_until(u64::MAX), Some((10, 1)));
     }
 
     /// The reference order: a plain heap of (time, key, id), with the keys

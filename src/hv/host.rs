@@ -222,16 +222,30 @@ impl NmiMailbox {
 }
 
 /// Fixed IPIs a scheme sent to a core to deliver a running vCPU's virtual
-/// interrupt directly (DID §4.3, ELVIS's PV interrupts), per core as
-/// (arrival, vector, vCPU), newest last. Guest vectors are not unique
-/// across VMs, so a vector still in flight when its vCPU is switched out
-/// must not enter the next VM on that core (docs/papers.md DID open point
-/// 1): that VM's entry waits until the IPI has landed in host mode
-/// ([`InFlightIpis::quiesce`]), where the scheme hands it to its vCPU
-/// ([`InFlightIpis::landed_for`]).
+/// interrupt directly (DID §4.3, ELVIS's PV interrupts), per core, newest
+/// last. Guest vectors are not unique across VMs, so a vector still in
+/// flight when its vCPU is switched out must not enter the next VM on that
+/// core (docs/papers.md DID open point 1): that VM's entry waits until the
+/// IPI has surely landed ([`InFlightIpis::quiesce`]), in host mode, where
+/// the scheme hands it to its vCPU ([`InFlightIpis::landed_for`]).
+///
+/// "Surely landed" is the hardware's delivery bound
+/// (`host.ipi_latency_max_us`): x2APIC gives the sender no acknowledgement
+/// to observe, so the quiesce rests on that bound, and the race explorer
+/// perturbs IPIs within it (docs/correctness.md).
 #[derive(Clone, Debug, Default)]
 pub struct InFlightIpis {
-    per_core: Vec<Vec<(Time, u8, usize)>>,
+    per_core: Vec<Vec<InFlight>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    /// The earliest it can land (the nominal latency after its send).
+    earliest: Time,
+    /// The latest it can land (the delivery bound after its send).
+    latest: Time,
+    vector: u8,
+    vcpu: usize,
 }
 
 /// How long a sent IPI is remembered: far longer than any stretch a core
@@ -245,43 +259,95 @@ impl InFlightIpis {
         self.per_core.resize_with(cores, || Vec::with_capacity(32));
     }
 
-    /// An IPI with `vector` for `vcpu` was sent to `core` and lands at
-    /// `at`.
-    pub fn sent(&mut self, core: usize, at: Time, vector: u8, vcpu: usize, now: Time) {
+    /// An IPI with `vector` for `vcpu` was sent to `core` now, with the
+    /// platform's IPI `timing`.
+    pub fn sent(
+        &mut self,
+        core: usize,
+        now: Time,
+        timing: super::IpiTiming,
+        vector: u8,
+        vcpu: usize,
+    ) {
         let list = &mut self.per_core[core];
-        list.retain(|&(t, _, _)| t + IN_FLIGHT_MEMORY > now);
-        list.push((at, vector, vcpu));
+        list.retain(|f| f.latest + IN_FLIGHT_MEMORY > now);
+        list.push(InFlight {
+            earliest: now + timing.latency,
+            latest: now + timing.max,
+            vector,
+            vcpu,
+        });
     }
 
-    /// The vCPU an IPI sent to `core` with `vector`, landed by `now`, was
-    /// for (the newest such, forgotten once asked).
+    /// The vCPU an IPI sent to `core` with `vector`, which could have
+    /// landed by `now`, was for (the newest such, forgotten once asked).
+    /// Newest first is unambiguous: another vCPU's IPIs to this core are
+    /// sent only while it runs here, which is after every older one's
+    /// bound (the quiesce).
     pub fn landed_for(&mut self, core: usize, vector: u8, now: Time) -> Option<usize> {
         let list = self.per_core.get_mut(core)?;
         let i = list
             .iter()
-            .rposition(|&(at, v, _)| v == vector && at <= now)?;
-        Some(list.remove(i).2)
+            .rposition(|f| f.vector == vector && f.earliest <= now)?;
+        Some(list.remove(i).vcpu)
     }
 
-    /// `vcpu` leaves `core`: the IPIs for it that have landed were
-    /// delivered or collected; those still in flight stay its.
+    /// `vcpu` leaves `core`: the IPIs for it past their bound have landed,
+    /// and were delivered or collected; those that may still be in flight
+    /// stay its.
     pub fn forget_landed(&mut self, core: usize, vcpu: usize, now: Time) {
         if let Some(list) = self.per_core.get_mut(core) {
-            list.retain(|&(at, _, t)| !(t == vcpu && at <= now));
+            list.retain(|f| !(f.vcpu == vcpu && f.latest < now));
         }
     }
 
-    /// How much longer `vcpu`'s entry on `core` must wait for IPIs in
-    /// flight there for other vCPUs to land.
+    /// How much longer `vcpu`'s entry on `core` must wait for IPIs that
+    /// may still be in flight there for other vCPUs to land: until just
+    /// after the latest bound (an IPI landing exactly at its bound and the
+    /// entry at the same instant would be a race).
     pub fn quiesce(&self, core: usize, vcpu: usize, now: Time) -> Time {
         self.per_core
             .get(core)
             .into_iter()
             .flatten()
-            .filter(|&&(at, _, v)| v != vcpu && at > now)
-            .map(|&(at, _, _)| at - now)
+            .filter(|f| f.vcpu != vcpu && f.latest >= now)
+            .map(|f| f.latest - now + 1)
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod in_flight_tests {
+    use super::InFlightIpis;
+    use crate::hv::IpiTiming;
+
+    #[test]
+    fn another_vcpu_enters_only_after_the_delivery_bound() {
+        let timing = IpiTiming {
+            latency: 500,
+            max: 3_500,
+        };
+        let mut f = InFlightIpis::default();
+        f.resize(2);
+        // An IPI for vCPU 0 sent to core 1 at t=100.
+        f.sent(1, 100, timing, 0xfd, 0);
+        // vCPU 0 leaves at 700 (its nominal landing passed): the IPI may
+        // still be in flight, so it stays vCPU 0's ...
+        f.forget_landed(1, 0, 700);
+        // ... and vCPU 1 waits until just past the bound (3,600), not the
+        // nominal landing (600): an IPI arriving at its bound and an entry
+        // at the same instant would race.
+        assert_eq!(f.quiesce(1, 1, 700), 3_600 - 700 + 1);
+        assert_eq!(f.quiesce(1, 1, 3_600), 1);
+        assert_eq!(f.quiesce(1, 1, 3_601), 0);
+        // vCPU 0 itself never waits for its own IPIs.
+        assert_eq!(f.quiesce(1, 0, 700), 0);
+        // Landing in host mode at 2,000 (late, within the bound): it is
+        // found for vCPU 0; before its earliest landing it could not be.
+        assert_eq!(f.landed_for(1, 0xfd, 550), None);
+        assert_eq!(f.landed_for(1, 0xfd, 2_000), Some(0));
+        assert_eq!(f.quiesce(1, 1, 2_000), 0);
     }
 }
 

@@ -27,6 +27,16 @@ use crate::world::event::{schedule_apic_effect, Ev};
 use exits::ExitStats;
 use host::{HostKernel, HostTimer};
 
+/// How long a remote IPI takes: nominally, and at the latest (the bound
+/// a perturbed run's jitter stays within).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpiTiming {
+    /// ICR write to the destination's IRR.
+    pub latency: Time,
+    /// The latest it lands.
+    pub max: Time,
+}
+
 /// Costs the hypervisor charges, from the calibration file.
 #[derive(Clone, Copy, Debug)]
 #[allow(missing_docs)]
@@ -47,6 +57,10 @@ pub struct HvCosts {
     pub kvm_timer_fn: Time,
     pub irq_handler: Time,
     pub ipi_latency: Time,
+    /// The delivery bound of a remote IPI (the latest it may land after
+    /// its ICR write): what a scheme that must know an IPI has landed
+    /// waits for (DID's and ELVIS's entry quiesce).
+    pub ipi_latency_max: Time,
     pub self_ipi: Time,
     pub irt_update: Time,
     pub call_function: Time,
@@ -58,6 +72,14 @@ pub struct HvCosts {
 }
 
 impl HvCosts {
+    /// A remote IPI's latency and delivery bound.
+    pub fn ipi_timing(&self) -> IpiTiming {
+        IpiTiming {
+            latency: self.ipi_latency,
+            max: self.ipi_latency_max,
+        }
+    }
+
     /// The exit service time of a write to the LAPIC register x2APIC names
     /// `msr` (EOI, TMICT, or any other).
     pub fn apic_register_write(&self, msr: u32) -> Time {
@@ -329,7 +351,7 @@ impl HvCx<'_> {
         let eff = self.m.lapics[core]
             .write_msr(reg, value, self.now)
             .unwrap_or(ApicEffect::None);
-        schedule_apic_effect(self.q, self.m, core, eff, self.costs.ipi_latency)
+        schedule_apic_effect(self.q, self.m, core, eff, self.costs.ipi_timing())
     }
 
     /// Sends an IPI from `from` to `to` through `from`'s ICR.

@@ -176,7 +176,8 @@ use crate::hw::x86::lapic::{ApicEffect, IpiDest};
 use crate::hw::x86::Machine;
 
 /// Turns what a LAPIC register write asked for into events: an IPI travels
-/// to its destination LAPIC(s) (`ipi_latency` for remote cores, at once for
+/// to its destination LAPIC(s) (`timing.latency` for remote cores, at most
+/// `timing.max` in a perturbed run; at once for
 /// self), a (re)armed timer gets its expiry event. Returns the EOI result, if
 /// the write was an EOI.
 pub fn schedule_apic_effect(
@@ -184,7 +185,7 @@ pub fn schedule_apic_effect(
     m: &Machine,
     core: usize,
     eff: ApicEffect,
-    ipi_latency: Time,
+    timing: crate::hv::IpiTiming,
 ) -> Option<Option<u8>> {
     match eff {
         ApicEffect::Eoi(c) => return Some(c),
@@ -205,7 +206,7 @@ pub fn schedule_apic_effect(
                     mode: ipi.mode,
                 };
                 if lat > 0 {
-                    q.schedule_in_async(lat, ev)
+                    q.schedule_in_async_within(lat, timing.max, ev)
                 } else {
                     q.schedule_in(0, ev)
                 }
@@ -214,7 +215,7 @@ pub fn schedule_apic_effect(
                 IpiDest::SelfOnly => send(q, core, 0),
                 IpiDest::Physical(id) => {
                     if let Some(d) = m.core_of_apic(id) {
-                        send(q, d, if d == core { 0 } else { ipi_latency });
+                        send(q, d, if d == core { 0 } else { timing.latency });
                     }
                 }
                 IpiDest::AllIncludingSelf | IpiDest::AllExcludingSelf => {
@@ -222,7 +223,7 @@ pub fn schedule_apic_effect(
                         if d == core && ipi.dest == IpiDest::AllExcludingSelf {
                             continue;
                         }
-                        send(q, d, if d == core { 0 } else { ipi_latency });
+                        send(q, d, if d == core { 0 } else { timing.latency });
                     }
                 }
             }
@@ -272,7 +273,16 @@ mod tests {
         ] {
             let icr = (0xFFFF_FFFFu64 << 32) | (dm << 8) | u64::from(vector);
             let eff = m.lapics[2].write_msr(msr::ICR, icr, 0).expect("valid ICR");
-            schedule_apic_effect(&mut q, &m, 2, eff, 1_000);
+            schedule_apic_effect(
+                &mut q,
+                &m,
+                2,
+                eff,
+                crate::hv::IpiTiming {
+                    latency: 1_000,
+                    max: 1_000,
+                },
+            );
             let got = arrivals(&mut q);
             let want: Vec<_> = (0..4u16).map(|c| (c, vector, mode)).collect();
             assert_eq!(got, want, "ICR {icr:#x}");
@@ -294,7 +304,16 @@ mod tests {
         ];
         for (icr, cores) in cases {
             let eff = m.lapics[1].write_msr(msr::ICR, icr, 0).expect("valid ICR");
-            schedule_apic_effect(&mut q, &m, 1, eff, 1_000);
+            schedule_apic_effect(
+                &mut q,
+                &m,
+                1,
+                eff,
+                crate::hv::IpiTiming {
+                    latency: 1_000,
+                    max: 1_000,
+                },
+            );
             let got: Vec<u16> = arrivals(&mut q).iter().map(|a| a.0).collect();
             assert_eq!(got, cores, "ICR {icr:#x}");
         }

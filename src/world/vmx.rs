@@ -380,7 +380,7 @@ impl World {
         }
         let eff = self.m.lapics[core].write_msr(reg, value, now);
         if let Ok(eff) = eff {
-            let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_latency);
+            let r = schedule_apic_effect(&mut self.q, &self.m, core, eff, self.costs.ipi_timing());
             if let (Some(expected), Some(cleared)) = (eoi, r) {
                 // The guest completes the handler the IDT ran for the
                 // physical vector (they differ under a remapping shadow IDT).
@@ -462,8 +462,9 @@ impl World {
             let (nv, ndst) = (pi.nv, pi.ndst);
             if let Some(to) = self.m.core_of_apic(ndst) {
                 // The notification is an ordinary IPI from the sender's core.
-                self.q.schedule_in_async(
+                self.q.schedule_in_async_within(
                     self.costs.ipi_latency,
+                    self.costs.ipi_latency_max,
                     Ev::ApicArrive {
                         core: to as u16,
                         vector: nv,

@@ -80,8 +80,8 @@ impl Scheme for Elvis {
             let core = cx.hv.vcpus[vcpu].core;
             let from = cx.hv.designated_core;
             cx.send_ipi(from, core, vector, DeliveryMode::Fixed);
-            let (now, lat) = (cx.now, cx.costs.ipi_latency);
-            self.in_flight.sent(core, now + lat, vector, vcpu, now);
+            let (now, timing) = (cx.now, cx.costs.ipi_timing());
+            self.in_flight.sent(core, now, timing, vector, vcpu);
         } else {
             kvm::raise(cx, vcpu, vector);
         }

@@ -36,6 +36,7 @@ pub(in crate::world) fn costs(cal: &Calibration, apic_timer_period: Time) -> HvC
         kvm_timer_fn: t_us(&cal.host.kvm_timer_fn_us),
         irq_handler: t_us(&cal.host.irq_handler_us),
         ipi_latency: t_us(&cal.host.ipi_latency_us),
+        ipi_latency_max: t_us(&cal.host.ipi_latency_max_us),
         self_ipi: t_us(&cal.host.self_ipi_us),
         irt_update: t_us(&cal.host.irt_update_us),
         call_function: t_us(&cal.host.call_function_us),
