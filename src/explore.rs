@@ -363,9 +363,17 @@ pub fn render_counterexample(c: &Counterexample, scheme: &str, replay: &str) -> 
             ),
         }
     );
+    // The user's own `--set scheme=`/`config=` already names the scheme
+    // (a second one would repeat it, or clash with `config`).
+    let named = replay.contains(" --set scheme=") || replay.contains(" --set config=");
+    let scheme_set = if named {
+        String::new()
+    } else {
+        format!(" --set scheme={scheme}")
+    };
     let _ = writeln!(
         o,
-        "  replay: {replay} --set scheme={scheme} {}",
+        "  replay: {replay}{scheme_set} {}",
         replay_flags(&c.perturbation)
     );
     for v in &c.violations {

@@ -444,11 +444,16 @@ fn explore_cmd(
             };
             let c = explore::counterexample(&s, cal, Some(p)).map_err(|e| e.to_string())?;
             found |= !c.violations.is_empty();
+            // With no violation there is no counterexample to show.
+            let detail = if c.violations.is_empty() {
+                String::new()
+            } else {
+                explore::render_counterexample(&c, &s.scheme, &replay)
+            };
             emit(&format!(
-                "replay {path}: scheme {}: {} violation(s)\n{}",
+                "replay {path}: scheme {}: {} violation(s)\n{detail}",
                 s.scheme,
                 c.violations.len(),
-                explore::render_counterexample(&c, &s.scheme, &replay)
             ))?;
             continue;
         }

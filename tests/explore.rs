@@ -229,6 +229,40 @@ fn the_printed_replay_line_reproduces_the_run() {
         violations(text.split("minimal counterexample").nth(1).unwrap_or("")),
         "the replay reports the counterexample's violations"
     );
+    // The scheme is named once: a user's `--set scheme=` is not repeated
+    // by the explorer's own.
+    let out = common::exitless(&[
+        "-q",
+        "explore",
+        "validation/did/figure3.toml",
+        "--set",
+        "duration_s=0.01",
+        "--set",
+        "scheme=naive",
+        "--runs",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("replay: "))
+        .expect("a replay line");
+    assert_eq!(line.matches("scheme=").count(), 1, "{line}");
+    // A replay without violations shows no counterexample.
+    let clean = common::exitless(&[
+        "-q",
+        "explore",
+        "validation/did/fig4.toml",
+        "--set",
+        "duration_s=0.01",
+        "--set",
+        "scheme=did",
+        "--replay",
+        "1",
+    ]);
+    let clean = String::from_utf8_lossy(&clean.stdout);
+    assert!(clean.contains("0 violation(s)"), "{clean}");
+    assert!(!clean.contains("counterexample"), "{clean}");
 }
 
 /// DID's entry quiesce (did.md open point 1) on ES2's 4-VM layout, with
