@@ -341,7 +341,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             })
             .map_err(|e| e.to_string())?;
             if json {
-                let j = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+                let out = exitless::report::ReproduceOutput {
+                    schema_version: exitless::report::SCHEMA_VERSION,
+                    tool: format!("exitless {}", env!("CARGO_PKG_VERSION")),
+                    paper: &paper,
+                    rows: &rows,
+                };
+                let j = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
                 emit(&format!("{j}\n"))?;
             } else if csv {
                 emit(&cli::reproduce_csv(&rows)?)?;

@@ -17,6 +17,7 @@ fn run_json_has_the_documented_fields() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["invariants"]["violations"].as_array().unwrap().is_empty());
+    assert_eq!(v["schema_version"], exitless::report::SCHEMA_VERSION);
     assert!(v["vms"][0]["exits_per_s"].as_f64().is_some());
     assert!(v["vms"][0]["tig_pct"].as_f64().unwrap() > 90.0);
 }
@@ -77,7 +78,8 @@ fn reproduce_es2_table1_compares_with_the_paper() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json rows");
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let rows = out["rows"].as_array().expect("json rows").clone();
     let row = |config: &str, metric: &str| {
         rows.iter()
             .find(|r| r["config"] == config && r["metric"] == metric)
@@ -109,9 +111,14 @@ fn reproduce_json_rows_have_the_documented_fields() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Versioned, with what made it.
+    assert_eq!(out["schema_version"], exitless::report::SCHEMA_VERSION);
+    assert_eq!(out["paper"], "did");
+    assert!(out["tool"].as_str().unwrap().starts_with("exitless "));
+    let rows = out["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
-    for r in &rows {
+    for r in rows {
         for f in [
             "experiment",
             "config",
@@ -150,7 +157,8 @@ fn did_apicv_runs_each_workload_with_its_own_metrics() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = out["rows"].as_array().unwrap();
     let of = |w: &str, m: &str| -> Vec<&serde_json::Value> {
         rows.iter()
             .filter(|r| r["params"]["workload"] == w && r["metric"] == m)
@@ -292,7 +300,8 @@ fn a_closed_stderr_does_not_stop_a_run_or_lose_its_results() {
         closed_pipe(),
     );
     assert_eq!(o.status.code(), Some(0));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = out["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
 }
 
@@ -536,6 +545,7 @@ fn oversized_inputs_and_limits_are_refused() {
         vec!["reproduce", "did", "--threads", "0"],
         vec!["reproduce", "did", "--threads", "1000000"],
         vec!["explore", "validation/did/fig4.toml", "--threads", "0"],
+        vec!["reproduce", "did", "--only", "no-such-experiment"],
         vec!["explore", "validation/did/fig4.toml", "--threads", "100000"],
     ] {
         let o = exitless(&args);

@@ -702,7 +702,9 @@ def metric_vs_param(
 def _reproduce_rows(rows: Any) -> list[dict[str, Any]]:
     if isinstance(rows, pl.DataFrame):
         rows = rows.to_dicts()
-    if isinstance(rows, Mapping):
+    if isinstance(rows, Mapping) and isinstance(rows.get("rows"), list):
+        rows = rows["rows"]
+    elif isinstance(rows, Mapping):
         rows = [rows]
     if not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)):
         raise ReportError(f"expected reproduce rows (a list of dicts), not {type(rows).__name__}")
@@ -1152,6 +1154,10 @@ def load(path: str | os.PathLike[str]) -> pl.DataFrame | list[dict[str, Any]]:
                 obj = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ReportError(f"{p}: not valid JSON ({e})") from None
+        # `reproduce --json` is {"schema_version", "tool", "paper", "rows"}
+        # (a bare list before schema version 1).
+        if isinstance(obj, Mapping) and isinstance(obj.get("rows"), list):
+            obj = obj["rows"]
         rows = obj if isinstance(obj, list) else [obj]
         if not rows:
             raise ReportError(f"{p}: no rows (an empty JSON list)")

@@ -338,6 +338,10 @@ def test_cli_parquet_csv_and_json(frame, tmp_path):
     )
     assert (tmp_path / "rep.html").read_text().count("<img ") == 1
     assert [p.name for p in (tmp_path / "png").iterdir()] == ["01-model-vs-paper.png"]
+    # The versioned form `reproduce --json` writes: the same rows.
+    versioned = {"schema_version": 1, "tool": "exitless 0.1.0", "paper": "did", "rows": REPRODUCE}
+    (tmp_path / "v.json").write_text(json.dumps(versioned))
+    assert er.load(tmp_path / "v.json") == er.load(tmp_path / "rep.json")
 
 
 @pytest.mark.parametrize(

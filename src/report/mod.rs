@@ -16,6 +16,25 @@ pub mod trace;
 
 pub use output::{remove_temporaries, write_file_atomically};
 
+/// The version of the JSON outputs' schema (`run --json`, `reproduce
+/// --json`): raised when a field is renamed, removed or changes meaning, so
+/// a script can refuse an output it was not written for. Version 1: the
+/// first versioned form (a `reproduce` output is an object holding `rows`).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// `reproduce --json`: its rows with the schema version and what made them.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReproduceOutput<'a, R: Serialize> {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The tool and its version (`exitless 0.1.0`).
+    pub tool: String,
+    /// The paper reproduced.
+    pub paper: &'a str,
+    /// One row per (experiment, config, parameter, metric).
+    pub rows: &'a [R],
+}
+
 /// VM `vm`'s prefix for its metric names: VM 0's metrics keep their plain
 /// names, VM *i*'s are `vm<i>.<name>`.
 pub fn vm_prefix(vm: usize) -> String {
@@ -115,6 +134,8 @@ pub struct Invariants {
 /// A whole run.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
+    /// [`SCHEMA_VERSION`] of this output.
+    pub schema_version: u32,
     /// Scenario name.
     pub scenario: String,
     /// Scheme.
@@ -205,6 +226,7 @@ impl RunReport {
         .map(|k| (k, s.checker.count(k)))
         .collect();
         RunReport {
+            schema_version: SCHEMA_VERSION,
             scenario: s.scenario.name.clone(),
             scheme: s.scheme.to_string(),
             seed: s.scenario.seed,

@@ -394,6 +394,15 @@ pub fn reproduce(
         .iter()
         .filter(|e| filter.is_none_or(|f| e.id.contains(f)))
         .collect();
+    if let (Some(f), true) = (filter, exps.is_empty()) {
+        // An empty table would read as "nothing to compare", not a typo.
+        let ids: Vec<&str> = ef.experiment.iter().map(|e| e.id.as_str()).collect();
+        return Err(ReproduceError::Bad(format!(
+            "--only `{}` matches no experiment of `{paper}` (ids: {})",
+            crate::scenario::overrides::shown(f),
+            ids.join(", ")
+        )));
+    }
     let mut jobs = Vec::new();
     for (ei, e) in exps.iter().enumerate() {
         // The experiment's variants, each with its scenario and the
