@@ -108,6 +108,9 @@ enum Cmd {
     Calibrate(cli::CalibrateArgs),
     /// List every scenario key with its type, default and documentation.
     Keys(cli::KeysArgs),
+    /// Compare two `run --json` reports or two `reproduce --json` outputs
+    /// metric by metric; exit status 1 when they differ (as diff(1)).
+    Diff(cli::DiffArgs),
 }
 
 #[derive(clap::Args)]
@@ -395,6 +398,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
         Cmd::Sweep(a) => cli::sweep_cmd(a, &cal, cli.quiet, show)?,
         Cmd::Calibrate(a) => cli::calibrate_cmd(a, cli.quiet)?,
         Cmd::Keys(a) => cli::keys_cmd(a)?,
+        Cmd::Diff(a) => return cli::diff_cmd(a),
     }
     Ok(ExitCode::SUCCESS)
 }

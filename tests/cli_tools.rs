@@ -555,3 +555,42 @@ fn no_progress_bar_when_stderr_is_not_a_terminal() {
     assert!(!d.join("r.summary.csv").exists(), "a summary for one seed");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// `exitless diff`: identical runs exit 0, different ones 1 with the
+/// differing metrics named, and a file that is no output of the tool 2.
+#[test]
+fn diff_compares_two_runs_metric_by_metric() {
+    let dir = std::env::temp_dir().join(format!("exitless-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |scheme: &str, name: &str| {
+        let o = ok(&[
+            "-q",
+            "run",
+            "validation/did/fig4.toml",
+            "--set",
+            "duration_s=0.02",
+            "--set",
+            &format!("scheme={scheme}"),
+            "--json",
+        ]);
+        let p = dir.join(name);
+        std::fs::write(&p, o.stdout).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (a, b) = (run("did", "a.json"), run("kvm", "b.json"));
+    let same = exitless(&["diff", &a, &a]);
+    assert_eq!(same.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&same.stdout).contains("0 of "));
+    let d = exitless(&["diff", &a, &b]);
+    assert_eq!(d.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&d.stdout);
+    assert!(
+        text.contains("vms.0.exits_per_s_by_reason.EXTERNAL_INTERRUPT"),
+        "{text}"
+    );
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"a\": 1}").unwrap();
+    let e = exitless(&["diff", &a, bad.to_str().unwrap()]);
+    assert_eq!(e.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}

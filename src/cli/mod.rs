@@ -1,5 +1,5 @@
 //! Subcommands of the `exitless` binary beyond run / reproduce / explore:
-//! `sweep`, `calibrate`, `keys`, and the `--csv` output of `run` and
+//! `sweep`, `calibrate`, `keys`, `diff`, and the `--csv` output of `run` and
 //! `reproduce`. `main.rs` only wires them in.
 
 use crate::{emit, Failure};
@@ -290,4 +290,75 @@ pub fn keys_cmd(a: KeysArgs) -> Result<(), Failure> {
     } else {
         emit(&exitless::keys::to_text(&ks))
     }
+}
+
+/// `exitless diff`.
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The first output (`run --json` or `reproduce --json`).
+    pub a: PathBuf,
+    /// The second output, of the same kind.
+    pub b: PathBuf,
+    /// Values within this relative difference count as equal (0.01: 1%).
+    #[arg(long, default_value_t = 0.0)]
+    pub tolerance: f64,
+}
+
+/// `exitless diff A B`: the names whose values differ, with both values and
+/// the change; exit status 0 if none, 1 if some (as diff(1)), 2 on bad
+/// input.
+pub fn diff_cmd(a: DiffArgs) -> Result<std::process::ExitCode, Failure> {
+    use exitless::report::diff;
+    if !(a.tolerance.is_finite() && a.tolerance >= 0.0) {
+        return Err(Failure::Input(format!(
+            "--tolerance {}: a relative difference, 0 or more",
+            a.tolerance
+        )));
+    }
+    let load = |p: &PathBuf| -> Result<_, Failure> {
+        let text = exitless::scenario::read_input(p)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON ({e})", p.display()))?;
+        Ok(diff::flatten(&v).map_err(|e| format!("{}: {e}", p.display()))?)
+    };
+    let (x, y) = (load(&a.a)?, load(&a.b)?);
+    let rows = diff::compare(&x, &y, a.tolerance);
+    let show = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v}"));
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    let mut o = String::new();
+    if !rows.is_empty() {
+        o += &format!(
+            "{:<width$}  {:>16}  {:>16}  {:>9}\n",
+            "name", "A", "B", "change"
+        );
+    }
+    for r in &rows {
+        let change = r
+            .change_pct()
+            .map_or_else(|| "-".to_string(), |c| format!("{c:+.2}%"));
+        o += &format!(
+            "{:<width$}  {:>16}  {:>16}  {:>9}\n",
+            r.name,
+            show(r.a),
+            show(r.b),
+            change
+        );
+    }
+    o += &format!(
+        "{} of {} values differ{}\n",
+        rows.len(),
+        x.len().max(y.len()),
+        if a.tolerance > 0.0 {
+            format!(" by more than {}%", a.tolerance * 100.0)
+        } else {
+            String::new()
+        }
+    );
+    emit(&o)?;
+    Ok(if rows.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
 }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+pub mod diff;
 pub mod output;
 pub mod trace;
 
