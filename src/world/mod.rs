@@ -6,6 +6,7 @@
 mod arch;
 mod blk;
 mod build;
+mod el2;
 pub mod event;
 mod metrics;
 mod net;
@@ -136,6 +137,9 @@ pub struct World {
     poll_gen: u64,
     /// Per vCPU: when its current (or last) halt began.
     halt_start: Vec<Time>,
+    /// The ARM platform's interrupt hardware, scheme and KVM/ARM state
+    /// (`arch` = ArmEl2 only).
+    el2: Option<Box<el2::El2World>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -216,6 +220,9 @@ impl World {
                 self.account_guest_time(c, vcpu, self.end);
             }
         }
+        if self.arch == arch::Arch::ArmEl2 {
+            self.el2_finish();
+        }
         self.checker.finish(self.end, self.lost_grace);
     }
 
@@ -290,7 +297,7 @@ impl World {
                         self.guests[k].charge(c, now - start);
                         self.guest_run(core);
                     }
-                    CoreMode::Host { .. } => self.exit_stage_done(core),
+                    CoreMode::Host { .. } => self.arch_stage_done(core),
                     CoreMode::Idle => {}
                 }
             }
@@ -423,7 +430,11 @@ impl World {
                 let rate = self.scenario.host.ipi_per_s;
                 let dt = from_s(self.rng_host.exponential(1.0 / rate));
                 self.q.schedule_in(dt.max(1), Ev::HostIpi { core });
-                if now > 0 {
+                if self.arch == arch::Arch::ArmEl2 {
+                    if now > 0 {
+                        self.el2_host_vipi(core as usize);
+                    }
+                } else if now > 0 {
                     let (mut cx, scheme) = self.cx();
                     let from = cx.hv.designated_core;
                     scheme.send_host_ipi(
@@ -449,6 +460,12 @@ impl World {
             Ev::WakeVcpu { vcpu } => self.sched_wake_vcpu(vcpu as usize),
             Ev::HaltPollEnd { vcpu, gen } => self.halt_poll_end(vcpu as usize, gen),
             Ev::Resched { core } => self.sched_switch(core as usize),
+            Ev::VtimerFire { .. }
+            | Ev::ItsMsi { .. }
+            | Ev::ArmSgi { .. }
+            | Ev::BgTimer { .. }
+            | Ev::ArmPollEnd { .. }
+            | Ev::ArmWake { .. } => self.el2_event(ev, now),
         }
     }
 
@@ -641,13 +658,18 @@ impl World {
                         self.checker.raised(vm, v, now);
                     }
                 }
-                self.q.schedule_in_async(
-                    self.msi_latency,
-                    Ev::Msi {
-                        handle: msi.handle,
-                        requester_id: msi.requester_id,
-                    },
-                );
+                match self.arch {
+                    arch::Arch::X86Vmx => self.q.schedule_in_async(
+                        self.msi_latency,
+                        Ev::Msi {
+                            handle: msi.handle,
+                            requester_id: msi.requester_id,
+                        },
+                    ),
+                    // The VF's MSI-X write lands in the ITS's translation
+                    // register: DeviceID the VF, EventID its vector.
+                    arch::Arch::ArmEl2 => self.el2_device_msi(vf, vector),
+                }
             }
             IrqAction::CheckAt {
                 vf,
@@ -655,6 +677,33 @@ impl World {
                 at,
                 gen,
             } => self.q.schedule(at, Ev::NicItr { vf, vector, gen }),
+        }
+    }
+
+    /// A guest store to VF `vf`'s register `reg`. The VF's BAR is mapped
+    /// into the guest: MMIO goes straight to the device in every scheme
+    /// and on every architecture.
+    fn vf_store(&mut self, vf: u16, reg: crate::guest::VfReg, now: Time) {
+        use crate::guest::VfReg;
+        match reg {
+            VfReg::Eitr(vec, v) => {
+                if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
+                    self.nic_action(a);
+                }
+            }
+            VfReg::Tdt => {
+                let fetch = self.tx_fetch;
+                if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
+                    self.q.schedule(t, Ev::VfTxDone { vf });
+                }
+            }
+            VfReg::Eims(bits) => {
+                if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
+                    for a in acts {
+                        self.nic_action(a);
+                    }
+                }
+            }
         }
     }
 
@@ -751,7 +800,7 @@ impl World {
     pub(super) fn guest_run(&mut self, core: usize) {
         loop {
             match self.arch_pending(core) {
-                Some(Ok(info)) => return self.vm_exit(core, info, None),
+                Some(Ok(exit)) => return self.arch_exit(core, exit, None),
                 Some(Err(v)) => {
                     self.deliver(core, v);
                     continue;
@@ -794,7 +843,7 @@ impl World {
                     arch::OpResult::Continue => {}
                     // Idle: the core waits for an interrupt (a poke).
                     arch::OpResult::Wait => return,
-                    arch::OpResult::Exit(info, eoi) => return self.vm_exit(core, info, eoi),
+                    arch::OpResult::Exit(exit, eoi) => return self.arch_exit(core, exit, eoi),
                 },
             }
         }

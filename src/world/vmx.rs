@@ -8,11 +8,11 @@
 //! EL2 sibling (HCR_EL2 traps, the GIC's virtual CPU interface, list
 //! registers) would stand beside this file.
 
-use super::arch::OpResult;
+use super::arch::{ArchExit, OpResult};
 use super::event::{schedule_apic_effect, Ev};
 use super::{ExitState, Stage, World, EMULATED_DEVICE_PORT};
 use crate::engine::{from_s, Time, SEC};
-use crate::guest::{Clockevent, KernelOp, VfReg};
+use crate::guest::{Clockevent, KernelOp};
 use crate::hv::exits::ExitInfo;
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
@@ -80,12 +80,12 @@ impl World {
             // the core waits for an interrupt.
             Instr::Hlt => match self.m.cores[core].mode {
                 CoreMode::Guest { vcpu } if self.m.vmcs[vcpu].proc.hlt_exiting => {
-                    OpResult::Exit(ExitInfo::Hlt, None)
+                    OpResult::Exit(ArchExit::Vmx(ExitInfo::Hlt), None)
                 }
                 _ => OpResult::Wait,
             },
             i => match self.execute(core, vcpu, i) {
-                Some((info, eoi)) => OpResult::Exit(info, eoi),
+                Some((info, eoi)) => OpResult::Exit(ArchExit::Vmx(info), eoi),
                 None => OpResult::Continue,
             },
         }
@@ -316,28 +316,7 @@ impl World {
                 return exits.then_some((ExitInfo::IoInstruction { port }, None));
             }
             Instr::VfWrite { vf, reg } => {
-                // The VF's BAR is mapped into the guest: MMIO goes straight
-                // to the device in every scheme.
-                match reg {
-                    VfReg::Eitr(vec, v) => {
-                        if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
-                            self.nic_action(a);
-                        }
-                    }
-                    VfReg::Tdt => {
-                        let fetch = self.tx_fetch;
-                        if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
-                            self.q.schedule(t, Ev::VfTxDone { vf });
-                        }
-                    }
-                    VfReg::Eims(bits) => {
-                        if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
-                            for a in acts {
-                                self.nic_action(a);
-                            }
-                        }
-                    }
-                }
+                self.vf_store(vf, reg, now);
                 return None;
             }
         };

@@ -245,6 +245,7 @@ pub(in crate::world) fn power_on(
         polling: vec![None; nvcpu],
         poll_gen: 0,
         halt_start: vec![0; nvcpu],
+        el2: None,
     };
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {

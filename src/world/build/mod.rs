@@ -13,6 +13,7 @@
 //! No stage treats one VM differently from another: a VM, a device or a
 //! host thread is data in the scenario.
 
+mod arm;
 mod boot;
 mod devices;
 mod es2;
@@ -67,6 +68,9 @@ fn rng_stream(base: &str, vm: usize) -> String {
 impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
+        if s.arch == crate::scenario::ArchSpec::Arm64 {
+            return arm::build(s, cal);
+        }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
         Self::build_with(s, cal, scheme)
@@ -88,7 +92,8 @@ impl World {
         let costs = hypervisor::costs(cal, devs.apic_timer_period);
         let pv = hypervisor::vhost(s, cal, &topo, &devs);
         let blk = hypervisor::blk_paths(cal, &topo, &devs);
-        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref());
+        let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
+        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
         let parts = boot::Parts {
             topo,

@@ -1,0 +1,61 @@
+//! The architecture key and the ARM platform's settings.
+
+use super::{bad, ScenarioError};
+use serde::{Deserialize, Serialize};
+
+/// The architecture guests run on.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ArchSpec {
+    /// x86-64 with VT-x, x2APIC LAPICs and VT-d.
+    #[default]
+    #[serde(rename = "x86_64")]
+    X86_64,
+    /// AArch64 with EL2 and a GICv3/v4 (ITS, virtual CPU interface).
+    Arm64,
+}
+
+/// How KVM runs at EL2 (did-arm.md §2.1).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HypModeSpec {
+    /// VHE: host kernel and KVM at EL2 (HCR_EL2.E2H); 2 world switches
+    /// per exit and entry.
+    #[default]
+    Vhe,
+    /// Split mode: lowvisor at EL2, highvisor in the EL1 host kernel; 4.
+    Split,
+}
+
+/// `[arm]`: the ARM platform.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArmSpec {
+    /// VHE or split-mode KVM.
+    pub hyp_mode: HypModeSpec,
+    /// List registers per virtual CPU interface (ICH_VTR_EL2.ListRegs + 1;
+    /// did-arm.md §7.6 default 4).
+    pub list_registers: u8,
+}
+
+impl Default for ArmSpec {
+    fn default() -> Self {
+        ArmSpec {
+            hyp_mode: HypModeSpec::Vhe,
+            list_registers: 4,
+        }
+    }
+}
+
+impl ArmSpec {
+    pub(super) fn validate(&self) -> Result<(), ScenarioError> {
+        if !(1..=16).contains(&self.list_registers) {
+            return bad("arm", "list_registers", "must be in 1..=16");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! ARM (arch = "arm64"): the scenario key, and each ARM scheme's exits per
+//! guest event (did-arm.md §3) as the mechanisms produce them, with the
+//! invariant checker clean.
+
+mod common;
+use common::*;
+use exitless::scenario::Scenario;
+
+const HRTIMER: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"halt\"\n\
+    [workload.hrtimer_latency]\ninterval_us = 200\n";
+
+const IPI: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [machine]\ncores = 4\n[guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"poll\"\n\
+    [[vm]]\nvcpus = 2\ncore = 1\n[vm.workload.ipi_latency]\ninterval_us = 200\n";
+
+const UDP: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"poll\"\n\
+    [workload.udp]\nrate_pps = 20000\n";
+
+fn xpe(r: &exitless::report::RunReport, event: &str) -> f64 {
+    metric(r, &format!("arm.exits_per_event.{event}"))
+}
+
+#[test]
+fn the_arch_key_refuses_schemes_of_the_other_architecture() {
+    let e = Scenario::parse("scheme = \"kvm-arm\"\nduration_s = 0.1\n", &[])
+        .expect_err("an ARM scheme on x86");
+    assert!(e.to_string().contains("`arch`"), "{e}");
+    assert!(e.to_string().contains("arm64"), "{e}");
+    let e = Scenario::parse(
+        "arch = \"arm64\"\nscheme = \"did\"\nduration_s = 0.1\n",
+        &[],
+    )
+    .expect_err("an x86 scheme on ARM");
+    assert!(e.to_string().contains("`arch`"), "{e}");
+    assert!(e.to_string().contains("kvm-arm"), "{e}");
+    let e = Scenario::parse(
+        "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.1\n[arm]\nlist_registers = 0\n",
+        &[],
+    )
+    .expect_err("no list registers");
+    assert!(e.to_string().contains("arm.list_registers"), "{e}");
+}
+
+#[test]
+fn kvm_arm_timer_programming_and_eoi_never_exit_but_wfi_does() {
+    let r = run_text(HRTIMER, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "hrtimer.samples") > 800.0);
+    assert_eq!(xpe(&r, "timer_program"), 0.0);
+    assert_eq!(xpe(&r, "eoi"), 0.0);
+    assert_eq!(xpe(&r, "idle"), 1.0);
+}
+
+#[test]
+fn kvm_arm_exits_once_per_timer_expiry_and_device_interrupt_of_a_running_guest() {
+    let r = run_text(UDP, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert_eq!(xpe(&r, "device"), 1.0);
+    // One expiry straddles the end of the warm-up.
+    assert!((xpe(&r, "timer_expiry") - 1.0).abs() < 0.02);
+    assert_eq!(xpe(&r, "eoi"), 0.0);
+}
+
+#[test]
+fn kvm_arm_v4_takes_the_vfs_msis_as_vlpis_without_exits() {
+    let r = run_text(UDP, &["scheme=kvm-arm-v4"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert_eq!(xpe(&r, "device"), 0.0);
+    assert!((xpe(&r, "timer_expiry") - 1.0).abs() < 0.02);
+}
+
+#[test]
+fn kvm_arm_v4_doorbell_wakes_a_vcpu_blocked_in_wfi() {
+    let r = run_text(UDP, &["scheme=kvm-arm-v4", "guest.idle=halt"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert!(metric(&r, "arm.exits.WFx") > 100.0);
+}
+
+#[test]
+fn kvm_arm_ipis_trap_at_the_sender_and_kick_a_running_receiver() {
+    let r = run_text(IPI, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+    // Sender SYS64 trap, then the kick SGI makes the running target exit.
+    assert_eq!(xpe(&r, "vcpu_ipi"), 2.0);
+}
+
+#[test]
+fn did_arm_runs_timer_ipi_device_and_idle_without_exits() {
+    for (text, what) in [(HRTIMER, "hrtimer"), (IPI, "ipi"), (UDP, "udp")] {
+        let r = run_text(text, &["scheme=did-arm"]);
+        assert_eq!(r.violations(), 0, "{what}: {:?}", r.invariants.violations);
+        assert_eq!(metric(&r, "arm.exits_per_s"), 0.0, "{what}");
+    }
+    let r = run_text(IPI, &["scheme=did-arm"]);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+    let r = run_text(UDP, &["scheme=did-arm"]);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+}
+
+#[test]
+fn split_mode_pays_four_world_switches_per_exit() {
+    let vhe = run_text(UDP, &["scheme=kvm-arm"]);
+    let split = run_text(UDP, &["scheme=kvm-arm", "arm.hyp_mode=split"]);
+    let (a, b) = (
+        metric(&vhe, "arm.exit_us.IRQ"),
+        metric(&split, "arm.exit_us.IRQ"),
+    );
+    // 2 more switches of 153 ns each.
+    assert!((b - a - 0.306).abs() < 0.005, "vhe {a} split {b}");
+}
+
+#[test]
+fn same_arm_scenario_and_seed_give_byte_identical_reports() {
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let set = format!("scheme={s}");
+        let a = serde_json::to_string(&run_text(UDP, &[&set])).unwrap();
+        let b = serde_json::to_string(&run_text(UDP, &[&set])).unwrap();
+        assert_eq!(a, b, "{s}");
+    }
+}
+
+#[test]
+fn arm_refuses_what_it_does_not_model_naming_the_key() {
+    let text = format!("scheme = \"kvm-arm\"\n{HRTIMER}[[host.burners]]\ncores = [1]\n");
+    let s = Scenario::parse(&text, &[]).expect("parses");
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("host.burners"), "{e}");
+}
