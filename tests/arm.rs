@@ -19,7 +19,7 @@ const UDP: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02
     [workload.udp]\nrate_pps = 20000\n";
 
 fn xpe(r: &exitless::report::RunReport, event: &str) -> f64 {
-    metric(r, &format!("arm.exits_per_event.{event}"))
+    metric(r, &format!("exits_per_event.{event}"))
 }
 
 #[test]
@@ -133,4 +133,53 @@ fn arm_refuses_what_it_does_not_model_naming_the_key() {
         .err()
         .expect("refused");
     assert!(e.to_string().contains("host.burners"), "{e}");
+}
+
+#[test]
+fn reproduce_did_arm_tables_the_exits_per_event_of_each_scheme() {
+    let out = exitless(&["-q", "reproduce", "did-arm"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("did-arm.events\nmetric"), "{text}");
+    assert!(
+        text.contains("max invariant violations in any run: 0"),
+        "{text}"
+    );
+    let out = exitless(&["-q", "reproduce", "did-arm", "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json rows");
+    let cell = |exp: &str, config: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["experiment"] == exp && r["config"] == config && r["metric"] == metric)
+            .and_then(|r| r["model"].as_f64())
+            .unwrap_or_else(|| panic!("{exp} {config} {metric}"))
+    };
+    for m in [
+        "timer_program",
+        "timer_expiry",
+        "eoi",
+        "device",
+        "vcpu_ipi",
+        "host_ipi",
+    ] {
+        let m = format!("exits_per_event.{m}");
+        assert_eq!(cell("did-arm.events", "did-arm", &m), 0.0, "{m}");
+    }
+    assert_eq!(
+        cell("did-arm.events", "x86-kvm", "exits_per_event.eoi"),
+        1.0
+    );
+    assert_eq!(
+        cell("did-arm.events", "kvm-arm", "exits_per_event.eoi"),
+        0.0
+    );
+    assert_eq!(cell("did-arm.idle", "did-arm", "exits_per_event.idle"), 0.0);
+    // Split mode's two extra world switches lengthen the wake-up path.
+    assert!(
+        cell("did-arm.idle", "kvm-arm-split", "hrtimer.latency_p50_us")
+            > cell("did-arm.idle", "kvm-arm", "hrtimer.latency_p50_us")
+    );
 }

@@ -59,3 +59,15 @@ impl ArmSpec {
         Ok(())
     }
 }
+
+/// `[report]`: optional report contents.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportSpec {
+    /// Count each guest event of did-arm.md §3's table (timer programmed,
+    /// timer expiry, EOI, device interrupt, vCPU→vCPU IPI, host→vCPU IPI,
+    /// idle) and the exits charged to it: metrics `events.*`,
+    /// `exits_by_event.*`, `exits_per_event.*`. Always on with `arch =
+    /// "arm64"`.
+    pub exits_per_event: bool,
+}

@@ -16,7 +16,7 @@ pub mod overrides;
 pub mod vm;
 pub mod workloads;
 
-pub use arm::{ArchSpec, ArmSpec, HypModeSpec};
+pub use arm::{ArchSpec, ArmSpec, HypModeSpec, ReportSpec};
 pub use machine::*;
 pub use net::*;
 pub use overrides::apply_set;
@@ -54,6 +54,9 @@ pub struct Scenario {
     /// ARM platform settings (with `arch = "arm64"`).
     #[serde(default)]
     pub arm: ArmSpec,
+    /// Optional report contents.
+    #[serde(default)]
+    pub report: ReportSpec,
     /// RNG seed.
     #[serde(default = "one")]
     pub seed: u64,

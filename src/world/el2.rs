@@ -69,14 +69,11 @@ enum El2Stage {
     Entering,
 }
 
-/// Per VM: exits by reason and by the guest event that caused them, and
-/// the events themselves (did-arm.md §3).
+/// Per VM: exits by reason and their service time.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ArmVmStats {
     exits: [u64; 4],
     exit_time: [Time; 4],
-    class_exits: [u64; 8],
-    class_events: [u64; 8],
 }
 
 /// The ARM side of a world.
@@ -156,21 +153,14 @@ impl El2World {
         }
     }
 
-    fn count_event(&mut self, vm: usize, class: EventClass) {
-        if self.measuring {
-            self.stats[vm].class_events[class.index()] += 1;
-        }
-    }
-
     /// The end of the warm-up.
     pub(super) fn reset_stats(&mut self) {
         self.stats.iter_mut().for_each(|s| *s = Default::default());
         self.measuring = true;
     }
 
-    /// Each VM's ARM metrics (VM 0's by their plain names): exits by
-    /// reason, and per did-arm.md §3 event the events, the exits they
-    /// caused and the ratio.
+    /// Each VM's ARM exits by reason (VM 0's by their plain names), as
+    /// `perf kvm stat` on arm64 names them, and their mean service time.
     pub(super) fn metrics(&self, out: &mut Metrics, dur: f64) {
         for (vm, s) in self.stats.iter().enumerate() {
             let p = crate::report::vm_prefix(vm);
@@ -183,17 +173,6 @@ impl El2World {
                     out.insert(
                         format!("{p}arm.exit_us.{}", r.name()),
                         crate::engine::as_us(s.exit_time[r as usize]) / n as f64,
-                    );
-                }
-            }
-            for c in EventClass::ALL {
-                let (e, x) = (s.class_events[c.index()], s.class_exits[c.index()]);
-                out.insert(format!("{p}arm.events.{}", c.key()), e as f64);
-                out.insert(format!("{p}arm.exits_by_event.{}", c.key()), x as f64);
-                if e > 0 {
-                    out.insert(
-                        format!("{p}arm.exits_per_event.{}", c.key()),
-                        x as f64 / e as f64,
                     );
                 }
             }
@@ -248,7 +227,7 @@ impl World {
             if if_on {
                 let intid = m.cpus[core].read_iar1(&mut m.dist, &mut m.redists[core]);
                 if intid != SPURIOUS {
-                    return Some(Err(self.el2_taken(core, vcpu, intid)));
+                    return Some(Err(self.el2_taken(core, intid)));
                 }
             }
         }
@@ -257,7 +236,7 @@ impl World {
             if m.vifs[vcpu].virq_line(direct.as_ref()) {
                 let intid = m.vifs[vcpu].read_iar1(direct.as_mut());
                 if intid != SPURIOUS {
-                    return Some(Err(self.el2_taken(core, vcpu, intid)));
+                    return Some(Err(self.el2_taken(core, intid)));
                 }
             }
         }
@@ -267,13 +246,11 @@ impl World {
     /// The guest acknowledged `intid`: the handler it runs. The timer's
     /// (`arch_timer_handler_virt`) first masks the timer (CNTV_CTL.IMASK),
     /// which drops its output.
-    fn el2_taken(&mut self, core: usize, vcpu: usize, intid: u32) -> u8 {
-        let vm = self.hv.vcpus[vcpu].vm;
+    fn el2_taken(&mut self, core: usize, intid: u32) -> u8 {
         let now = self.q.now();
         let a = self.el2.as_deref_mut().expect("an ARM world");
         let vector = a.vector_of(intid);
         if intid == VTIMER_PPI {
-            a.count_event(vm, EventClass::TimerExpiry);
             let ctl = a.m.timers[core].read(CntReg::VCtl, now) & (CTL_ENABLE | CTL_IMASK);
             vtimer_write(
                 &mut a.m,
@@ -296,7 +273,6 @@ impl World {
             KernelOp::EndOfInterrupt { vector } => {
                 self.trace_event(TraceKind::Eoi { vector }, core, now, now);
                 let a = self.arm();
-                a.count_event(vm, EventClass::Eoi);
                 let intid = a.intid_of(vector);
                 let m = &mut a.m;
                 let cleared =
@@ -343,7 +319,6 @@ impl World {
             } => {
                 self.checker.timer_programmed(vcpu, vector, deadline, now);
                 let a = self.el2.as_deref_mut().expect("an ARM world");
-                a.count_event(vm, EventClass::TimerProgram);
                 match deadline {
                     Some(_) => {
                         let cval = a.m.timers[core].cntvct(now) + u64::from(ticks);
@@ -363,7 +338,6 @@ impl World {
                 };
                 self.checker.raised_on(t, vector, now);
                 let a = self.el2.as_deref_mut().expect("an ARM world");
-                a.count_event(vm, EventClass::VcpuIpi);
                 let intid = a.intid_of(vector);
                 let mut targets = CoreSet::EMPTY;
                 targets.insert(a.vcpus[t].vmpidr_core);
@@ -396,7 +370,6 @@ impl World {
             }
             KernelOp::Idle => {
                 let a = self.arm();
-                a.count_event(vm, EventClass::Idle);
                 if a.m.el2[core].wfi_traps() {
                     OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
                 } else {
@@ -462,9 +435,10 @@ impl World {
             base += a.costs.sysreg_decode;
         }
         if a.measuring {
-            let s = &mut a.stats[vm];
-            s.exits[exit.reason() as usize] += 1;
-            s.class_exits[class.index()] += 1;
+            a.stats[vm].exits[exit.reason() as usize] += 1;
+        }
+        if let Some(e) = &mut self.event_exits {
+            e.exit(vm, class);
         }
         let (action, charged) = {
             let (mut cx, scheme) = self.arm_cx();
@@ -713,6 +687,12 @@ impl World {
             scheme.vcpu_load(&mut cx, vcpu);
             cx.charged
         };
+        // The entry half of a world switch round trip (KVM_RUN again:
+        // eret to the guest with VHE; hvc to the lowvisor, then eret, in
+        // split mode).
+        let a = self.arm();
+        let entry = Time::from(a.m.el2[core].world_switches_per_exit() / 2) * a.costs.world_switch;
+        let charged = charged + entry;
         self.arm().exits[core] = Some(El2Exit {
             vcpu,
             exit: None,
@@ -803,11 +783,7 @@ impl World {
     /// (DeviceID = the VF, EventID = its vector) after the device's MSI
     /// latency and the ITS's translation.
     pub(super) fn el2_device_msi(&mut self, vf: u16, vector: u8) {
-        let vm = self.vf_owner.get(vf as usize).map_or(0, |&(vm, _)| vm);
-        let lat = self.msi_latency;
-        let a = self.arm();
-        a.count_event(vm, EventClass::Device);
-        let lat = lat + a.costs.its_translate;
+        let lat = self.msi_latency + self.arm().costs.its_translate;
         self.q.schedule_in_async(
             lat,
             Ev::ItsMsi {
@@ -825,9 +801,7 @@ impl World {
         let Some(vcpu) = self.hv.vcpus.iter().position(|v| v.core == core) else {
             return;
         };
-        let vm = self.hv.vcpus[vcpu].vm;
         self.checker.raised_on(vcpu, RESCHEDULE_VECTOR, now);
-        self.arm().count_event(vm, EventClass::HostIpi);
         {
             let (mut cx, scheme) = self.arm_cx();
             scheme.host_vipi(&mut cx, vcpu, GUEST_RESCHEDULE_SGI);

@@ -33,6 +33,9 @@ impl World {
         if let Some(a) = &mut self.el2 {
             a.reset_stats();
         }
+        if let Some(e) = &mut self.event_exits {
+            e.reset();
+        }
         for link in &mut self.peers {
             link.peer.reset_metrics();
         }
@@ -165,6 +168,9 @@ impl World {
         self.scheme.metrics(&mut metrics);
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur);
+        }
+        if let Some(e) = &self.event_exits {
+            e.metrics(&mut metrics);
         }
         if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
             self.sched_metrics(&mut metrics, self.end, dur);

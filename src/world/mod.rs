@@ -8,6 +8,7 @@ mod blk;
 mod build;
 mod el2;
 pub mod event;
+mod event_exits;
 mod metrics;
 mod net;
 mod sched;
@@ -140,6 +141,8 @@ pub struct World {
     /// The ARM platform's interrupt hardware, scheme and KVM/ARM state
     /// (`arch` = ArmEl2 only).
     el2: Option<Box<el2::El2World>>,
+    /// Exits per guest event (always on ARM; on x86 when the scenario asks).
+    event_exits: Option<Box<event_exits::EventExits>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -430,6 +433,16 @@ impl World {
                 let rate = self.scenario.host.ipi_per_s;
                 let dt = from_s(self.rng_host.exponential(1.0 / rate));
                 self.q.schedule_in(dt.max(1), Ev::HostIpi { core });
+                if let Some(e) = &mut self.event_exits {
+                    let vm = self
+                        .hv
+                        .vcpu_owning(core as usize)
+                        .map_or(0, |v| self.hv.vcpus[v].vm);
+                    if now > 0 {
+                        e.event(vm, crate::hv::exits::EventClass::HostIpi);
+                    }
+                    e.kick[core as usize] = crate::hv::exits::EventClass::HostIpi;
+                }
                 if self.arch == arch::Arch::ArmEl2 {
                     if now > 0 {
                         self.el2_host_vipi(core as usize);
@@ -656,6 +669,9 @@ impl World {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
+                        if let Some(e) = &mut self.event_exits {
+                            e.event(vm, crate::hv::exits::EventClass::Device);
+                        }
                     }
                 }
                 match self.arch {
@@ -790,6 +806,11 @@ impl World {
         let (k, c) = self.kcpu(vcpu);
         let now = self.q.now();
         self.checker.handler_entered(vcpu, vector, now);
+        if let Some(e) = &mut self.event_exits {
+            if vector == self.guests[k].config().timer_vector {
+                e.event(k, crate::hv::exits::EventClass::TimerExpiry);
+            }
+        }
         self.trace_event(TraceKind::Deliver { vector }, core, now, now);
         self.guests[k].take_interrupt(c, vector);
     }
@@ -839,7 +860,14 @@ impl World {
                 Action::Returned(v) => {
                     self.checker.handler_returned(vcpu, v);
                 }
-                Action::Op(op) => match self.arch_op(core, vcpu, op) {
+                Action::Op(op) => match {
+                    if let (Some(e), Some(class)) =
+                        (&mut self.event_exits, event_exits::op_class(&op))
+                    {
+                        e.event(k, class);
+                    }
+                    self.arch_op(core, vcpu, op)
+                } {
                     arch::OpResult::Continue => {}
                     // Idle: the core waits for an interrupt (a poke).
                     arch::OpResult::Wait => return,

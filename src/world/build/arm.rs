@@ -229,6 +229,9 @@ pub(in crate::world) fn build(s: &Scenario, cal: &Calibration) -> Result<World, 
         poll_gen: 0,
         halt_start: vec![0; nvcpu],
         el2: Some(Box::new(el2)),
+        event_exits: Some(Box::new(crate::world::event_exits::EventExits::new(
+            nvm, cores,
+        ))),
     };
     for p in 0..w.peers.len() {
         w.peer_sent(p);
