@@ -36,7 +36,7 @@ fn the_arch_key_refuses_schemes_of_the_other_architecture() {
     assert!(e.to_string().contains("`arch`"), "{e}");
     assert!(e.to_string().contains("kvm-arm"), "{e}");
     let e = Scenario::parse(
-        "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.1\n[arm]\nlist_registers = 0\n",
+        "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.1\n[arm]\nlist_registers = 1\n",
         &[],
     )
     .expect_err("no list registers");
@@ -182,4 +182,159 @@ fn reproduce_did_arm_tables_the_exits_per_event_of_each_scheme() {
         cell("did-arm.idle", "kvm-arm-split", "hrtimer.latency_p50_us")
             > cell("did-arm.idle", "kvm-arm", "hrtimer.latency_p50_us")
     );
+}
+
+/// A design under study that breaks a rule, built on kvm-arm(-v4): it
+/// forgets the GICv4 doorbell (never kicks the vCPU it belongs to), or it
+/// blocks a vCPU at every IRQ exit as if it had nothing to do.
+struct Broken {
+    inner: exitless::hv::arm::kvm_arm::KvmArm,
+    ignore_doorbell: bool,
+    halt_on_irq: bool,
+}
+
+mod broken {
+    use super::Broken;
+    use exitless::engine::Time;
+    use exitless::hv::arm::intids::DOORBELL_LPI_BASE;
+    use exitless::hv::arm::{ArmCx, ArmExit, ArmScheme, ExitAction};
+    use exitless::hw::arm::el2::El2Controls;
+    use exitless::hw::arm::params::GicParams;
+
+    impl ArmScheme for Broken {
+        fn name(&self) -> &'static str {
+            "broken"
+        }
+        fn gic(&self, cores: usize, vcpus: usize) -> GicParams {
+            self.inner.gic(cores, vcpus)
+        }
+        fn el2(&self) -> El2Controls {
+            self.inner.el2()
+        }
+        fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize) {
+            self.inner.setup_vm(cx, vm)
+        }
+        fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.vcpu_load(cx, vcpu)
+        }
+        fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.vcpu_put(cx, vcpu)
+        }
+        fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction {
+            let a = self.inner.handle_exit(cx, vcpu, exit);
+            if self.halt_on_irq && exit == ArmExit::Irq {
+                return ExitAction::Halt;
+            }
+            a
+        }
+        fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) {
+            if self.ignore_doorbell && intid >= DOORBELL_LPI_BASE {
+                return;
+            }
+            self.inner.host_irq(cx, core, intid)
+        }
+        fn flush(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.flush(cx, vcpu)
+        }
+        fn has_pending(&self, cx: &ArmCx, vcpu: usize) -> bool {
+            // Blocking on an IRQ exit believes the vCPU has nothing to do.
+            !self.halt_on_irq && self.inner.has_pending(cx, vcpu)
+        }
+        fn halt_poll(&self, cx: &ArmCx) -> Time {
+            self.inner.halt_poll(cx)
+        }
+        fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32) {
+            self.inner.host_vipi(cx, vcpu, vintid)
+        }
+        fn bg_timer(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.bg_timer(cx, vcpu)
+        }
+    }
+}
+
+fn run_broken(text: &str, sets: &[&str], b: Broken) -> exitless::report::RunReport {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let s = Scenario::parse(text, &sets).expect("parses");
+    let cal = exitless::calibration::Calibration::default_host();
+    let mut w = exitless::world::World::build_arm_with(&s, &cal, Box::new(b)).expect("builds");
+    w.run(|_| {});
+    w.report()
+}
+
+#[test]
+fn the_checker_catches_a_doorbell_that_never_wakes_its_vcpu() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let sets = ["scheme=kvm-arm-v4", "guest.idle=halt", "guest.tick=off"];
+    let good = run_text(UDP, &sets);
+    assert_eq!(good.violations(), 0, "{:?}", good.invariants.violations);
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm_v4::kvm_arm_v4(HypMode::Vhe),
+        ignore_doorbell: true,
+        halt_on_irq: false,
+    };
+    let r = run_broken(UDP, &sets, b);
+    assert!(
+        r.invariants.counts[&ViolationKind::GicState] > 0,
+        "{:?}",
+        r.invariants
+    );
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+}
+
+#[test]
+fn the_checker_catches_a_vcpu_blocked_on_irq_exits_with_work_pending() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm::KvmArm::new(HypMode::Vhe),
+        ignore_doorbell: false,
+        halt_on_irq: true,
+    };
+    let r = run_broken(UDP, &["scheme=kvm-arm", "host.ipi_per_s=50000"], b);
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+}
+
+#[test]
+fn two_list_registers_overflow_into_the_ap_list_and_maintenance_exits() {
+    // Timer and both IPIs competing for two LRs: the rest wait in the
+    // ap_list with UIE set until the guest's EOIs leave at most one LR
+    // valid; nothing is lost.
+    let r = run_text(
+        IPI,
+        &[
+            "scheme=kvm-arm",
+            "arm.list_registers=2",
+            "host.ipi_per_s=20000",
+        ],
+    );
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+}
+
+#[test]
+fn several_smp_vms_on_dedicated_cores() {
+    let text = "arch = \"arm64\"\nseed = 3\nduration_s = 0.1\nwarmup_s = 0.02\n\
+        [machine]\ncores = 5\n[guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"halt\"\n\
+        [[vm]]\nvcpus = 2\ncore = 1\ncopies = 2\ncopies_cores = [1, 2, 3, 4]\n\
+        [vm.workload.ipi_latency]\ninterval_us = 200\n[vm.workload.udp]\nrate_pps = 5000\n";
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let r = run_text(text, &[&format!("scheme={s}")]);
+        assert_eq!(r.violations(), 0, "{s}: {:?}", r.invariants.violations);
+        for p in ["", "vm1."] {
+            assert!(metric(&r, &format!("{p}ipi.samples")) > 200.0, "{s} {p}");
+            assert!(
+                metric(&r, &format!("{p}guest.rx_packets")) > 200.0,
+                "{s} {p}"
+            );
+        }
+    }
 }

@@ -38,7 +38,9 @@ pub struct ArmSpec {
     /// VHE or split-mode KVM.
     pub hyp_mode: HypModeSpec,
     /// List registers per virtual CPU interface (ICH_VTR_EL2.ListRegs + 1;
-    /// did-arm.md §7.6 default 4).
+    /// did-arm.md §7.6 default 4). At least 2: with one, KVM's underflow
+    /// maintenance interrupt (ICH_HCR_EL2.UIE: at most one valid LR) would
+    /// fire at every entry while its LR is in use.
     pub list_registers: u8,
 }
 
@@ -53,8 +55,12 @@ impl Default for ArmSpec {
 
 impl ArmSpec {
     pub(super) fn validate(&self) -> Result<(), ScenarioError> {
-        if !(1..=16).contains(&self.list_registers) {
-            return bad("arm", "list_registers", "must be in 1..=16");
+        if !(2..=16).contains(&self.list_registers) {
+            return bad(
+                "arm",
+                "list_registers",
+                "must be in 2..=16 (with one, UIE's underflow maintenance interrupt fires at every entry)",
+            );
         }
         Ok(())
     }

@@ -91,6 +91,8 @@ pub(super) struct El2World {
     poll_gen: u64,
     /// Per vCPU: a wake-up is on its way.
     waking: Vec<bool>,
+    /// Per vCPU: when its vPE's doorbell rang, until it next enters.
+    doorbell_at: Vec<Option<Time>>,
     stats: Vec<ArmVmStats>,
     timer_vector: u8,
     vf_vector: u8,
@@ -122,6 +124,7 @@ impl El2World {
             polling: vec![None; n],
             poll_gen: 0,
             waking: vec![false; n],
+            doorbell_at: vec![None; n],
             stats: vec![ArmVmStats::default(); vms],
             timer_vector,
             vf_vector,
@@ -577,6 +580,7 @@ impl World {
         }
         let level = a.m.vifs[vcpu].maintenance_line();
         let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
+        a.doorbell_at[vcpu] = None;
         self.trace_event(TraceKind::ScheduleIn, core, e.start, now);
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;
@@ -740,9 +744,22 @@ impl World {
                 let a = self.arm();
                 let (its, mut t) = a.m.its_targets();
                 match its.translate(u32::from(device), u32::from(event), &mut t) {
-                    MsiOutcome::Lpi { core, .. }
-                    | MsiOutcome::VlpiResident { core, .. }
-                    | MsiOutcome::VlpiPending { core, .. } => self.el2_poke(core),
+                    MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
+                        self.el2_poke(core)
+                    }
+                    MsiOutcome::VlpiPending {
+                        core,
+                        vpeid,
+                        doorbell,
+                        ..
+                    } => {
+                        if doorbell.is_some() {
+                            if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
+                                a.doorbell_at[v].get_or_insert(now);
+                            }
+                        }
+                        self.el2_poke(core)
+                    }
                     MsiOutcome::Fault(_) => self.msi_faults += 1,
                 }
             }
@@ -809,11 +826,26 @@ impl World {
         self.el2_kicks();
     }
 
-    /// At the end of the run: a vCPU still blocked with an interrupt
-    /// pending was never woken by its doorbell or kick.
+    /// At the end of the run: a doorbell rung longer than the lost grace
+    /// ago for a vCPU that has not entered since, and a vCPU still blocked
+    /// with an interrupt pending, were never woken.
     pub(super) fn el2_finish(&mut self) {
         let now = self.q.now();
+        let grace = self.lost_grace;
         for v in 0..self.hv.vcpus.len() {
+            if let Some(t) = self.arm().doorbell_at[v] {
+                if now.saturating_sub(t) > grace {
+                    self.checker.gic_violation(
+                        v,
+                        0,
+                        now,
+                        format!(
+                            "the doorbell of vCPU {v} rang at {:.3} us and never woke it",
+                            crate::engine::as_us(t)
+                        ),
+                    );
+                }
+            }
             let core = self.hv.vcpus[v].core;
             if !(self.hv.vcpus[v].halted && self.m.cores[core].mode == CoreMode::Idle) {
                 continue;

@@ -89,16 +89,22 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Builds the ARM world `s` describes.
-pub(in crate::world) fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
-    cal.check()?;
-    let acal = ArmCalibration::default_arm();
-    let hyp = match s.arm.hyp_mode {
+/// The host's KVM mode the scenario asks for.
+pub(super) fn hyp_mode(s: &Scenario) -> HypMode {
+    match s.arm.hyp_mode {
         HypModeSpec::Vhe => HypMode::Vhe,
         HypModeSpec::Split => HypMode::Split,
-    };
-    let mut scheme = crate::hv::arm::by_name(&s.scheme, hyp)
-        .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
+    }
+}
+
+/// Builds the ARM world `s` describes with `scheme`.
+pub(in crate::world) fn build(
+    s: &Scenario,
+    cal: &Calibration,
+    mut scheme: Box<dyn crate::hv::arm::ArmScheme>,
+) -> Result<World, BuildError> {
+    cal.check()?;
+    let acal = ArmCalibration::default_arm();
     let host = ArmHost;
     let topo = Topology::plan(s, &host)?;
     refuse_unsupported(s, &topo)?;

@@ -69,11 +69,29 @@ impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
         if s.arch == crate::scenario::ArchSpec::Arm64 {
-            return arm::build(s, cal);
+            let scheme = crate::hv::arm::by_name(&s.scheme, arm::hyp_mode(s))
+                .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
+            return arm::build(s, cal, scheme);
         }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
         Self::build_with(s, cal, scheme)
+    }
+
+    /// Builds the ARM world (`arch = "arm64"`) a scenario describes with an
+    /// ARM scheme of the caller's (a design under study); the scenario's
+    /// `scheme` key only has to name a known ARM scheme.
+    pub fn build_arm_with(
+        s: &Scenario,
+        cal: &Calibration,
+        scheme: Box<dyn crate::hv::arm::ArmScheme>,
+    ) -> Result<World, BuildError> {
+        if s.arch != crate::scenario::ArchSpec::Arm64 {
+            return Err(BuildError::Scenario(
+                "an ARM scheme needs arch = \"arm64\"".into(),
+            ));
+        }
+        arm::build(s, cal, scheme)
     }
 
     /// Builds the world a scenario describes with a scheme of the caller's
