@@ -338,3 +338,19 @@ fn several_smp_vms_on_dedicated_cores() {
         }
     }
 }
+
+#[test]
+fn the_race_explorer_finds_nothing_on_the_arm_schemes() {
+    let cal = exitless::calibration::Calibration::default_host();
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let sc = load_scenario("scenarios/explore/arm-smp.toml", &[&format!("scheme={s}")]);
+        let x = exitless::explore::explore(&sc, &cal, explore_opts(20), |_, _| {}).unwrap();
+        assert_eq!(x.runs, 20);
+        assert_eq!(
+            x.failing_runs,
+            0,
+            "{s}: {:?}",
+            x.counterexample.map(|c| c.violations)
+        );
+    }
+}

@@ -656,14 +656,12 @@ impl World {
                     },
                 );
             }
-            CoreMode::Host { vcpu: v } if v == vcpu => {
-                if a.polling[vcpu].take().is_some() {
-                    // Halt polling saw the interrupt: on to the entry.
-                    if let Some(e) = &mut a.exits[core] {
-                        e.stage = El2Stage::HostIrq;
-                    }
-                    self.el2_stage_done(core);
+            // Halt polling saw the interrupt: on to the entry.
+            CoreMode::Host { vcpu: v } if v == vcpu && a.polling[vcpu].take().is_some() => {
+                if let Some(e) = &mut a.exits[core] {
+                    e.stage = El2Stage::HostIrq;
                 }
+                self.el2_stage_done(core);
             }
             CoreMode::Idle if self.hv.vcpus[vcpu].halted && !a.waking[vcpu] => {
                 a.waking[vcpu] = true;
@@ -863,5 +861,96 @@ impl World {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::Calibration;
+    use crate::scenario::Scenario;
+
+    /// A 2-vCPU ARM world of `scheme`, its vCPU 0 in guest mode on core 1.
+    fn world(scheme: &str) -> World {
+        let text = format!(
+            "arch = \"arm64\"\nscheme = \"{scheme}\"\nduration_s = 0.01\n[machine]\ncores = 3\n\
+             [guest]\ntick = \"off\"\n[[vm]]\nvcpus = 2\ncore = 1\n"
+        );
+        let s = Scenario::parse(&text, &[]).expect("scenario parses");
+        World::build(&s, &Calibration::default_host()).expect("world builds")
+    }
+
+    #[test]
+    fn the_arch_timer_clockevent_ticks_at_the_counter_frequency_with_no_setup() {
+        let c = arch_timer_clockevent(100_000_000);
+        assert_eq!(c.tick, 10_000, "10 ns in ps");
+        assert_eq!((c.min_delta_ticks, c.init_steps), (0xF, 0));
+    }
+
+    #[test]
+    fn guest_handlers_map_to_linux_arm64_intids_and_back() {
+        let w = world("kvm-arm");
+        let a = w.el2.as_deref().unwrap();
+        for (vector, intid) in [
+            (a.timer_vector, VTIMER_PPI),
+            (a.vf_vector, VF_VLPI),
+            (RESCHEDULE_VECTOR, 0),
+            (crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR, 1),
+        ] {
+            assert_eq!(a.intid_of(vector), intid);
+            assert_eq!(a.vector_of(intid), vector);
+        }
+        assert_eq!(a.vector_of(2), UNEXPECTED_VECTOR);
+    }
+
+    /// KVM/ARM: SGI1R traps (IMO), WFI traps (TWI), programming the
+    /// virtual timer never does; did-arm: the SGI is a physical write and
+    /// WFI waits in the guest.
+    #[test]
+    fn each_scheme_traps_what_its_el2_controls_say() {
+        let mut w = world("kvm-arm");
+        let ipi = KernelOp::SendIpi {
+            cpu: 1,
+            vector: crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+        };
+        let timer = KernelOp::ProgramClockevent {
+            ticks: 1000,
+            deadline: Some(10_000_000),
+            vector: 0xEF,
+        };
+        assert!(matches!(
+            w.el2_op(1, 0, ipi),
+            OpResult::Exit(
+                ArchExit::El2(ArmExit::Sys64 {
+                    reg: IccReg::Sgi1r,
+                    ..
+                }),
+                None
+            )
+        ));
+        assert_eq!(w.el2_op(1, 0, timer), OpResult::Continue);
+        assert!(matches!(
+            w.el2_op(1, 0, KernelOp::Idle),
+            OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
+        ));
+        let mut w = world("did-arm");
+        assert_eq!(w.el2_op(1, 0, ipi), OpResult::Continue);
+        assert_eq!(w.el2_op(1, 0, KernelOp::Idle), OpResult::Wait);
+        // The SGI is on its way to vCPU 1's core.
+        assert!(!w.q.is_empty());
+    }
+
+    /// The guest's EOI of an interrupt it never acknowledged drops nothing:
+    /// the checker sees an EOI with nothing in service.
+    #[test]
+    fn an_eoi_with_nothing_active_clears_nothing() {
+        let mut w = world("kvm-arm");
+        let op = KernelOp::EndOfInterrupt { vector: 0xEF };
+        assert_eq!(w.el2_op(1, 0, op), OpResult::Continue);
+        assert_eq!(
+            w.checker
+                .count(crate::check::ViolationKind::EoiWithoutInService),
+            1
+        );
     }
 }

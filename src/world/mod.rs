@@ -860,19 +860,19 @@ impl World {
                 Action::Returned(v) => {
                     self.checker.handler_returned(vcpu, v);
                 }
-                Action::Op(op) => match {
+                Action::Op(op) => {
                     if let (Some(e), Some(class)) =
                         (&mut self.event_exits, event_exits::op_class(&op))
                     {
                         e.event(k, class);
                     }
-                    self.arch_op(core, vcpu, op)
-                } {
-                    arch::OpResult::Continue => {}
-                    // Idle: the core waits for an interrupt (a poke).
-                    arch::OpResult::Wait => return,
-                    arch::OpResult::Exit(exit, eoi) => return self.arch_exit(core, exit, eoi),
-                },
+                    match self.arch_op(core, vcpu, op) {
+                        arch::OpResult::Continue => {}
+                        // Idle: the core waits for an interrupt (a poke).
+                        arch::OpResult::Wait => return,
+                        arch::OpResult::Exit(exit, eoi) => return self.arch_exit(core, exit, eoi),
+                    }
+                }
             }
         }
     }
