@@ -940,6 +940,25 @@ mod tests {
         assert!(!w.q.is_empty());
     }
 
+    /// GIC rule: a vCPU scheduled out (blocked) with a virtual interrupt
+    /// still active in one of its list registers is a violation.
+    #[test]
+    fn an_active_list_register_at_schedule_out_is_a_gic_violation() {
+        use crate::hw::arm::vcpu_interface::ListRegister;
+        let mut w = world("kvm-arm");
+        let vif = &mut w.el2.as_deref_mut().unwrap().m.vifs[0];
+        vif.inject(ListRegister::pending(VF_VLPI, 0xA0)).unwrap();
+        assert_eq!(vif.read_iar1(None), VF_VLPI);
+        w.m.cores[1].mode = CoreMode::Host { vcpu: 0 };
+        w.hv.vcpus[0].halted = true;
+        w.el2_block(1, 0);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 1);
+        assert!(w.checker.violations()[0]
+            .detail
+            .contains("active in a list register"));
+        assert_eq!(w.m.cores[1].mode, CoreMode::Idle);
+    }
+
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:
     /// the checker sees an EOI with nothing in service.
     #[test]
