@@ -158,6 +158,80 @@ pub struct Calibration {
     pub blk: Blk,
 }
 
+/// ARM section `el2`: the exit path's hardware costs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmEl2 {
+    pub world_switch_ns: Entry,
+    pub sysreg_decode_ns: Entry,
+}
+
+/// ARM section `kvm`: KVM/ARM's handlers.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmKvm {
+    pub vgic_emulate_ns: Entry,
+    pub host_irq_ns: Entry,
+    pub vgic_flush_sync_ns: Entry,
+    pub wfi_emulate_ns: Entry,
+    pub timer_load_put_ns: Entry,
+    pub vpe_residency_ns: Entry,
+    pub doorbell_handler_ns: Entry,
+    pub vcpu_wakeup_us: Entry,
+    pub halt_poll_us: Entry,
+}
+
+/// ARM section `gic`: interrupt-controller latencies.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmGic {
+    pub its_translate_ns: Entry,
+    pub sgi_latency_ns: Entry,
+}
+
+/// ARM section `guest`: what differs in the guest's own costs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmGuest {
+    pub virtual_eoi_ns: Entry,
+}
+
+/// The ARM host's calibration (`calibration/arm-kvm-host.toml`): the
+/// primitives of KVM/ARM and the GIC. The guest kernel's path lengths come
+/// from the x86 file (the same Linux code).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmCalibration {
+    pub el2: ArmEl2,
+    pub kvm: ArmKvm,
+    pub gic: ArmGic,
+    pub guest: ArmGuest,
+}
+
+/// The ARM calibration shipped with exitless.
+pub const ARM_DEFAULT_TOML: &str = include_str!("../calibration/arm-kvm-host.toml");
+
+impl ArmCalibration {
+    /// Parses and checks an ARM calibration file's text (the same range
+    /// rules as the x86 file: [`range_of`]).
+    pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
+        let c: ArmCalibration = toml::from_str(text)?;
+        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
+        check(&v, "")?;
+        Ok(c)
+    }
+
+    /// The shipped ARM calibration.
+    pub fn default_arm() -> Self {
+        Self::from_toml(ARM_DEFAULT_TOML).expect("shipped ARM calibration parses")
+    }
+}
+
 /// The calibration shipped with exitless.
 pub const DEFAULT_TOML: &str = include_str!("../calibration/x86-did-host.toml");
 
@@ -352,6 +426,25 @@ fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shipped_arm_file_parses_with_tagged_sources_and_rejects_out_of_range() {
+        let c = ArmCalibration::default_arm();
+        assert_eq!(c.el2.world_switch_ns.value, 153.0);
+        for line in ARM_DEFAULT_TOML.lines().filter(|l| l.contains("source")) {
+            assert!(
+                ["[paper]", "[public]", "[estimate]"]
+                    .iter()
+                    .any(|t| line.contains(t)),
+                "untagged source: {line}"
+            );
+        }
+        let bad = ARM_DEFAULT_TOML.replace("value = 153.0", "value = -1.0");
+        assert!(matches!(
+            ArmCalibration::from_toml(&bad),
+            Err(CalibrationError::OutOfRange { ref key, .. }) if key == "el2.world_switch_ns"
+        ));
+    }
 
     #[test]
     fn shipped_file_parses_and_every_entry_has_a_tagged_source() {

@@ -24,6 +24,11 @@ pub enum ViolationKind {
     IsrInconsistent,
     /// An EOI reached a LAPIC whose ISR was empty (DID Fig. 3a).
     EoiWithoutInService,
+    /// A GIC rule broken (ARM): a virtual interrupt left active in a list
+    /// register when its vCPU was scheduled out, or a vCPU left blocked
+    /// with an interrupt pending for it (a doorbell or kick that never
+    /// woke it).
+    GicState,
 }
 
 /// One recorded violation.
@@ -127,7 +132,7 @@ pub struct Checker {
     /// vCPU → its VM.
     vm_of: Vec<usize>,
     stored: Vec<Violation>,
-    counts: [u64; 5],
+    counts: [u64; 6],
     /// Raises that merged with one already pending (edge semantics, DID §7.8).
     pub merged: u64,
     /// Interrupts delivered to their owner.
@@ -160,7 +165,7 @@ impl Checker {
             devs: vec![VmTrack::new(); nvm],
             vm_of,
             stored: Vec::new(),
-            counts: [0; 5],
+            counts: [0; 6],
             merged: 0,
             delivered: 0,
             early_tolerance: US,
@@ -203,6 +208,18 @@ impl Checker {
         let all = mine().all(|c| self.vms[c].running || self.vms[c].blocked);
         self.devs[vm].running = any;
         self.devs[vm].set_clock_running(all, now);
+    }
+
+    /// A GIC rule was broken on `vcpu` (`detail` says which).
+    pub fn gic_violation(&mut self, vcpu: usize, vintid: u32, now: Time, detail: String) {
+        let vm = self.vm_of[vcpu];
+        self.violate(
+            now,
+            vm,
+            ViolationKind::GicState,
+            vintid.min(255) as u8,
+            detail,
+        );
     }
 
     /// The host scheduler holds `vcpu`'s thread asleep while the vCPU is

@@ -364,6 +364,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             for (name, what) in SCHEMES.iter().zip(SCHEME_SUMMARIES) {
                 text.push_str(&format!("{name:<11} {what}\n"));
             }
+            text.push_str("\nwith arch = \"arm64\":\n");
+            let arm = exitless::hv::arm::ARM_SCHEMES
+                .iter()
+                .zip(exitless::hv::arm::ARM_SCHEME_SUMMARIES);
+            for (name, what) in arm {
+                text.push_str(&format!("{name:<11} {what}\n"));
+            }
             emit(&text)?;
         }
         Cmd::Calibration => {

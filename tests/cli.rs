@@ -236,12 +236,23 @@ fn schemes_lists_every_buildable_scheme_with_a_summary() {
     let o = exitless(&["schemes"]);
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(text.lines().count(), exitless::hv::scheme::SCHEMES.len());
-    for (line, name) in text.lines().zip(exitless::hv::scheme::SCHEMES) {
+    let (x86, arm) = text
+        .split_once("\nwith arch = \"arm64\":\n")
+        .expect("an ARM part");
+    assert_eq!(x86.lines().count(), exitless::hv::scheme::SCHEMES.len());
+    for (line, name) in x86.lines().zip(exitless::hv::scheme::SCHEMES) {
         let (first, rest) = line.split_once(' ').unwrap();
         assert_eq!(first, name);
         assert!(rest.trim().len() > 20, "{line}");
         assert_eq!(exitless::hv::scheme::by_name(name).unwrap().name(), name);
+    }
+    assert_eq!(arm.lines().count(), exitless::hv::arm::ARM_SCHEMES.len());
+    for (line, name) in arm.lines().zip(exitless::hv::arm::ARM_SCHEMES) {
+        let (first, rest) = line.split_once(' ').unwrap();
+        assert_eq!(first, name);
+        assert!(rest.trim().len() > 20, "{line}");
+        let hyp = exitless::hw::arm::el2::HypMode::Vhe;
+        assert_eq!(exitless::hv::arm::by_name(name, hyp).unwrap().name(), name);
     }
 }
 

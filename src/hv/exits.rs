@@ -225,6 +225,63 @@ impl ExitStats {
     }
 }
 
+/// The guest events an exit can be charged to: the rows of did-arm.md
+/// §3's exits-per-event table, for every architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventClass {
+    /// The guest programs its timer.
+    TimerProgram,
+    /// Its timer expires.
+    TimerExpiry,
+    /// It ends an interrupt.
+    Eoi,
+    /// A device interrupt for it.
+    Device,
+    /// One of its vCPUs IPIs another.
+    VcpuIpi,
+    /// The host sends a virtual interrupt to one of its vCPUs from another
+    /// core.
+    HostIpi,
+    /// It idles (WFI).
+    Idle,
+    /// An exit no guest event explains (a maintenance interrupt, a host
+    /// interrupt of its own).
+    Other,
+}
+
+impl EventClass {
+    /// Every class, table order.
+    pub const ALL: [EventClass; 8] = [
+        EventClass::TimerProgram,
+        EventClass::TimerExpiry,
+        EventClass::Eoi,
+        EventClass::Device,
+        EventClass::VcpuIpi,
+        EventClass::HostIpi,
+        EventClass::Idle,
+        EventClass::Other,
+    ];
+
+    /// Metric key.
+    pub fn key(self) -> &'static str {
+        match self {
+            EventClass::TimerProgram => "timer_program",
+            EventClass::TimerExpiry => "timer_expiry",
+            EventClass::Eoi => "eoi",
+            EventClass::Device => "device",
+            EventClass::VcpuIpi => "vcpu_ipi",
+            EventClass::HostIpi => "host_ipi",
+            EventClass::Idle => "idle",
+            EventClass::Other => "other",
+        }
+    }
+
+    /// Index into per-class arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

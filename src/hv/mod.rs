@@ -4,6 +4,7 @@
 //! [`scheme::Scheme`]. Hypervisor code touches the platform only through
 //! [`HvCx`]: LAPIC registers, VMCS fields, IRT entries, device registers.
 
+pub mod arm;
 pub mod blk_backend;
 pub mod es2;
 pub mod exits;

@@ -8,6 +8,7 @@
 //! and [`hv`]'s checks; [`overrides`] handles the TOML text. A scenario
 //! without `[[vm]]` tables is sugar for one VM (see [`Scenario::parse`]).
 
+mod arm;
 pub mod hv;
 pub mod machine;
 pub mod net;
@@ -15,6 +16,7 @@ pub mod overrides;
 pub mod vm;
 pub mod workloads;
 
+pub use arm::{ArchSpec, ArmSpec, HypModeSpec, ReportSpec};
 pub use machine::*;
 pub use net::*;
 pub use overrides::apply_set;
@@ -44,6 +46,17 @@ pub struct Scenario {
     /// and `net.device`.
     #[serde(default)]
     pub config: Option<String>,
+    /// The architecture the guests run on: `x86_64` (VT-x, the default)
+    /// or `arm64` (EL2 with a GICv3/v4: the schemes kvm-arm, kvm-arm-v4,
+    /// did-arm).
+    #[serde(default)]
+    pub arch: ArchSpec,
+    /// ARM platform settings (with `arch = "arm64"`).
+    #[serde(default)]
+    pub arm: ArmSpec,
+    /// Optional report contents.
+    #[serde(default)]
+    pub report: ReportSpec,
     /// RNG seed.
     #[serde(default = "one")]
     pub seed: u64,
@@ -456,7 +469,33 @@ impl Scenario {
 
     /// Checks every key's range and the combinations, section by section.
     fn validate(&self) -> Result<(), ScenarioError> {
-        if crate::hv::scheme::by_name(&self.scheme).is_none() {
+        let arm_scheme = crate::hv::arm::ARM_SCHEMES.contains(&self.scheme.as_str());
+        match self.arch {
+            ArchSpec::Arm64 if !arm_scheme => {
+                return bad(
+                    "",
+                    "arch",
+                    format!(
+                        "`arm64` runs the ARM schemes ({}); scheme `{}` is not one",
+                        crate::hv::arm::ARM_SCHEMES.join(", "),
+                        self.scheme
+                    ),
+                );
+            }
+            ArchSpec::Arm64 => self.arm.validate()?,
+            ArchSpec::X86_64 if arm_scheme => {
+                return bad(
+                    "",
+                    "arch",
+                    format!(
+                        "scheme `{}` runs on ARM: it needs arch = \"arm64\"",
+                        self.scheme
+                    ),
+                );
+            }
+            ArchSpec::X86_64 => {}
+        }
+        if !arm_scheme && crate::hv::scheme::by_name(&self.scheme).is_none() {
             return bad(
                 "",
                 "scheme",

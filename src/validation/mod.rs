@@ -64,6 +64,10 @@ pub struct Experiment {
     /// run at the peak.
     #[serde(default)]
     pub search: Option<Search>,
+    /// Also print the experiment as a table in the text report: one row per
+    /// metric, one column per config (did-arm.md §3's exits per event).
+    #[serde(default)]
+    pub table: bool,
 }
 
 /// One value of an experiment's `workload` parameter.
@@ -221,6 +225,9 @@ pub struct Row {
     pub within: Option<bool>,
     /// Invariant violations in the run that produced the value.
     pub violations: u64,
+    /// Shown again in the experiment's table (text report only).
+    #[serde(skip)]
+    pub table: bool,
 }
 
 /// Errors of `reproduce`.
@@ -576,6 +583,7 @@ pub fn reproduce(
                 tolerance: exp.map(|x| x.tolerance),
                 within: exp.map(|x| within(model, x.paper, x.tolerance)),
                 violations: rep.violations(),
+                table: e.table,
             });
         }
     }
@@ -637,6 +645,7 @@ pub fn reproduce(
                     tolerance: Some(d.tolerance),
                     within: Some(within(model, d.paper, d.tolerance)),
                     violations: a.violations.max(b.violations),
+                    table: false,
                 });
             }
             rows.extend(extra);
@@ -689,6 +698,7 @@ pub fn to_text(rows: &[Row]) -> String {
             }
         );
     }
+    tables(rows, &mut o);
     let scored: Vec<&Row> = rows.iter().filter(|r| r.within.is_some()).collect();
     let ok = scored.iter().filter(|r| r.within == Some(true)).count();
     let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
@@ -698,6 +708,51 @@ pub fn to_text(rows: &[Row]) -> String {
         scored.len()
     );
     o
+}
+
+/// The experiments marked `table`, each as a matrix: its metrics down,
+/// its configs across (in run order), `model (paper)` in each cell.
+fn tables(rows: &[Row], o: &mut String) {
+    use std::fmt::Write;
+    let mut ids: Vec<&str> = Vec::new();
+    for r in rows.iter().filter(|r| r.table) {
+        if !ids.contains(&r.experiment.as_str()) {
+            ids.push(&r.experiment);
+        }
+    }
+    for id in ids {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.experiment == id).collect();
+        let mut configs: Vec<&str> = Vec::new();
+        let mut metrics: Vec<&str> = Vec::new();
+        for r in &mine {
+            if !configs.contains(&r.config.as_str()) {
+                configs.push(&r.config);
+            }
+            if !metrics.contains(&r.metric.as_str()) {
+                metrics.push(&r.metric);
+            }
+        }
+        let _ = write!(o, "\n{id}\n{:<32}", "metric");
+        for c in &configs {
+            let _ = write!(o, " {c:>16}");
+        }
+        let _ = writeln!(o);
+        for m in &metrics {
+            let _ = write!(o, "{m:<32}");
+            for c in &configs {
+                let cell = mine
+                    .iter()
+                    .find(|r| r.config == *c && r.metric == *m)
+                    .map(|r| match r.paper {
+                        Some(p) => format!("{:.3} ({p})", r.model),
+                        None => format!("{:.3}", r.model),
+                    })
+                    .unwrap_or_else(|| "-".into());
+                let _ = write!(o, " {cell:>16}");
+            }
+            let _ = writeln!(o);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,13 +12,14 @@
 //! - the exit -> handler -> entry path (`vm_exit`, `exit_stage_done`,
 //!   `vm_entry`), whose stages the generic loop advances as segments end.
 //!
-//! x86 with VT-x is [`Arch::X86Vmx`], implemented in `world::vmx`. An ARM
-//! EL2 implementation (HCR_EL2 traps, the GIC's virtual CPU interface and
-//! list registers, the generic timer) is a sibling variant and a sibling
-//! file `world::el2`, never a branch inside vmx.
+//! x86 with VT-x is [`Arch::X86Vmx`], implemented in `world::vmx`; ARM
+//! with EL2 (HCR_EL2 traps, the GIC's virtual CPU interface and list
+//! registers, the generic timer) is [`Arch::ArmEl2`], implemented in the
+//! sibling file `world::el2`.
 
 use super::World;
 use crate::guest::KernelOp;
+use crate::hv::arm::ArmExit;
 use crate::hv::exits::ExitInfo;
 
 /// The virtualization extension the platform runs guests with.
@@ -26,6 +27,17 @@ use crate::hv::exits::ExitInfo;
 pub(super) enum Arch {
     /// x86-64 with VT-x, x2APIC/xAPIC LAPICs and VT-d (`world::vmx`).
     X86Vmx,
+    /// AArch64 with EL2 and a GICv3/v4 (`world::el2`).
+    ArmEl2,
+}
+
+/// What caused an exit, in the architecture's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ArchExit {
+    /// A VM exit with its VT-x exit information.
+    Vmx(ExitInfo),
+    /// An exception to EL2 with its class.
+    El2(ArmExit),
 }
 
 /// What executing a kernel operation did.
@@ -36,7 +48,7 @@ pub(super) enum OpResult {
     /// The core idles in guest mode until an interrupt.
     Wait,
     /// It exits, with the vector an exiting EOI completes.
-    Exit(ExitInfo, Option<u8>),
+    Exit(ArchExit, Option<u8>),
 }
 
 impl World {
@@ -44,9 +56,10 @@ impl World {
     /// (`Ok`), a delivery through the guest's handlers (`Err(vector)`), or
     /// nothing.
     #[inline]
-    pub(super) fn arch_pending(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+    pub(super) fn arch_pending(&mut self, core: usize) -> Option<Result<ArchExit, u8>> {
         match self.arch {
-            Arch::X86Vmx => self.interrupt_decision(core),
+            Arch::X86Vmx => self.interrupt_decision(core).map(|r| r.map(ArchExit::Vmx)),
+            Arch::ArmEl2 => self.el2_pending(core),
         }
     }
 
@@ -55,6 +68,24 @@ impl World {
     pub(super) fn arch_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
         match self.arch {
             Arch::X86Vmx => self.vmx_op(core, vcpu, op),
+            Arch::ArmEl2 => self.el2_op(core, vcpu, op),
+        }
+    }
+
+    /// The guest on `core` exits (with the vector an exiting EOI
+    /// completes).
+    pub(super) fn arch_exit(&mut self, core: usize, exit: ArchExit, eoi: Option<u8>) {
+        match exit {
+            ArchExit::Vmx(info) => self.vm_exit(core, info, eoi),
+            ArchExit::El2(e) => self.el2_exit(core, e),
+        }
+    }
+
+    /// A host-mode work segment on `core` ended: the exit path goes on.
+    pub(super) fn arch_stage_done(&mut self, core: usize) {
+        match self.arch {
+            Arch::X86Vmx => self.exit_stage_done(core),
+            Arch::ArmEl2 => self.el2_stage_done(core),
         }
     }
 }

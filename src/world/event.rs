@@ -169,6 +169,53 @@ pub enum Ev {
         /// Polling generation.
         gen: u64,
     },
+    /// ARM: a core's virtual timer reached its compare value (stale if
+    /// `gen` moved on).
+    VtimerFire {
+        /// Core.
+        core: u16,
+        /// Timer generation.
+        gen: u64,
+    },
+    /// ARM: a device's MSI write reaches the ITS (GITS_TRANSLATER).
+    ItsMsi {
+        /// DeviceID.
+        device: u16,
+        /// EventID.
+        event: u16,
+    },
+    /// ARM: a physical SGI reaches a core's redistributor.
+    ArmSgi {
+        /// Target core.
+        core: u16,
+        /// INTID (0-15).
+        intid: u8,
+        /// Why it was sent (`hv::arm::EventClass` index), for the
+        /// exits-per-event accounting.
+        class: u8,
+    },
+    /// ARM: KVM's background timer of a blocked vCPU (`bg_timer`) fired
+    /// (stale if `gen` moved on).
+    BgTimer {
+        /// vCPU.
+        vcpu: u16,
+        /// Arming generation.
+        gen: u64,
+    },
+    /// ARM: kvm_vcpu_halt's polling window for a vCPU ran out (stale if
+    /// `gen` moved on).
+    ArmPollEnd {
+        /// vCPU.
+        vcpu: u16,
+        /// Polling generation.
+        gen: u64,
+    },
+    /// ARM: a blocked vCPU's thread wakes up (kvm_vcpu_wake_up, after the
+    /// wake-up latency).
+    ArmWake {
+        /// vCPU.
+        vcpu: u16,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

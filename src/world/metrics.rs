@@ -30,6 +30,12 @@ impl World {
             }
         }
         self.scheme.reset_metrics();
+        if let Some(a) = &mut self.el2 {
+            a.reset_stats();
+        }
+        if let Some(e) = &mut self.event_exits {
+            e.reset();
+        }
         for link in &mut self.peers {
             link.peer.reset_metrics();
         }
@@ -160,6 +166,12 @@ impl World {
             }
         }
         self.scheme.metrics(&mut metrics);
+        if let Some(a) = &self.el2 {
+            a.metrics(&mut metrics, dur);
+        }
+        if let Some(e) = &self.event_exits {
+            e.metrics(&mut metrics);
+        }
         if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
             self.sched_metrics(&mut metrics, self.end, dur);
             let w = &self.checker.waited_schedule_in;
@@ -206,7 +218,10 @@ impl World {
         }
         crate::report::Snapshot {
             scenario: &self.scenario,
-            scheme: self.scheme.name(),
+            scheme: match &self.el2 {
+                Some(a) => a.scheme.name(),
+                None => self.scheme.name(),
+            },
             duration: self.end - self.measure_start,
             vms: &self.hv.vms,
             metrics,

@@ -6,7 +6,9 @@
 mod arch;
 mod blk;
 mod build;
+mod el2;
 pub mod event;
+mod event_exits;
 mod metrics;
 mod net;
 mod sched;
@@ -136,6 +138,11 @@ pub struct World {
     poll_gen: u64,
     /// Per vCPU: when its current (or last) halt began.
     halt_start: Vec<Time>,
+    /// The ARM platform's interrupt hardware, scheme and KVM/ARM state
+    /// (`arch` = ArmEl2 only).
+    el2: Option<Box<el2::El2World>>,
+    /// Exits per guest event (always on ARM; on x86 when the scenario asks).
+    event_exits: Option<Box<event_exits::EventExits>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -216,6 +223,9 @@ impl World {
                 self.account_guest_time(c, vcpu, self.end);
             }
         }
+        if self.arch == arch::Arch::ArmEl2 {
+            self.el2_finish();
+        }
         self.checker.finish(self.end, self.lost_grace);
     }
 
@@ -290,7 +300,7 @@ impl World {
                         self.guests[k].charge(c, now - start);
                         self.guest_run(core);
                     }
-                    CoreMode::Host { .. } => self.exit_stage_done(core),
+                    CoreMode::Host { .. } => self.arch_stage_done(core),
                     CoreMode::Idle => {}
                 }
             }
@@ -423,7 +433,21 @@ impl World {
                 let rate = self.scenario.host.ipi_per_s;
                 let dt = from_s(self.rng_host.exponential(1.0 / rate));
                 self.q.schedule_in(dt.max(1), Ev::HostIpi { core });
-                if now > 0 {
+                if let Some(e) = &mut self.event_exits {
+                    let vm = self
+                        .hv
+                        .vcpu_owning(core as usize)
+                        .map_or(0, |v| self.hv.vcpus[v].vm);
+                    if now > 0 {
+                        e.event(vm, crate::hv::exits::EventClass::HostIpi);
+                    }
+                    e.kick[core as usize] = crate::hv::exits::EventClass::HostIpi;
+                }
+                if self.arch == arch::Arch::ArmEl2 {
+                    if now > 0 {
+                        self.el2_host_vipi(core as usize);
+                    }
+                } else if now > 0 {
                     let (mut cx, scheme) = self.cx();
                     let from = cx.hv.designated_core;
                     scheme.send_host_ipi(
@@ -449,6 +473,12 @@ impl World {
             Ev::WakeVcpu { vcpu } => self.sched_wake_vcpu(vcpu as usize),
             Ev::HaltPollEnd { vcpu, gen } => self.halt_poll_end(vcpu as usize, gen),
             Ev::Resched { core } => self.sched_switch(core as usize),
+            Ev::VtimerFire { .. }
+            | Ev::ItsMsi { .. }
+            | Ev::ArmSgi { .. }
+            | Ev::BgTimer { .. }
+            | Ev::ArmPollEnd { .. }
+            | Ev::ArmWake { .. } => self.el2_event(ev, now),
         }
     }
 
@@ -639,15 +669,23 @@ impl World {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
+                        if let Some(e) = &mut self.event_exits {
+                            e.event(vm, crate::hv::exits::EventClass::Device);
+                        }
                     }
                 }
-                self.q.schedule_in_async(
-                    self.msi_latency,
-                    Ev::Msi {
-                        handle: msi.handle,
-                        requester_id: msi.requester_id,
-                    },
-                );
+                match self.arch {
+                    arch::Arch::X86Vmx => self.q.schedule_in_async(
+                        self.msi_latency,
+                        Ev::Msi {
+                            handle: msi.handle,
+                            requester_id: msi.requester_id,
+                        },
+                    ),
+                    // The VF's MSI-X write lands in the ITS's translation
+                    // register: DeviceID the VF, EventID its vector.
+                    arch::Arch::ArmEl2 => self.el2_device_msi(vf, vector),
+                }
             }
             IrqAction::CheckAt {
                 vf,
@@ -655,6 +693,33 @@ impl World {
                 at,
                 gen,
             } => self.q.schedule(at, Ev::NicItr { vf, vector, gen }),
+        }
+    }
+
+    /// A guest store to VF `vf`'s register `reg`. The VF's BAR is mapped
+    /// into the guest: MMIO goes straight to the device in every scheme
+    /// and on every architecture.
+    fn vf_store(&mut self, vf: u16, reg: crate::guest::VfReg, now: Time) {
+        use crate::guest::VfReg;
+        match reg {
+            VfReg::Eitr(vec, v) => {
+                if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
+                    self.nic_action(a);
+                }
+            }
+            VfReg::Tdt => {
+                let fetch = self.tx_fetch;
+                if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
+                    self.q.schedule(t, Ev::VfTxDone { vf });
+                }
+            }
+            VfReg::Eims(bits) => {
+                if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
+                    for a in acts {
+                        self.nic_action(a);
+                    }
+                }
+            }
         }
     }
 
@@ -741,6 +806,11 @@ impl World {
         let (k, c) = self.kcpu(vcpu);
         let now = self.q.now();
         self.checker.handler_entered(vcpu, vector, now);
+        if let Some(e) = &mut self.event_exits {
+            if vector == self.guests[k].config().timer_vector {
+                e.event(k, crate::hv::exits::EventClass::TimerExpiry);
+            }
+        }
         self.trace_event(TraceKind::Deliver { vector }, core, now, now);
         self.guests[k].take_interrupt(c, vector);
     }
@@ -751,7 +821,7 @@ impl World {
     pub(super) fn guest_run(&mut self, core: usize) {
         loop {
             match self.arch_pending(core) {
-                Some(Ok(info)) => return self.vm_exit(core, info, None),
+                Some(Ok(exit)) => return self.arch_exit(core, exit, None),
                 Some(Err(v)) => {
                     self.deliver(core, v);
                     continue;
@@ -790,12 +860,19 @@ impl World {
                 Action::Returned(v) => {
                     self.checker.handler_returned(vcpu, v);
                 }
-                Action::Op(op) => match self.arch_op(core, vcpu, op) {
-                    arch::OpResult::Continue => {}
-                    // Idle: the core waits for an interrupt (a poke).
-                    arch::OpResult::Wait => return,
-                    arch::OpResult::Exit(info, eoi) => return self.vm_exit(core, info, eoi),
-                },
+                Action::Op(op) => {
+                    if let (Some(e), Some(class)) =
+                        (&mut self.event_exits, event_exits::op_class(&op))
+                    {
+                        e.event(k, class);
+                    }
+                    match self.arch_op(core, vcpu, op) {
+                        arch::OpResult::Continue => {}
+                        // Idle: the core waits for an interrupt (a poke).
+                        arch::OpResult::Wait => return,
+                        arch::OpResult::Exit(exit, eoi) => return self.arch_exit(core, exit, eoi),
+                    }
+                }
             }
         }
     }

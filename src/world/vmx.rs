@@ -8,12 +8,12 @@
 //! EL2 sibling (HCR_EL2 traps, the GIC's virtual CPU interface, list
 //! registers) would stand beside this file.
 
-use super::arch::OpResult;
+use super::arch::{ArchExit, OpResult};
 use super::event::{schedule_apic_effect, Ev};
 use super::{ExitState, Stage, World, EMULATED_DEVICE_PORT};
 use crate::engine::{from_s, Time, SEC};
-use crate::guest::{Clockevent, KernelOp, VfReg};
-use crate::hv::exits::ExitInfo;
+use crate::guest::{Clockevent, KernelOp};
+use crate::hv::exits::{EventClass, ExitInfo};
 use crate::hw::x86::core::CoreMode;
 use crate::hw::x86::idt::NP_VECTOR;
 use crate::hw::x86::instr::Instr;
@@ -80,12 +80,12 @@ impl World {
             // the core waits for an interrupt.
             Instr::Hlt => match self.m.cores[core].mode {
                 CoreMode::Guest { vcpu } if self.m.vmcs[vcpu].proc.hlt_exiting => {
-                    OpResult::Exit(ExitInfo::Hlt, None)
+                    OpResult::Exit(ArchExit::Vmx(ExitInfo::Hlt), None)
                 }
                 _ => OpResult::Wait,
             },
             i => match self.execute(core, vcpu, i) {
-                Some((info, eoi)) => OpResult::Exit(info, eoi),
+                Some((info, eoi)) => OpResult::Exit(ArchExit::Vmx(info), eoi),
                 None => OpResult::Continue,
             },
         }
@@ -316,28 +316,7 @@ impl World {
                 return exits.then_some((ExitInfo::IoInstruction { port }, None));
             }
             Instr::VfWrite { vf, reg } => {
-                // The VF's BAR is mapped into the guest: MMIO goes straight
-                // to the device in every scheme.
-                match reg {
-                    VfReg::Eitr(vec, v) => {
-                        if let Ok(a) = self.m.nic.write_eitr(vf, vec, v, now) {
-                            self.nic_action(a);
-                        }
-                    }
-                    VfReg::Tdt => {
-                        let fetch = self.tx_fetch;
-                        if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
-                            self.q.schedule(t, Ev::VfTxDone { vf });
-                        }
-                    }
-                    VfReg::Eims(bits) => {
-                        if let Ok(acts) = self.m.nic.write_eims(vf, bits, now) {
-                            for a in acts {
-                                self.nic_action(a);
-                            }
-                        }
-                    }
-                }
+                self.vf_store(vf, reg, now);
                 return None;
             }
         };
@@ -409,6 +388,11 @@ impl World {
         let vm = self.hv.vcpus[vcpu].vm;
         if let Some(t) = self.hv.vcpu_by_apic_id(vm, id) {
             self.checker.raised_on(t, vector, now);
+            // KVM kicks a running target with a reschedule IPI.
+            let core = self.hv.vcpus[t].core;
+            if let Some(e) = &mut self.event_exits {
+                e.kick[core] = EventClass::VcpuIpi;
+            }
         }
     }
 
@@ -518,6 +502,44 @@ impl World {
         }
     }
 
+    /// The guest event an exit is charged to (did-arm.md §3's rows): the
+    /// register a trapped write names, or for an external interrupt the
+    /// guest timer it delivers, the VF's host vector, or why the
+    /// reschedule IPI that caused it was sent.
+    fn vmx_exit_class(&self, core: usize, vcpu: usize, info: ExitInfo, now: Time) -> EventClass {
+        let of_msr = |m: u32| match m {
+            msr::TMICT | msr::TSC_DEADLINE => EventClass::TimerProgram,
+            msr::EOI => EventClass::Eoi,
+            msr::ICR => EventClass::VcpuIpi,
+            _ => EventClass::Other,
+        };
+        match info {
+            ExitInfo::MsrWrite { msr, .. } => of_msr(msr),
+            ExitInfo::ApicAccess { .. } | ExitInfo::ApicWrite { .. } => info
+                .apic_msr()
+                .map_or(EventClass::Other, |(m, _)| of_msr(m)),
+            ExitInfo::EoiInduced { .. } => EventClass::Eoi,
+            ExitInfo::Hlt => EventClass::Idle,
+            ExitInfo::ExternalInterrupt { vector } => {
+                let timer_due = self.timer_due[vcpu].is_some_and(|d| d <= now);
+                match vector {
+                    Some(v) if self.hv.vf_by_host_vector(v).is_some() => EventClass::Device,
+                    Some(crate::hv::host::RESCHEDULE_VECTOR) => self
+                        .event_exits
+                        .as_ref()
+                        .map_or(EventClass::Other, |e| e.kick[core]),
+                    // The host's hrtimer interrupt: KVM's emulated guest
+                    // timer if it is due, else a host timer (the tick).
+                    Some(crate::hv::host::HOST_TIMER_VECTOR) | None if timer_due => {
+                        EventClass::TimerExpiry
+                    }
+                    _ => EventClass::Other,
+                }
+            }
+            _ => EventClass::Other,
+        }
+    }
+
     pub(super) fn vm_exit(&mut self, core: usize, info: ExitInfo, eoi_expect: Option<u8>) {
         let now = self.q.now();
         self.pause_guest(core);
@@ -536,6 +558,13 @@ impl World {
             timer_landed: false,
             record: true,
         });
+        if self.event_exits.is_some() {
+            let class = self.vmx_exit_class(core, vcpu, info, now);
+            let vm = self.hv.vcpus[vcpu].vm;
+            if let Some(e) = &mut self.event_exits {
+                e.exit(vm, class);
+            }
+        }
         let base = self.exit_cost(self.hv.vcpus[vcpu].vm, info);
         let (mut cx, scheme) = self.cx();
         let out = scheme.handle_exit(&mut cx, vcpu, info);

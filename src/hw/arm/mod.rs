@@ -54,6 +54,7 @@ pub mod distributor;
 pub mod el2;
 pub mod intid;
 pub mod its;
+pub mod machine;
 pub mod params;
 pub mod priority;
 pub mod redistributor;

@@ -245,6 +245,11 @@ pub(in crate::world) fn power_on(
         polling: vec![None; nvcpu],
         poll_gen: 0,
         halt_start: vec![0; nvcpu],
+        el2: None,
+        event_exits: s
+            .report
+            .exits_per_event
+            .then(|| Box::new(crate::world::event_exits::EventExits::new(nvm, cores))),
     };
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {

@@ -10,7 +10,7 @@ use crate::calibration::Calibration;
 use crate::engine::from_us;
 use crate::guest::blk::VirtioBlkGuest;
 use crate::guest::net::VirtioNetGuest;
-use crate::guest::{GuestConfig, GuestCosts, Kernel};
+use crate::guest::{Clockevent, GuestConfig, GuestCosts, Kernel};
 use crate::hv::scheme::Scheme;
 use crate::hw::x86::Machine;
 use crate::scenario::{Scenario, VmView};
@@ -53,6 +53,7 @@ fn config(
     vm: usize,
     v: &VmView,
     did_module: bool,
+    clockevent: Clockevent,
 ) -> GuestConfig {
     GuestConfig {
         timer_vector: s.guest.timer_vector,
@@ -63,7 +64,7 @@ fn config(
         tick: s.guest.tick,
         irq_nesting: s.guest.irq_nesting,
         idle: s.guest.idle,
-        clockevent: crate::world::vmx::lapic_clockevent(devs.apic_timer_period),
+        clockevent,
         rcvbuf_packets: s.guest.rcvbuf_packets,
         napi_weight: s
             .guest
@@ -91,7 +92,8 @@ fn config(
     }
 }
 
-/// Boots each VM's kernel and probes its drivers.
+/// Boots each VM's kernel and probes its drivers; `clockevent` is the
+/// timer the architecture gives the guest.
 pub(in crate::world) fn kernels(
     s: &Scenario,
     cal: &Calibration,
@@ -99,13 +101,22 @@ pub(in crate::world) fn kernels(
     devs: &DeviceMap,
     m: &mut Machine,
     scheme: &dyn Scheme,
+    clockevent: Clockevent,
 ) -> Vec<Kernel> {
     topo.views
         .iter()
         .enumerate()
         .map(|(vm, v)| {
             let mut k = Kernel::smp(
-                config(s, cal, devs, vm, v, scheme.guest_loads_did_module(vm)),
+                config(
+                    s,
+                    cal,
+                    devs,
+                    vm,
+                    v,
+                    scheme.guest_loads_did_module(vm),
+                    clockevent,
+                ),
                 v.cores.len(),
             );
             if let Some(d) = devs.net_dev[vm] {

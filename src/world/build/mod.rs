@@ -13,6 +13,7 @@
 //! No stage treats one VM differently from another: a VM, a device or a
 //! host thread is data in the scenario.
 
+mod arm;
 mod boot;
 mod devices;
 mod es2;
@@ -67,9 +68,30 @@ fn rng_stream(base: &str, vm: usize) -> String {
 impl World {
     /// Builds the world a scenario describes.
     pub fn build(s: &Scenario, cal: &Calibration) -> Result<World, BuildError> {
+        if s.arch == crate::scenario::ArchSpec::Arm64 {
+            let scheme = crate::hv::arm::by_name(&s.scheme, arm::hyp_mode(s))
+                .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
+            return arm::build(s, cal, scheme);
+        }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
         Self::build_with(s, cal, scheme)
+    }
+
+    /// Builds the ARM world (`arch = "arm64"`) a scenario describes with an
+    /// ARM scheme of the caller's (a design under study); the scenario's
+    /// `scheme` key only has to name a known ARM scheme.
+    pub fn build_arm_with(
+        s: &Scenario,
+        cal: &Calibration,
+        scheme: Box<dyn crate::hv::arm::ArmScheme>,
+    ) -> Result<World, BuildError> {
+        if s.arch != crate::scenario::ArchSpec::Arm64 {
+            return Err(BuildError::Scenario(
+                "an ARM scheme needs arch = \"arm64\"".into(),
+            ));
+        }
+        arm::build(s, cal, scheme)
     }
 
     /// Builds the world a scenario describes with a scheme of the caller's
@@ -88,7 +110,8 @@ impl World {
         let costs = hypervisor::costs(cal, devs.apic_timer_period);
         let pv = hypervisor::vhost(s, cal, &topo, &devs);
         let blk = hypervisor::blk_paths(cal, &topo, &devs);
-        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref());
+        let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
+        let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
         let parts = boot::Parts {
             topo,

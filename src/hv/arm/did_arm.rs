@@ -1,0 +1,176 @@
+//! `did-arm`: DID (VEE '15) ported to ARM. The proposal (did-arm.md §2.5,
+//! §2.6) removes the device-interrupt and idle exits and leaves timer and
+//! IPI delivery open (§3, §7.3); this scheme closes them the way x86 DID
+//! does, with the ARM controls that correspond to its VMCS bits
+//! (docs/did-arm.md argues each step and its correctness condition):
+//!
+//! * DID §4.1 "external-interrupt exiting off, NMI exiting on" is
+//!   HCR_EL2.IMO = 0, FMO = 1 while the vCPU is loaded on its dedicated
+//!   core: Group-1 physical IRQs are taken by the guest at EL1 through the
+//!   core's own CPU interface (ICC_IAR1/EOIR1_EL1 are physical accesses),
+//!   Group-0 ones (FIQs) still exit.
+//! * Direct timer: the guest's CNTV drives PPI 27 on its core, which the
+//!   guest acknowledges and ends itself: no exit, no list register, no HW
+//!   link to deactivate.
+//! * Direct IPIs: ICC_SGI1R_EL1 does not trap without IMO (and ICH_HCR.TC
+//!   clear); VMPIDR_EL2 presents each vCPU's physical core affinity, so the
+//!   guest's SGIs are real SGIs to its siblings' cores (DID §4.3 "every
+//!   virtual interrupt is a real IPI"); a host-originated virtual
+//!   interrupt is a physical SGI with the guest's INTID too.
+//! * Device interrupts: the VF's MSI is translated by the ITS to a physical
+//!   LPI (MAPTI) in the collection of its vCPU's core (DID §4.2's IRT entry
+//!   aimed at the core), acknowledged by the guest directly. GICv4 vLPIs
+//!   are not usable here: with IMO = 0 the virtual CPU interface signals
+//!   nothing (Arm ARM, HCR_EL2.IMO), which is why kvm-arm-v4 is the vLPI
+//!   scheme.
+//! * Idle: HCR_EL2.TWI = 0; WFI waits in the guest until its core's IRQ.
+//! * Host traffic to a guest core (DID §4.5's NMIs): the host's SGI for it
+//!   is configured Group 0 and arrives as an FIQ, which exits.
+//!
+//! Correctness needs each vCPU alone on a dedicated core for as long as
+//! it is loaded (the guest owns the core's Group-1 state), every host
+//! interrupt aimed at such a core configured Group 0, and host LPIs kept
+//! in collections of host cores. The build refuses shared cores.
+
+use super::intids::{vf_device, HOST_FIQ_SGI, PRIORITY, VF_VLPI};
+use super::{vtimer_write, ArmCx, ArmExit, ArmScheme, EventClass, ExitAction};
+use crate::engine::Time;
+use crate::hw::arm::cpu_interface::CTLR_EOIMODE;
+use crate::hw::arm::el2::{El2Controls, HypMode};
+use crate::hw::arm::its::ItsCommand;
+use crate::hw::arm::params::GicParams;
+use crate::hw::arm::priority::Group;
+use crate::hw::arm::timer::CntReg;
+use crate::world::event::Ev;
+
+/// The `did-arm` scheme.
+pub struct DidArm {
+    hyp: HypMode,
+}
+
+impl DidArm {
+    /// DID on a `hyp` host.
+    pub fn new(hyp: HypMode) -> Self {
+        DidArm { hyp }
+    }
+
+    /// The EL2 controls of a core whose vCPU is loaded: IMO clear, FMO
+    /// set, WFI untrapped.
+    fn direct(&self) -> El2Controls {
+        let mut c = self.el2().untrapped_wfi();
+        c.hcr.imo = false;
+        c
+    }
+}
+
+impl ArmScheme for DidArm {
+    fn name(&self) -> &'static str {
+        "did-arm"
+    }
+
+    fn gic(&self, cores: usize, _vcpus: usize) -> GicParams {
+        GicParams::gicv3(cores)
+    }
+
+    fn el2(&self) -> El2Controls {
+        match self.hyp {
+            HypMode::Vhe => El2Controls::kvm_vhe(),
+            HypMode::Split => El2Controls::kvm_split(),
+        }
+    }
+
+    fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize) {
+        // VMPIDR_EL2 = the dedicated core's MPIDR.
+        for i in 0..cx.hv.vms[vm].vcpus.len() {
+            let v = cx.hv.vms[vm].vcpus[i];
+            let core = cx.hv.vcpus[v].core;
+            cx.vcpus[v].vmpidr_core = core;
+            cx.vcpus[v].vpeid = v as u16;
+            // Host traffic to this core arrives as FIQs.
+            let _ = cx.m.redists[core].configure(HOST_FIQ_SGI, 0x80, Group::G0);
+            cx.m.cpus[core].write_igrpen(Group::G0, true);
+        }
+        let home = cx.hv.device_home(vm);
+        let core = cx.hv.vcpus[home].core;
+        let _ = cx.m.lpi_config.set(VF_VLPI, PRIORITY, true);
+        for r in &mut cx.m.redists {
+            let _ = r.invalidate_lpi(VF_VLPI, &cx.m.lpi_config);
+        }
+        let (its, mut t) = cx.m.its_targets();
+        for c in [
+            ItsCommand::Mapd {
+                device: vf_device(vm),
+                size: 0,
+                valid: true,
+            },
+            ItsCommand::Mapc {
+                icid: core as u16,
+                target: core,
+                valid: true,
+            },
+            ItsCommand::Mapti {
+                device: vf_device(vm),
+                event: 0,
+                pintid: VF_VLPI,
+                icid: core as u16,
+            },
+        ] {
+            let _ = its.command(c, &mut t);
+        }
+    }
+
+    fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
+        cx.hv.vcpus[vcpu].loaded = true;
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.m.el2[core] = self.direct();
+        // The guest's Linux at EL1 runs its CPU interface in EOImode 0
+        // (priority drop and deactivation in one EOIR write).
+        let ctlr = cx.m.cpus[core].read_ctlr() & !CTLR_EOIMODE;
+        let _ = cx.m.cpus[core].write_ctlr(ctlr);
+        let (ctl, cval) = cx.vcpus[vcpu].saved_timer;
+        let now = cx.now;
+        vtimer_write(cx.m, cx.q, core, CntReg::VCval, cval, now);
+        vtimer_write(cx.m, cx.q, core, CntReg::VCtl, ctl, now);
+    }
+
+    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
+        // Never on a dedicated core (WFI does not trap); kept complete.
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.m.el2[core] = self.el2();
+        cx.hv.vcpus[vcpu].loaded = false;
+    }
+
+    fn handle_exit(&mut self, _cx: &mut ArmCx, _vcpu: usize, _exit: ArmExit) -> ExitAction {
+        // Only FIQs exit; the host takes them when it enables interrupts.
+        ExitAction::Resume
+    }
+
+    fn host_irq(&mut self, cx: &mut ArmCx, _core: usize, _intid: u32) {
+        cx.charge(cx.costs.host_irq);
+    }
+
+    fn flush(&mut self, _cx: &mut ArmCx, _vcpu: usize) {}
+
+    fn has_pending(&self, _cx: &ArmCx, _vcpu: usize) -> bool {
+        false
+    }
+
+    fn halt_poll(&self, _cx: &ArmCx) -> Time {
+        0
+    }
+
+    fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32) {
+        // A real SGI with the guest's INTID from the host's core.
+        let core = cx.hv.vcpus[vcpu].core;
+        cx.q.schedule_in_async(
+            cx.costs.sgi_latency,
+            Ev::ArmSgi {
+                core: core as u16,
+                intid: vintid as u8,
+                class: EventClass::HostIpi as u8,
+            },
+        );
+    }
+
+    fn bg_timer(&mut self, _cx: &mut ArmCx, _vcpu: usize) {}
+}

@@ -1,0 +1,118 @@
+//! `kvm-arm-v4`: KVM/ARM with GICv4 direct injection of the VF's MSIs
+//! (kvm-arm-and-peers.md §2 "GICv4"). Everything else is `kvm-arm`.
+//!
+//! * Setup (`kvm_vgic_v4_set_forwarding` → `its_map_vlpi`): the VF's event
+//!   is a vLPI of its vCPU's vPE (VMAPP, VMAPTI) with a GICv4.0 doorbell.
+//! * Load (`vgic_v4_load`, skipped while IN_WFI): the vPE becomes resident
+//!   on the core (GICR_VPENDBASER.Valid), and its pending vLPIs reach the
+//!   virtual CPU interface without the hypervisor.
+//! * Put (`vgic_v4_put`, at WFI and at schedule-out): non-resident, the
+//!   doorbell armed; a vLPI for it then rings the doorbell, a physical LPI
+//!   whose handler (`vgic_v4_doorbell_handler`) sets `pending_last` and
+//!   kicks the vCPU.
+
+use super::intids::{vf_device, DOORBELL_LPI_BASE, PRIORITY, VF_VLPI};
+use super::kvm_arm::KvmArm;
+use super::{ArmCx, EventClass};
+use crate::hw::arm::el2::HypMode;
+use crate::hw::arm::its::ItsCommand;
+
+/// The `kvm-arm-v4` scheme: [`KvmArm`] with GICv4.
+pub fn kvm_arm_v4(hyp: HypMode) -> KvmArm {
+    let mut k = KvmArm::new(hyp);
+    k.gicv4 = true;
+    k
+}
+
+/// VM `vm`'s VF as a vLPI of the vPE of the vCPU its affinity names, with
+/// that vCPU's doorbell; every vCPU of the VM gets its vPE (VMAPP) on its
+/// core.
+pub(super) fn map_vf_to_vlpi(cx: &mut ArmCx, vm: usize) {
+    let home = cx.hv.device_home(vm);
+    for i in 0..cx.hv.vms[vm].vcpus.len() {
+        let v = cx.hv.vms[vm].vcpus[i];
+        let db = DOORBELL_LPI_BASE + v as u32;
+        let _ = cx.m.lpi_config.set(db, PRIORITY, true);
+        for r in &mut cx.m.redists {
+            let _ = r.invalidate_lpi(db, &cx.m.lpi_config);
+        }
+        let vpeid = cx.vcpus[v].vpeid;
+        let core = cx.hv.vcpus[v].core;
+        let _ = cx.m.vlpis.set_config(vpeid, VF_VLPI, PRIORITY, true);
+        let (its, mut t) = cx.m.its_targets();
+        let _ = its.command(
+            ItsCommand::Vmapp {
+                vpeid,
+                target: core,
+                valid: true,
+                default_doorbell: None,
+            },
+            &mut t,
+        );
+    }
+    let vpeid = cx.vcpus[home].vpeid;
+    let (its, mut t) = cx.m.its_targets();
+    for c in [
+        ItsCommand::Mapd {
+            device: vf_device(vm),
+            size: 0,
+            valid: true,
+        },
+        ItsCommand::Vmapti {
+            device: vf_device(vm),
+            event: 0,
+            vpeid,
+            vintid: VF_VLPI,
+            doorbell: Some(DOORBELL_LPI_BASE + home as u32),
+        },
+    ] {
+        let _ = its.command(c, &mut t);
+    }
+}
+
+/// `vgic_v4_load`: make the vPE resident on the vCPU's core (skipped if it
+/// already is, or while the vCPU is in WFI); on GICv4.0 a doorbell rung
+/// meanwhile is cleared.
+pub(super) fn vgic_v4_load(cx: &mut ArmCx, vcpu: usize) {
+    if cx.vcpus[vcpu].in_wfi {
+        return;
+    }
+    let core = cx.hv.vcpus[vcpu].core;
+    let vpeid = cx.vcpus[vcpu].vpeid;
+    if cx.m.redists[core].resident() == Some(vpeid) {
+        return;
+    }
+    let _ = cx.m.redists[core].make_resident(vpeid, &cx.m.vlpis);
+    let _ = cx.m.redists[core].clear_lpi_pending(DOORBELL_LPI_BASE + vcpu as u32);
+    cx.vcpus[vcpu].pending_last = false;
+    cx.charge(cx.costs.vpe_residency);
+}
+
+/// `vgic_v4_put`: the vPE non-resident, the doorbell armed.
+pub(super) fn vgic_v4_put(cx: &mut ArmCx, vcpu: usize) {
+    let core = cx.hv.vcpus[vcpu].core;
+    let vpeid = cx.vcpus[vcpu].vpeid;
+    if cx.m.redists[core].resident() != Some(vpeid) {
+        return;
+    }
+    if let Some((_, pending)) = cx.m.redists[core].make_non_resident(&cx.m.vlpis) {
+        cx.vcpus[vcpu].pending_last |= pending;
+    }
+    cx.charge(cx.costs.vpe_residency);
+}
+
+/// `vgic_v4_doorbell_handler`: `pending_last`, then kick.
+pub(super) fn doorbell(cx: &mut ArmCx, vcpu: usize) {
+    if vcpu >= cx.vcpus.len() {
+        return;
+    }
+    cx.charge(cx.costs.doorbell_handler);
+    cx.vcpus[vcpu].pending_last = true;
+    cx.kick(vcpu, EventClass::Device);
+}
+
+/// `kvm_vgic_vcpu_pending_irq`'s GICv4 part: the doorbell rang, or the
+/// vPE's pending table holds a vLPI.
+pub(super) fn vpe_pending(cx: &ArmCx, vcpu: usize) -> bool {
+    cx.vcpus[vcpu].pending_last || cx.m.vlpis.any_pending(cx.vcpus[vcpu].vpeid)
+}

@@ -1,0 +1,79 @@
+//! The architecture key and the ARM platform's settings.
+
+use super::{bad, ScenarioError};
+use serde::{Deserialize, Serialize};
+
+/// The architecture guests run on.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ArchSpec {
+    /// x86-64 with VT-x, x2APIC LAPICs and VT-d.
+    #[default]
+    #[serde(rename = "x86_64")]
+    X86_64,
+    /// AArch64 with EL2 and a GICv3/v4 (ITS, virtual CPU interface).
+    Arm64,
+}
+
+/// How KVM runs at EL2 (did-arm.md §2.1).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HypModeSpec {
+    /// VHE: host kernel and KVM at EL2 (HCR_EL2.E2H); 2 world switches
+    /// per exit and entry.
+    #[default]
+    Vhe,
+    /// Split mode: lowvisor at EL2, highvisor in the EL1 host kernel; 4.
+    Split,
+}
+
+/// `[arm]`: the ARM platform.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArmSpec {
+    /// VHE or split-mode KVM.
+    pub hyp_mode: HypModeSpec,
+    /// List registers per virtual CPU interface (ICH_VTR_EL2.ListRegs + 1;
+    /// did-arm.md §7.6 default 4). At least 2: with one, KVM's underflow
+    /// maintenance interrupt (ICH_HCR_EL2.UIE: at most one valid LR) would
+    /// fire at every entry while its LR is in use.
+    pub list_registers: u8,
+}
+
+impl Default for ArmSpec {
+    fn default() -> Self {
+        ArmSpec {
+            hyp_mode: HypModeSpec::Vhe,
+            list_registers: 4,
+        }
+    }
+}
+
+impl ArmSpec {
+    pub(super) fn validate(&self) -> Result<(), ScenarioError> {
+        if !(2..=16).contains(&self.list_registers) {
+            return bad(
+                "arm",
+                "list_registers",
+                "must be in 2..=16 (with one, UIE's underflow maintenance interrupt fires at every entry)",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[report]`: optional report contents.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportSpec {
+    /// Count each guest event of did-arm.md §3's table (timer programmed,
+    /// timer expiry, EOI, device interrupt, vCPU→vCPU IPI, host→vCPU IPI,
+    /// idle) and the exits charged to it: metrics `events.*`,
+    /// `exits_by_event.*`, `exits_per_event.*`. Always on with `arch =
+    /// "arm64"`.
+    pub exits_per_event: bool,
+}

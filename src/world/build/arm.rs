@@ -1,0 +1,251 @@
+//! Building an ARM world (`arch = "arm64"`): the same topology, devices
+//! (the VF and its link), guest kernels and workloads as on x86, then the
+//! ARM machine (GIC, ITS, generic timers, EL2 controls, a virtual CPU
+//! interface per vCPU) and the ARM scheme instead of the x86 boot.
+
+use super::topology::Topology;
+use super::{devices, guests, hypervisor, workloads};
+use crate::calibration::{ArmCalibration, Calibration};
+use crate::check::Checker;
+use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream};
+use crate::hv::arm::intids::PRIORITY;
+use crate::hv::arm::{ArmCosts, ArmCx, ArmVcpu, EventClass};
+use crate::hv::scheme::Scheme;
+use crate::hv::HvCx;
+use crate::hw::arm::el2::HypMode;
+use crate::hw::arm::intid::{MAINTENANCE_PPI, VTIMER_PPI};
+use crate::hw::arm::machine::ArmMachine;
+use crate::hw::arm::priority::Group;
+use crate::hw::x86::core::CoreMode;
+use crate::scenario::{HypModeSpec, Scenario};
+use crate::world::el2::{arch_timer_clockevent, El2World};
+use crate::world::event::Ev;
+use crate::world::{t_us, BuildError, World};
+
+/// The x86 scheme slot of an ARM world. The generic world keeps one; on
+/// ARM its x86-only paths (LAPIC and VMX events, the x86 exit path) never
+/// run, and the topology stage only asks whether guests are virtualized.
+struct ArmHost;
+
+impl Scheme for ArmHost {
+    fn name(&self) -> &'static str {
+        "arm64"
+    }
+    fn setup_vm(&mut self, _cx: &mut HvCx, _vm: usize) {}
+}
+
+fn arm_costs(a: &ArmCalibration) -> ArmCosts {
+    let ns = |e: &crate::calibration::Entry| from_ns(e.value);
+    let us = |e: &crate::calibration::Entry| from_us(e.value);
+    ArmCosts {
+        world_switch: ns(&a.el2.world_switch_ns),
+        sysreg_decode: ns(&a.el2.sysreg_decode_ns),
+        vgic_emulate: ns(&a.kvm.vgic_emulate_ns),
+        host_irq: ns(&a.kvm.host_irq_ns),
+        vgic_flush_sync: ns(&a.kvm.vgic_flush_sync_ns),
+        wfi_emulate: ns(&a.kvm.wfi_emulate_ns),
+        timer_load_put: ns(&a.kvm.timer_load_put_ns),
+        vpe_residency: ns(&a.kvm.vpe_residency_ns),
+        doorbell_handler: ns(&a.kvm.doorbell_handler_ns),
+        vcpu_wakeup: us(&a.kvm.vcpu_wakeup_us),
+        halt_poll: us(&a.kvm.halt_poll_us),
+        its_translate: ns(&a.gic.its_translate_ns),
+        sgi_latency: ns(&a.gic.sgi_latency_ns),
+    }
+}
+
+/// What the ARM platform does not model yet, refused with the key that
+/// asks for it.
+fn refuse_unsupported(s: &Scenario, topo: &Topology) -> Result<(), BuildError> {
+    let no = |key: &str, why: &str| {
+        Err(BuildError::Scenario(format!(
+            "arch = \"arm64\": `{key}` is not supported on ARM yet ({why})"
+        )))
+    };
+    for (c, first) in topo.first_on_core.iter().enumerate() {
+        let n = topo.vcpus.iter().filter(|p| p.core == c).count();
+        if n > 1 || (n == 1 && first.is_none()) {
+            return no(
+                "vm.core",
+                "each vCPU needs a core of its own: the host scheduler is not modelled on ARM",
+            );
+        }
+    }
+    if !s.host.burners.is_empty() {
+        return no("host.burners", "the host scheduler is not modelled on ARM");
+    }
+    if !s.preemptions.is_empty() {
+        return no("preemptions", "the host scheduler is not modelled on ARM");
+    }
+    if s.net.device != crate::scenario::NetDevice::Vf {
+        return no(
+            "net.device",
+            "only the VF (an MSI device through the ITS) is",
+        );
+    }
+    if s.vms.iter().any(|v| v.workload.fio.is_some()) {
+        return no("workload.fio", "virtio-blk is not modelled on ARM");
+    }
+    Ok(())
+}
+
+/// The host's KVM mode the scenario asks for.
+pub(super) fn hyp_mode(s: &Scenario) -> HypMode {
+    match s.arm.hyp_mode {
+        HypModeSpec::Vhe => HypMode::Vhe,
+        HypModeSpec::Split => HypMode::Split,
+    }
+}
+
+/// Builds the ARM world `s` describes with `scheme`.
+pub(in crate::world) fn build(
+    s: &Scenario,
+    cal: &Calibration,
+    mut scheme: Box<dyn crate::hv::arm::ArmScheme>,
+) -> Result<World, BuildError> {
+    cal.check()?;
+    let acal = ArmCalibration::default_arm();
+    let host = ArmHost;
+    let topo = Topology::plan(s, &host)?;
+    refuse_unsupported(s, &topo)?;
+    let (mut m, devs) = devices::build(s, cal, &topo)?;
+    let mut hv = hypervisor::state(s, cal, &topo, &devs);
+    let costs = hypervisor::costs(cal, devs.apic_timer_period);
+    let nvcpu = topo.vcpus.len();
+    let nvm = topo.vms();
+    let cores = topo.cores;
+    let mut params = scheme.gic(cores, nvcpu);
+    params.vcpu_interface.list_registers = s.arm.list_registers;
+    let clockevent = arch_timer_clockevent(params.timer.frequency_hz);
+    let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, &host, clockevent);
+    let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
+    let mut am = ArmMachine::new(params, nvcpu, scheme.el2())
+        .map_err(|e| BuildError::Scenario(format!("arm: {e}")))?;
+    // The host's boot: Linux's GICv3 driver configures the SGIs, the
+    // timer's PPI and KVM the maintenance PPI on every core, Group 1 at the
+    // default priority.
+    for r in &mut am.redists {
+        for intid in (0..16).chain([MAINTENANCE_PPI, VTIMER_PPI]) {
+            let _ = r.configure(intid, PRIORITY, Group::G1);
+        }
+    }
+    let mut vcpus: Vec<ArmVcpu> = (0..nvcpu)
+        .map(|v| ArmVcpu {
+            ap_list: Vec::with_capacity(32),
+            vpeid: v as u16,
+            vmpidr_core: topo.vcpus[v].index,
+            saved_timer: (0, 0),
+            bg_gen: 0,
+            in_wfi: false,
+            pending_last: false,
+            kick_class: EventClass::Other,
+        })
+        .collect();
+    let acosts = arm_costs(&acal);
+    let mut q = EventQueue::with_capacity(4096);
+    let mut kicks = 0u64;
+    {
+        let mut cx = ArmCx {
+            now: 0,
+            m: &mut am,
+            hv: &mut hv,
+            vcpus: &mut vcpus,
+            q: &mut q,
+            costs: &acosts,
+            kicks: &mut kicks,
+            charged: 0,
+        };
+        for vm in 0..nvm {
+            scheme.setup_vm(&mut cx, vm);
+        }
+        for first in topo.first_on_core.iter().flatten() {
+            scheme.vcpu_load(&mut cx, *first);
+        }
+    }
+    for (c, first) in topo.first_on_core.iter().enumerate() {
+        if let Some(v) = *first {
+            m.cores[c].mode = CoreMode::Guest { vcpu: v };
+            hv.vcpus[v].vmcs_core = Some(c);
+            hv.last_vcpu[c] = Some(v);
+        }
+    }
+    let checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
+    let warm = from_s(s.warmup_s);
+    for (vm, c) in outside.clients.iter().enumerate() {
+        if c.is_some() {
+            q.schedule(0, Ev::ClientTx { vm: vm as u16 });
+        }
+    }
+    q.schedule(warm, Ev::WarmupEnd);
+    if s.host.ipi_per_s > 0.0 {
+        let core = topo.vcpus[0].core as u16;
+        q.schedule(0, Ev::HostIpi { core });
+    }
+    let el2 = El2World::new(
+        am,
+        scheme,
+        vcpus,
+        acosts,
+        cores,
+        nvm,
+        s.guest.timer_vector,
+        s.guest.vf_vector,
+    );
+    let mut w = World {
+        q,
+        m,
+        hv,
+        scheme: Box::new(host),
+        guests,
+        checker,
+        exits: vec![None; cores],
+        bg_pending: vec![0; nvcpu],
+        bg_rate: [0.0, 0.0],
+        rng_bg: Vec::new(),
+        rng_exit: RngStream::new(s.seed, "exit-service"),
+        clients: outside.clients,
+        msi_latency: t_us(&cal.nic.msi_latency_us),
+        vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
+        timer_due: vec![None; nvcpu],
+        timer_exits: Default::default(),
+        msi_faults: 0,
+        measure_start: warm,
+        end: warm + from_s(s.duration_s),
+        lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
+        costs,
+        scenario: s.clone(),
+        ends_run: outside.ends_run,
+        arch: crate::world::arch::Arch::ArmEl2,
+        deschedule_pending: vec![false; nvcpu],
+        ptimer_gen: vec![0; cores],
+        tsc_hz: devs.clocks.tsc_hz,
+        rng_host: RngStream::new(s.seed, "host-ipi"),
+        nic_base: vec![Default::default(); nvm],
+        pv: None,
+        net_dev_of_vm: devs.net_dev,
+        port_rx_free: 0,
+        peers: outside.peers,
+        trace: None,
+        blk: Vec::new(),
+        blk_dev_of_vm: devs.blk_dev,
+        tx_fetch: t_us(&cal.nic.tx_fetch_us),
+        event_log: None,
+        sched: None,
+        polling: vec![None; nvcpu],
+        poll_gen: 0,
+        halt_start: vec![0; nvcpu],
+        el2: Some(Box::new(el2)),
+        event_exits: Some(Box::new(crate::world::event_exits::EventExits::new(
+            nvm, cores,
+        ))),
+    };
+    for p in 0..w.peers.len() {
+        w.peer_sent(p);
+    }
+    for (c, first) in topo.first_on_core.iter().enumerate() {
+        if first.is_some() {
+            w.guest_run(c);
+        }
+    }
+    Ok(w)
+}

@@ -1,0 +1,975 @@
+//! ARM with EL2 on the platform: the sibling of `world::vmx`. What a core
+//! in guest mode does about pending interrupts (HCR_EL2.IMO/FMO route a
+//! physical IRQ/FIQ to EL2 or to the guest; the virtual CPU interface and,
+//! with GICv4, the resident vPE's vLPIs signal the guest's virtual IRQ),
+//! how the guest kernel's operations execute (ICC_EOIR1_EL1, CNTV_CVAL_EL0,
+//! ICC_SGI1R_EL1 and WFI, each trapping or not as the EL2 controls say),
+//! and the exit -> handler -> host interrupts -> vgic flush -> entry path,
+//! with the world switches of VHE or split mode. The scheme
+//! (`hv::arm::ArmScheme`) acts only through `hv::arm::ArmCx`.
+
+use super::arch::{ArchExit, OpResult};
+use super::event::Ev;
+use super::World;
+use crate::engine::{Time, SEC};
+use crate::guest::app::Metrics;
+use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
+use crate::hv::arm::intids::{GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI};
+use crate::hv::arm::{
+    vtimer_write, ArmCosts, ArmCx, ArmExit, ArmExitReason, ArmScheme, ArmVcpu, EventClass,
+    ExitAction,
+};
+use crate::hw::arm::cpu_interface::{encode_sgi1r, IccReg};
+use crate::hw::arm::el2::SysregOutcome;
+use crate::hw::arm::intid::{CoreSet, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+use crate::hw::arm::its::MsiOutcome;
+use crate::hw::arm::machine::ArmMachine;
+use crate::hw::arm::priority::Group;
+use crate::hw::arm::timer::{CntReg, CTL_ENABLE, CTL_IMASK};
+use crate::hw::arm::vcpu_interface::LrState;
+use crate::hw::x86::core::CoreMode;
+use crate::report::trace::TraceKind;
+
+/// The vector a guest handler runs for an interrupt it did not expect
+/// (Linux's `handle_bad_irq`): never raised, so the checker reports it.
+const UNEXPECTED_VECTOR: u8 = 0x30;
+
+/// The guest's clockevent on ARM: the EL1 virtual timer (arch_timer,
+/// `arch_timer_set_next_event_virt` writes CNTV_CVAL and CNTV_CTL); Linux
+/// registers it with a minimum delta of 0xF ticks; it has no boot-time
+/// setup writes (no LVT, no divider).
+pub(super) fn arch_timer_clockevent(frequency_hz: u64) -> Clockevent {
+    Clockevent {
+        tick: SEC / frequency_hz.max(1),
+        min_delta_ticks: 0xF,
+        init_steps: 0,
+    }
+}
+
+/// One exit in progress on a core.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct El2Exit {
+    vcpu: usize,
+    exit: Option<ArmExit>,
+    start: Time,
+    stage: El2Stage,
+    /// Halt polling began (a halted vCPU polls once per WFI).
+    polled: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum El2Stage {
+    /// The handler's work.
+    Handler,
+    /// Host interrupts taken between steps (or a vCPU being loaded).
+    HostIrq,
+    /// kvm_vcpu_halt polling for an interrupt.
+    Polling,
+    /// The vgic flush before entry.
+    Entering,
+}
+
+/// Per VM: exits by reason and their service time.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ArmVmStats {
+    exits: [u64; 4],
+    exit_time: [Time; 4],
+}
+
+/// The ARM side of a world.
+pub(super) struct El2World {
+    pub(super) m: ArmMachine,
+    pub(super) scheme: Box<dyn ArmScheme>,
+    pub(super) vcpus: Vec<ArmVcpu>,
+    pub(super) costs: ArmCosts,
+    kicks: u64,
+    exits: Vec<Option<El2Exit>>,
+    /// Per core: why the last SGI it received was sent.
+    sgi_class: Vec<EventClass>,
+    /// Per vCPU: halt polling (generation).
+    polling: Vec<Option<u64>>,
+    poll_gen: u64,
+    /// Per vCPU: a wake-up is on its way.
+    waking: Vec<bool>,
+    /// Per vCPU: when its vPE's doorbell rang, until it next enters.
+    doorbell_at: Vec<Option<Time>>,
+    stats: Vec<ArmVmStats>,
+    timer_vector: u8,
+    vf_vector: u8,
+    measuring: bool,
+}
+
+impl El2World {
+    /// The ARM side of a world of `cores` cores and `vms` VMs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        m: ArmMachine,
+        scheme: Box<dyn ArmScheme>,
+        vcpus: Vec<ArmVcpu>,
+        costs: ArmCosts,
+        cores: usize,
+        vms: usize,
+        timer_vector: u8,
+        vf_vector: u8,
+    ) -> Self {
+        let n = vcpus.len();
+        El2World {
+            m,
+            scheme,
+            vcpus,
+            costs,
+            kicks: 0,
+            exits: vec![None; cores],
+            sgi_class: vec![EventClass::Other; cores],
+            polling: vec![None; n],
+            poll_gen: 0,
+            waking: vec![false; n],
+            doorbell_at: vec![None; n],
+            stats: vec![ArmVmStats::default(); vms],
+            timer_vector,
+            vf_vector,
+            measuring: false,
+        }
+    }
+
+    /// The guest's INTID for its handler `vector` (its irq domain: Linux
+    /// numbers arm64 IPIs from SGI 0, the virtual timer is PPI 27, the
+    /// VF's MSI its first LPI).
+    fn intid_of(&self, vector: u8) -> u32 {
+        match vector {
+            v if v == self.timer_vector => VTIMER_PPI,
+            v if v == self.vf_vector => VF_VLPI,
+            RESCHEDULE_VECTOR => GUEST_RESCHEDULE_SGI,
+            crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR => GUEST_CALL_FUNC_SGI,
+            _ => SPURIOUS,
+        }
+    }
+
+    /// The guest handler an acknowledged INTID runs.
+    fn vector_of(&self, intid: u32) -> u8 {
+        match intid {
+            VTIMER_PPI => self.timer_vector,
+            VF_VLPI => self.vf_vector,
+            GUEST_RESCHEDULE_SGI => RESCHEDULE_VECTOR,
+            GUEST_CALL_FUNC_SGI => crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+            _ => UNEXPECTED_VECTOR,
+        }
+    }
+
+    /// The end of the warm-up.
+    pub(super) fn reset_stats(&mut self) {
+        self.stats.iter_mut().for_each(|s| *s = Default::default());
+        self.measuring = true;
+    }
+
+    /// Each VM's ARM exits by reason (VM 0's by their plain names), as
+    /// `perf kvm stat` on arm64 names them, and their mean service time.
+    pub(super) fn metrics(&self, out: &mut Metrics, dur: f64) {
+        for (vm, s) in self.stats.iter().enumerate() {
+            let p = crate::report::vm_prefix(vm);
+            let total: u64 = s.exits.iter().sum();
+            out.insert(format!("{p}arm.exits_per_s"), total as f64 / dur);
+            for r in ArmExitReason::ALL {
+                let n = s.exits[r as usize];
+                if n > 0 {
+                    out.insert(format!("{p}arm.exits.{}", r.name()), n as f64);
+                    out.insert(
+                        format!("{p}arm.exit_us.{}", r.name()),
+                        crate::engine::as_us(s.exit_time[r as usize]) / n as f64,
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl World {
+    fn arm(&mut self) -> &mut El2World {
+        self.el2.as_mut().expect("an ARM world")
+    }
+
+    /// The scheme with its context.
+    fn arm_cx(&mut self) -> (ArmCx<'_>, &mut Box<dyn ArmScheme>) {
+        let now = self.q.now();
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        (
+            ArmCx {
+                now,
+                m: &mut a.m,
+                hv: &mut self.hv,
+                vcpus: &mut a.vcpus,
+                q: &mut self.q,
+                costs: &a.costs,
+                kicks: &mut a.kicks,
+                charged: 0,
+            },
+            &mut a.scheme,
+        )
+    }
+
+    /// What the guest on `core` does about pending interrupts: an FIQ or
+    /// IRQ that exits, a physical Group-1 IRQ the guest takes itself
+    /// (IMO = 0), a virtual IRQ from its list registers or resident vPE,
+    /// or nothing.
+    pub(super) fn el2_pending(&mut self, core: usize) -> Option<Result<ArchExit, u8>> {
+        let CoreMode::Guest { vcpu } = self.m.cores[core].mode else {
+            return None;
+        };
+        let (k, c) = self.kcpu(vcpu);
+        let if_on = self.guests[k].interrupts_enabled(c);
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        let m = &mut a.m;
+        let ctl = m.el2[core];
+        if ctl.physical_fiq_exits() && m.fiq_line(core) {
+            return Some(Ok(ArchExit::El2(ArmExit::Fiq)));
+        }
+        if m.irq_line(core) {
+            if ctl.physical_irq_exits() {
+                return Some(Ok(ArchExit::El2(ArmExit::Irq)));
+            }
+            if if_on {
+                let intid = m.cpus[core].read_iar1(&mut m.dist, &mut m.redists[core]);
+                if intid != SPURIOUS {
+                    return Some(Err(self.el2_taken(core, intid)));
+                }
+            }
+        }
+        if ctl.virtual_irqs_enabled() && if_on {
+            let mut direct = m.redists[core].direct_vlpis(&mut m.vlpis);
+            if m.vifs[vcpu].virq_line(direct.as_ref()) {
+                let intid = m.vifs[vcpu].read_iar1(direct.as_mut());
+                if intid != SPURIOUS {
+                    return Some(Err(self.el2_taken(core, intid)));
+                }
+            }
+        }
+        None
+    }
+
+    /// The guest acknowledged `intid`: the handler it runs. The timer's
+    /// (`arch_timer_handler_virt`) first masks the timer (CNTV_CTL.IMASK),
+    /// which drops its output.
+    fn el2_taken(&mut self, core: usize, intid: u32) -> u8 {
+        let now = self.q.now();
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        let vector = a.vector_of(intid);
+        if intid == VTIMER_PPI {
+            let ctl = a.m.timers[core].read(CntReg::VCtl, now) & (CTL_ENABLE | CTL_IMASK);
+            vtimer_write(
+                &mut a.m,
+                &mut self.q,
+                core,
+                CntReg::VCtl,
+                ctl | CTL_IMASK,
+                now,
+            );
+        }
+        vector
+    }
+
+    /// The guest kernel's operation `op` on `core`, as the instruction it
+    /// is on arm64.
+    pub(super) fn el2_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
+        let now = self.q.now();
+        let vm = self.hv.vcpus[vcpu].vm;
+        match op {
+            KernelOp::EndOfInterrupt { vector } => {
+                self.trace_event(TraceKind::Eoi { vector }, core, now, now);
+                let a = self.arm();
+                let intid = a.intid_of(vector);
+                let m = &mut a.m;
+                let cleared =
+                    match m.el2[core].sysreg_outcome(IccReg::Eoir1, true, &m.vifs[vcpu].hcr()) {
+                        SysregOutcome::Trap => {
+                            return OpResult::Exit(
+                                ArchExit::El2(ArmExit::Sys64 {
+                                    reg: IccReg::Eoir1,
+                                    value: u64::from(intid),
+                                }),
+                                Some(vector),
+                            );
+                        }
+                        // ICV_EOIR1_EL1: the LR deactivates; with HW = 1 the
+                        // physical INTID too.
+                        SysregOutcome::Virtual => {
+                            let mut direct = m.redists[core].direct_vlpis(&mut m.vlpis);
+                            let out = m.vifs[vcpu].guest_eoir(
+                                intid,
+                                direct.as_mut(),
+                                &mut m.dist,
+                                &mut m.redists[core],
+                            );
+                            let level = m.vifs[vcpu].maintenance_line();
+                            let _ = m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
+                            out.ok().and_then(|o| o.dropped).map(|_| vector)
+                        }
+                        // ICC_EOIR1_EL1 on the core's own interface.
+                        SysregOutcome::Physical => m.cpus[core]
+                            .write_eoir1(intid, &mut m.dist, &mut m.redists[core])
+                            .ok()
+                            .and_then(|o| o.dropped)
+                            .map(|_| vector),
+                    };
+                self.checker.eoi(vcpu, vector, cleared, now);
+                OpResult::Continue
+            }
+            // CNTV_CVAL_EL0 then CNTV_CTL_EL0: EL1 virtual timer accesses
+            // never trap (no CNTHCTL_EL2 trap is set by any scheme).
+            KernelOp::ProgramClockevent {
+                ticks,
+                deadline,
+                vector,
+            } => {
+                self.checker.timer_programmed(vcpu, vector, deadline, now);
+                let a = self.el2.as_deref_mut().expect("an ARM world");
+                match deadline {
+                    Some(_) => {
+                        let cval = a.m.timers[core].cntvct(now) + u64::from(ticks);
+                        vtimer_write(&mut a.m, &mut self.q, core, CntReg::VCval, cval, now);
+                        vtimer_write(&mut a.m, &mut self.q, core, CntReg::VCtl, CTL_ENABLE, now);
+                    }
+                    None => {
+                        vtimer_write(&mut a.m, &mut self.q, core, CntReg::VCtl, 0, now);
+                    }
+                }
+                OpResult::Continue
+            }
+            KernelOp::ClockeventInit { .. } => OpResult::Continue,
+            KernelOp::SendIpi { cpu, vector } => {
+                let Some(&t) = self.hv.vms[vm].vcpus.get(cpu as usize) else {
+                    return OpResult::Continue;
+                };
+                self.checker.raised_on(t, vector, now);
+                let a = self.el2.as_deref_mut().expect("an ARM world");
+                let intid = a.intid_of(vector);
+                let mut targets = CoreSet::EMPTY;
+                targets.insert(a.vcpus[t].vmpidr_core);
+                let value = encode_sgi1r(intid, &targets, false, &a.m.params.topology);
+                let m = &mut a.m;
+                match m.el2[core].sysreg_outcome(IccReg::Sgi1r, true, &m.vifs[vcpu].hcr()) {
+                    SysregOutcome::Trap => OpResult::Exit(
+                        ArchExit::El2(ArmExit::Sys64 {
+                            reg: IccReg::Sgi1r,
+                            value,
+                        }),
+                        None,
+                    ),
+                    SysregOutcome::Virtual | SysregOutcome::Physical => {
+                        if let Ok(req) = m.cpus[core].write_sgi1r(value) {
+                            for d in req.targets.iter() {
+                                self.q.schedule_in_async(
+                                    a.costs.sgi_latency,
+                                    Ev::ArmSgi {
+                                        core: d as u16,
+                                        intid: req.intid as u8,
+                                        class: EventClass::VcpuIpi as u8,
+                                    },
+                                );
+                            }
+                        }
+                        OpResult::Continue
+                    }
+                }
+            }
+            KernelOp::Idle => {
+                let a = self.arm();
+                if a.m.el2[core].wfi_traps() {
+                    OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
+                } else {
+                    // WFI in the guest: the core waits for its IRQ.
+                    OpResult::Wait
+                }
+            }
+            KernelOp::VfWrite { vf, reg } => {
+                self.vf_store(vf, reg, now);
+                OpResult::Continue
+            }
+            // Refused at build on ARM (virtio devices, the x86 DID module).
+            KernelOp::QueueNotify { .. }
+            | KernelOp::Hypercall { .. }
+            | KernelOp::PirSet { .. }
+            | KernelOp::PostedIpi { .. } => OpResult::Continue,
+        }
+    }
+
+    /// The guest event an exit on `core` is charged to.
+    fn el2_exit_class(&self, core: usize, exit: ArmExit) -> EventClass {
+        let a = self.el2.as_deref().expect("an ARM world");
+        match exit {
+            ArmExit::Sys64 {
+                reg: IccReg::Sgi1r, ..
+            } => EventClass::VcpuIpi,
+            ArmExit::Sys64 {
+                reg: IccReg::Eoir1, ..
+            } => EventClass::Eoi,
+            ArmExit::Sys64 { .. } => EventClass::Other,
+            ArmExit::Wfx => EventClass::Idle,
+            ArmExit::Fiq => EventClass::HostIpi,
+            ArmExit::Irq => {
+                let m = &a.m;
+                match m.cpus[core].highest_pending(&m.dist, &m.redists[core]) {
+                    Some(c) if c.intid == VTIMER_PPI => EventClass::TimerExpiry,
+                    Some(c) if c.intid < 16 => a.sgi_class[core],
+                    Some(c) if c.intid >= VF_VLPI => EventClass::Device,
+                    _ => EventClass::Other,
+                }
+            }
+        }
+    }
+
+    /// The guest on `core` exits to EL2 with `exit`.
+    pub(super) fn el2_exit(&mut self, core: usize, exit: ArmExit) {
+        let now = self.q.now();
+        self.pause_guest(core);
+        let CoreMode::Guest { vcpu } = self.m.cores[core].mode else {
+            return;
+        };
+        self.account_guest_time(core, vcpu, now);
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        let class = self.el2_exit_class(core, exit);
+        let vm = self.hv.vcpus[vcpu].vm;
+        let a = self.arm();
+        // Out of guest mode the vCPU interface's state is saved: its
+        // maintenance interrupt no longer signals.
+        let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, false);
+        let switches = Time::from(a.m.el2[core].world_switches_per_exit());
+        let mut base = switches * a.costs.world_switch;
+        if matches!(exit, ArmExit::Sys64 { .. }) {
+            base += a.costs.sysreg_decode;
+        }
+        if a.measuring {
+            a.stats[vm].exits[exit.reason() as usize] += 1;
+        }
+        if let Some(e) = &mut self.event_exits {
+            e.exit(vm, class);
+        }
+        let (action, charged) = {
+            let (mut cx, scheme) = self.arm_cx();
+            let act = scheme.handle_exit(&mut cx, vcpu, exit);
+            (act, cx.charged)
+        };
+        if action == ExitAction::Halt {
+            self.hv.vcpus[vcpu].halted = true;
+        }
+        self.arm().exits[core] = Some(El2Exit {
+            vcpu,
+            exit: Some(exit),
+            start: now,
+            stage: El2Stage::Handler,
+            polled: false,
+        });
+        self.el2_kicks();
+        self.start_segment(core, base + charged);
+    }
+
+    /// The host takes the physical interrupts pending at `core`'s CPU
+    /// interface (FIQs, and IRQs unless the loaded guest owns Group 1 with
+    /// IMO clear). Returns the work charged.
+    fn el2_host_irqs(&mut self, core: usize) -> Time {
+        let mut charged = 0;
+        for _ in 0..64 {
+            let a = self.el2.as_deref_mut().expect("an ARM world");
+            let m = &mut a.m;
+            let irqs_for_host = m.el2[core].hcr.imo || self.hv.vcpu_on(core).is_none();
+            let group = if m.fiq_line(core) {
+                Group::G0
+            } else if irqs_for_host && m.irq_line(core) {
+                Group::G1
+            } else {
+                break;
+            };
+            let intid = m.cpus[core].acknowledge(group, &mut m.dist, &mut m.redists[core]);
+            if intid == SPURIOUS {
+                break;
+            }
+            let c = {
+                let (mut cx, scheme) = self.arm_cx();
+                scheme.host_irq(&mut cx, core, intid);
+                cx.charged
+            };
+            charged += c.max(1);
+            let m = &mut self.arm().m;
+            let eoi_mode = m.cpus[core].read_ctlr() & crate::hw::arm::cpu_interface::CTLR_EOIMODE;
+            let _ = m.cpus[core].write_eoir1(intid, &mut m.dist, &mut m.redists[core]);
+            // EOImode 1 (Linux at EL2): priority drop only; a forwarded
+            // interrupt (the virtual timer's, in an HW list register)
+            // stays active for the guest to deactivate, any other is
+            // deactivated now (gic_eoimode1_eoi_irq).
+            if eoi_mode != 0 && intid != VTIMER_PPI {
+                let _ = m.cpus[core].write_dir(intid, &mut m.dist, &mut m.redists[core]);
+            }
+        }
+        self.el2_kicks();
+        charged
+    }
+
+    /// A host-mode step on `core` ended.
+    pub(super) fn el2_stage_done(&mut self, core: usize) {
+        let Some(mut e) = self.arm().exits[core] else {
+            return;
+        };
+        match e.stage {
+            El2Stage::Entering => return self.el2_entry(core),
+            El2Stage::Polling => return,
+            El2Stage::Handler | El2Stage::HostIrq => {}
+        }
+        let charged = self.el2_host_irqs(core);
+        if charged > 0 {
+            e.stage = El2Stage::HostIrq;
+            self.arm().exits[core] = Some(e);
+            return self.start_segment(core, charged);
+        }
+        let vcpu = e.vcpu;
+        if self.hv.vcpus[vcpu].halted {
+            let (runnable, window) = {
+                let (cx, scheme) = self.arm_cx();
+                (scheme.has_pending(&cx, vcpu), scheme.halt_poll(&cx))
+            };
+            if runnable {
+                self.hv.vcpus[vcpu].halted = false;
+            } else if !e.polled && window > 0 {
+                // kvm_vcpu_halt: poll for an interrupt before blocking.
+                e.stage = El2Stage::Polling;
+                e.polled = true;
+                let a = self.arm();
+                a.poll_gen += 1;
+                let gen = a.poll_gen;
+                a.polling[vcpu] = Some(gen);
+                a.exits[core] = Some(e);
+                self.q.schedule_in(
+                    window,
+                    Ev::ArmPollEnd {
+                        vcpu: vcpu as u16,
+                        gen,
+                    },
+                );
+                return;
+            } else {
+                return self.el2_block(core, vcpu);
+            }
+        }
+        let charged = {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.flush(&mut cx, vcpu);
+            cx.charged
+        };
+        self.el2_kicks();
+        e.stage = El2Stage::Entering;
+        self.arm().exits[core] = Some(e);
+        if charged > 0 {
+            self.start_segment(core, charged);
+        } else {
+            self.el2_entry(core);
+        }
+    }
+
+    /// The entry: back in guest mode; the exit's service time recorded.
+    fn el2_entry(&mut self, core: usize) {
+        let now = self.q.now();
+        let Some(e) = self.arm().exits[core].take() else {
+            return;
+        };
+        let vcpu = e.vcpu;
+        let vm = self.hv.vcpus[vcpu].vm;
+        let measure_start = self.measure_start;
+        let a = self.arm();
+        if let Some(x) = e.exit {
+            if a.measuring && e.start >= measure_start {
+                a.stats[vm].exit_time[x.reason() as usize] += now - e.start;
+            }
+        }
+        let level = a.m.vifs[vcpu].maintenance_line();
+        let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
+        a.doorbell_at[vcpu] = None;
+        self.trace_event(TraceKind::ScheduleIn, core, e.start, now);
+        self.m.cores[core].mode = CoreMode::Guest { vcpu };
+        self.m.cores[core].guest_since = now;
+        self.guest_run(core);
+    }
+
+    /// kvm_vcpu_halt gave up polling: the vCPU thread blocks (schedule
+    /// out: its timer becomes a background hrtimer, its vPE non-resident).
+    fn el2_block(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        self.arm().exits[core] = None;
+        self.arm().polling[vcpu] = None;
+        {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.vcpu_put(&mut cx, vcpu);
+        }
+        // GIC rule: nothing the guest has acknowledged may stay active in a
+        // list register across the schedule-out (the guest is in WFI, so
+        // its handlers are done).
+        let a = self.el2.as_deref().expect("an ARM world");
+        let vif = &a.m.vifs[vcpu];
+        let active = (0..vif.list_registers()).find_map(|n| {
+            vif.lr(n)
+                .ok()
+                .filter(|l| matches!(l.state, LrState::Active | LrState::PendingActive))
+                .map(|l| l.vintid)
+        });
+        if let Some(v) = active {
+            self.checker.gic_violation(
+                vcpu,
+                v,
+                now,
+                format!("vINTID {v} active in a list register when vCPU {vcpu} was scheduled out"),
+            );
+        }
+        self.m.cores[core].mode = CoreMode::Idle;
+        self.checker.set_running(vcpu, false, now);
+        self.checker.set_blocked(vcpu, true, now);
+        self.el2_host_irqs(core);
+    }
+
+    /// Kicks the scheme asked for (kvm_vcpu_kick): a vCPU in guest mode gets
+    /// the host's reschedule SGI on its core, a polling one stops polling,
+    /// a blocked one is woken.
+    fn el2_kicks(&mut self) {
+        loop {
+            let a = self.arm();
+            let kicks = std::mem::take(&mut a.kicks);
+            if kicks == 0 {
+                return;
+            }
+            let mut k = kicks;
+            while k != 0 {
+                let v = k.trailing_zeros() as usize;
+                k &= k - 1;
+                self.el2_kick(v);
+            }
+        }
+    }
+
+    fn el2_kick(&mut self, vcpu: usize) {
+        let core = self.hv.vcpus[vcpu].core;
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        let why = a.vcpus[vcpu].kick_class;
+        match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu: v } if v == vcpu => {
+                self.q.schedule_in_async(
+                    a.costs.sgi_latency,
+                    Ev::ArmSgi {
+                        core: core as u16,
+                        intid: KICK_SGI as u8,
+                        class: why as u8,
+                    },
+                );
+            }
+            // Halt polling saw the interrupt: on to the entry.
+            CoreMode::Host { vcpu: v } if v == vcpu && a.polling[vcpu].take().is_some() => {
+                if let Some(e) = &mut a.exits[core] {
+                    e.stage = El2Stage::HostIrq;
+                }
+                self.el2_stage_done(core);
+            }
+            CoreMode::Idle if self.hv.vcpus[vcpu].halted && !a.waking[vcpu] => {
+                a.waking[vcpu] = true;
+                self.q
+                    .schedule_in(a.costs.vcpu_wakeup, Ev::ArmWake { vcpu: vcpu as u16 });
+            }
+            _ => {}
+        }
+    }
+
+    /// A blocked vCPU's thread runs again: kvm_arch_vcpu_load, then the
+    /// entry path (which checks it has something to do).
+    fn el2_wake(&mut self, vcpu: usize) {
+        let now = self.q.now();
+        self.arm().waking[vcpu] = false;
+        let core = self.hv.vcpus[vcpu].core;
+        if self.m.cores[core].mode != CoreMode::Idle || !self.hv.vcpus[vcpu].halted {
+            return;
+        }
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.checker.set_blocked(vcpu, false, now);
+        self.checker.set_running(vcpu, true, now);
+        let charged = {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.vcpu_load(&mut cx, vcpu);
+            cx.charged
+        };
+        // The entry half of a world switch round trip (KVM_RUN again:
+        // eret to the guest with VHE; hvc to the lowvisor, then eret, in
+        // split mode).
+        let a = self.arm();
+        let entry = Time::from(a.m.el2[core].world_switches_per_exit() / 2) * a.costs.world_switch;
+        let charged = charged + entry;
+        self.arm().exits[core] = Some(El2Exit {
+            vcpu,
+            exit: None,
+            start: now,
+            stage: El2Stage::HostIrq,
+            polled: false,
+        });
+        self.el2_kicks();
+        self.start_segment(core, charged.max(1));
+    }
+
+    /// Something changed at `core`'s GIC: a guest looks again, a polling
+    /// or idle host takes its interrupts now.
+    fn el2_poke(&mut self, core: usize) {
+        match self.m.cores[core].mode {
+            CoreMode::Guest { .. } | CoreMode::Native { .. } => {
+                self.pause_guest(core);
+                self.guest_run(core);
+            }
+            CoreMode::Host { vcpu } => {
+                if self.arm().polling[vcpu].is_some() {
+                    self.el2_host_irqs(core);
+                }
+            }
+            CoreMode::Idle => {
+                self.el2_host_irqs(core);
+            }
+        }
+    }
+
+    /// The ARM events.
+    pub(super) fn el2_event(&mut self, ev: Ev, now: Time) {
+        match ev {
+            Ev::VtimerFire { core, gen } => {
+                let core = core as usize;
+                let a = self.arm();
+                if let Some(level) =
+                    a.m.timers[core].expired(crate::hw::arm::timer::TimerChannel::Virtual, now, gen)
+                {
+                    let _ = a.m.redists[core].set_ppi_line(VTIMER_PPI, level);
+                    self.el2_poke(core);
+                }
+            }
+            Ev::ItsMsi { device, event } => {
+                let a = self.arm();
+                let (its, mut t) = a.m.its_targets();
+                match its.translate(u32::from(device), u32::from(event), &mut t) {
+                    MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
+                        self.el2_poke(core)
+                    }
+                    MsiOutcome::VlpiPending {
+                        core,
+                        vpeid,
+                        doorbell,
+                        ..
+                    } => {
+                        if doorbell.is_some() {
+                            if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
+                                a.doorbell_at[v].get_or_insert(now);
+                            }
+                        }
+                        self.el2_poke(core)
+                    }
+                    MsiOutcome::Fault(_) => self.msi_faults += 1,
+                }
+            }
+            Ev::ArmSgi { core, intid, class } => {
+                let core = core as usize;
+                let a = self.arm();
+                if a.m.redists[core].raise_sgi(u32::from(intid)).is_ok() {
+                    a.sgi_class[core] = EventClass::ALL
+                        .get(class as usize)
+                        .copied()
+                        .unwrap_or(EventClass::Other);
+                    self.el2_poke(core);
+                }
+            }
+            Ev::BgTimer { vcpu, gen } => {
+                let vcpu = vcpu as usize;
+                if self.arm().vcpus[vcpu].bg_gen == gen {
+                    {
+                        let (mut cx, scheme) = self.arm_cx();
+                        scheme.bg_timer(&mut cx, vcpu);
+                    }
+                    self.el2_kicks();
+                }
+            }
+            Ev::ArmPollEnd { vcpu, gen } => {
+                let vcpu = vcpu as usize;
+                if self.arm().polling[vcpu] == Some(gen) {
+                    let core = self.hv.vcpus[vcpu].core;
+                    self.el2_block(core, vcpu);
+                }
+            }
+            Ev::ArmWake { vcpu } => self.el2_wake(vcpu as usize),
+            _ => {}
+        }
+    }
+
+    /// The VF `vf` fired its MSI-X `vector`: the write reaches the ITS
+    /// (DeviceID = the VF, EventID = its vector) after the device's MSI
+    /// latency and the ITS's translation.
+    pub(super) fn el2_device_msi(&mut self, vf: u16, vector: u8) {
+        let lat = self.msi_latency + self.arm().costs.its_translate;
+        self.q.schedule_in_async(
+            lat,
+            Ev::ItsMsi {
+                device: vf,
+                event: u16::from(vector),
+            },
+        );
+    }
+
+    /// The host, from its own core, sends a virtual interrupt (the guest's
+    /// reschedule SGI) to the vCPU on `core` (did-arm.md §2.7 "pCPU0 →
+    /// vCPU1").
+    pub(super) fn el2_host_vipi(&mut self, core: usize) {
+        let now = self.q.now();
+        let Some(vcpu) = self.hv.vcpus.iter().position(|v| v.core == core) else {
+            return;
+        };
+        self.checker.raised_on(vcpu, RESCHEDULE_VECTOR, now);
+        {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.host_vipi(&mut cx, vcpu, GUEST_RESCHEDULE_SGI);
+        }
+        self.el2_kicks();
+    }
+
+    /// At the end of the run: a doorbell rung longer than the lost grace
+    /// ago for a vCPU that has not entered since, and a vCPU still blocked
+    /// with an interrupt pending, were never woken.
+    pub(super) fn el2_finish(&mut self) {
+        let now = self.q.now();
+        let grace = self.lost_grace;
+        for v in 0..self.hv.vcpus.len() {
+            if let Some(t) = self.arm().doorbell_at[v] {
+                if now.saturating_sub(t) > grace {
+                    self.checker.gic_violation(
+                        v,
+                        0,
+                        now,
+                        format!(
+                            "the doorbell of vCPU {v} rang at {:.3} us and never woke it",
+                            crate::engine::as_us(t)
+                        ),
+                    );
+                }
+            }
+            let core = self.hv.vcpus[v].core;
+            if !(self.hv.vcpus[v].halted && self.m.cores[core].mode == CoreMode::Idle) {
+                continue;
+            }
+            let pending = {
+                let (cx, scheme) = self.arm_cx();
+                scheme.has_pending(&cx, v)
+            };
+            if pending && !self.arm().waking[v] {
+                self.checker.gic_violation(
+                    v,
+                    0,
+                    now,
+                    format!("vCPU {v} left blocked in WFI with an interrupt pending (no doorbell or kick woke it)"),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::Calibration;
+    use crate::scenario::Scenario;
+
+    /// A 2-vCPU ARM world of `scheme`, its vCPU 0 in guest mode on core 1.
+    fn world(scheme: &str) -> World {
+        let text = format!(
+            "arch = \"arm64\"\nscheme = \"{scheme}\"\nduration_s = 0.01\n[machine]\ncores = 3\n\
+             [guest]\ntick = \"off\"\n[[vm]]\nvcpus = 2\ncore = 1\n"
+        );
+        let s = Scenario::parse(&text, &[]).expect("scenario parses");
+        World::build(&s, &Calibration::default_host()).expect("world builds")
+    }
+
+    #[test]
+    fn the_arch_timer_clockevent_ticks_at_the_counter_frequency_with_no_setup() {
+        let c = arch_timer_clockevent(100_000_000);
+        assert_eq!(c.tick, 10_000, "10 ns in ps");
+        assert_eq!((c.min_delta_ticks, c.init_steps), (0xF, 0));
+    }
+
+    #[test]
+    fn guest_handlers_map_to_linux_arm64_intids_and_back() {
+        let w = world("kvm-arm");
+        let a = w.el2.as_deref().unwrap();
+        for (vector, intid) in [
+            (a.timer_vector, VTIMER_PPI),
+            (a.vf_vector, VF_VLPI),
+            (RESCHEDULE_VECTOR, 0),
+            (crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR, 1),
+        ] {
+            assert_eq!(a.intid_of(vector), intid);
+            assert_eq!(a.vector_of(intid), vector);
+        }
+        assert_eq!(a.vector_of(2), UNEXPECTED_VECTOR);
+    }
+
+    /// KVM/ARM: SGI1R traps (IMO), WFI traps (TWI), programming the
+    /// virtual timer never does; did-arm: the SGI is a physical write and
+    /// WFI waits in the guest.
+    #[test]
+    fn each_scheme_traps_what_its_el2_controls_say() {
+        let mut w = world("kvm-arm");
+        let ipi = KernelOp::SendIpi {
+            cpu: 1,
+            vector: crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+        };
+        let timer = KernelOp::ProgramClockevent {
+            ticks: 1000,
+            deadline: Some(10_000_000),
+            vector: 0xEF,
+        };
+        assert!(matches!(
+            w.el2_op(1, 0, ipi),
+            OpResult::Exit(
+                ArchExit::El2(ArmExit::Sys64 {
+                    reg: IccReg::Sgi1r,
+                    ..
+                }),
+                None
+            )
+        ));
+        assert_eq!(w.el2_op(1, 0, timer), OpResult::Continue);
+        assert!(matches!(
+            w.el2_op(1, 0, KernelOp::Idle),
+            OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
+        ));
+        let mut w = world("did-arm");
+        assert_eq!(w.el2_op(1, 0, ipi), OpResult::Continue);
+        assert_eq!(w.el2_op(1, 0, KernelOp::Idle), OpResult::Wait);
+        // The SGI is on its way to vCPU 1's core.
+        assert!(!w.q.is_empty());
+    }
+
+    /// GIC rule: a vCPU scheduled out (blocked) with a virtual interrupt
+    /// still active in one of its list registers is a violation.
+    #[test]
+    fn an_active_list_register_at_schedule_out_is_a_gic_violation() {
+        use crate::hw::arm::vcpu_interface::ListRegister;
+        let mut w = world("kvm-arm");
+        let vif = &mut w.el2.as_deref_mut().unwrap().m.vifs[0];
+        vif.inject(ListRegister::pending(VF_VLPI, 0xA0)).unwrap();
+        assert_eq!(vif.read_iar1(None), VF_VLPI);
+        w.m.cores[1].mode = CoreMode::Host { vcpu: 0 };
+        w.hv.vcpus[0].halted = true;
+        w.el2_block(1, 0);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 1);
+        assert!(w.checker.violations()[0]
+            .detail
+            .contains("active in a list register"));
+        assert_eq!(w.m.cores[1].mode, CoreMode::Idle);
+    }
+
+    /// The guest's EOI of an interrupt it never acknowledged drops nothing:
+    /// the checker sees an EOI with nothing in service.
+    #[test]
+    fn an_eoi_with_nothing_active_clears_nothing() {
+        let mut w = world("kvm-arm");
+        let op = KernelOp::EndOfInterrupt { vector: 0xEF };
+        assert_eq!(w.el2_op(1, 0, op), OpResult::Continue);
+        assert_eq!(
+            w.checker
+                .count(crate::check::ViolationKind::EoiWithoutInService),
+            1
+        );
+    }
+}

@@ -1,0 +1,356 @@
+//! ARM (arch = "arm64"): the scenario key, and each ARM scheme's exits per
+//! guest event (did-arm.md §3) as the mechanisms produce them, with the
+//! invariant checker clean.
+
+mod common;
+use common::*;
+use exitless::scenario::Scenario;
+
+const HRTIMER: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"halt\"\n\
+    [workload.hrtimer_latency]\ninterval_us = 200\n";
+
+const IPI: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [machine]\ncores = 4\n[guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"poll\"\n\
+    [[vm]]\nvcpus = 2\ncore = 1\n[vm.workload.ipi_latency]\ninterval_us = 200\n";
+
+const UDP: &str = "arch = \"arm64\"\nseed = 1\nduration_s = 0.2\nwarmup_s = 0.02\n\
+    [guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"poll\"\n\
+    [workload.udp]\nrate_pps = 20000\n";
+
+fn xpe(r: &exitless::report::RunReport, event: &str) -> f64 {
+    metric(r, &format!("exits_per_event.{event}"))
+}
+
+#[test]
+fn the_arch_key_refuses_schemes_of_the_other_architecture() {
+    let e = Scenario::parse("scheme = \"kvm-arm\"\nduration_s = 0.1\n", &[])
+        .expect_err("an ARM scheme on x86");
+    assert!(e.to_string().contains("`arch`"), "{e}");
+    assert!(e.to_string().contains("arm64"), "{e}");
+    let e = Scenario::parse(
+        "arch = \"arm64\"\nscheme = \"did\"\nduration_s = 0.1\n",
+        &[],
+    )
+    .expect_err("an x86 scheme on ARM");
+    assert!(e.to_string().contains("`arch`"), "{e}");
+    assert!(e.to_string().contains("kvm-arm"), "{e}");
+    let e = Scenario::parse(
+        "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.1\n[arm]\nlist_registers = 1\n",
+        &[],
+    )
+    .expect_err("no list registers");
+    assert!(e.to_string().contains("arm.list_registers"), "{e}");
+}
+
+#[test]
+fn kvm_arm_timer_programming_and_eoi_never_exit_but_wfi_does() {
+    let r = run_text(HRTIMER, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "hrtimer.samples") > 800.0);
+    assert_eq!(xpe(&r, "timer_program"), 0.0);
+    assert_eq!(xpe(&r, "eoi"), 0.0);
+    assert_eq!(xpe(&r, "idle"), 1.0);
+}
+
+#[test]
+fn kvm_arm_exits_once_per_timer_expiry_and_device_interrupt_of_a_running_guest() {
+    let r = run_text(UDP, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert_eq!(xpe(&r, "device"), 1.0);
+    // One expiry straddles the end of the warm-up.
+    assert!((xpe(&r, "timer_expiry") - 1.0).abs() < 0.02);
+    assert_eq!(xpe(&r, "eoi"), 0.0);
+}
+
+#[test]
+fn kvm_arm_v4_takes_the_vfs_msis_as_vlpis_without_exits() {
+    let r = run_text(UDP, &["scheme=kvm-arm-v4"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert_eq!(xpe(&r, "device"), 0.0);
+    assert!((xpe(&r, "timer_expiry") - 1.0).abs() < 0.02);
+}
+
+#[test]
+fn kvm_arm_v4_doorbell_wakes_a_vcpu_blocked_in_wfi() {
+    let r = run_text(UDP, &["scheme=kvm-arm-v4", "guest.idle=halt"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+    assert!(metric(&r, "arm.exits.WFx") > 100.0);
+}
+
+#[test]
+fn kvm_arm_ipis_trap_at_the_sender_and_kick_a_running_receiver() {
+    let r = run_text(IPI, &["scheme=kvm-arm"]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+    // Sender SYS64 trap, then the kick SGI makes the running target exit.
+    assert_eq!(xpe(&r, "vcpu_ipi"), 2.0);
+}
+
+#[test]
+fn did_arm_runs_timer_ipi_device_and_idle_without_exits() {
+    for (text, what) in [(HRTIMER, "hrtimer"), (IPI, "ipi"), (UDP, "udp")] {
+        let r = run_text(text, &["scheme=did-arm"]);
+        assert_eq!(r.violations(), 0, "{what}: {:?}", r.invariants.violations);
+        assert_eq!(metric(&r, "arm.exits_per_s"), 0.0, "{what}");
+    }
+    let r = run_text(IPI, &["scheme=did-arm"]);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+    let r = run_text(UDP, &["scheme=did-arm"]);
+    assert!(metric(&r, "guest.rx_packets") > 3000.0);
+}
+
+#[test]
+fn split_mode_pays_four_world_switches_per_exit() {
+    let vhe = run_text(UDP, &["scheme=kvm-arm"]);
+    let split = run_text(UDP, &["scheme=kvm-arm", "arm.hyp_mode=split"]);
+    let (a, b) = (
+        metric(&vhe, "arm.exit_us.IRQ"),
+        metric(&split, "arm.exit_us.IRQ"),
+    );
+    // 2 more switches of 153 ns each.
+    assert!((b - a - 0.306).abs() < 0.005, "vhe {a} split {b}");
+}
+
+#[test]
+fn same_arm_scenario_and_seed_give_byte_identical_reports() {
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let set = format!("scheme={s}");
+        let a = serde_json::to_string(&run_text(UDP, &[&set])).unwrap();
+        let b = serde_json::to_string(&run_text(UDP, &[&set])).unwrap();
+        assert_eq!(a, b, "{s}");
+    }
+}
+
+#[test]
+fn arm_refuses_what_it_does_not_model_naming_the_key() {
+    let text = format!("scheme = \"kvm-arm\"\n{HRTIMER}[[host.burners]]\ncores = [1]\n");
+    let s = Scenario::parse(&text, &[]).expect("parses");
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("host.burners"), "{e}");
+}
+
+#[test]
+fn reproduce_did_arm_tables_the_exits_per_event_of_each_scheme() {
+    let out = exitless(&["-q", "reproduce", "did-arm"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("did-arm.events\nmetric"), "{text}");
+    assert!(
+        text.contains("max invariant violations in any run: 0"),
+        "{text}"
+    );
+    let out = exitless(&["-q", "reproduce", "did-arm", "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json rows");
+    let cell = |exp: &str, config: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["experiment"] == exp && r["config"] == config && r["metric"] == metric)
+            .and_then(|r| r["model"].as_f64())
+            .unwrap_or_else(|| panic!("{exp} {config} {metric}"))
+    };
+    for m in [
+        "timer_program",
+        "timer_expiry",
+        "eoi",
+        "device",
+        "vcpu_ipi",
+        "host_ipi",
+    ] {
+        let m = format!("exits_per_event.{m}");
+        assert_eq!(cell("did-arm.events", "did-arm", &m), 0.0, "{m}");
+    }
+    assert_eq!(
+        cell("did-arm.events", "x86-kvm", "exits_per_event.eoi"),
+        1.0
+    );
+    assert_eq!(
+        cell("did-arm.events", "kvm-arm", "exits_per_event.eoi"),
+        0.0
+    );
+    assert_eq!(cell("did-arm.idle", "did-arm", "exits_per_event.idle"), 0.0);
+    // Split mode's two extra world switches lengthen the wake-up path.
+    assert!(
+        cell("did-arm.idle", "kvm-arm-split", "hrtimer.latency_p50_us")
+            > cell("did-arm.idle", "kvm-arm", "hrtimer.latency_p50_us")
+    );
+}
+
+/// A design under study that breaks a rule, built on kvm-arm(-v4): it
+/// forgets the GICv4 doorbell (never kicks the vCPU it belongs to), or it
+/// blocks a vCPU at every IRQ exit as if it had nothing to do.
+struct Broken {
+    inner: exitless::hv::arm::kvm_arm::KvmArm,
+    ignore_doorbell: bool,
+    halt_on_irq: bool,
+}
+
+mod broken {
+    use super::Broken;
+    use exitless::engine::Time;
+    use exitless::hv::arm::intids::DOORBELL_LPI_BASE;
+    use exitless::hv::arm::{ArmCx, ArmExit, ArmScheme, ExitAction};
+    use exitless::hw::arm::el2::El2Controls;
+    use exitless::hw::arm::params::GicParams;
+
+    impl ArmScheme for Broken {
+        fn name(&self) -> &'static str {
+            "broken"
+        }
+        fn gic(&self, cores: usize, vcpus: usize) -> GicParams {
+            self.inner.gic(cores, vcpus)
+        }
+        fn el2(&self) -> El2Controls {
+            self.inner.el2()
+        }
+        fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize) {
+            self.inner.setup_vm(cx, vm)
+        }
+        fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.vcpu_load(cx, vcpu)
+        }
+        fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.vcpu_put(cx, vcpu)
+        }
+        fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction {
+            let a = self.inner.handle_exit(cx, vcpu, exit);
+            if self.halt_on_irq && exit == ArmExit::Irq {
+                return ExitAction::Halt;
+            }
+            a
+        }
+        fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) {
+            if self.ignore_doorbell && intid >= DOORBELL_LPI_BASE {
+                return;
+            }
+            self.inner.host_irq(cx, core, intid)
+        }
+        fn flush(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.flush(cx, vcpu)
+        }
+        fn has_pending(&self, cx: &ArmCx, vcpu: usize) -> bool {
+            // Blocking on an IRQ exit believes the vCPU has nothing to do.
+            !self.halt_on_irq && self.inner.has_pending(cx, vcpu)
+        }
+        fn halt_poll(&self, cx: &ArmCx) -> Time {
+            self.inner.halt_poll(cx)
+        }
+        fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32) {
+            self.inner.host_vipi(cx, vcpu, vintid)
+        }
+        fn bg_timer(&mut self, cx: &mut ArmCx, vcpu: usize) {
+            self.inner.bg_timer(cx, vcpu)
+        }
+    }
+}
+
+fn run_broken(text: &str, sets: &[&str], b: Broken) -> exitless::report::RunReport {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let s = Scenario::parse(text, &sets).expect("parses");
+    let cal = exitless::calibration::Calibration::default_host();
+    let mut w = exitless::world::World::build_arm_with(&s, &cal, Box::new(b)).expect("builds");
+    w.run(|_| {});
+    w.report()
+}
+
+#[test]
+fn the_checker_catches_a_doorbell_that_never_wakes_its_vcpu() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let sets = ["scheme=kvm-arm-v4", "guest.idle=halt", "guest.tick=off"];
+    let good = run_text(UDP, &sets);
+    assert_eq!(good.violations(), 0, "{:?}", good.invariants.violations);
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm_v4::kvm_arm_v4(HypMode::Vhe),
+        ignore_doorbell: true,
+        halt_on_irq: false,
+    };
+    let r = run_broken(UDP, &sets, b);
+    assert!(
+        r.invariants.counts[&ViolationKind::GicState] > 0,
+        "{:?}",
+        r.invariants
+    );
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+}
+
+#[test]
+fn the_checker_catches_a_vcpu_blocked_on_irq_exits_with_work_pending() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm::KvmArm::new(HypMode::Vhe),
+        ignore_doorbell: false,
+        halt_on_irq: true,
+    };
+    let r = run_broken(UDP, &["scheme=kvm-arm", "host.ipi_per_s=50000"], b);
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+}
+
+#[test]
+fn two_list_registers_overflow_into_the_ap_list_and_maintenance_exits() {
+    // Timer and both IPIs competing for two LRs: the rest wait in the
+    // ap_list with UIE set until the guest's EOIs leave at most one LR
+    // valid; nothing is lost.
+    let r = run_text(
+        IPI,
+        &[
+            "scheme=kvm-arm",
+            "arm.list_registers=2",
+            "host.ipi_per_s=20000",
+        ],
+    );
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "ipi.samples") > 500.0);
+}
+
+#[test]
+fn several_smp_vms_on_dedicated_cores() {
+    let text = "arch = \"arm64\"\nseed = 3\nduration_s = 0.1\nwarmup_s = 0.02\n\
+        [machine]\ncores = 5\n[guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"halt\"\n\
+        [[vm]]\nvcpus = 2\ncore = 1\ncopies = 2\ncopies_cores = [1, 2, 3, 4]\n\
+        [vm.workload.ipi_latency]\ninterval_us = 200\n[vm.workload.udp]\nrate_pps = 5000\n";
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let r = run_text(text, &[&format!("scheme={s}")]);
+        assert_eq!(r.violations(), 0, "{s}: {:?}", r.invariants.violations);
+        for p in ["", "vm1."] {
+            assert!(metric(&r, &format!("{p}ipi.samples")) > 200.0, "{s} {p}");
+            assert!(
+                metric(&r, &format!("{p}guest.rx_packets")) > 200.0,
+                "{s} {p}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_race_explorer_finds_nothing_on_the_arm_schemes() {
+    let cal = exitless::calibration::Calibration::default_host();
+    for s in ["kvm-arm", "kvm-arm-v4", "did-arm"] {
+        let sc = load_scenario("scenarios/explore/arm-smp.toml", &[&format!("scheme={s}")]);
+        let x = exitless::explore::explore(&sc, &cal, explore_opts(20), |_, _| {}).unwrap();
+        assert_eq!(x.runs, 20);
+        assert_eq!(
+            x.failing_runs,
+            0,
+            "{s}: {:?}",
+            x.counterexample.map(|c| c.violations)
+        );
+    }
+}
