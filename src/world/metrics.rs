@@ -43,6 +43,7 @@ impl World {
         self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
         self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
         self.sched_reset(now);
+        self.canal_reset();
     }
 
     /// The run's results.
@@ -159,6 +160,7 @@ impl World {
                 }
             }
         }
+        self.canal_metrics(&mut metrics, dur);
         self.scheme.metrics(&mut metrics);
         if self.sched.is_some() || !self.scenario.preemptions.is_empty() {
             self.sched_metrics(&mut metrics, self.end, dur);

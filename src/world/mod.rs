@@ -10,6 +10,7 @@ pub mod event;
 mod metrics;
 mod net;
 mod sched;
+mod vcanal;
 mod vmx;
 
 pub use build::{
@@ -136,6 +137,8 @@ pub struct World {
     poll_gen: u64,
     /// Per vCPU: when its current (or last) halt began.
     halt_start: Vec<Time>,
+    /// vCanal's service, host stack and client hosts, if a VM uses it.
+    canal: Option<Box<vcanal::CanalPath>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -449,6 +452,10 @@ impl World {
             Ev::WakeVcpu { vcpu } => self.sched_wake_vcpu(vcpu as usize),
             Ev::HaltPollEnd { vcpu, gen } => self.halt_poll_end(vcpu as usize, gen),
             Ev::Resched { core } => self.sched_switch(core as usize),
+            Ev::CanalStep => self.canal_step(),
+            Ev::CanalToPeer => self.canal_to_peer(),
+            Ev::CanalToHost => self.canal_to_host(),
+            Ev::CanalPeerTimer { vm } => self.canal_peer_timer(vm as usize),
         }
     }
 
@@ -769,6 +776,10 @@ impl World {
                 },
                 virtio_blk: match self.blk_dev_of_vm[k] {
                     Some(d) => self.m.virtio_blk.get_mut(d),
+                    None => None,
+                },
+                shared: match &mut self.canal {
+                    Some(c) => c.mem_mut(k),
                     None => None,
                 },
             };

@@ -31,6 +31,7 @@ pub(in crate::world) struct Parts<'s> {
     pub outside: Outside,
     pub pv: Option<net::PvPath>,
     pub blk: Vec<blk::BlkPath>,
+    pub canal: Option<crate::world::vcanal::CanalPath>,
 }
 
 /// The host's boot: every core's LAPIC timer serves host hrtimers, and
@@ -151,6 +152,7 @@ pub(in crate::world) fn power_on(
         outside,
         pv,
         blk,
+        canal,
     } = parts;
     let nvm = topo.vms();
     let nvcpu = topo.vcpus.len();
@@ -245,6 +247,7 @@ pub(in crate::world) fn power_on(
         polling: vec![None; nvcpu],
         poll_gen: 0,
         halt_start: vec![0; nvcpu],
+        canal: canal.map(Box::new),
     };
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {
@@ -266,6 +269,7 @@ pub(in crate::world) fn power_on(
     for p in 0..w.peers.len() {
         w.peer_sent(p);
     }
+    w.canal_start();
     if virtualized {
         let tick = w.hv.host.tick_period;
         let vcpus: Vec<sched::VcpuThread> = topo
