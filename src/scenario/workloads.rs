@@ -914,8 +914,9 @@ pub struct VcanalSpec {
     #[serde(default = "vcanal_yes")]
     pub hybrid_address_space: bool,
     /// The host core the vCanal service's polling thread and network pool
-    /// run on, and the host NIC's interrupts are steered to (§2.1, §3).
-    /// Default: the machine's last core. Every vCanal VM names the same.
+    /// run on, and the host NIC's interrupts are steered to (§2.1, §3):
+    /// no vCPU may run there (core 0, the host's, may be it). Default: the
+    /// machine's last core. Every vCanal VM names the same.
     #[serde(default)]
     pub service_core: Option<usize>,
     /// Network-pool threads (§7: 8).
@@ -942,7 +943,7 @@ impl VcanalSpec {
         within(at, "poll_budget", self.poll_budget, 1, 1_000_000)?;
         within(at, "pool_threads", self.pool_threads, 1, MAX_VCANAL_POOL)?;
         if let Some(c) = self.service_core {
-            within(at, "service_core", c, 1, 64)?;
+            within(at, "service_core", c, 0, 63)?;
         }
         Ok(())
     }

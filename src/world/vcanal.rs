@@ -211,9 +211,9 @@ pub(super) fn service_core(s: &Scenario) -> Result<Option<usize>, String> {
             .service_core
             .unwrap_or(s.machine.cores.saturating_sub(1));
         let key = format!("{}.vcanal.service_core", v.workload_key(i));
-        if c == 0 || c >= s.machine.cores {
+        if c >= s.machine.cores {
             return Err(format!(
-                "{key}: {c} must be a host core 1..{} (core 0 is the host's)",
+                "{key}: {c} must be a core of the machine (0..{})",
                 s.machine.cores
             ));
         }
@@ -228,13 +228,12 @@ pub(super) fn service_core(s: &Scenario) -> Result<Option<usize>, String> {
 }
 
 /// Builds the vCanal path: each vCanal VM's channel pages and its
-/// program (spawned in its kernel on `app_cpu[vm]`), the client host, the
+/// program (spawned in its kernel on its application vCPU), the client host, the
 /// service. None when no VM uses vCanal.
 pub(super) fn build(
     s: &Scenario,
     cal: &Calibration,
     link: Link,
-    app_cpu: &[usize],
     guests: &mut [Kernel],
 ) -> Result<Option<CanalPath>, String> {
     let Some(core) = service_core(s)? else {
@@ -259,15 +258,11 @@ pub(super) fn build(
         gso: s.net.peer_gso,
         ..TcpConfig::default()
     };
-    let mut vms = Vec::with_capacity(guests.len());
-    let mut vm_index = 0;
-    for v in &s.vms {
-        for _ in 0..v.copies {
-            let vm = vm_index;
-            vm_index += 1;
-            let active = v.active_copies.is_none_or(|a| (vm as u32) < a) || v.copies == 1;
-            let (Some(spec), Some(n), true) = (&v.workload.vcanal, &v.workload.netperf, active)
-            else {
+    let views = s.vm_views();
+    let mut vms = Vec::with_capacity(views.len());
+    for (vm, v) in views.iter().enumerate() {
+        {
+            let (Some(spec), Some(n)) = (&v.workload.vcanal, &v.workload.netperf) else {
                 vms.push(None);
                 continue;
             };
@@ -297,12 +292,7 @@ pub(super) fn build(
                 },
             );
             let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
-            kernel.spawn_on(
-                app_cpu.get(vm).copied().unwrap_or(0),
-                Box::new(app),
-                0,
-                false,
-            );
+            kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
             let (conn, peer) = match test {
                 CanalTest::TcpStreamSend => {
                     let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
@@ -985,6 +975,29 @@ mod tests {
             .expect("refused")
             .to_string();
         assert!(e.contains("workload.vcanal.service_core"), "{e}");
+    }
+
+    /// Several VMs share the service core (vcanal.md §4.5): each has its
+    /// own channel, host socket and client host, and each makes progress;
+    /// the service core may be core 0, the host's.
+    #[test]
+    fn vms_share_one_service_core() {
+        let text = "scheme = \"kvm\"\nseed = 3\nduration_s = 0.02\nwarmup_s = 0.005\n\
+                    [machine]\ncores = 4\n[[vm]]\nvcpus = 1\ncore = 1\ncopies = 3\n\
+                    copies_cores = [1, 2, 3]\n[vm.workload.netperf]\ntest = \"udp-rr\"\n\
+                    msg_bytes = 1\n[vm.workload.vcanal]\nservice_core = 0\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        w.run(|_| {});
+        let c = w.canal.as_ref().expect("a vCanal path");
+        assert_eq!(c.core, 0);
+        let r = w.report();
+        for vm in 0..3 {
+            assert!(c.service.ring_head(vm).is_some(), "VM {vm} announced");
+            let p = crate::report::vm_prefix(vm);
+            assert!(m(&r, &format!("{p}udp_rr.transactions")) > 100.0, "VM {vm}");
+        }
+        assert_eq!(r.violations(), 0);
     }
 
     /// Same scenario and seed, same run.

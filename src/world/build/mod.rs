@@ -94,9 +94,8 @@ impl World {
         let blk = hypervisor::blk_paths(cal, &topo, &devs);
         let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref());
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
-        let app_cpu: Vec<usize> = topo.views.iter().map(|v| v.app_vcpu).collect();
-        let canal = super::vcanal::build(s, cal, m.link, &app_cpu, &mut guests)
-            .map_err(BuildError::Scenario)?;
+        let canal =
+            super::vcanal::build(s, cal, m.link, &mut guests).map_err(BuildError::Scenario)?;
         if let Some(c) = canal
             .as_ref()
             .filter(|c| topo.vcpus.iter().any(|p| p.core == c.core))
