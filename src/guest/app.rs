@@ -15,6 +15,10 @@ pub enum TaskStep {
     /// interrupt wakes the task (vCanal's helper driver in interrupt mode,
     /// vcanal.md §2.5).
     WaitDriver,
+    /// Ring the wait-queue driver's doorbell (an ioctl that writes its I/O
+    /// port: vCanal's request notification without polling, vcanal.md
+    /// §3 "w/o Polling"), then go on.
+    DriverKick,
     /// `clock_nanosleep(TIMER_ABSTIME)` until this time.
     SleepUntil(Time),
     /// `epoll_wait` with a timeout: block until data arrives on the task's

@@ -189,6 +189,8 @@ pub struct WaitQueueDriver {
     pub handler: Time,
     /// The hypercall (number, argument) CPU 0 makes once at boot.
     pub announce: Option<(u32, u64)>,
+    /// Its doorbell: the I/O port a `DriverKick` writes, if it has one.
+    pub doorbell: Option<u16>,
 }
 
 /// The kernel's clockevent device as its driver sees it (Linux's
@@ -1510,6 +1512,13 @@ impl Kernel {
                 self.udp_wait_for_space(t);
                 self.cpus[self.on].need_resched = true;
                 None
+            }
+            TaskStep::DriverKick => {
+                // The ioctl's system call, then the OUT to the port (the
+                // task goes on at its next step).
+                let port = self.cfg.wait_driver.and_then(|d| d.doorbell)?;
+                self.tasks[t].compute = self.cfg.costs.syscall;
+                Some(Action::Op(KernelOp::QueueNotify { port, value: 0 }))
             }
             TaskStep::WaitDriver => {
                 // The waiter re-checked its condition in this step

@@ -62,7 +62,8 @@ pub struct WorkloadSpec {
     /// The VM's netperf sockets are vCanal's (`AF_VSOCKET`, vcanal.md §2):
     /// libCanal forwards each socket call over the VM's shared-memory
     /// channel to the host's vCanal service, which runs it on the host's
-    /// stack. Needs `netperf` (tcp-stream with the VM sending, or udp-rr).
+    /// stack. Its program is netperf's (tcp-stream with the VM sending, or
+    /// udp-rr, one instance); without netperf nothing uses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcanal: Option<VcanalSpec>,
 }
@@ -172,7 +173,9 @@ impl WorkloadSpec {
         }
         if let Some(v) = &self.vcanal {
             v.validate(&table("vcanal"))?;
-            let ok = self.netperf.as_ref().is_some_and(|n| {
+            // Without netperf no program uses vCanal (the helper driver
+            // still loads); with it, one of the tests vCanal runs.
+            let ok = self.netperf.as_ref().is_none_or(|n| {
                 n.threads == 1
                     && match n.test {
                         NetperfTest::TcpStream => n.direction == NetperfDirection::Send,
@@ -922,6 +925,13 @@ pub struct VcanalSpec {
     /// Network-pool threads (§7: 8).
     #[serde(default = "vcanal_pool")]
     pub pool_threads: u16,
+    /// "vCanal w/o Polling" (vcanal.md §3; §7: both directions): libCanal
+    /// notifies the host of each request through the helper driver's
+    /// doorbell (an I/O-port write, an exit) and the service sleeps while
+    /// its channels are empty instead of polling. Combine with
+    /// `notification = "interrupt"` for the paper's variant.
+    #[serde(default)]
+    pub kick: bool,
 }
 
 /// Most network-pool threads.

@@ -53,6 +53,9 @@ pub struct CanalAppCosts {
     /// The hybrid address space is on (vcanal.md §2.6); off, the cache is
     /// emptied before each call, so every buffer page is walked.
     pub hybrid: bool,
+    /// Ring the helper driver's doorbell after each enqueue ("w/o
+    /// Polling", vcanal.md §3).
+    pub kick: bool,
 }
 
 /// What the program does.
@@ -85,6 +88,8 @@ pub struct CanalNetperf {
     fd: i32,
     next: Step,
     pending: Option<Pending>,
+    /// The doorbell is still to ring for the call just enqueued.
+    kick_due: bool,
     /// The UDP_RR client's request time.
     sent_at: Time,
     /// Where the server's reply goes (the requester).
@@ -110,6 +115,7 @@ impl CanalNetperf {
             fd: -1,
             next: Step::Socket,
             pending: None,
+            kick_due: false,
             sent_at: 0,
             reply_to: PEER,
             rtt: LatencyHistogram::new(),
@@ -222,6 +228,9 @@ impl App for CanalNetperf {
             return TaskStep::Exit;
         };
         let c = self.costs.canal;
+        if std::mem::take(&mut self.kick_due) {
+            return TaskStep::DriverKick;
+        }
         if let Some(mut p) = self.pending {
             match self.lib.wait(mem, &mut p) {
                 Ok(WaitStep::Done(done)) => {
@@ -256,6 +265,7 @@ impl App for CanalNetperf {
         match self.lib.submit(mem, self.call(), walk) {
             Ok(s) => {
                 self.pending = Some(s.pending);
+                self.kick_due = self.costs.kick;
                 self.calls += 1;
                 self.misses += u64::from(s.misses);
                 TaskStep::Compute(c.submit(s.hits, s.misses))

@@ -413,6 +413,7 @@ impl World {
             Ev::Eventfd { fd } => {
                 self.pv_eventfd(fd);
                 self.blk_eventfd(fd);
+                self.canal_eventfd(fd);
             }
             Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),

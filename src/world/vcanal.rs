@@ -59,6 +59,14 @@ use std::collections::VecDeque;
 /// channel's GPA (vcanal.md §2.1: "one exit on KVM").
 pub const ANNOUNCE_HYPERCALL: u32 = 0x7643_0001;
 
+/// The helper driver's doorbell port ("w/o Polling"), an ioeventfd.
+pub const DOORBELL_PORT: u16 = 0xC0A0;
+
+/// The ioeventfd of VM `vm`'s doorbell (above virtio's and virtio-blk's).
+pub fn doorbell_fd(vm: usize) -> u16 {
+    0xA000 + vm as u16
+}
+
 /// The guest vector of the helper driver's completion interrupt.
 pub const COMPLETION_VECTOR: u8 = 0x55;
 
@@ -180,6 +188,15 @@ pub(super) struct CanalPath {
     unsched_peer: usize,
     unsched_host: usize,
     counters: Counters,
+    /// The service sleeps while its channels are empty and is woken by
+    /// doorbells and NIC interrupts ("w/o Polling"), instead of polling.
+    kicked: bool,
+    /// It sleeps now (no `CanalStep` queued).
+    asleep: bool,
+    /// Idle turns in a row (a whole round of them: every channel empty).
+    idle_run: usize,
+    /// Waking the sleeping service thread.
+    wakeup: Time,
     /// Each VM's service totals at the end of the warm-up.
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
 }
@@ -289,6 +306,7 @@ pub(super) fn build(
                     canal: costs,
                     syscall,
                     hybrid: spec.hybrid_address_space,
+                    kick: spec.kick,
                 },
             );
             let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
@@ -373,6 +391,12 @@ pub(super) fn build(
         unsched_host: 0,
         counters: Counters::default(),
         stats_base: vec![Default::default(); nvm],
+        kicked: views
+            .iter()
+            .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
+        asleep: false,
+        idle_run: 0,
+        wakeup: t_us(&cal.vhost.wakeup_us),
     }))
 }
 
@@ -496,8 +520,15 @@ impl World {
         if busy && now >= self.measure_start {
             c.counters.busy += work;
         }
+        c.idle_run = if busy { 0 } else { c.idle_run + 1 };
         let work = work.max(1);
-        self.q.schedule(now + work, Ev::CanalStep);
+        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && c.rx.is_empty() {
+            // Every channel came up empty: the service thread sleeps
+            // until a doorbell or the NIC wakes it.
+            c.asleep = true;
+        } else {
+            self.q.schedule(now + work, Ev::CanalStep);
+        }
         self.canal_schedule();
         for &vm in &irqs[..nirq] {
             if let Some(c) = &mut self.canal {
@@ -552,6 +583,29 @@ impl World {
         };
         if let Some((_, vm, f)) = c.to_host.pop_front() {
             c.rx.push_back((vm, f));
+        }
+        self.canal_wake();
+    }
+
+    /// A doorbell of a VM's helper driver (its ioeventfd).
+    pub(super) fn canal_eventfd(&mut self, fd: u16) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if (0..c.vms.len()).any(|vm| doorbell_fd(vm) == fd) {
+            self.canal_wake();
+        }
+    }
+
+    /// Wakes the sleeping service thread.
+    fn canal_wake(&mut self) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if std::mem::take(&mut c.asleep) {
+            c.idle_run = 0;
+            let at = self.q.now() + c.wakeup;
+            self.q.schedule(at, Ev::CanalStep);
         }
     }
 
@@ -998,6 +1052,46 @@ mod tests {
             assert!(m(&r, &format!("{p}udp_rr.transactions")) > 100.0, "VM {vm}");
         }
         assert_eq!(r.violations(), 0);
+    }
+
+    /// "w/o Polling" (vcanal.md §3, §7): every request rings the helper
+    /// driver's doorbell, an I/O-instruction exit through the ioeventfd,
+    /// and the service sleeps between requests instead of polling; with
+    /// polling no request exits.
+    #[test]
+    fn without_polling_each_request_exits_and_the_service_sleeps() {
+        let kick = [
+            "workload.vcanal.notification=interrupt",
+            "workload.vcanal.kick=true",
+        ];
+        let (_, r) = run(RR, &kick);
+        let calls = m(&r, "vcanal.calls");
+        let io = r.vms[0].exits_per_s_by_reason["IO_INSTRUCTION"] * 0.02;
+        assert!(calls > 100.0);
+        assert!(io >= calls - 1.0, "{io} I/O exits for {calls} calls");
+        let (_, polled) = run(RR, &[]);
+        // It sleeps after one empty round instead of polling on.
+        let idle = m(&r, "vcanal.idle_turns_per_s");
+        assert!(idle < 0.2 * m(&polled, "vcanal.idle_turns_per_s"), "{idle}");
+        let io = polled.vms[0]
+            .exits_per_s_by_reason
+            .get("IO_INSTRUCTION")
+            .copied()
+            .unwrap_or(0.0);
+        // Only the background device-emulation exits remain.
+        assert!(io * 0.02 < 10.0, "{io}/s");
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// vCanal runs netperf's TCP_STREAM sender or UDP_RR; another
+    /// netperf test with it is refused, naming the table.
+    #[test]
+    fn an_unsupported_netperf_test_is_refused() {
+        let text = format!("{BASE}[workload.netperf]\ntest = \"udp-stream\"\n[workload.vcanal]\n");
+        let e = Scenario::parse(&text, &[])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("`workload.vcanal`"), "{e}");
     }
 
     /// Same scenario and seed, same run.
