@@ -36,7 +36,7 @@ use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
 use crate::guest::app::{Datagram, Metrics};
-use crate::guest::libcanal::inr::{Call, SockType};
+use crate::guest::libcanal::inr::{Call, SockAddr, SockType};
 use crate::guest::libcanal::{LibCanal, LibCanalParams};
 use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::Kernel;
@@ -197,6 +197,9 @@ pub(super) struct CanalPath {
     idle_run: usize,
     /// Waking the sleeping service thread.
     wakeup: Time,
+    /// A call whose work item is running: its thread, the call, and the
+    /// answer to write when the item ends.
+    finishing: Option<(usize, Dispatch, Outcome, Option<SockAddr>)>,
     /// Each VM's service totals at the end of the warm-up.
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
 }
@@ -391,6 +394,7 @@ pub(super) fn build(
         unsched_host: 0,
         counters: Counters::default(),
         stats_base: vec![Default::default(); nvm],
+        finishing: None,
         kicked: views
             .iter()
             .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
@@ -431,8 +435,8 @@ impl World {
             return;
         }
         if let Some(Some(v)) = c.vms.get(vm) {
-            // A refused channel (a second announce) is ignored: the guest
-            // then gets no answers, which its program reports.
+            // A second announcement is refused (`AlreadyAnnounced`) and
+            // changes nothing: the first channel stays in service.
             let _ = c.service.announce(vm, CHANNEL, &v.mem);
         }
     }
@@ -464,8 +468,10 @@ impl World {
                 }
             }
         }
-        let mut irqs: [usize; 8] = [usize::MAX; 8];
-        let mut nirq = 0;
+        // The call the last item ran is answered now that it ended; the VM
+        // to interrupt, if a waiter asked for it.
+        let irq = c.finish();
+        let mut turn_irq = None;
         let mut work = 0;
         for s in 0..c.socks.len() {
             work += c.flush(s, now + work);
@@ -474,12 +480,7 @@ impl World {
             work += c.receive(now + work);
             true
         } else if let Some(t) = c.ready.pop_front() {
-            let (w, irq) = c.run_thread(t, now + work);
-            work += w;
-            if let Some(vm) = irq {
-                irqs[nirq] = vm;
-                nirq += 1;
-            }
+            work += c.run_thread(t, now + work);
             true
         } else {
             let vm = c.service.next_vm();
@@ -496,12 +497,16 @@ impl World {
                 Ok(r) => {
                     work += c.costs.turn(&r);
                     if r.irqs > 0 {
-                        irqs[nirq] = vm;
-                        nirq += 1;
+                        // Answers written in the turn (refused INRs).
+                        turn_irq = Some(vm);
                     }
+                    // The turn issued at most `idle` calls: each finds an
+                    // idle thread.
                     for i in 0..c.issued.len() {
                         let d = c.issued[i];
-                        if let Some(t) = c.threads.iter().position(|t| *t == Thread::Idle) {
+                        let t = c.threads.iter().position(|t| *t == Thread::Idle);
+                        debug_assert!(t.is_some(), "more calls issued than idle threads");
+                        if let Some(t) = t {
                             c.threads[t] = Thread::Ready(d);
                             c.ready.push_back(t);
                         }
@@ -530,7 +535,7 @@ impl World {
             self.q.schedule(now + work, Ev::CanalStep);
         }
         self.canal_schedule();
-        for &vm in &irqs[..nirq] {
+        for vm in irq.into_iter().chain(turn_irq) {
             if let Some(c) = &mut self.canal {
                 c.counters.irqs += 1;
             }
@@ -803,11 +808,11 @@ impl CanalPath {
         }
     }
 
-    /// Runs pool thread `t`'s call at `at`. Returns the time it took and
-    /// the VM to interrupt, if the waiter asked for it.
-    fn run_thread(&mut self, t: usize, at: Time) -> (Time, Option<usize>) {
+    /// Runs pool thread `t`'s call at `at`. Returns the time it took; the
+    /// answer is written when that time is over ([`Self::finish`]).
+    fn run_thread(&mut self, t: usize, at: Time) -> Time {
         let Thread::Ready(d) = self.threads[t] else {
-            return (0, None);
+            return 0;
         };
         let st = self.stack;
         let mut cost = st.pool_dispatch + st.syscall;
@@ -905,10 +910,21 @@ impl CanalPath {
             // path wakes it.
             self.threads[t] = Thread::Blocked(d);
             self.counters.blocked += 1;
-            return (cost, None);
+            return cost;
         };
-        self.threads[t] = Thread::Idle;
         cost += self.costs.completion_write;
+        // The thread stays busy until its work item ends; the answer is
+        // written then (`finish`), not before the call has run.
+        self.finishing = Some((t, d, outcome, peer));
+        cost
+    }
+
+    /// The work item that ran a call ended: its thread writes the answer
+    /// into the INR and goes idle. Returns the VM to interrupt, if its
+    /// waiter asked for it.
+    fn finish(&mut self) -> Option<usize> {
+        let (t, d, outcome, peer) = self.finishing.take()?;
+        self.threads[t] = Thread::Idle;
         let irq = match self.vms.get_mut(d.vm) {
             Some(Some(v)) => self
                 .service
@@ -916,7 +932,7 @@ impl CanalPath {
                 .unwrap_or(false),
             _ => false,
         };
-        (cost, irq.then_some(d.vm))
+        irq.then_some(d.vm)
     }
 }
 
