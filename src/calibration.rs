@@ -129,6 +129,20 @@ section!(Blk {
     copy_per_kib_ns,
     thread_create_us,
 });
+section!(Vcanal {
+    inr_build_ns,
+    enqueue_ns,
+    completion_poll_ns,
+    radix_lookup_ns,
+    page_walk_ns,
+    dequeue_ns,
+    service_per_call_ns,
+    port_translation_ns,
+    completion_write_ns,
+    idle_poll_round_ns,
+    pool_dispatch_ns,
+    helper_irq_handler_ns,
+});
 section!(Peer {
     rx_segment_ns,
     tx_segment_ns,
@@ -156,6 +170,7 @@ pub struct Calibration {
     pub vhost: Vhost,
     pub peer: Peer,
     pub blk: Blk,
+    pub vcanal: Vcanal,
 }
 
 /// ARM section `el2`: the exit path's hardware costs.

@@ -98,6 +98,49 @@ fn reproduce_es2_table1_compares_with_the_paper() {
     assert!(rows.iter().all(|r| r["violations"] == 0));
 }
 
+/// `reproduce vcanal`: the paper's UDP_RR comparison runs every §3
+/// configuration; vCanal's round trip is below Baseline's, and its
+/// completions come as interrupts only in the interrupt-taking modes.
+#[test]
+fn reproduce_vcanal_udp_rr_compares_with_the_paper() {
+    let o = exitless(&[
+        "-q",
+        "reproduce",
+        "vcanal",
+        "--only",
+        "vcanal.udp-rr-client",
+        "--set",
+        "duration_s=0.03",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json rows");
+    let model = |config: &str, metric: &str| {
+        rows.iter()
+            .find(|r| r["config"] == config && r["metric"] == metric)
+            .unwrap_or_else(|| panic!("{config} {metric}"))["model"]
+            .as_f64()
+            .unwrap()
+    };
+    for c in [
+        "native",
+        "baseline",
+        "baseline-affinity",
+        "elvis",
+        "vcanal",
+        "sriov",
+    ] {
+        assert!(model(c, "udp_rr.latency_us") > 1.0, "{c}");
+    }
+    assert!(model("vcanal", "udp_rr.latency_us") < model("baseline", "udp_rr.latency_us"));
+    let pct = rows
+        .iter()
+        .find(|r| r["config"] == "vcanal" && r["metric"] == "pct_of_baseline")
+        .expect("the normalised row");
+    assert_eq!(pct["paper"], 62.0);
+    assert!(rows.iter().all(|r| r["violations"] == 0));
+}
+
 #[test]
 fn reproduce_json_rows_have_the_documented_fields() {
     let o = exitless(&[

@@ -62,6 +62,7 @@ fn every_metric_of_the_validation_scenarios_is_in_docs_metrics_md() {
         "validation/consolidation",
         "validation/directvisor",
         "validation/did-arm",
+        "validation/vcanal",
         "scenarios/explore",
         "scenarios/smp",
         "scenarios/es2",
@@ -71,9 +72,11 @@ fn every_metric_of_the_validation_scenarios_is_in_docs_metrics_md() {
             .map(|e| e.unwrap().path())
             .filter(|p| {
                 p.extension().is_some_and(|e| e == "toml")
-                    // testbed.toml: a calibration overlay, not a scenario.
-                    && p.file_name()
-                        .is_some_and(|n| n != "experiments.toml" && n != "testbed.toml")
+                    && p.file_name().is_some_and(|n| {
+                        // Experiment lists and calibration overlays are
+                        // not scenarios.
+                        n != "experiments.toml" && n != "testbed.toml"
+                    })
             })
             .collect();
         v.sort();

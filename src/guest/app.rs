@@ -11,6 +11,14 @@ pub enum TaskStep {
     Compute(Time),
     /// Block until woken (by data arriving on its socket).
     Block,
+    /// Sleep on the wait queue of the kernel's wait-queue driver until its
+    /// interrupt wakes the task (vCanal's helper driver in interrupt mode,
+    /// vcanal.md §2.5).
+    WaitDriver,
+    /// Ring the wait-queue driver's doorbell (an ioctl that writes its I/O
+    /// port: vCanal's request notification without polling, vcanal.md
+    /// §3 "w/o Polling"), then go on.
+    DriverKick,
     /// `clock_nanosleep(TIMER_ABSTIME)` until this time.
     SleepUntil(Time),
     /// `epoll_wait` with a timeout: block until data arrives on the task's
@@ -81,6 +89,9 @@ pub struct Sys<'a> {
     /// Datagrams the task sent with `sendto` and the stack has not yet
     /// taken (present when the task has a UDP socket).
     pub udp_tx: Option<&'a mut std::collections::VecDeque<Datagram>>,
+    /// Guest memory the process shares with a host service (vCanal's
+    /// channel pages, mapped by libCanal; vcanal.md §2.1), if any.
+    pub shared: Option<&'a mut crate::hw::guest_memory::GuestMemory>,
 }
 
 impl Sys<'_> {

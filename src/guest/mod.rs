@@ -142,6 +142,8 @@ pub struct GuestConfig {
     pub virtio_net: Option<VirtioNetGuest>,
     /// The virtio-blk device this guest drives, if any.
     pub virtio_blk: Option<blk::VirtioBlkGuest>,
+    /// A wait-queue driver (vCanal's helper driver), if loaded.
+    pub wait_driver: Option<WaitQueueDriver>,
     /// The receive queue's `rps_cpus` (empty: RPS off).
     pub rps_cpus: Vec<usize>,
     /// CONFIG_HZ.
@@ -171,6 +173,24 @@ pub struct GuestConfig {
     pub itr: ItrParams,
     /// Path costs.
     pub costs: GuestCosts,
+}
+
+/// A character-device driver whose tasks sleep on its wait queue until its
+/// interrupt wakes them, and which may announce shared pages to the
+/// hypervisor at boot with one hypercall: vCanal's helper driver
+/// (vcanal.md §2.1: "allocates channel pages at boot and announces them
+/// (one exit on KVM)"; §2.5: "registers a dedicated interrupt handler ...
+/// parks the process on a wait queue").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitQueueDriver {
+    /// The vector of its interrupt.
+    pub vector: u8,
+    /// Its handler's work past the IRQ entry (the wake-up).
+    pub handler: Time,
+    /// The hypercall (number, argument) CPU 0 makes once at boot.
+    pub announce: Option<(u32, u64)>,
+    /// Its doorbell: the I/O port a `DriverKick` writes, if it has one.
+    pub doorbell: Option<u16>,
 }
 
 /// The kernel's clockevent device as its driver sees it (Linux's
@@ -324,6 +344,8 @@ struct Task {
     ready: Vec<usize>,
     /// The CPU it is bound to.
     cpu: usize,
+    /// Asleep on the wait-queue driver's queue.
+    on_driver: bool,
     /// CPU time it has asked for (the fair share's virtual runtime).
     vruntime: Time,
 }
@@ -346,6 +368,8 @@ enum FrameKind {
     Boot,
     /// The DID module's per-CPU enable (`did_module::enable_step`).
     DidModule,
+    /// The wait-queue driver's boot-time announcement (one hypercall).
+    DriverAnnounce,
     Irq {
         vector: u8,
     },
@@ -641,6 +665,7 @@ impl Kernel {
             ready: Vec::new(),
             cpu,
             vruntime: 0,
+            on_driver: false,
         });
         self.cpus[cpu].need_resched = true;
         self.tasks.len() - 1
@@ -915,7 +940,7 @@ impl Kernel {
             }
             let cpu = &mut self.cpus[self.on];
             let Some(&f) = cpu.frames.last() else {
-                if let Some(a) = self.task_context(now) {
+                if let Some(a) = self.task_context(now, dev) {
                     if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
                         && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
                     {
@@ -974,7 +999,15 @@ impl Kernel {
                     // Loaded after boot; its ioctls run with IRQs off.
                     self.push(FrameKind::DidModule, 0, false);
                 }
+                if self.on == 0 && self.cfg.wait_driver.is_some_and(|d| d.announce.is_some()) {
+                    self.push(FrameKind::DriverAnnounce, 0, false);
+                }
                 self.reprogram(now).map(Action::Op)
+            }
+            FrameKind::DriverAnnounce => {
+                self.pop();
+                let (nr, arg) = self.cfg.wait_driver.and_then(|d| d.announce)?;
+                Some(Action::Op(KernelOp::Hypercall { nr, arg }))
             }
             FrameKind::DidModule => {
                 use did_module::EnableStep;
@@ -1159,6 +1192,14 @@ impl Kernel {
                     } else {
                         0
                     }
+                } else if let Some(d) = self.cfg.wait_driver.filter(|d| d.vector == vector) {
+                    // The driver's handler: wake_up on its wait queue.
+                    for t in 0..self.tasks.len() {
+                        if std::mem::take(&mut self.tasks[t].on_driver) {
+                            self.wake(t);
+                        }
+                    }
+                    d.handler
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
                     self.cpus[self.on].net_rx = true;
@@ -1347,7 +1388,7 @@ impl Kernel {
         self.push(kind, c.napi_poll_base, true);
     }
 
-    fn task_context(&mut self, now: Time) -> Option<Action> {
+    fn task_context(&mut self, now: Time, dev: &mut Devices) -> Option<Action> {
         if self.blk_pending() {
             // submit_bio → the driver, before the task goes on.
             return None;
@@ -1408,6 +1449,7 @@ impl Kernel {
             conns: None,
             blk: (self.blk_task == Some(t)).then_some(&mut self.blk),
             udp_tx: has_socket.then_some(&mut self.udp_tx),
+            shared: dev.shared.as_deref_mut(),
         };
         match (task.tcp, task.multi_tcp) {
             (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
@@ -1471,6 +1513,22 @@ impl Kernel {
                 self.cpus[self.on].need_resched = true;
                 None
             }
+            TaskStep::DriverKick => {
+                // The ioctl's system call, then the OUT to the port (the
+                // task goes on at its next step).
+                let port = self.cfg.wait_driver.and_then(|d| d.doorbell)?;
+                self.tasks[t].compute = self.cfg.costs.syscall;
+                Some(Action::Op(KernelOp::QueueNotify { port, value: 0 }))
+            }
+            TaskStep::WaitDriver => {
+                // The waiter re-checked its condition in this step
+                // (libCanal's re-check after arming, vcanal.md §7), so a
+                // completion interrupt from now on finds it asleep.
+                self.tasks[t].state = TaskState::Blocked;
+                self.tasks[t].on_driver = true;
+                self.cpus[self.on].need_resched = true;
+                None
+            }
             TaskStep::SleepUntil(until) | TaskStep::WaitUntil(until) => {
                 let wait = matches!(step, TaskStep::WaitUntil(_));
                 self.push(
@@ -1505,6 +1563,7 @@ pub(crate) fn test_config() -> GuestConfig {
         vf: None,
         virtio_net: None,
         virtio_blk: None,
+        wait_driver: None,
         rps_cpus: Vec::new(),
         hz: 1000,
         tick: crate::guest::TickMode::Periodic,

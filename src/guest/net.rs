@@ -78,6 +78,9 @@ pub struct Devices<'a> {
     pub virtio_net: Option<&'a mut VirtioNetDev>,
     /// The virtio-blk device, if the VM has one.
     pub virtio_blk: Option<&'a mut crate::hw::virtio_blk::VirtioBlkDev>,
+    /// Guest memory a host service shares with the VM's processes
+    /// (vCanal's channel), if any.
+    pub shared: Option<&'a mut crate::hw::guest_memory::GuestMemory>,
 }
 
 impl Kernel {

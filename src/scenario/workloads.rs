@@ -59,6 +59,13 @@ pub struct WorkloadSpec {
     /// ping from the client host; the guest kernel answers in its softirq
     /// (ES2 §6.4).
     pub ping: Option<PingSpec>,
+    /// The VM's netperf sockets are vCanal's (`AF_VSOCKET`, vcanal.md §2):
+    /// libCanal forwards each socket call over the VM's shared-memory
+    /// channel to the host's vCanal service, which runs it on the host's
+    /// stack. Its program is netperf's (tcp-stream with the VM sending, or
+    /// udp-rr, one instance); without netperf nothing uses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcanal: Option<VcanalSpec>,
 }
 
 impl WorkloadSpec {
@@ -164,6 +171,26 @@ impl WorkloadSpec {
         if let Some(n) = &self.netperf {
             n.validate(&table("netperf"))?;
         }
+        if let Some(v) = &self.vcanal {
+            v.validate(&table("vcanal"))?;
+            // Without netperf no program uses vCanal (the helper driver
+            // still loads); with it, one of the tests vCanal runs.
+            let ok = self.netperf.as_ref().is_none_or(|n| {
+                n.threads == 1
+                    && match n.test {
+                        NetperfTest::TcpStream => n.direction == NetperfDirection::Send,
+                        NetperfTest::UdpRr => true,
+                        NetperfTest::UdpStream => false,
+                    }
+            });
+            if !ok {
+                return bad(
+                    at,
+                    "vcanal",
+                    "needs one netperf instance: tcp-stream with direction = \"send\", or udp-rr",
+                );
+            }
+        }
         if let Some(n) = &self.nginx {
             n.validate(&table("nginx"))?;
         }
@@ -215,6 +242,11 @@ pub enum NetperfTest {
     /// UDP_STREAM: `msg_bytes` datagrams, one per sendto(); throughput is
     /// what the receiving application got.
     UdpStream,
+    /// UDP_RR: one `msg_bytes` request, one equal response, then the next
+    /// request (vcanal.md §4); the client records each round trip.
+    /// `direction = "send"`: the VM is the client; `"recv"`: the client
+    /// host is.
+    UdpRr,
 }
 
 /// Which way a netperf stream flows, seen from the VM.
@@ -268,7 +300,7 @@ impl NetperfSpec {
         let max = match self.test {
             NetperfTest::TcpStream => 1 << 20,
             // One datagram per frame: 1500-byte MTU less IP and UDP headers.
-            NetperfTest::UdpStream => 1472,
+            NetperfTest::UdpStream | NetperfTest::UdpRr => 1472,
         };
         let msg = self.msg_bytes;
         let range = format!("1..={max} for this test");
@@ -849,5 +881,91 @@ impl TestModuleSpec {
     /// Checks its keys (`at`: its table).
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
         validate_interval_us(at, self.interval_us)
+    }
+}
+
+/// How a libCanal waiter learns that its call completed (vcanal.md §2.5,
+/// §3 "Notification polling / interrupt / switching").
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum VcanalNotification {
+    /// Poll the INR up to `poll_budget` times, then ask for the completion
+    /// interrupt and sleep (the paper's default).
+    #[default]
+    Switching,
+    /// Poll until done; never an interrupt.
+    Polling,
+    /// Check once, then ask for the interrupt.
+    Interrupt,
+}
+
+/// vCanal for a VM's sockets (vcanal.md §2, §3).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VcanalSpec {
+    /// Completion notification.
+    #[serde(default)]
+    pub notification: VcanalNotification,
+    /// Polls before interrupt mode under `switching` (§2.5: 100).
+    #[serde(default = "vcanal_poll_budget")]
+    pub poll_budget: u32,
+    /// libCanal's hybrid address space (§2.6); off: every buffer page is
+    /// walked by the helper driver on every call ("w/o Hybrid Address
+    /// Space").
+    #[serde(default = "vcanal_yes")]
+    pub hybrid_address_space: bool,
+    /// The host core the vCanal service's polling thread and network pool
+    /// run on, and the host NIC's interrupts are steered to (§2.1, §3):
+    /// no vCPU may run there (core 0, the host's, may be it). Default: the
+    /// machine's last core. Every vCanal VM names the same.
+    #[serde(default)]
+    pub service_core: Option<usize>,
+    /// Network-pool threads (§7: 8).
+    #[serde(default = "vcanal_pool")]
+    pub pool_threads: u16,
+    /// "vCanal w/o Polling" (vcanal.md §3; §7: both directions): libCanal
+    /// notifies the host of each request through the helper driver's
+    /// doorbell (an I/O-port write, an exit) and the service sleeps while
+    /// its channels are empty instead of polling. Combine with
+    /// `notification = "interrupt"` for the paper's variant.
+    #[serde(default)]
+    pub kick: bool,
+}
+
+/// Most network-pool threads.
+pub const MAX_VCANAL_POOL: u16 = 64;
+
+fn vcanal_poll_budget() -> u32 {
+    crate::guest::libcanal::DEFAULT_POLL_BUDGET
+}
+fn vcanal_yes() -> bool {
+    true
+}
+fn vcanal_pool() -> u16 {
+    8
+}
+
+impl VcanalSpec {
+    /// Checks its keys (`at`: its table).
+    pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        within(at, "poll_budget", self.poll_budget, 1, 1_000_000)?;
+        within(at, "pool_threads", self.pool_threads, 1, MAX_VCANAL_POOL)?;
+        if let Some(c) = self.service_core {
+            within(at, "service_core", c, 0, 63)?;
+        }
+        Ok(())
+    }
+
+    /// The poll budget libCanal runs with.
+    pub fn effective_poll_budget(&self) -> u32 {
+        match self.notification {
+            VcanalNotification::Switching => self.poll_budget,
+            VcanalNotification::Polling => u32::MAX,
+            // libCanal polls once before it can arm (`wait` counts the
+            // failed poll first).
+            VcanalNotification::Interrupt => 1,
+        }
     }
 }

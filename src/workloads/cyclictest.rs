@@ -98,6 +98,7 @@ mod tests {
             conns: None,
             blk: None,
             udp_tx: None,
+            shared: None,
         };
         assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(1000 * US));
         sys.now = 1000 * US + 1_500_000; // woken 1.5 µs late

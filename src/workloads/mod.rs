@@ -13,6 +13,8 @@ pub mod peer;
 pub mod ping;
 pub mod sip;
 pub mod udp;
+pub mod udp_rr;
+pub mod vcanal;
 pub mod whileloop;
 
 /// A closed-loop client's completions per second over the measured

@@ -41,7 +41,7 @@ pub struct NetperfCosts {
 }
 
 impl NetperfCosts {
-    fn call(&self, bytes: u32) -> Time {
+    pub(crate) fn call(&self, bytes: u32) -> Time {
         self.syscall + self.copy_per_kib * bytes as Time / 1024
     }
 }
@@ -306,6 +306,7 @@ mod tests {
             conns: None,
             blk: None,
             udp_tx: Some(tx),
+            shared: None,
         }
     }
 

@@ -162,6 +162,17 @@ pub enum Ev {
         /// Core.
         core: u16,
     },
+    /// The vCanal service core finished a work item.
+    CanalStep,
+    /// The head frame from the host NIC reaches the client host (vCanal).
+    CanalToPeer,
+    /// The head frame from the client host reaches the host NIC (vCanal).
+    CanalToHost,
+    /// A vCanal VM's client host's timer.
+    CanalPeerTimer {
+        /// The VM.
+        vm: u16,
+    },
     /// A halted vCPU's polling window ran out (stale if `gen` moved on).
     HaltPollEnd {
         /// vCPU.

@@ -49,6 +49,7 @@ impl World {
         self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
         self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
         self.sched_reset(now);
+        self.canal_reset();
     }
 
     /// The run's results.
@@ -165,6 +166,7 @@ impl World {
                 }
             }
         }
+        self.canal_metrics(&mut metrics, dur);
         self.scheme.metrics(&mut metrics);
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur);

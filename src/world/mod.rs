@@ -12,6 +12,7 @@ mod event_exits;
 mod metrics;
 mod net;
 mod sched;
+mod vcanal;
 mod vmx;
 
 pub use build::{
@@ -143,6 +144,8 @@ pub struct World {
     el2: Option<Box<el2::El2World>>,
     /// Exits per guest event (always on ARM; on x86 when the scenario asks).
     event_exits: Option<Box<event_exits::EventExits>>,
+    /// vCanal's service, host stack and client hosts, if a VM uses it.
+    canal: Option<Box<vcanal::CanalPath>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -420,6 +423,7 @@ impl World {
             Ev::Eventfd { fd } => {
                 self.pv_eventfd(fd);
                 self.blk_eventfd(fd);
+                self.canal_eventfd(fd);
             }
             Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
@@ -479,6 +483,10 @@ impl World {
             | Ev::BgTimer { .. }
             | Ev::ArmPollEnd { .. }
             | Ev::ArmWake { .. } => self.el2_event(ev, now),
+            Ev::CanalStep => self.canal_step(),
+            Ev::CanalToPeer => self.canal_to_peer(),
+            Ev::CanalToHost => self.canal_to_host(),
+            Ev::CanalPeerTimer { vm } => self.canal_peer_timer(vm as usize),
         }
     }
 
@@ -839,6 +847,10 @@ impl World {
                 },
                 virtio_blk: match self.blk_dev_of_vm[k] {
                     Some(d) => self.m.virtio_blk.get_mut(d),
+                    None => None,
+                },
+                shared: match &mut self.canal {
+                    Some(c) => c.mem_mut(k),
                     None => None,
                 },
             };

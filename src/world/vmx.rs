@@ -576,6 +576,12 @@ impl World {
         if let (Some(expected), Some(cleared)) = (eoi_expect, out.eoi_cleared) {
             self.checker.eoi(vcpu, expected, cleared, now);
         }
+        if let ExitInfo::Vmcall { nr, arg } = info {
+            // A hypercall to a host service behind the hypervisor (the
+            // vCanal service's channel announcement).
+            let vm = self.hv.vcpus[vcpu].vm;
+            self.canal_hypercall(vm, nr, arg);
+        }
         self.start_segment(core, base + charged);
     }
 

@@ -86,6 +86,12 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology) -> Result<(), BuildError> {
     if s.vms.iter().any(|v| v.workload.fio.is_some()) {
         return no("workload.fio", "virtio-blk is not modelled on ARM");
     }
+    if s.vms.iter().any(|v| v.workload.vcanal.is_some()) {
+        return no(
+            "workload.vcanal",
+            "vCanal's service and helper driver are built on the x86 platform",
+        );
+    }
     Ok(())
 }
 
@@ -238,6 +244,7 @@ pub(in crate::world) fn build(
         event_exits: Some(Box::new(crate::world::event_exits::EventExits::new(
             nvm, cores,
         ))),
+        canal: None,
     };
     for p in 0..w.peers.len() {
         w.peer_sent(p);

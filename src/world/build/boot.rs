@@ -31,6 +31,7 @@ pub(in crate::world) struct Parts<'s> {
     pub outside: Outside,
     pub pv: Option<net::PvPath>,
     pub blk: Vec<blk::BlkPath>,
+    pub canal: Option<crate::world::vcanal::CanalPath>,
 }
 
 /// The host's boot: every core's LAPIC timer serves host hrtimers, and
@@ -151,6 +152,7 @@ pub(in crate::world) fn power_on(
         outside,
         pv,
         blk,
+        canal,
     } = parts;
     let nvm = topo.vms();
     let nvcpu = topo.vcpus.len();
@@ -250,6 +252,7 @@ pub(in crate::world) fn power_on(
             .report
             .exits_per_event
             .then(|| Box::new(crate::world::event_exits::EventExits::new(nvm, cores))),
+        canal: canal.map(Box::new),
     };
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {
@@ -271,6 +274,7 @@ pub(in crate::world) fn power_on(
     for p in 0..w.peers.len() {
         w.peer_sent(p);
     }
+    w.canal_start();
     if virtualized {
         let tick = w.hv.host.tick_period;
         let vcpus: Vec<sched::VcpuThread> = topo

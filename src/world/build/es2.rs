@@ -23,6 +23,7 @@ use crate::workloads::netperf::{
 };
 use crate::workloads::peer::PeerApp;
 use crate::workloads::ping::PingClient;
+use crate::workloads::udp_rr::{UdpRrClient, UdpRrEcho, UdpRrPeerClient, UdpRrServer};
 use crate::world::t_ns;
 
 /// The first flow of a VM's datagram workloads (instance j uses flow
@@ -75,10 +76,11 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
     let copy_per_kib = t_ns(&g.copy_per_kib_ns);
+    // Over vCanal the VM's sockets are the host's (world::vcanal).
     if let Some(n) = w
         .netperf
         .as_ref()
-        .filter(|n| n.test == NetperfTest::TcpStream)
+        .filter(|n| n.test == NetperfTest::TcpStream && w.vcanal.is_none())
     {
         let costs = IperfCosts {
             syscall,
@@ -264,6 +266,34 @@ pub(super) fn spawn_datagram(
                         wire(frame),
                         syscall,
                     ))
+                }
+            };
+            peers.push(DatagramPeer {
+                flow,
+                app,
+                icmp: false,
+            });
+        }
+    }
+    if let Some(n) = w
+        .netperf
+        .as_ref()
+        .filter(|n| n.test == NetperfTest::UdpRr && w.vcanal.is_none())
+    {
+        let cpus = kernel.cpus();
+        for j in 0..n.threads as usize {
+            let flow = DGRAM_FLOW + j as u16;
+            let app: Box<dyn PeerApp> = match n.direction {
+                NetperfDirection::Send => {
+                    let client = UdpRrClient::new(flow, n.msg_bytes, costs);
+                    let t = kernel.spawn_on(j % cpus, Box::new(client), 0, true);
+                    kernel.udp_bind(flow, t);
+                    Box::new(UdpRrEcho::new(syscall))
+                }
+                NetperfDirection::Recv => {
+                    let t = kernel.spawn_on(j % cpus, Box::new(UdpRrServer::new(costs)), 0, true);
+                    kernel.udp_bind(flow, t);
+                    Box::new(UdpRrPeerClient::new(flow, n.msg_bytes, syscall))
                 }
             };
             peers.push(DatagramPeer {

@@ -84,6 +84,20 @@ fn config(
             _ => None,
         },
         rps_cpus: v.rps_cpus.clone(),
+        // vCanal's helper driver (vcanal.md §2.1, §2.5).
+        wait_driver: v
+            .workload
+            .vcanal
+            .as_ref()
+            .map(|c| crate::guest::WaitQueueDriver {
+                vector: crate::world::vcanal::COMPLETION_VECTOR,
+                handler: crate::world::t_ns(&cal.vcanal.helper_irq_handler_ns),
+                announce: Some((
+                    crate::world::vcanal::ANNOUNCE_HYPERCALL,
+                    crate::world::vcanal::CHANNEL_BASE,
+                )),
+                doorbell: c.kick.then_some(crate::world::vcanal::DOORBELL_PORT),
+            }),
         virtio_net: devs.net_dev[vm].map(|_| VirtioNetGuest {
             rx_vector: VIRTIO_NET_VECTORS[0],
             tx_vector: VIRTIO_NET_VECTORS[1],

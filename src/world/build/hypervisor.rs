@@ -107,6 +107,13 @@ pub(in crate::world) fn state(
             ioeventfds.push((vm, VIRTIO_NOTIFY_PORT + 1, fds[1]));
         }
     }
+    // vCanal's doorbell, for VMs that notify instead of being polled.
+    for (vm, v) in topo.views.iter().enumerate() {
+        if v.workload.vcanal.as_ref().is_some_and(|c| c.kick) {
+            use crate::world::vcanal::{doorbell_fd, DOORBELL_PORT};
+            ioeventfds.push((vm, DOORBELL_PORT, doorbell_fd(vm)));
+        }
+    }
     HvState {
         vms,
         vcpus,

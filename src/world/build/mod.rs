@@ -29,6 +29,10 @@ use crate::calibration::Calibration;
 use crate::hv::scheme::{self, Scheme};
 use crate::scenario::Scenario;
 
+/// Linux 3.x `tcp_rmem[1]`, the receive buffer every TCP end of the
+/// model opens with (no autotuning).
+pub(in crate::world) const TCP_RMEM: u32 = tcp::TCP_RMEM_DEFAULT;
+
 /// The guest's MSI-X vectors for its virtio-net RX and TX queues.
 pub const VIRTIO_NET_VECTORS: [u8; 2] = [0x51, 0x52];
 
@@ -113,6 +117,19 @@ impl World {
         let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
         let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
+        let canal =
+            super::vcanal::build(s, cal, m.link, &mut guests).map_err(BuildError::Scenario)?;
+        if let Some(c) = canal
+            .as_ref()
+            .filter(|c| topo.vcpus.iter().any(|p| p.core == c.core))
+        {
+            // The service core polls without pause (vcanal.md §2.4): a vCPU
+            // there would never run, and §3 gives it a core of its own.
+            return Err(BuildError::Scenario(format!(
+                "workload.vcanal.service_core: core {} also runs a vCPU; the service needs a core of its own",
+                c.core
+            )));
+        }
         let parts = boot::Parts {
             topo,
             m,
@@ -123,6 +140,7 @@ impl World {
             outside,
             pv,
             blk,
+            canal,
         };
         Ok(boot::power_on(s, cal, scheme, parts))
     }

@@ -1,0 +1,315 @@
+//! netperf over vCanal sockets (vcanal.md §4): the in-guest side of
+//! TCP_STREAM (the VM sends) and UDP_RR (the VM as client or as server),
+//! written against libCanal instead of the guest kernel's socket layer.
+//!
+//! libCanal is a user-level library (vcanal.md §2.1), so it lives in the
+//! program: each socket call is built into an INR in the channel pages the
+//! process shares with the host (`Sys::shared`) and enqueued without an
+//! exit; the program then polls the INR's state (one `completion_poll` per
+//! poll), and once the poll budget is spent it asks the helper driver for
+//! interrupt mode (an ioctl, one system call) and sleeps on the driver's
+//! wait queue (`TaskStep::WaitDriver`) until the completion interrupt.
+
+use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::libcanal::inr::{Buf, Call, SockAddr, SockType};
+use crate::guest::libcanal::radix::PAGE_SIZE;
+use crate::guest::libcanal::{Completion, LibCanal, Pending, SubmitError, WaitStep};
+use crate::hv::vcanal::VcanalCosts;
+
+/// Where the program's send and receive buffer lies in its address space
+/// (one buffer, reused by every call, as netperf's is).
+pub const BUF_GVA: u64 = 0x7f00_0000_0000;
+
+/// The GPA the guest's page tables map [`BUF_GVA`] to (inside guest RAM,
+/// away from the channel pages). The helper driver's walk of a page
+/// (vcanal.md §2.6 step 1) returns `BUF_GPA + (gva - BUF_GVA)`.
+pub const BUF_GPA: u64 = 0x0100_0000;
+
+/// The client host's address and the netperf data port (netperf's
+/// netserver answers on a port it chooses; any fixed one will do).
+pub const PEER: SockAddr = SockAddr {
+    ip: 0x0a00_0002,
+    port: 12865,
+};
+
+/// The port a UDP_RR server in the VM binds.
+pub const RR_PORT: u16 = 12866;
+
+/// The guest's page walk for the program's buffer (the helper driver's
+/// GVA → GPA, vcanal.md §2.6): None outside it.
+pub fn walk(gva_page: u64) -> Option<u64> {
+    let off = gva_page.checked_sub(BUF_GVA)?;
+    (off < 1 << 24).then_some(BUF_GPA + off)
+}
+
+/// The guest-side costs of a libCanal call.
+#[derive(Clone, Copy, Debug)]
+pub struct CanalAppCosts {
+    /// vCanal's primitive costs.
+    pub canal: VcanalCosts,
+    /// A system call (the ioctl that arms interrupt mode).
+    pub syscall: Time,
+    /// The hybrid address space is on (vcanal.md §2.6); off, the cache is
+    /// emptied before each call, so every buffer page is walked.
+    pub hybrid: bool,
+    /// Ring the helper driver's doorbell after each enqueue ("w/o
+    /// Polling", vcanal.md §3).
+    pub kick: bool,
+}
+
+/// What the program does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CanalTest {
+    /// TCP_STREAM, the VM sending `msg` bytes per send().
+    TcpStreamSend,
+    /// UDP_RR with the VM as the client.
+    UdpRrClient,
+    /// UDP_RR with the VM as the server.
+    UdpRrServer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Socket,
+    Connect,
+    Bind,
+    Send,
+    SendTo,
+    RecvFrom,
+}
+
+/// netperf's in-guest side over libCanal.
+pub struct CanalNetperf {
+    lib: LibCanal,
+    test: CanalTest,
+    msg: u32,
+    costs: CanalAppCosts,
+    fd: i32,
+    next: Step,
+    pending: Option<Pending>,
+    /// The doorbell is still to ring for the call just enqueued.
+    kick_due: bool,
+    /// The UDP_RR client's request time.
+    sent_at: Time,
+    /// Where the server's reply goes (the requester).
+    reply_to: SockAddr,
+    rtt: LatencyHistogram,
+    transactions: u64,
+    bytes: u64,
+    calls: u64,
+    polls: u64,
+    sleeps: u64,
+    misses: u64,
+    errors: u64,
+}
+
+impl CanalNetperf {
+    /// The program over `lib` (its VM's channel, announced at boot).
+    pub fn new(lib: LibCanal, test: CanalTest, msg: u32, costs: CanalAppCosts) -> Self {
+        CanalNetperf {
+            lib,
+            test,
+            msg,
+            costs,
+            fd: -1,
+            next: Step::Socket,
+            pending: None,
+            kick_due: false,
+            sent_at: 0,
+            reply_to: PEER,
+            rtt: LatencyHistogram::new(),
+            transactions: 0,
+            bytes: 0,
+            calls: 0,
+            polls: 0,
+            sleeps: 0,
+            misses: 0,
+            errors: 0,
+        }
+    }
+
+    fn buf(&self) -> Buf {
+        Buf {
+            addr: BUF_GVA,
+            len: u64::from(self.msg),
+        }
+    }
+
+    /// The call the program makes next.
+    fn call(&self) -> Call<i32> {
+        let fd = self.fd;
+        match self.next {
+            Step::Socket => Call::Socket {
+                ty: match self.test {
+                    CanalTest::TcpStreamSend => SockType::Stream,
+                    _ => SockType::Dgram,
+                },
+                protocol: 0,
+            },
+            Step::Connect => Call::Connect { fd, addr: PEER },
+            Step::Bind => Call::Bind {
+                fd,
+                addr: SockAddr {
+                    ip: 0,
+                    port: RR_PORT,
+                },
+            },
+            Step::Send => Call::Send {
+                fd,
+                buf: self.buf(),
+                flags: 0,
+            },
+            Step::SendTo => Call::SendTo {
+                fd,
+                buf: self.buf(),
+                flags: 0,
+                addr: self.reply_to,
+            },
+            Step::RecvFrom => Call::RecvFrom {
+                fd,
+                buf: Buf {
+                    addr: BUF_GVA,
+                    len: PAGE_SIZE,
+                },
+                flags: 0,
+            },
+        }
+    }
+
+    /// A call finished at `now`: what comes next.
+    fn done(&mut self, c: Completion, now: Time) {
+        let ret = match c.ret {
+            Ok(v) => v,
+            Err(_) => {
+                // A failed call is retried (the host stack refused it,
+                // e.g. EAGAIN); counted so a broken path shows.
+                self.errors += 1;
+                return;
+            }
+        };
+        self.next = match (self.test, self.next) {
+            (_, Step::Socket) => {
+                self.fd = ret as i32;
+                match self.test {
+                    CanalTest::TcpStreamSend => Step::Connect,
+                    CanalTest::UdpRrClient => Step::SendTo,
+                    CanalTest::UdpRrServer => Step::Bind,
+                }
+            }
+            (_, Step::Connect) => Step::Send,
+            (_, Step::Bind) => Step::RecvFrom,
+            (_, Step::Send) => {
+                self.bytes += ret as u64;
+                Step::Send
+            }
+            (_, Step::SendTo) => Step::RecvFrom,
+            (CanalTest::UdpRrClient, Step::RecvFrom) => {
+                self.transactions += 1;
+                self.rtt.record(now.saturating_sub(self.sent_at));
+                Step::SendTo
+            }
+            (_, Step::RecvFrom) => {
+                if let Some(p) = c.peer {
+                    self.reply_to = p;
+                }
+                self.transactions += 1;
+                Step::SendTo
+            }
+        };
+    }
+}
+
+impl App for CanalNetperf {
+    fn step(&mut self, sys: &mut Sys) -> TaskStep {
+        let now = sys.now;
+        let Some(mem) = sys.shared.as_deref_mut() else {
+            // No channel: AF_VSOCKET is not available.
+            return TaskStep::Exit;
+        };
+        let c = self.costs.canal;
+        if std::mem::take(&mut self.kick_due) {
+            return TaskStep::DriverKick;
+        }
+        if let Some(mut p) = self.pending {
+            match self.lib.wait(mem, &mut p) {
+                Ok(WaitStep::Done(done)) => {
+                    self.pending = None;
+                    self.done(done, now);
+                }
+                Ok(WaitStep::Spin) => {
+                    self.pending = Some(p);
+                    self.polls += 1;
+                    return TaskStep::Compute(c.completion_poll);
+                }
+                Ok(WaitStep::ArmInterrupt) => {
+                    // The ioctl into the helper driver; the next step
+                    // re-checks before sleeping.
+                    self.pending = Some(p);
+                    return TaskStep::Compute(self.costs.syscall);
+                }
+                Ok(WaitStep::Sleep) => {
+                    self.pending = Some(p);
+                    self.sleeps += 1;
+                    return TaskStep::WaitDriver;
+                }
+                Err(_) => return TaskStep::Exit,
+            }
+        }
+        if self.next == Step::SendTo && self.test == CanalTest::UdpRrClient {
+            self.sent_at = now;
+        }
+        if !self.costs.hybrid {
+            self.lib.cache.flush();
+        }
+        match self.lib.submit(mem, self.call(), walk) {
+            Ok(s) => {
+                self.pending = Some(s.pending);
+                self.kick_due = self.costs.kick;
+                self.calls += 1;
+                self.misses += u64::from(s.misses);
+                TaskStep::Compute(c.submit(s.hits, s.misses))
+            }
+            // §7: a full ring or pool: the enqueuer spins and retries.
+            Err(SubmitError::RingFull) | Err(SubmitError::NoInr) => {
+                TaskStep::Compute(c.completion_poll)
+            }
+            Err(_) => TaskStep::Exit,
+        }
+    }
+
+    fn reset_metrics(&mut self) {
+        self.rtt = LatencyHistogram::new();
+        self.transactions = 0;
+        self.bytes = 0;
+        self.calls = 0;
+        self.polls = 0;
+        self.sleeps = 0;
+        self.misses = 0;
+        self.errors = 0;
+    }
+
+    fn metrics(&self, out: &mut Metrics) {
+        out.insert("vcanal.calls".into(), self.calls as f64);
+        out.insert("vcanal.polls".into(), self.polls as f64);
+        out.insert("vcanal.sleeps".into(), self.sleeps as f64);
+        out.insert("vcanal.page_walks".into(), self.misses as f64);
+        out.insert("vcanal.call_errors".into(), self.errors as f64);
+        out.insert("vcanal.bytes_sent".into(), self.bytes as f64);
+        match self.test {
+            CanalTest::TcpStreamSend => {
+                out.insert("netperf.messages_sent".into(), self.calls as f64);
+            }
+            CanalTest::UdpRrClient => {
+                out.insert("udp_rr.transactions".into(), self.transactions as f64);
+                if self.rtt.count() > 0 {
+                    out.insert("udp_rr.latency_us".into(), as_us(self.rtt.mean()));
+                    insert_percentiles_us(out, "udp_rr.latency", &self.rtt);
+                }
+            }
+            CanalTest::UdpRrServer => {
+                out.insert("udp_rr.served".into(), self.transactions as f64);
+            }
+        }
+    }
+}

@@ -1,0 +1,1120 @@
+//! vCanal on the platform (vcanal.md §2): each vCanal VM's channel in its
+//! guest memory, the vCanal service on its dedicated host core, the host's
+//! network stack under it, the physical link to the client host, and the
+//! completion interrupt through the active scheme.
+//!
+//! The path of one socket call:
+//! 1. the guest program's libCanal writes an INR into the VM's channel
+//!    pages and enqueues it (no exit; `workloads::vcanal`);
+//! 2. the service core's polling thread gives the VMs turns in the channel
+//!    scheduler's order (`hv::vcanal::service::Service::turn`): it copies
+//!    and checks each INR, translates binds, and issues the VM's queued
+//!    calls to idle network-pool threads ([`Ev::CanalStep`]);
+//! 3. a pool thread runs the call on the host's stack: the same TCP model
+//!    the guests use ([`Tcp`]), or a UDP socket queue, whose frames cross
+//!    the host NIC and the 10 GbE link to the client host ([`PeerHost`]);
+//!    a call that must wait (send buffer full, nothing to receive) blocks
+//!    the thread until the host stack's receive path wakes it;
+//! 4. the thread writes the result into the INR (`Service::complete`); if
+//!    the waiter asked for an interrupt (`want_irq`), the completion
+//!    interrupt is raised through the scheme like a back end's irqfd.
+//!
+//! The host NIC's interrupts are steered to the service core (§2.1, §3):
+//! frames from the client host are taken there, between the service's
+//! work items (a NIC interrupt, NAPI and the protocol per frame).
+//!
+//! Simplifications (named, not hidden): the service core's polling
+//! thread, its pool threads and its NIC softirq share the core in arrival
+//! order, as one FIFO of work items, rather than under the host scheduler;
+//! TCP has no handshake (connect() takes the connection already
+//! established, as every TCP workload of the model does); the host NIC's
+//! interrupt moderation is not modelled (one interrupt per batch the core
+//! finds waiting).
+
+use super::event::Ev;
+use super::World;
+use crate::calibration::Calibration;
+use crate::engine::Time;
+use crate::guest::app::{Datagram, Metrics};
+use crate::guest::libcanal::inr::{Call, SockAddr, SockType};
+use crate::guest::libcanal::{LibCanal, LibCanalParams};
+use crate::guest::tcp::{Tcp, TcpConfig};
+use crate::guest::Kernel;
+use crate::hv::vcanal::channel::ChannelLayout;
+use crate::hv::vcanal::service::{Dispatch, HostSocket, Outcome, Service, ServiceParams, SlotKind};
+use crate::hv::vcanal::VcanalCosts;
+use crate::hw::guest_memory::GuestMemory;
+use crate::hw::wire::{Frame, Transport};
+use crate::hw::x86::nic::Link;
+use crate::scenario::{NetperfDirection, NetperfTest, Scenario};
+use crate::workloads::iperf::{IperfCosts, IperfPeer};
+use crate::workloads::netperf::RECV_BYTES;
+use crate::workloads::peer::{PeerCosts, PeerHost};
+use crate::workloads::udp_rr::{UdpRrEcho, UdpRrPeerClient};
+use crate::workloads::vcanal::{CanalAppCosts, CanalNetperf, CanalTest, PEER};
+use crate::world::{t_ns, t_us};
+use std::collections::VecDeque;
+
+/// The helper driver's announcement hypercall (RAX), argument the
+/// channel's GPA (vcanal.md §2.1: "one exit on KVM").
+pub const ANNOUNCE_HYPERCALL: u32 = 0x7643_0001;
+
+/// The helper driver's doorbell port ("w/o Polling"), an ioeventfd.
+pub const DOORBELL_PORT: u16 = 0xC0A0;
+
+/// The ioeventfd of VM `vm`'s doorbell (above virtio's and virtio-blk's).
+pub fn doorbell_fd(vm: usize) -> u16 {
+    0xA000 + vm as u16
+}
+
+/// The guest vector of the helper driver's completion interrupt.
+pub const COMPLETION_VECTOR: u8 = 0x55;
+
+/// Where the helper driver puts the channel (GPA), and its size: a
+/// 256-slot ring (4 KiB) and 64 INRs (5 KiB), "a few guest pages" (§5).
+pub const CHANNEL_BASE: u64 = 0x10000;
+
+/// The channel the helper driver lays out at [`CHANNEL_BASE`].
+const CHANNEL: ChannelLayout = ChannelLayout {
+    base: CHANNEL_BASE,
+    ring_capacity: 256,
+    pool_len: 64,
+};
+
+/// The guest's RAM as the service checks buffers against it.
+const GUEST_RAM: u64 = 1 << 30;
+
+/// The flow of a VM's one connection or UDP flow with the client host.
+const FLOW: u16 = 1;
+
+/// When the client host's UDP_RR client sends its first request: after
+/// the guest's server has had time to boot and bind (a datagram to an
+/// unbound port is dropped, and netperf's RR does not retransmit).
+const RR_CLIENT_START: Time = crate::engine::MS;
+
+/// Costs of the host's own stack under the service (the host runs the same
+/// Linux as the guests on the same class of NIC, so the guest's per-call
+/// and per-segment costs).
+#[derive(Clone, Copy, Debug)]
+struct HostStack {
+    syscall: Time,
+    copy_per_kib: Time,
+    tcp_tx_segment: Time,
+    tcp_rx_segment: Time,
+    udp_tx: Time,
+    rx_per_packet: Time,
+    xmit: Time,
+    napi_poll: Time,
+    nic_irq: Time,
+    pool_dispatch: Time,
+}
+
+impl HostStack {
+    fn copy(&self, bytes: u64) -> Time {
+        self.copy_per_kib * bytes / 1024
+    }
+}
+
+/// A host socket the service opened for a guest.
+struct HostSock {
+    vm: usize,
+    kind: SlotKind,
+    tcp: Option<Tcp>,
+    udp_rx: VecDeque<Datagram>,
+}
+
+/// A network-pool thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Thread {
+    Idle,
+    /// Has a call to run (just issued, or woken).
+    Ready(Dispatch),
+    /// Its call waits for the host stack.
+    Blocked(Dispatch),
+}
+
+/// One vCanal VM.
+struct CanalVm {
+    mem: GuestMemory,
+    /// The host end of its connection, taken by its connect().
+    conn: Option<Tcp>,
+    /// The host socket its data flows on.
+    sock: Option<HostSocket>,
+    /// The client host.
+    peer: PeerHost,
+    /// The peer's deadline as last scheduled.
+    peer_timer: Option<Time>,
+}
+
+/// Counters of the service core.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    busy: Time,
+    turns: u64,
+    idle_turns: u64,
+    calls: u64,
+    blocked: u64,
+    irqs: u64,
+    rx_frames: u64,
+    tx_frames: u64,
+    nic_irqs: u64,
+}
+
+/// The vCanal path of the machine.
+pub(super) struct CanalPath {
+    service: Service,
+    costs: VcanalCosts,
+    stack: HostStack,
+    /// The service core.
+    pub(super) core: usize,
+    vms: Vec<Option<CanalVm>>,
+    /// Stands for a VM without a channel in its (idle) turns.
+    no_mem: GuestMemory,
+    socks: Vec<HostSock>,
+    threads: Vec<Thread>,
+    ready: VecDeque<usize>,
+    issued: Vec<Dispatch>,
+    /// Frames the host NIC received, not yet processed.
+    rx: VecDeque<(usize, Frame)>,
+    to_peer: VecDeque<(Time, usize, Frame)>,
+    to_host: VecDeque<(Time, usize, Frame)>,
+    out: Vec<(Time, Frame)>,
+    wire_out: Time,
+    wire_in: Time,
+    link: Link,
+    mss: u32,
+    /// Frames at the back of `to_peer` / `to_host` whose arrival is not
+    /// yet scheduled.
+    unsched_peer: usize,
+    unsched_host: usize,
+    counters: Counters,
+    /// The service sleeps while its channels are empty and is woken by
+    /// doorbells and NIC interrupts ("w/o Polling"), instead of polling.
+    kicked: bool,
+    /// It sleeps now (no `CanalStep` queued).
+    asleep: bool,
+    /// Idle turns in a row (a whole round of them: every channel empty).
+    idle_run: usize,
+    /// Waking the sleeping service thread.
+    wakeup: Time,
+    /// A call whose work item is running: its thread, the call, and the
+    /// answer to write when the item ends.
+    finishing: Option<(usize, Dispatch, Outcome, Option<SockAddr>)>,
+    /// Each VM's service totals at the end of the warm-up.
+    stats_base: Vec<crate::hv::vcanal::service::VmStats>,
+}
+
+fn canal_costs(cal: &Calibration) -> VcanalCosts {
+    let v = &cal.vcanal;
+    VcanalCosts {
+        inr_build: t_ns(&v.inr_build_ns),
+        enqueue: t_ns(&v.enqueue_ns),
+        completion_poll: t_ns(&v.completion_poll_ns),
+        radix_lookup: t_ns(&v.radix_lookup_ns),
+        page_walk: t_ns(&v.page_walk_ns),
+        dequeue: t_ns(&v.dequeue_ns),
+        service_per_call: t_ns(&v.service_per_call_ns),
+        port_translation: t_ns(&v.port_translation_ns),
+        completion_write: t_ns(&v.completion_write_ns),
+        idle_poll_round: t_ns(&v.idle_poll_round_ns),
+    }
+}
+
+/// The service core a scenario's vCanal VMs name (all the same), if any.
+pub(super) fn service_core(s: &Scenario) -> Result<Option<usize>, String> {
+    let mut core = None;
+    for (i, v) in s.vms.iter().enumerate() {
+        let Some(spec) = &v.workload.vcanal else {
+            continue;
+        };
+        let c = spec
+            .service_core
+            .unwrap_or(s.machine.cores.saturating_sub(1));
+        let key = format!("{}.vcanal.service_core", v.workload_key(i));
+        if c >= s.machine.cores {
+            return Err(format!(
+                "{key}: {c} must be a core of the machine (0..{})",
+                s.machine.cores
+            ));
+        }
+        if core.is_some_and(|k| k != c) {
+            return Err(format!(
+                "{key}: every vCanal VM must name the same service core"
+            ));
+        }
+        core = Some(c);
+    }
+    Ok(core)
+}
+
+/// Builds the vCanal path: each vCanal VM's channel pages and its
+/// program (spawned in its kernel on its application vCPU), the client host, the
+/// service. None when no VM uses vCanal.
+pub(super) fn build(
+    s: &Scenario,
+    cal: &Calibration,
+    link: Link,
+    guests: &mut [Kernel],
+) -> Result<Option<CanalPath>, String> {
+    let Some(core) = service_core(s)? else {
+        return Ok(None);
+    };
+    let g = &cal.guest;
+    let p = &cal.peer;
+    let costs = canal_costs(cal);
+    let syscall = t_ns(&g.syscall_ns);
+    let peer_costs = PeerCosts {
+        rx_segment: t_ns(&p.rx_segment_ns),
+        tx_segment: t_ns(&p.tx_segment_ns),
+        wakeup: t_us(&p.wakeup_us),
+        udp_rx: t_ns(&p.udp_rx_datagram_ns),
+        udp_tx: t_ns(&p.udp_tx_datagram_ns),
+    };
+    // The host's TCP: Linux defaults with TSO/GSO on (its NIC's, as the
+    // client host's `net.peer_gso`); both ends' receive buffers as the
+    // other TCP workloads' (no autotuning).
+    let tcp = TcpConfig {
+        rcvbuf: crate::world::build::TCP_RMEM,
+        gso: s.net.peer_gso,
+        ..TcpConfig::default()
+    };
+    let views = s.vm_views();
+    let mut vms = Vec::with_capacity(views.len());
+    for (vm, v) in views.iter().enumerate() {
+        {
+            let (Some(spec), Some(n)) = (&v.workload.vcanal, &v.workload.netperf) else {
+                vms.push(None);
+                continue;
+            };
+            let mut mem = GuestMemory::new(GUEST_RAM, CHANNEL.base, CHANNEL.size() as usize)
+                .map_err(|e| e.to_string())?;
+            CHANNEL.init(&mut mem).map_err(|e| e.to_string())?;
+            let lib = LibCanal::new(
+                LibCanalParams {
+                    poll_budget: spec.effective_poll_budget(),
+                    ..LibCanalParams::default()
+                },
+                CHANNEL,
+            );
+            let test = match (n.test, n.direction) {
+                (NetperfTest::UdpRr, NetperfDirection::Send) => CanalTest::UdpRrClient,
+                (NetperfTest::UdpRr, NetperfDirection::Recv) => CanalTest::UdpRrServer,
+                _ => CanalTest::TcpStreamSend,
+            };
+            let app = CanalNetperf::new(
+                lib,
+                test,
+                n.msg_bytes,
+                CanalAppCosts {
+                    canal: costs,
+                    syscall,
+                    hybrid: spec.hybrid_address_space,
+                    kick: spec.kick,
+                },
+            );
+            let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
+            kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
+            let (conn, peer) = match test {
+                CanalTest::TcpStreamSend => {
+                    let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
+                    let iperf = IperfCosts {
+                        syscall,
+                        copy_per_kib: t_ns(&g.copy_per_kib_ns),
+                    };
+                    let app = IperfPeer::new(false, RECV_BYTES, iperf).instances(1, "netperf");
+                    (
+                        Some(host),
+                        PeerHost::new(vec![far], FLOW, Box::new(app), peer_costs, 1),
+                    )
+                }
+                CanalTest::UdpRrClient => (
+                    None,
+                    PeerHost::udp(FLOW, Box::new(UdpRrEcho::new(syscall)), peer_costs),
+                ),
+                CanalTest::UdpRrServer => (
+                    None,
+                    PeerHost::udp(
+                        FLOW,
+                        Box::new(
+                            UdpRrPeerClient::new(FLOW, n.msg_bytes, syscall)
+                                .starting_at(RR_CLIENT_START),
+                        ),
+                        peer_costs,
+                    ),
+                ),
+            };
+            vms.push(Some(CanalVm {
+                mem,
+                conn,
+                sock: None,
+                peer,
+                peer_timer: None,
+            }));
+        }
+    }
+    let pool = s
+        .vms
+        .iter()
+        .filter_map(|v| v.workload.vcanal.as_ref())
+        .map(|v| v.pool_threads as usize)
+        .max()
+        .unwrap_or(8);
+    let nvm = vms.len();
+    Ok(Some(CanalPath {
+        service: Service::new(nvm, ServiceParams::default()),
+        costs,
+        stack: HostStack {
+            syscall,
+            copy_per_kib: t_ns(&g.copy_per_kib_ns),
+            tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
+            tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
+            udp_tx: t_ns(&g.udp_tx_datagram_ns),
+            rx_per_packet: t_ns(&g.rx_per_packet_ns),
+            xmit: t_ns(&g.vf_xmit_ns),
+            napi_poll: t_ns(&g.napi_poll_base_ns),
+            nic_irq: t_us(&cal.host.irq_handler_us),
+            pool_dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
+        },
+        core,
+        vms,
+        no_mem: GuestMemory::new(0, 0, 0).map_err(|e| e.to_string())?,
+        socks: Vec::with_capacity(4 * nvm.max(1)),
+        threads: vec![Thread::Idle; pool],
+        ready: VecDeque::with_capacity(pool),
+        issued: Vec::with_capacity(pool),
+        rx: VecDeque::with_capacity(1024),
+        to_peer: VecDeque::with_capacity(1024),
+        to_host: VecDeque::with_capacity(1024),
+        out: Vec::with_capacity(1024),
+        wire_out: 0,
+        wire_in: 0,
+        link,
+        mss: tcp.mss,
+        unsched_peer: 0,
+        unsched_host: 0,
+        counters: Counters::default(),
+        stats_base: vec![Default::default(); nvm],
+        finishing: None,
+        kicked: views
+            .iter()
+            .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
+        asleep: false,
+        idle_run: 0,
+        wakeup: t_us(&cal.vhost.wakeup_us),
+    }))
+}
+
+impl CanalPath {
+    /// VM `vm`'s channel pages, if it has them.
+    pub(super) fn mem_mut(&mut self, vm: usize) -> Option<&mut GuestMemory> {
+        self.vms.get_mut(vm)?.as_mut().map(|v| &mut v.mem)
+    }
+
+    /// Wire time of a frame (a GSO packet: its train of MSS frames).
+    fn wire_time(&self, f: &Frame) -> Time {
+        let n = f.gso_segs();
+        if n > 1 {
+            (0..n)
+                .map(|k| self.link.wire_time(f.gso_segment(k).len()))
+                .sum()
+        } else {
+            self.link.wire_time(f.len())
+        }
+    }
+}
+
+impl World {
+    /// The helper driver's announcement reached the host (a VMCALL exit):
+    /// the service checks the channel against the VM's memory and starts
+    /// polling it.
+    pub(super) fn canal_hypercall(&mut self, vm: usize, nr: u32, arg: u64) {
+        let Some(c) = &mut self.canal else {
+            return;
+        };
+        if nr != ANNOUNCE_HYPERCALL || arg != CHANNEL.base {
+            return;
+        }
+        if let Some(Some(v)) = c.vms.get(vm) {
+            // A second announcement is refused (`AlreadyAnnounced`) and
+            // changes nothing: the first channel stays in service.
+            let _ = c.service.announce(vm, CHANNEL, &v.mem);
+        }
+    }
+
+    /// Starts the service core's loop and the client hosts' timers.
+    pub(super) fn canal_start(&mut self) {
+        let Some(c) = &mut self.canal else {
+            return;
+        };
+        for vm in 0..c.vms.len() {
+            self.canal_peer_sync(vm);
+        }
+        self.q.schedule(0, Ev::CanalStep);
+    }
+
+    /// The service core finished its last work item: the next one.
+    /// Interrupts from the host NIC come first (it takes them between
+    /// items), then pool threads with work, then a polling turn.
+    pub(super) fn canal_step(&mut self) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        // The host stack's TCP timers (the sender's retransmission).
+        for s in 0..c.socks.len() {
+            if let Some(tcp) = &mut c.socks[s].tcp {
+                if tcp.next_timer().is_some_and(|t| t <= now) {
+                    tcp.on_timer(now);
+                }
+            }
+        }
+        // The call the last item ran is answered now that it ended; the VM
+        // to interrupt, if a waiter asked for it.
+        let irq = c.finish();
+        let mut turn_irq = None;
+        let mut work = 0;
+        for s in 0..c.socks.len() {
+            work += c.flush(s, now + work);
+        }
+        let busy = if !c.rx.is_empty() {
+            work += c.receive(now + work);
+            true
+        } else if let Some(t) = c.ready.pop_front() {
+            work += c.run_thread(t, now + work);
+            true
+        } else {
+            let vm = c.service.next_vm();
+            let idle = c.threads.iter().filter(|t| **t == Thread::Idle).count();
+            c.issued.clear();
+            let issued = &mut c.issued;
+            let mem = match c.vms.get_mut(vm) {
+                Some(Some(v)) => &mut v.mem,
+                _ => &mut c.no_mem,
+            };
+            let r = c.service.turn(mem, idle, |d| issued.push(d));
+            c.counters.turns += 1;
+            match r {
+                Ok(r) => {
+                    work += c.costs.turn(&r);
+                    if r.irqs > 0 {
+                        // Answers written in the turn (refused INRs).
+                        turn_irq = Some(vm);
+                    }
+                    // The turn issued at most `idle` calls: each finds an
+                    // idle thread.
+                    for i in 0..c.issued.len() {
+                        let d = c.issued[i];
+                        let t = c.threads.iter().position(|t| *t == Thread::Idle);
+                        debug_assert!(t.is_some(), "more calls issued than idle threads");
+                        if let Some(t) = t {
+                            c.threads[t] = Thread::Ready(d);
+                            c.ready.push_back(t);
+                        }
+                    }
+                    if r.idle() {
+                        c.counters.idle_turns += 1;
+                    }
+                    !r.idle()
+                }
+                Err(_) => {
+                    work += c.costs.idle_poll_round;
+                    false
+                }
+            }
+        };
+        if busy && now >= self.measure_start {
+            c.counters.busy += work;
+        }
+        c.idle_run = if busy { 0 } else { c.idle_run + 1 };
+        let work = work.max(1);
+        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && c.rx.is_empty() {
+            // Every channel came up empty: the service thread sleeps
+            // until a doorbell or the NIC wakes it.
+            c.asleep = true;
+        } else {
+            self.q.schedule(now + work, Ev::CanalStep);
+        }
+        self.canal_schedule();
+        for vm in irq.into_iter().chain(turn_irq) {
+            if let Some(c) = &mut self.canal {
+                c.counters.irqs += 1;
+            }
+            self.irqfd(vm, COMPLETION_VECTOR);
+        }
+    }
+
+    /// Schedules the arrival of the frames queued on the link since the
+    /// last call, in each direction (the link is a FIFO: each event takes
+    /// its direction's head).
+    fn canal_schedule(&mut self) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        let n = c.to_peer.len();
+        for i in n - c.unsched_peer.min(n)..n {
+            self.q.schedule(c.to_peer[i].0, Ev::CanalToPeer);
+        }
+        c.unsched_peer = 0;
+        let n = c.to_host.len();
+        for i in n - c.unsched_host.min(n)..n {
+            self.q.schedule(c.to_host[i].0, Ev::CanalToHost);
+        }
+        c.unsched_host = 0;
+    }
+
+    /// The head frame towards the client host arrives there.
+    pub(super) fn canal_to_peer(&mut self) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        let Some((_, vm, f)) = c.to_peer.pop_front() else {
+            return;
+        };
+        let Some(Some(v)) = c.vms.get_mut(vm) else {
+            return;
+        };
+        c.out.clear();
+        v.peer.receive(f, now, &mut c.out);
+        c.peer_out(vm);
+        self.canal_peer_sync(vm);
+    }
+
+    /// The head frame from the client host reaches the host NIC: it waits
+    /// for the service core (the NIC's interrupt is steered there).
+    pub(super) fn canal_to_host(&mut self) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if let Some((_, vm, f)) = c.to_host.pop_front() {
+            c.rx.push_back((vm, f));
+        }
+        self.canal_wake();
+    }
+
+    /// A doorbell of a VM's helper driver (its ioeventfd).
+    pub(super) fn canal_eventfd(&mut self, fd: u16) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if (0..c.vms.len()).any(|vm| doorbell_fd(vm) == fd) {
+            self.canal_wake();
+        }
+    }
+
+    /// Wakes the sleeping service thread.
+    fn canal_wake(&mut self) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if std::mem::take(&mut c.asleep) {
+            c.idle_run = 0;
+            let at = self.q.now() + c.wakeup;
+            self.q.schedule(at, Ev::CanalStep);
+        }
+    }
+
+    /// A client host's timer.
+    pub(super) fn canal_peer_timer(&mut self, vm: usize) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        let Some(Some(v)) = c.vms.get_mut(vm) else {
+            return;
+        };
+        if v.peer_timer != Some(now) {
+            return;
+        }
+        v.peer_timer = None;
+        c.out.clear();
+        v.peer.timer(now, &mut c.out);
+        c.peer_out(vm);
+        self.canal_peer_sync(vm);
+    }
+
+    /// Re-arms VM `vm`'s client host's timer if its deadline moved.
+    fn canal_peer_sync(&mut self, vm: usize) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        let Some(Some(v)) = c.vms.get_mut(vm) else {
+            return;
+        };
+        let next = v.peer.next_timer().map(|t| t.max(now));
+        if next.is_some() && next != v.peer_timer {
+            v.peer_timer = next;
+            if let Some(t) = next {
+                self.q.schedule(t, Ev::CanalPeerTimer { vm: vm as u16 });
+            }
+        }
+        // Frames the peer sent travel to the host NIC.
+        self.canal_schedule();
+    }
+
+    /// vCanal's metrics over the measured interval.
+    pub(super) fn canal_metrics(&self, out: &mut Metrics, dur: f64) {
+        let Some(c) = &self.canal else {
+            return;
+        };
+        for (vm, v) in c.vms.iter().enumerate() {
+            let Some(v) = v else {
+                continue;
+            };
+            let mut m = Metrics::new();
+            v.peer.metrics(&mut m);
+            let prefix = crate::report::vm_prefix(vm);
+            for (k, x) in m {
+                *out.entry(format!("{prefix}{k}")).or_insert(0.0) += x;
+            }
+            let (st, b) = (c.service.stats(vm), c.stats_base[vm]);
+            out.insert(
+                format!("{prefix}vcanal.inrs_taken"),
+                (st.taken - b.taken) as f64,
+            );
+            out.insert(
+                format!("{prefix}vcanal.completion_irqs"),
+                (st.irqs - b.irqs) as f64,
+            );
+        }
+        let k = &c.counters;
+        let s = dur.max(1e-12);
+        out.insert(
+            "vcanal.service_core_busy_pct".into(),
+            100.0 * k.busy as f64 / (s * crate::engine::SEC as f64),
+        );
+        out.insert("vcanal.turns_per_s".into(), k.turns as f64 / s);
+        out.insert("vcanal.idle_turns_per_s".into(), k.idle_turns as f64 / s);
+        out.insert("vcanal.host_calls_per_s".into(), k.calls as f64 / s);
+        out.insert("vcanal.host_blocked_per_s".into(), k.blocked as f64 / s);
+        out.insert("vcanal.irqs_per_s".into(), k.irqs as f64 / s);
+        out.insert("vcanal.host_rx_frames_per_s".into(), k.rx_frames as f64 / s);
+        out.insert("vcanal.host_tx_frames_per_s".into(), k.tx_frames as f64 / s);
+        out.insert("vcanal.host_nic_irqs_per_s".into(), k.nic_irqs as f64 / s);
+    }
+
+    /// The end of the warm-up.
+    pub(super) fn canal_reset(&mut self) {
+        if let Some(c) = &mut self.canal {
+            c.counters = Counters::default();
+            for vm in 0..c.vms.len() {
+                c.stats_base[vm] = c.service.stats(vm);
+            }
+            for v in c.vms.iter_mut().flatten() {
+                v.peer.reset_metrics();
+            }
+        }
+    }
+}
+
+impl CanalPath {
+    /// The peer's output in `out` goes on the link towards the host, in
+    /// order (the link is a FIFO).
+    fn peer_out(&mut self, vm: usize) {
+        for i in 0..self.out.len() {
+            let (leave, f) = self.out[i];
+            let start = leave.max(self.wire_in);
+            self.wire_in = start + self.wire_time(&f);
+            let arrive = self.wire_in + self.link.propagation_ps;
+            self.to_host.push_back((arrive, vm, f));
+            self.unsched_host += 1;
+        }
+        self.out.clear();
+    }
+
+    /// A frame of VM `vm`'s host socket leaves the host NIC at `leave`.
+    fn emit(&mut self, vm: usize, f: Frame, leave: Time) {
+        let start = leave.max(self.wire_out);
+        self.wire_out = start + self.wire_time(&f);
+        let arrive = self.wire_out + self.link.propagation_ps;
+        self.to_peer.push_back((arrive, vm, f));
+        self.unsched_peer += 1;
+        self.counters.tx_frames += 1;
+    }
+
+    /// Host socket `s`'s TCP output from `at`: each segment's transmit
+    /// path on the service core. Returns the time it took.
+    fn flush(&mut self, s: usize, at: Time) -> Time {
+        let vm = self.socks[s].vm;
+        let mss = self.mss;
+        let per = self.stack.tcp_tx_segment + self.stack.xmit;
+        let mut t = at;
+        loop {
+            let Some(tcp) = &mut self.socks[s].tcp else {
+                return 0;
+            };
+            let Some(seg) = tcp.poll_output(t) else {
+                break;
+            };
+            t += per;
+            self.emit(vm, Frame::tcp_gso(FLOW, seg, mss, t), t);
+        }
+        t - at
+    }
+
+    /// The host NIC's interrupt on the service core and its NAPI poll:
+    /// every frame waiting goes up the host stack; pool threads waiting
+    /// on those sockets wake. Returns the time it took.
+    fn receive(&mut self, at: Time) -> Time {
+        self.counters.nic_irqs += 1;
+        let mut t = at + self.stack.nic_irq + self.stack.napi_poll;
+        while let Some((vm, f)) = self.rx.pop_front() {
+            self.counters.rx_frames += 1;
+            let Some(s) = self
+                .vms
+                .get(vm)
+                .and_then(|v| v.as_ref())
+                .and_then(|v| v.sock)
+            else {
+                // No socket for it (yet): dropped, as Linux drops a
+                // datagram to an unbound port.
+                t += self.stack.rx_per_packet;
+                continue;
+            };
+            let s = s as usize;
+            match f.transport {
+                Transport::Tcp(seg) => {
+                    t += self.stack.tcp_rx_segment;
+                    if let Some(tcp) = &mut self.socks[s].tcp {
+                        tcp.on_segment(seg, t);
+                    }
+                    t += self.flush(s, t);
+                }
+                Transport::Udp { .. } | Transport::Icmp { .. } => {
+                    t += self.stack.rx_per_packet;
+                    if let Some(d) = Datagram::of(&f) {
+                        let q = &mut self.socks[s].udp_rx;
+                        if q.len() < crate::workloads::peer::PEER_UDP_RCVBUF_DATAGRAMS {
+                            q.push_back(d);
+                        }
+                    }
+                }
+            }
+            self.wake(vm);
+        }
+        t - at
+    }
+
+    /// Pool threads blocked on `vm`'s calls try again.
+    fn wake(&mut self, vm: usize) {
+        for t in 0..self.threads.len() {
+            if let Thread::Blocked(d) = self.threads[t] {
+                if d.vm == vm {
+                    self.threads[t] = Thread::Ready(d);
+                    self.ready.push_back(t);
+                }
+            }
+        }
+    }
+
+    /// Runs pool thread `t`'s call at `at`. Returns the time it took; the
+    /// answer is written when that time is over ([`Self::finish`]).
+    fn run_thread(&mut self, t: usize, at: Time) -> Time {
+        let Thread::Ready(d) = self.threads[t] else {
+            return 0;
+        };
+        let st = self.stack;
+        let mut cost = st.pool_dispatch + st.syscall;
+        let outcome = match d.call {
+            Call::Socket { ty, .. } => {
+                let id = self.socks.len() as HostSocket;
+                self.socks.push(HostSock {
+                    vm: d.vm,
+                    kind: match ty {
+                        SockType::Stream => SlotKind::Stream,
+                        SockType::Dgram => SlotKind::Dgram,
+                    },
+                    tcp: None,
+                    udp_rx: VecDeque::with_capacity(64),
+                });
+                Some((Outcome::NewSocket(id), None))
+            }
+            Call::Connect { .. } | Call::Bind { .. } => {
+                let s = d.socket.unwrap_or(0) as usize;
+                if let Some(Some(v)) = self.vms.get_mut(d.vm) {
+                    v.sock = Some(s as HostSocket);
+                    if self
+                        .socks
+                        .get(s)
+                        .is_some_and(|x| x.kind == SlotKind::Stream)
+                    {
+                        self.socks[s].tcp = v.conn.take();
+                    }
+                }
+                Some((Outcome::Value(0), None))
+            }
+            Call::Send { buf, .. } => {
+                let s = d.socket.unwrap_or(0) as usize;
+                match self.socks.get_mut(s).and_then(|x| x.tcp.as_mut()) {
+                    Some(tcp) => {
+                        let n = tcp.send(buf.len.min(u64::from(u32::MAX)) as u32);
+                        if n == 0 {
+                            None
+                        } else {
+                            cost += st.copy(u64::from(n));
+                            cost += self.flush(s, at + cost);
+                            Some((Outcome::Value(u64::from(n)), None))
+                        }
+                    }
+                    None => Some((
+                        Outcome::Failed(crate::guest::libcanal::inr::Errno::Enotconn),
+                        None,
+                    )),
+                }
+            }
+            Call::SendTo { buf, .. } => {
+                // The first sendto() binds the socket (Linux's autobind).
+                if let Some(Some(v)) = self.vms.get_mut(d.vm) {
+                    v.sock = v.sock.or(d.socket);
+                }
+                let len = buf.len.min(1472) as u32;
+                cost += st.copy(u64::from(len)) + st.udp_tx + st.xmit;
+                let f = Frame::udp(FLOW, len, 0, at + cost);
+                self.emit(d.vm, f, at + cost);
+                Some((Outcome::Value(u64::from(len)), None))
+            }
+            Call::RecvFrom { buf, .. } | Call::Recv { buf, .. } => {
+                let s = d.socket.unwrap_or(0) as usize;
+                match self.socks.get_mut(s) {
+                    Some(x) if x.kind == SlotKind::Dgram => match x.udp_rx.pop_front() {
+                        Some(dg) => {
+                            let n = u64::from(dg.len).min(buf.len);
+                            cost += st.copy(n);
+                            Some((Outcome::Value(n), Some(PEER)))
+                        }
+                        None => None,
+                    },
+                    Some(x) => match x.tcp.as_mut() {
+                        Some(tcp) => {
+                            let n = tcp.recv(buf.len.min(u64::from(u32::MAX)) as u32);
+                            (n > 0).then_some((Outcome::Value(u64::from(n)), None))
+                        }
+                        None => Some((
+                            Outcome::Failed(crate::guest::libcanal::inr::Errno::Enotconn),
+                            None,
+                        )),
+                    },
+                    None => Some((
+                        Outcome::Failed(crate::guest::libcanal::inr::Errno::Ebadf),
+                        None,
+                    )),
+                }
+            }
+            _ => Some((Outcome::Value(0), None)),
+        };
+        self.counters.calls += 1;
+        let Some((outcome, peer)) = outcome else {
+            // The call waits for the host stack (a full send buffer,
+            // nothing received): the thread sleeps until its receive
+            // path wakes it.
+            self.threads[t] = Thread::Blocked(d);
+            self.counters.blocked += 1;
+            return cost;
+        };
+        cost += self.costs.completion_write;
+        // The thread stays busy until its work item ends; the answer is
+        // written then (`finish`), not before the call has run.
+        self.finishing = Some((t, d, outcome, peer));
+        cost
+    }
+
+    /// The work item that ran a call ended: its thread writes the answer
+    /// into the INR and goes idle. Returns the VM to interrupt, if its
+    /// waiter asked for it.
+    fn finish(&mut self) -> Option<usize> {
+        let (t, d, outcome, peer) = self.finishing.take()?;
+        self.threads[t] = Thread::Idle;
+        let irq = match self.vms.get_mut(d.vm) {
+            Some(Some(v)) => self
+                .service
+                .complete(&d, outcome, peer, &mut v.mem)
+                .unwrap_or(false),
+            _ => false,
+        };
+        irq.then_some(d.vm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::Calibration;
+
+    const BASE: &str = "scheme = \"kvm\"\nseed = 3\nduration_s = 0.02\nwarmup_s = 0.005\n\
+                        [machine]\ncores = 4\n[guest]\ntick = \"periodic\"\n";
+
+    fn world(extra: &str, sets: &[&str]) -> World {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let s = Scenario::parse(&format!("{BASE}{extra}"), &sets).expect("scenario parses");
+        World::build(&s, &Calibration::default_host()).expect("world builds")
+    }
+
+    fn run(extra: &str, sets: &[&str]) -> (World, crate::report::RunReport) {
+        let mut w = world(extra, sets);
+        w.run(|_| {});
+        let r = w.report();
+        (w, r)
+    }
+
+    fn m(r: &crate::report::RunReport, k: &str) -> f64 {
+        *r.metrics.get(k).unwrap_or_else(|| panic!("no metric {k}"))
+    }
+
+    const STREAM: &str = "[workload.netperf]\ntest = \"tcp-stream\"\nmsg_bytes = 16384\n\
+                          [workload.vcanal]\n";
+    const RR: &str = "[workload.netperf]\ntest = \"udp-rr\"\nmsg_bytes = 1\n[workload.vcanal]\n";
+
+    /// The helper driver's boot-time hypercall announced the channel, the
+    /// stream's bytes reached the client host through the host stack, and
+    /// the guest's own network stack moved nothing (vcanal.md §1: the
+    /// guest TCP/IP processing is bypassed).
+    #[test]
+    fn a_stream_goes_through_the_service_and_the_host_stack() {
+        let (w, r) = run(STREAM, &[]);
+        let c = w.canal.as_ref().expect("a vCanal path");
+        assert_eq!(c.core, 3, "the default service core is the last one");
+        assert!(c.service.ring_head(0).is_some(), "channel announced");
+        assert!(m(&r, "netperf.throughput_gbps") > 1.0, "{:?}", r.metrics);
+        assert_eq!(m(&r, "guest.tx_frames"), 0.0);
+        assert!(m(&r, "vcanal.calls") > 100.0);
+        assert!(m(&r, "vcanal.host_rx_frames_per_s") > 0.0, "ACKs came back");
+        assert_eq!(r.violations(), 0);
+        // The buffer is reused: after the first call every page hits.
+        assert_eq!(m(&r, "vcanal.page_walks"), 0.0);
+    }
+
+    /// Without the hybrid address space every call walks its pages.
+    #[test]
+    fn without_the_hybrid_address_space_every_call_walks() {
+        let (_, r) = run(STREAM, &["workload.vcanal.hybrid_address_space=false"]);
+        let calls = m(&r, "vcanal.calls");
+        // 16 KiB from a page-aligned buffer: four pages a call.
+        assert!(m(&r, "vcanal.page_walks") >= 4.0 * (calls - 1.0), "{calls}");
+    }
+
+    /// Switching: waits longer than the poll budget end in interrupt mode,
+    /// and each completion interrupt is a virtual interrupt through the
+    /// scheme (under stock KVM an external-interrupt exit and an EOI
+    /// exit), checked like any other.
+    #[test]
+    fn rr_completions_come_as_virtual_interrupts_through_the_scheme() {
+        let (_, r) = run(RR, &[]);
+        assert!(m(&r, "udp_rr.transactions") > 100.0);
+        let sleeps = m(&r, "vcanal.sleeps");
+        assert!(sleeps > 100.0);
+        assert!(m(&r, "vcanal.completion_irqs") >= sleeps - 1.0);
+        let v = &r.vms[0];
+        // Most arrive while the vCPU runs (an external-interrupt exit); the
+        // others find it in an exit already.
+        let ext = v.exits_per_s_by_reason["EXTERNAL_INTERRUPT"];
+        assert!(ext * 0.02 >= sleeps * 0.5, "{ext}/s for {sleeps} sleeps");
+        let irqs = m(&r, "guest.irqs_per_s") - m(&r, "guest.timer_irqs_per_s");
+        assert!(irqs * 0.02 >= sleeps * 0.9, "{irqs}/s for {sleeps} sleeps");
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// Polling only: no completion interrupt, no sleep; the round trip is
+    /// shorter than with interrupts.
+    #[test]
+    fn polling_only_takes_no_interrupt_and_is_faster() {
+        let (_, poll) = run(RR, &["workload.vcanal.notification=polling"]);
+        let (_, irq) = run(RR, &["workload.vcanal.notification=interrupt"]);
+        assert_eq!(m(&poll, "vcanal.sleeps"), 0.0);
+        assert_eq!(m(&poll, "vcanal.completion_irqs"), 0.0);
+        assert!(m(&irq, "vcanal.sleeps") > 100.0);
+        assert!(m(&poll, "udp_rr.latency_us") < m(&irq, "udp_rr.latency_us"));
+    }
+
+    /// The VM as the UDP_RR server: the client host's requests reach the
+    /// guest's recvfrom() through the host stack.
+    #[test]
+    fn the_vm_serves_udp_rr() {
+        let (_, r) = run(RR, &["workload.netperf.direction=recv"]);
+        assert!(m(&r, "udp_rr.transactions") > 100.0);
+        assert!(m(&r, "udp_rr.served") >= m(&r, "udp_rr.transactions") - 1.0);
+    }
+
+    /// The service core may not run a vCPU; the error names the key.
+    #[test]
+    fn a_service_core_with_a_vcpu_is_refused() {
+        let sets = ["workload.vcanal.service_core=1".to_string()];
+        let s = Scenario::parse(&format!("{BASE}{STREAM}"), &sets).expect("parses");
+        let e = World::build(&s, &Calibration::default_host())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("workload.vcanal.service_core"), "{e}");
+    }
+
+    /// Several VMs share the service core (vcanal.md §4.5): each has its
+    /// own channel, host socket and client host, and each makes progress;
+    /// the service core may be core 0, the host's.
+    #[test]
+    fn vms_share_one_service_core() {
+        let text = "scheme = \"kvm\"\nseed = 3\nduration_s = 0.02\nwarmup_s = 0.005\n\
+                    [machine]\ncores = 4\n[[vm]]\nvcpus = 1\ncore = 1\ncopies = 3\n\
+                    copies_cores = [1, 2, 3]\n[vm.workload.netperf]\ntest = \"udp-rr\"\n\
+                    msg_bytes = 1\n[vm.workload.vcanal]\nservice_core = 0\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        w.run(|_| {});
+        let c = w.canal.as_ref().expect("a vCanal path");
+        assert_eq!(c.core, 0);
+        let r = w.report();
+        for vm in 0..3 {
+            assert!(c.service.ring_head(vm).is_some(), "VM {vm} announced");
+            let p = crate::report::vm_prefix(vm);
+            assert!(m(&r, &format!("{p}udp_rr.transactions")) > 100.0, "VM {vm}");
+        }
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// "w/o Polling" (vcanal.md §3, §7): every request rings the helper
+    /// driver's doorbell, an I/O-instruction exit through the ioeventfd,
+    /// and the service sleeps between requests instead of polling; with
+    /// polling no request exits.
+    #[test]
+    fn without_polling_each_request_exits_and_the_service_sleeps() {
+        let kick = [
+            "workload.vcanal.notification=interrupt",
+            "workload.vcanal.kick=true",
+        ];
+        let (_, r) = run(RR, &kick);
+        let calls = m(&r, "vcanal.calls");
+        let io = r.vms[0].exits_per_s_by_reason["IO_INSTRUCTION"] * 0.02;
+        assert!(calls > 100.0);
+        assert!(io >= calls - 1.0, "{io} I/O exits for {calls} calls");
+        let (_, polled) = run(RR, &[]);
+        // It sleeps after one empty round instead of polling on.
+        let idle = m(&r, "vcanal.idle_turns_per_s");
+        assert!(idle < 0.2 * m(&polled, "vcanal.idle_turns_per_s"), "{idle}");
+        let io = polled.vms[0]
+            .exits_per_s_by_reason
+            .get("IO_INSTRUCTION")
+            .copied()
+            .unwrap_or(0.0);
+        // Only the background device-emulation exits remain.
+        assert!(io * 0.02 < 10.0, "{io}/s");
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// vCanal runs netperf's TCP_STREAM sender or UDP_RR; another
+    /// netperf test with it is refused, naming the table.
+    #[test]
+    fn an_unsupported_netperf_test_is_refused() {
+        let text = format!("{BASE}[workload.netperf]\ntest = \"udp-stream\"\n[workload.vcanal]\n");
+        let e = Scenario::parse(&text, &[])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("`workload.vcanal`"), "{e}");
+    }
+
+    /// Same scenario and seed, same run.
+    #[test]
+    fn runs_are_deterministic() {
+        let (_, a) = run(RR, &[]);
+        let (_, b) = run(RR, &[]);
+        assert_eq!(a.metrics, b.metrics);
+    }
+}
