@@ -150,7 +150,8 @@ fn reproduce_did_arm_tables_the_exits_per_event_of_each_scheme() {
         "{text}"
     );
     let out = exitless(&["-q", "reproduce", "did-arm", "--json"]);
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json rows");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = json["rows"].as_array().expect("json rows").clone();
     let cell = |exp: &str, config: &str, metric: &str| {
         rows.iter()
             .find(|r| r["experiment"] == exp && r["config"] == config && r["metric"] == metric)

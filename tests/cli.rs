@@ -114,7 +114,8 @@ fn reproduce_vcanal_udp_rr_compares_with_the_paper() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json rows");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let rows = json["rows"].as_array().expect("json rows").clone();
     let model = |config: &str, metric: &str| {
         rows.iter()
             .find(|r| r["config"] == config && r["metric"] == metric)

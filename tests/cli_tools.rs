@@ -359,7 +359,7 @@ fn run_and_reproduce_print_csv_rows() {
     let mut r = text.lines();
     assert_eq!(
         r.next(),
-        Some("experiment,config,params,metric,unit,model,paper,tolerance,within,violations")
+        Some("experiment,config,params,metric,unit,model,paper,tolerance_kind,tolerance_value,within,violations")
     );
     assert!(r.count() >= 3, "{text}");
     assert!(text.contains("cyclictest"), "{text}");

@@ -166,8 +166,10 @@ pub fn run_csv(rep: &RunReport) -> Result<String, Failure> {
 }
 
 /// `reproduce --csv`: the `--json` rows' fields as columns; `params` as
-/// `key=value` pairs joined by `;`, `tolerance` as JSON, empty cells for
-/// absent values.
+/// `key=value` pairs joined by `;`, the tolerance as two plain columns
+/// (`tolerance_kind`: rel, abs, max or min; `tolerance_value`: the
+/// relative fraction or absolute amount, empty for max/min), empty cells
+/// for absent values.
 pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failure> {
     let mut w = csv_writer();
     csv_record(
@@ -180,7 +182,8 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
             "unit",
             "model",
             "paper",
-            "tolerance",
+            "tolerance_kind",
+            "tolerance_value",
             "within",
             "violations",
         ]
@@ -195,9 +198,13 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
                 v => format!("{k}={v}"),
             })
             .collect();
-        let tolerance = match &r.tolerance {
-            Some(t) => serde_json::to_string(t).map_err(|e| Failure::Input(e.to_string()))?,
-            None => String::new(),
+        use exitless::validation::Tolerance;
+        let (tol_kind, tol_value) = match r.tolerance {
+            Some(Tolerance::Rel(x)) => ("rel", x.to_string()),
+            Some(Tolerance::Abs(x)) => ("abs", x.to_string()),
+            Some(Tolerance::Max) => ("max", String::new()),
+            Some(Tolerance::Min) => ("min", String::new()),
+            None => ("", String::new()),
         };
         csv_record(
             &mut w,
@@ -209,7 +216,8 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
                 r.unit.clone(),
                 r.model.to_string(),
                 r.paper.map(|x| x.to_string()).unwrap_or_default(),
-                tolerance,
+                tol_kind.to_string(),
+                tol_value,
                 r.within.map(|b| b.to_string()).unwrap_or_default(),
                 r.violations.to_string(),
             ],

@@ -660,8 +660,8 @@ pub fn to_text(rows: &[Row]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<16} {:<11} {:<18} {:<32} {:>12} {:>12} {:>10} {:>7}",
-        "experiment", "config", "params", "metric", "model", "paper", "tolerance", "within"
+        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7}",
+        "experiment", "config", "params", "metric", "unit", "model", "paper", "tolerance", "within"
     );
     for r in rows {
         let params: Vec<String> = r
@@ -681,11 +681,12 @@ pub fn to_text(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             o,
-            "{:<16} {:<11} {:<18} {:<32} {:>12.3} {:>12} {:>10} {:>7}",
+            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}",
             r.experiment,
             r.config,
             params.join(","),
             r.metric,
+            r.unit,
             r.model,
             r.paper
                 .map(|p| format!("{p:.3}"))
