@@ -7,7 +7,7 @@ use super::topology::Topology;
 use super::{devices, guests, hypervisor, workloads};
 use crate::calibration::{ArmCalibration, Calibration};
 use crate::check::Checker;
-use crate::engine::{from_ns, from_s, from_us, EventQueue, RngStream};
+use crate::engine::{from_ns, from_s, from_us, EventQueue};
 use crate::hv::arm::intids::PRIORITY;
 use crate::hv::arm::{ArmCosts, ArmCx, ArmVcpu, EventClass};
 use crate::hv::scheme::Scheme;
@@ -20,7 +20,7 @@ use crate::hw::x86::core::CoreMode;
 use crate::scenario::{HypModeSpec, Scenario};
 use crate::world::el2::{arch_timer_clockevent, El2World};
 use crate::world::event::Ev;
-use crate::world::{t_us, BuildError, World};
+use crate::world::{BuildError, World};
 
 /// The x86 scheme slot of an ARM world. The generic world keeps one; on
 /// ARM its x86-only paths (LAPIC and VMX events, the x86 exit path) never
@@ -197,55 +197,27 @@ pub(in crate::world) fn build(
         s.guest.timer_vector,
         s.guest.vf_vector,
     );
-    let mut w = World {
+    let mut w = World::assemble(super::boot::Assembly {
+        s,
+        cal,
         q,
         m,
         hv,
         scheme: Box::new(host),
         guests,
         checker,
-        exits: vec![None; cores],
-        bg_pending: vec![0; nvcpu],
-        bg_rate: [0.0, 0.0],
-        rng_bg: Vec::new(),
-        rng_exit: RngStream::new(s.seed, "exit-service"),
-        clients: outside.clients,
-        msi_latency: t_us(&cal.nic.msi_latency_us),
-        vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
-        timer_due: vec![None; nvcpu],
-        timer_exits: Default::default(),
-        msi_faults: 0,
-        measure_start: warm,
-        end: warm + from_s(s.duration_s),
-        lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
         costs,
-        scenario: s.clone(),
-        ends_run: outside.ends_run,
-        arch: crate::world::arch::Arch::ArmEl2,
-        deschedule_pending: vec![false; nvcpu],
-        ptimer_gen: vec![0; cores],
+        outside,
         tsc_hz: devs.clocks.tsc_hz,
-        rng_host: RngStream::new(s.seed, "host-ipi"),
-        nic_base: vec![Default::default(); nvm],
-        pv: None,
-        net_dev_of_vm: devs.net_dev,
-        port_rx_free: 0,
-        peers: outside.peers,
-        trace: None,
-        blk: Vec::new(),
-        blk_dev_of_vm: devs.blk_dev,
-        tx_fetch: t_us(&cal.nic.tx_fetch_us),
-        event_log: None,
-        sched: None,
-        polling: vec![None; nvcpu],
-        poll_gen: 0,
-        halt_start: vec![0; nvcpu],
-        el2: Some(Box::new(el2)),
-        event_exits: Some(Box::new(crate::world::event_exits::EventExits::new(
-            nvm, cores,
-        ))),
-        canal: None,
-    };
+        net_dev: devs.net_dev,
+        blk_dev: devs.blk_dev,
+        warm,
+        arch: crate::world::arch::Arch::ArmEl2,
+    });
+    w.el2 = Some(Box::new(el2));
+    w.event_exits = Some(Box::new(crate::world::event_exits::EventExits::new(
+        nvm, cores,
+    )));
     for p in 0..w.peers.len() {
         w.peer_sent(p);
     }

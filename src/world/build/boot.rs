@@ -155,7 +155,6 @@ pub(in crate::world) fn power_on(
         canal,
     } = parts;
     let nvm = topo.vms();
-    let nvcpu = topo.vcpus.len();
     let virtualized = topo.virtualized;
     let mut q = EventQueue::with_capacity(4096);
     let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
@@ -204,56 +203,32 @@ pub(in crate::world) fn power_on(
     let warm = from_s(s.warmup_s);
     let (bg_rate, rng_bg) = first_events(s, cal, &topo, &outside, warm, &mut q);
     let cores = topo.cores;
-    let mut w = World {
+    let mut w = World::assemble(Assembly {
+        s,
+        cal,
         q,
         m,
         hv,
         scheme,
         guests,
         checker,
-        exits: vec![None; cores],
-        bg_pending: vec![0; nvcpu],
-        bg_rate,
-        rng_bg,
-        rng_exit: RngStream::new(s.seed, "exit-service"),
-        clients: outside.clients,
-        msi_latency: t_us(&cal.nic.msi_latency_us),
-        vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
-        timer_due: vec![None; nvcpu],
-        timer_exits: Default::default(),
-        msi_faults: 0,
-        measure_start: warm,
-        end: warm + from_s(s.duration_s),
-        lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
         costs,
-        scenario: s.clone(),
-        ends_run: outside.ends_run,
-        arch: crate::world::arch::Arch::X86Vmx,
-        deschedule_pending: vec![false; nvcpu],
-        ptimer_gen: vec![0; cores],
+        outside,
         tsc_hz: devs.clocks.tsc_hz,
-        rng_host: RngStream::new(s.seed, "host-ipi"),
-        nic_base: vec![Default::default(); nvm],
-        pv: pv.map(Box::new),
-        net_dev_of_vm: devs.net_dev,
-        port_rx_free: 0,
-        peers: outside.peers,
-        trace: None,
-        blk,
-        blk_dev_of_vm: devs.blk_dev,
-        tx_fetch: t_us(&cal.nic.tx_fetch_us),
-        event_log: None,
-        sched: None,
-        polling: vec![None; nvcpu],
-        poll_gen: 0,
-        halt_start: vec![0; nvcpu],
-        el2: None,
-        event_exits: s
-            .report
-            .exits_per_event
-            .then(|| Box::new(crate::world::event_exits::EventExits::new(nvm, cores))),
-        canal: canal.map(Box::new),
-    };
+        net_dev: devs.net_dev,
+        blk_dev: devs.blk_dev,
+        warm,
+        arch: crate::world::arch::Arch::X86Vmx,
+    });
+    w.bg_rate = bg_rate;
+    w.rng_bg = rng_bg;
+    w.pv = pv.map(Box::new);
+    w.blk = blk;
+    w.event_exits = s
+        .report
+        .exits_per_event
+        .then(|| Box::new(crate::world::event_exits::EventExits::new(nvm, cores)));
+    w.canal = canal.map(Box::new);
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {
             if let Some(v) = *first {
@@ -301,4 +276,98 @@ pub(in crate::world) fn power_on(
         }
     }
     w
+}
+
+/// What every architecture's builder hands over to make its `World`; the
+/// fields a world of one architecture (or one device) has beyond these
+/// start empty and are set by that builder.
+pub(in crate::world) struct Assembly<'s> {
+    pub s: &'s Scenario,
+    pub cal: &'s Calibration,
+    pub q: EventQueue<Ev>,
+    pub m: Machine,
+    pub hv: HvState,
+    pub scheme: Box<dyn Scheme>,
+    pub guests: Vec<Kernel>,
+    pub checker: Checker,
+    pub costs: HvCosts,
+    pub outside: Outside,
+    pub tsc_hz: u64,
+    pub net_dev: Vec<Option<usize>>,
+    pub blk_dev: Vec<Option<usize>>,
+    /// The end of the warm-up.
+    pub warm: Time,
+    pub arch: crate::world::arch::Arch,
+}
+
+impl World {
+    /// A world from its builder's parts: the one place every field gets
+    /// its starting value.
+    pub(in crate::world) fn assemble(a: Assembly) -> World {
+        let Assembly {
+            s,
+            cal,
+            q,
+            m,
+            hv,
+            scheme,
+            guests,
+            checker,
+            costs,
+            outside,
+            tsc_hz,
+            net_dev,
+            blk_dev,
+            warm,
+            arch,
+        } = a;
+        let (cores, nvcpu, nvm) = (m.cores.len(), hv.vcpus.len(), hv.vms.len());
+        World {
+            q,
+            m,
+            hv,
+            scheme,
+            guests,
+            checker,
+            exits: vec![None; cores],
+            bg_pending: vec![0; nvcpu],
+            bg_rate: [0.0, 0.0],
+            rng_bg: Vec::new(),
+            rng_exit: RngStream::new(s.seed, "exit-service"),
+            clients: outside.clients,
+            msi_latency: t_us(&cal.nic.msi_latency_us),
+            vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
+            timer_due: vec![None; nvcpu],
+            timer_exits: Default::default(),
+            msi_faults: 0,
+            measure_start: warm,
+            end: warm + from_s(s.duration_s),
+            lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
+            costs,
+            scenario: s.clone(),
+            ends_run: outside.ends_run,
+            arch,
+            deschedule_pending: vec![false; nvcpu],
+            ptimer_gen: vec![0; cores],
+            tsc_hz,
+            rng_host: RngStream::new(s.seed, "host-ipi"),
+            nic_base: vec![Default::default(); nvm],
+            pv: None,
+            net_dev_of_vm: net_dev,
+            port_rx_free: 0,
+            peers: outside.peers,
+            trace: None,
+            blk: Vec::new(),
+            blk_dev_of_vm: blk_dev,
+            tx_fetch: t_us(&cal.nic.tx_fetch_us),
+            event_log: None,
+            sched: None,
+            polling: vec![None; nvcpu],
+            poll_gen: 0,
+            halt_start: vec![0; nvcpu],
+            el2: None,
+            event_exits: None,
+            canal: None,
+        }
+    }
 }
