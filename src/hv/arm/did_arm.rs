@@ -32,12 +32,11 @@
 //! interrupt aimed at such a core configured Group 0, and host LPIs kept
 //! in collections of host cores. The build refuses shared cores.
 
-use super::intids::{vf_device, HOST_FIQ_SGI, PRIORITY, VF_VLPI};
+use super::intids::{HOST_FIQ_SGI, VF_VLPI};
 use super::{vtimer_write, ArmCx, ArmExit, ArmScheme, EventClass, ExitAction};
 use crate::engine::Time;
 use crate::hw::arm::cpu_interface::CTLR_EOIMODE;
 use crate::hw::arm::el2::{El2Controls, HypMode};
-use crate::hw::arm::its::ItsCommand;
 use crate::hw::arm::params::GicParams;
 use crate::hw::arm::priority::Group;
 use crate::hw::arm::timer::CntReg;
@@ -90,33 +89,7 @@ impl ArmScheme for DidArm {
             let _ = cx.m.redists[core].configure(HOST_FIQ_SGI, 0x80, Group::G0);
             cx.m.cpus[core].write_igrpen(Group::G0, true);
         }
-        let home = cx.hv.device_home(vm);
-        let core = cx.hv.vcpus[home].core;
-        let _ = cx.m.lpi_config.set(VF_VLPI, PRIORITY, true);
-        for r in &mut cx.m.redists {
-            let _ = r.invalidate_lpi(VF_VLPI, &cx.m.lpi_config);
-        }
-        let (its, mut t) = cx.m.its_targets();
-        for c in [
-            ItsCommand::Mapd {
-                device: vf_device(vm),
-                size: 0,
-                valid: true,
-            },
-            ItsCommand::Mapc {
-                icid: core as u16,
-                target: core,
-                valid: true,
-            },
-            ItsCommand::Mapti {
-                device: vf_device(vm),
-                event: 0,
-                pintid: VF_VLPI,
-                icid: core as u16,
-            },
-        ] {
-            let _ = its.command(c, &mut t);
-        }
+        super::kvm_arm::map_vf_to_lpi(cx, vm, VF_VLPI);
     }
 
     fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {

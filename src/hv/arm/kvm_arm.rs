@@ -184,9 +184,15 @@ pub(super) fn dispatch_sgi(cx: &mut ArmCx, vcpu: usize, value: u64) {
 /// MSI is a host LPI in the collection of the core of the vCPU its
 /// affinity names.
 fn map_vf_to_host_lpi(cx: &mut ArmCx, vm: usize) {
+    map_vf_to_lpi(cx, vm, HOST_VF_LPI_BASE + vm as u32);
+}
+
+/// VM `vm`'s VF event 0 through the ITS to physical LPI `lpi` in the
+/// collection of its device-home vCPU's core (MAPD, MAPC, MAPTI), the
+/// LPI enabled at its priority.
+pub(super) fn map_vf_to_lpi(cx: &mut ArmCx, vm: usize, lpi: u32) {
     let home = cx.hv.device_home(vm);
     let core = cx.hv.vcpus[home].core;
-    let lpi = HOST_VF_LPI_BASE + vm as u32;
     let _ = cx.m.lpi_config.set(lpi, PRIORITY, true);
     for r in &mut cx.m.redists {
         let _ = r.invalidate_lpi(lpi, &cx.m.lpi_config);
