@@ -174,11 +174,18 @@ impl<E> EventQueue<E> {
     /// the perturbation's jitter later in a perturbed queue.
     #[inline]
     pub fn schedule_async(&mut self, at: Time, event: E) {
-        let jitter = match &mut self.perturbation {
+        let jitter = self.draw_jitter();
+        self.schedule(at.saturating_add(jitter), event);
+    }
+
+    /// How late a perturbed queue delivers the next message in flight (0
+    /// unperturbed): one draw per message, whatever bounds it later.
+    #[inline]
+    fn draw_jitter(&mut self) -> Time {
+        match &mut self.perturbation {
             Some(p) if p.max_jitter > 0 => p.rng.next_u64() % (p.max_jitter + 1),
             _ => 0,
-        };
-        self.schedule(at.saturating_add(jitter), event);
+        }
     }
 
     /// [`Self::schedule_async`] `delay` after now.
@@ -193,10 +200,7 @@ impl<E> EventQueue<E> {
     /// as for any message, so the other messages' draws do not move.
     #[inline]
     pub fn schedule_in_async_within(&mut self, delay: Time, max_delay: Time, event: E) {
-        let jitter = match &mut self.perturbation {
-            Some(p) if p.max_jitter > 0 => p.rng.next_u64() % (p.max_jitter + 1),
-            _ => 0,
-        };
+        let jitter = self.draw_jitter();
         let slack = max_delay.saturating_sub(delay);
         let at = self
             .now
