@@ -7,7 +7,7 @@
 //!
 //! Cases per property: `PROPTEST_CASES` (default 200; CI cost about
 //! 10-20 s in release). For a longer local run:
-//! `PROPTEST_CASES=20000 cargo test --release --test fuzz_scenario`.
+//! `PROPTEST_CASES=20000 cargo test --profile ci --test fuzz_scenario`.
 
 use exitless::calibration::{Calibration, DEFAULT_TOML};
 use exitless::scenario::{Scenario, ScenarioError};

@@ -1,7 +1,7 @@
 //! The command line's sweep, calibration overlays, `calibrate`, `keys`
 //! and CSV output.
 
-mod common;
+use crate::common;
 use common::exitless;
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -2,7 +2,7 @@
 //! caught; every other scheme is clean on every validation scenario, with
 //! either network device.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::check::ViolationKind;
 

@@ -2,7 +2,7 @@
 //! streams both ways, memaslap, nginx and Apache under ApacheBench, ping;
 //! each over virtio-net and over the VF, and over the VFs of other VMs.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::report::RunReport;

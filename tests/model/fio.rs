@@ -2,7 +2,7 @@
 //! end and completed through the scheme; the per-request guard timer is
 //! what puts TMICT writes among KVM's MSR-write exits (DID §5.6).
 
-mod common;
+use crate::common;
 use common::*;
 
 fn fio(scheme: &str, extra: &[&str]) -> exitless::report::RunReport {

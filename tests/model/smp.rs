@@ -2,7 +2,7 @@
 //! not as the VMCS says), device-interrupt affinity, and every scheme
 //! staying correct with 4 VMs × 4 vCPUs multiplexed on 4 cores.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::PathBuf;
 

@@ -5,7 +5,7 @@
 //! the scheme's; the protocol processing and the task's wake-up happen
 //! there. The checker follows every 0xfb from the ICR write to its handler.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::check::ViolationKind;

@@ -2,7 +2,7 @@
 //! entry, vCPU and guest kernel; VMs pinned to one core are multiplexed by
 //! the host scheduler, with every scheme's schedule-out/in hooks.
 
-mod common;
+use crate::common;
 use common::*;
 
 const THREE_VMS: &str = "name = \"three\"\nseed = 2\nduration_s = 0.2\nwarmup_s = 0.05\n\

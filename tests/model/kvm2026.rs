@@ -1,7 +1,7 @@
 //! `kvm-2026`: today's KVM mechanisms, each visible in what it removes or
 //! costs, and each switchable.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -3,7 +3,7 @@
 //! schedule-out/in, and interrupts raised while the vCPU waits in the run
 //! queue are delivered at its next schedule-in.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn scenario(scheme: &str, burners: &str) -> String {

@@ -4,7 +4,7 @@
 //! interrupt whose MSI was in flight while vcpu_put switched its IRTE to
 //! NMI mode).
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::report::RunReport;
 use proptest::prelude::*;

@@ -2,7 +2,7 @@
 //! queues) must be its own: two interrupt sources on one vector run one
 //! handler for both and the other source's interrupts are never serviced.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::scenario::Scenario;

@@ -3,7 +3,7 @@
 //! and intelligent interrupt redirection, on several virtio-net VMs and
 //! SMP guests under the host scheduler.
 
-mod common;
+use crate::common;
 use common::*;
 
 /// One 1-vCPU VM sending a TCP stream of 512-byte writes through its

@@ -1,7 +1,7 @@
 //! WhileLoop: the run ends when the loop does, so the measured interval
 //! (the end of the warm-up to the loop's end) must not be empty.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::scenario::Scenario;

@@ -2,7 +2,7 @@
 //! exit structure emerges (APICv removes the EOI exits, not the VF's
 //! interrupt exits; DID removes both).
 
-mod common;
+use crate::common;
 use common::*;
 
 fn iperf(scheme: &str, device: &str) -> exitless::report::RunReport {

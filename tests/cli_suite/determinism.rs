@@ -1,6 +1,6 @@
 //! Same scenario + same seed = byte-identical output.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn json(sets: &[&str]) -> String {

@@ -1,7 +1,7 @@
 //! DID's mechanisms seen from the outside: which exits disappear, and that
 //! the guest-side path then matches bare metal.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -3,7 +3,7 @@
 //! removes the interrupt exits, and overload shows up as dropped
 //! datagrams, INVITE retransmissions and slow set-ups.
 
-mod common;
+use crate::common;
 use common::*;
 
 const CONFIGS: [(&str, &str); 5] = [

@@ -2,7 +2,7 @@
 //! scheme: which exits remain on a NetPIPE ping-pong, and that every
 //! virtual interrupt is delivered.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::scenario::Scenario;
 

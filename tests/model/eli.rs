@@ -3,7 +3,7 @@
 //! interrupts switch the vCPU to injection mode, and the shadow IDT is what
 //! keeps host vectors out of the guest.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::check::ViolationKind;

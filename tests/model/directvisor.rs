@@ -5,7 +5,7 @@
 //! bitmap must not), and the race explorer must find nothing on small
 //! directvisor scenarios.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::calibration::Calibration;
 use exitless::check::ViolationKind;

@@ -1,6 +1,6 @@
 //! The command line: run, JSON schema, errors that name the key.
 
-mod common;
+use crate::common;
 use common::exitless;
 use std::process::Command;
 

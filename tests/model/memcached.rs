@@ -2,7 +2,7 @@
 //! worker thread serves its share of the connections, and DID removes the
 //! interrupt exits.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -2,7 +2,7 @@
 //! guest event (did-arm.md §3) as the mechanisms produce them, with the
 //! invariant checker clean.
 
-mod common;
+use crate::common;
 use common::*;
 use exitless::scenario::Scenario;
 

@@ -3,9 +3,9 @@
 //! schedule-out, and find nothing for the correct schemes on the explore
 //! scenarios (issue 8, item 8).
 
-use exitless::calibration::Calibration;
-mod common;
+use crate::common;
 use common::{explore_opts as opts, load_scenario as scenario};
+use exitless::calibration::Calibration;
 use exitless::explore::{explore, explore_with};
 use exitless::hv::did::Did;
 use exitless::hv::exits::ExitInfo;

@@ -1,0 +1,29 @@
+//! Scenario and mechanism tests: worlds built from scenarios and run in
+//! process, one module per subject. One test binary, so the library is
+//! linked once (see README, Tests).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod arm;
+mod custom_scheme;
+mod did_mechanisms;
+mod directvisor;
+mod eli;
+mod es2;
+mod es2_mechanisms;
+mod explore;
+mod fio;
+mod host_scheduler;
+mod invariants;
+mod iperf;
+mod kvm2026;
+mod memcached;
+mod multi_vm;
+mod preemption;
+mod pv;
+mod rps;
+mod sip;
+mod smp;
+mod vectors;
+mod whileloop;
