@@ -3,6 +3,7 @@
 //! timers, parked DID timers) and which core's LAPIC timer serves them.
 
 use crate::engine::Time;
+use crate::hw::x86::lapic::ApicBitmap;
 
 /// LOCAL_TIMER_VECTOR of the host.
 pub const HOST_TIMER_VECTOR: u8 = 0xEF;
@@ -301,6 +302,19 @@ impl InFlightIpis {
         }
     }
 
+    /// The IPIs to `core` past their bound whose vector is not latched in
+    /// the core's `irr` have landed and been consumed: delivered in guest
+    /// mode, or taken in host mode (which forgot them already). The host
+    /// can tell only by the bound, so it drops them at points where the
+    /// core is in host mode with its IRR in hand (a schedule-in, an
+    /// entry). Kept, such a record would claim a later interrupt with the
+    /// same vector for another VM (vectors are per VM).
+    pub fn forget_consumed(&mut self, core: usize, now: Time, irr: &ApicBitmap) {
+        if let Some(list) = self.per_core.get_mut(core) {
+            list.retain(|f| f.latest >= now || irr.test(f.vector));
+        }
+    }
+
     /// How much longer `vcpu`'s entry on `core` must wait for IPIs that
     /// may still be in flight there for other vCPUs to land: until just
     /// after the latest bound (an IPI landing exactly at its bound and the
@@ -321,6 +335,29 @@ impl InFlightIpis {
 mod in_flight_tests {
     use super::InFlightIpis;
     use crate::hv::IpiTiming;
+
+    #[test]
+    fn a_record_past_its_bound_is_consumed_unless_irr_holds_it() {
+        let timing = IpiTiming {
+            latency: 500,
+            max: 3_500,
+        };
+        let mut f = InFlightIpis::default();
+        f.resize(2);
+        f.sent(1, 0, timing, 0x51, 7);
+        f.sent(1, 0, timing, 0x52, 7);
+        let mut irr = crate::hw::x86::lapic::ApicBitmap::default();
+        irr.set(0x52);
+        // Within the bound both may still be in flight.
+        f.forget_consumed(1, 3_500, &irr);
+        assert_eq!(f.landed_for(1, 0x51, 3_500), Some(7));
+        f.sent(1, 0, timing, 0x51, 7);
+        // Past it: 0x51 landed and was consumed; 0x52 is latched in IRR
+        // and still the vCPU's when the host takes it.
+        f.forget_consumed(1, 3_501, &irr);
+        assert_eq!(f.landed_for(1, 0x51, 3_501), None);
+        assert_eq!(f.landed_for(1, 0x52, 3_501), Some(7));
+    }
 
     #[test]
     fn another_vcpu_enters_only_after_the_delivery_bound() {

@@ -116,6 +116,11 @@ impl Scheme for Did {
     fn vcpu_load(&mut self, cx: &mut HvCx, vcpu: usize) {
         let vm = cx.hv.vcpus[vcpu].vm;
         let core = cx.hv.vcpus[vcpu].core;
+        // 0. From here the VF's vector can land on this core for this VM:
+        // an IPI record of the previous vCPU past its bound must not claim
+        // it (open point 1).
+        self.in_flight
+            .forget_consumed(core, cx.now, &cx.m.lapics[core].irr);
         // 1. Retarget the VF's IRT entries at this core, fixed mode.
         if let Some((i, e)) = Did::vf_irte(cx, vm, Some(vcpu), core, DeliveryMode::Fixed) {
             cx.irt_update(i, e);
@@ -311,6 +316,8 @@ impl Scheme for Did {
     /// guest IDT after entry: no interrupt-window exit is needed.
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
         let core = cx.hv.vcpus[vcpu].core;
+        self.in_flight
+            .forget_consumed(core, cx.now, &cx.m.lapics[core].irr);
         let pending = std::mem::take(&mut self.pending[vcpu]);
         for v in pending.iter() {
             cx.apic_write(core, msr::SELF_IPI, v as u64);

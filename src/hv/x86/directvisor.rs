@@ -50,7 +50,7 @@
 //! in root mode with a PIR bit and ON clear is lost the same way in
 //! `vmx.c`); with the background exits off it never happens. The metric
 //! `directvisor.root_notifications_on_clear` counts these notifications;
-//! `tests/directvisor.rs` asserts the chain.
+//! `tests/model/directvisor.rs` asserts the chain.
 
 use super::apicv::Apicv;
 use crate::guest::did_module as hc;

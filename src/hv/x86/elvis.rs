@@ -121,7 +121,12 @@ impl Scheme for Elvis {
         self.in_flight.quiesce(core, vcpu, cx.now)
     }
 
+    /// Records past their bound are consumed unless IRR still holds them
+    /// (InFlightIpis::forget_consumed).
     fn prepare_entry(&mut self, cx: &mut HvCx, vcpu: usize) {
+        let core = cx.hv.vcpus[vcpu].core;
+        self.in_flight
+            .forget_consumed(core, cx.now, &cx.m.lapics[core].irr);
         self.eli.prepare_entry(cx, vcpu)
     }
 
