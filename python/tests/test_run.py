@@ -162,10 +162,14 @@ def test_naive_scheme_violations_reach_python():
 
 
 def _cli() -> Path:
-    exe = REPO / "target" / "release" / ("exitless.exe" if os.name == "nt" else "exitless")
-    if not exe.exists():
-        need("target/release/exitless not built (cargo build --release)")
-    return exe
+    """The CLI binary: the tests' build (`cargo test --profile ci`, which
+    .ci/run makes) or a release build."""
+    name = "exitless.exe" if os.name == "nt" else "exitless"
+    for profile in ("ci", "release"):
+        exe = REPO / "target" / profile / name
+        if exe.exists():
+            return exe
+    need("target/ci/exitless or target/release/exitless not built (cargo build --release)")
 
 
 def test_same_report_as_the_cli_json():
