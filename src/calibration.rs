@@ -407,6 +407,39 @@ impl Calibration {
     pub fn default_host() -> Self {
         Self::from_toml(DEFAULT_TOML).expect("shipped calibration parses")
     }
+
+    /// The entries whose value differs from `base`'s, by dotted key
+    /// (`host.ipi_latency_max_us`), with this calibration's value and
+    /// source: with the tool version that names `base`, what a report
+    /// needs to say which costs produced it.
+    pub fn changes_from(&self, base: &Calibration) -> std::collections::BTreeMap<String, Entry> {
+        let mut out = std::collections::BTreeMap::new();
+        let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) =
+            (toml::Value::try_from(self), toml::Value::try_from(base))
+        else {
+            return out;
+        };
+        for (section, entries) in &a {
+            let Some(entries) = entries.as_table() else {
+                continue;
+            };
+            for (key, e) in entries {
+                let Ok(e) = e.clone().try_into::<Entry>() else {
+                    continue;
+                };
+                let same = b
+                    .get(section)
+                    .and_then(|t| t.get(key))
+                    .and_then(|v| v.get("value"))
+                    .and_then(toml::Value::as_float)
+                    .is_some_and(|v| v.to_bits() == e.value.to_bits());
+                if !same {
+                    out.insert(format!("{section}.{key}"), e);
+                }
+            }
+        }
+        out
+    }
 }
 
 fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
@@ -553,5 +586,20 @@ mod tests {
         assert!(e.contains("exit.external_interrupt_us"), "{e}");
         let unknown = format!("{DEFAULT_TOML}\n[extra]\nx = {{ value = 1, source = \"s\" }}\n");
         assert!(Calibration::from_toml(&unknown).is_err());
+    }
+
+    #[test]
+    fn changes_from_names_only_the_entries_that_differ() {
+        let base = Calibration::default_host();
+        assert!(base.changes_from(&base).is_empty());
+        let mut c = base.clone();
+        c.host.ipi_latency_max_us = Entry {
+            value: 3.5,
+            source: "--calibration-set".into(),
+        };
+        let ch = c.changes_from(&base);
+        assert_eq!(ch.len(), 1, "{ch:?}");
+        let e = &ch["host.ipi_latency_max_us"];
+        assert_eq!((e.value, e.source.as_str()), (3.5, "--calibration-set"));
     }
 }

@@ -346,7 +346,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 let out = exitless::report::ReproduceOutput {
                     schema_version: exitless::report::SCHEMA_VERSION,
-                    tool: format!("exitless {}", env!("CARGO_PKG_VERSION")),
+                    tool: exitless::report::tool_version(),
                     paper: &paper,
                     rows: &rows,
                 };

@@ -913,9 +913,94 @@ class Report:
     figures: list[tuple[str, Figure]] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What produced the data (:func:`provenance`), written into the HTML.
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _writer() -> str:
+    from . import __version__
+
+    return f"exitless {__version__} (Python package)"
+
+
+def provenance(data: Any) -> dict[str, Any]:
+    """What produced ``data``, as far as it says: ``writer`` (this
+    package's version, which writes the report), ``tools`` (the
+    ``exitless`` versions that produced the inputs), ``paper`` (reproduce
+    output), ``runs`` (one entry per distinct run: scenario name, scheme,
+    seed, the resolved scenario and the calibration entries changed from
+    the shipped file). A sweep frame carries no provenance of its own: only
+    ``writer`` is known."""
+    out: dict[str, Any] = {"writer": _writer(), "tools": [], "runs": []}
+    items: list[Any] = []
+    if isinstance(data, Mapping) and isinstance(data.get("rows"), list):
+        if data.get("tool"):
+            out["tools"].append(str(data["tool"]))
+        if data.get("paper"):
+            out["paper"] = str(data["paper"])
+    elif isinstance(data, Mapping):
+        items = [data]
+    elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        items = list(data)
+    seen: set[str] = set()
+    for r in items:
+        p = r.get("provenance") if isinstance(r, Mapping) else None
+        if not isinstance(p, Mapping):
+            continue
+        if p.get("tool") and p["tool"] not in out["tools"]:
+            out["tools"].append(str(p["tool"]))
+        run = {
+            "scenario": r.get("scenario"),
+            "scheme": r.get("scheme"),
+            "seed": r.get("seed"),
+            "resolved": p.get("scenario"),
+            "calibration_changes": p.get("calibration_changes") or {},
+        }
+        key = json.dumps(run, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out["runs"].append(run)
+    return out
+
+
+def _provenance_html(p: Mapping[str, Any]) -> str:
+    parts = ["<h2>provenance</h2><ul>"]
+    parts.append(f"<li>report written by {html.escape(str(p.get('writer', _writer())))}</li>")
+    tools = p.get("tools") or []
+    parts.append(
+        "<li>data produced by "
+        + (html.escape(", ".join(map(str, tools))) if tools else "(not recorded in the input)")
+        + "</li>"
+    )
+    if p.get("paper"):
+        parts.append(f"<li>paper: {html.escape(str(p['paper']))}</li>")
+    parts.append("</ul>")
+    for i, run in enumerate(p.get("runs") or []):
+        title = f"run {i + 1}: scenario {run.get('scenario') or '-'}, scheme {run.get('scheme')}, seed {run.get('seed')}"
+        changes = run.get("calibration_changes") or {}
+        if changes:
+            rows = "".join(
+                f"<tr><td>{html.escape(str(k))}</td><td class=\"num\">{html.escape(_cell(v.get('value')))}</td>"
+                f"<td>{html.escape(str(v.get('source', '')))}</td></tr>"
+                for k, v in sorted(changes.items())
+            )
+            cal = (
+                "<p>calibration: the shipped file of the tool version above, with these entries changed:</p>"
+                f"<table><thead><tr><th>entry</th><th>value</th><th>source</th></tr></thead><tbody>{rows}</tbody></table>"
+            )
+        else:
+            cal = "<p>calibration: the shipped file of the tool version above, unchanged.</p>"
+        resolved = json.dumps(run.get("resolved"), indent=1, sort_keys=True)
+        parts.append(
+            f"<details><summary>{html.escape(title)}</summary>{cal}"
+            f"<p>scenario, resolved (every default filled in):</p><pre>{html.escape(resolved)}</pre></details>"
+        )
+    return "".join(parts)
 
 
 def _is_reproduce(data: Any) -> bool:
+    if isinstance(data, Mapping) and isinstance(data.get("rows"), list):
+        return True
     if isinstance(data, pl.DataFrame):
         return all(c in data.columns for c in ("experiment", "model", "paper"))
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)) and data:
@@ -960,9 +1045,10 @@ def build(data: Any, title: str | None = None) -> Report:
     against it; a table of means ± 95% CI per point. ``reproduce`` rows: the
     model-vs-paper chart and table.
     """
+    prov = provenance(data)
     if _is_reproduce(data):
         rs = _reproduce_rows(data)
-        rep = Report(title=title or "exitless reproduce: model vs paper")
+        rep = Report(title=title or "exitless reproduce: model vs paper", provenance=prov)
         scored = [r for r in rs if r["within"] is not None]
         ok = sum(1 for r in scored if r["within"])
         experiments = list(dict.fromkeys(str(r["experiment"]) for r in rs))
@@ -975,7 +1061,7 @@ def build(data: Any, title: str | None = None) -> Report:
         rep.tables.append(("every row: model, paper, tolerance", model_vs_paper_table(rs)))
         return rep
     df = as_frame(data)
-    rep = Report(title=title or "exitless sweep")
+    rep = Report(title=title or "exitless sweep", provenance=prov)
     keys = _grid_keys(df)
     nseeds = df["seed"].n_unique()
     npoints = df["point"].n_unique()
@@ -1091,6 +1177,8 @@ def write_html(
         )
     for name, df in all_tables:
         parts.append(f"<h2>{html.escape(name)}</h2>{table_html(df)}")
+    prov = report.provenance if isinstance(report, Report) else {}
+    parts.append(_provenance_html(prov or {"writer": _writer()}))
     parts.append("</body></html>")
     with open(os.fspath(path), "w", encoding="utf-8") as f:
         f.write("\n".join(parts) + "\n")
@@ -1175,6 +1263,26 @@ def load(path: str | os.PathLike[str]) -> pl.DataFrame | list[dict[str, Any]]:
     )
 
 
+def _file_provenance(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The tool and paper a ``reproduce --json`` file names (``load``
+    returns its rows alone)."""
+    if os.path.splitext(os.fspath(path))[1].lower() != ".json":
+        return {}
+    try:
+        with open(os.fspath(path), encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not (isinstance(obj, Mapping) and isinstance(obj.get("rows"), list)):
+        return {}
+    out: dict[str, Any] = {}
+    if obj.get("tool"):
+        out["tools"] = [str(obj["tool"])]
+    if obj.get("paper"):
+        out["paper"] = str(obj["paper"])
+    return out
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -1198,6 +1306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         data = load(args.input)
         rep = build(data, title=args.title)
+        rep.provenance.update(_file_provenance(args.input))
         if args.html:
             write_html(args.html, rep)
             print(f"wrote {args.html} ({len(rep.figures)} charts, {len(rep.tables)} tables)")

@@ -292,6 +292,34 @@ def test_html_has_one_image_per_chart_and_the_table_rows(tmp_path):
     assert [bool(r[0]) for r in rows] == [False, True, False, False]  # the miss is marked
 
 
+def test_html_records_the_runs_scenario_calibration_and_tool(tmp_path):
+    testbed = REPO / "validation" / "es2" / "testbed.toml"
+    reps = [
+        exitless.run(FIG4, scheme="kvm", duration_s=0.02, warmup_s=0.005),
+        exitless.run(FIG4, scheme="did", duration_s=0.02, warmup_s=0.005, calibration=testbed),
+    ]
+    rep = er.build(reps)
+    assert rep.provenance["tools"] == [f"exitless {exitless.__version__}"]
+    runs = rep.provenance["runs"]
+    assert [r["scheme"] for r in runs] == ["kvm", "did"]
+    assert runs[0]["calibration_changes"] == {}
+    # The ES2 testbed overlay changes the clock and the link, and says so.
+    assert runs[1]["calibration_changes"]["cpu.ghz"]["value"] == 2.3
+    assert runs[1]["resolved"]["duration_s"] == 0.02
+    er.write_html(tmp_path / "p.html", rep, dpi=30)
+    text = (tmp_path / "p.html").read_text()
+    assert f"report written by exitless {exitless.__version__} (Python package)" in text
+    assert "cpu.ghz" in text and "unchanged" in text
+    assert text.count("<details>") == 2
+    # reproduce --json from the command line: the tool and the paper it names.
+    (tmp_path / "rep.json").write_text(
+        json.dumps({"schema_version": 1, "tool": "exitless 9.9.9", "paper": "did", "rows": REPRODUCE})
+    )
+    assert er.main([str(tmp_path / "rep.json"), "--html", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "data produced by exitless 9.9.9" in text and "paper: did" in text
+
+
 def test_sweep_report_html_and_png(frame, tmp_path):
     rep = er.build(frame)
     names = [n for n, _ in rep.figures]

@@ -200,7 +200,23 @@ def test_a_partial_calibration_is_layered_over_the_shipped_one():
     part = {"exit": {key: {"value": cal["exit"][key]["value"] * 10, "source": "test"}}}
     dear = exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=part)
     cal["exit"][key]["value"] *= 10
-    assert dear == exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=cal)
+    same = exitless.run(FIG4, scheme="kvm", overrides=SHORT, calibration=cal)
+    # The same numbers; the provenance names each entry's own source.
+    assert {k: v for k, v in dear.items() if k != "provenance"} == {
+        k: v for k, v in same.items() if k != "provenance"
+    }
+    changed = dear["provenance"]["calibration_changes"]
+    assert list(changed) == [f"exit.{key}"] and changed[f"exit.{key}"]["source"] == "test"
+    assert base["provenance"]["calibration_changes"] == {}
     assert dear["vms"][0]["eht_pct"] > base["vms"][0]["eht_pct"]
     with pytest.raises(exitless.ScenarioError, match="exit.no_such_us"):
         exitless.run(FIG4, overrides=SHORT, calibration={"exit": {"no_such_us": 1.0}})
+
+
+def test_a_sweep_frame_converts_to_pandas():
+    """pyarrow and pandas are dependencies: `df.to_pandas()` works as
+    installed."""
+    df = exitless.sweep(FIG4, schemes=["kvm"], overrides=SHORT)
+    pdf = df.to_pandas()
+    assert list(pdf.columns) == df.columns
+    assert len(pdf) == df.height and pdf["value"].sum() == pytest.approx(df["value"].sum())

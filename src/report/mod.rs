@@ -50,6 +50,8 @@ pub fn vm_prefix(vm: usize) -> String {
 pub struct Snapshot<'a> {
     /// The scenario run.
     pub scenario: &'a Scenario,
+    /// Calibration entries changed from the shipped file.
+    pub calibration_changes: &'a BTreeMap<String, crate::calibration::Entry>,
     /// Scheme name.
     pub scheme: &'static str,
     /// Measured interval.
@@ -157,6 +159,26 @@ pub struct RunReport {
     /// warnings); absent when there are none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What produced this report, enough to run it again.
+    pub provenance: Provenance,
+}
+
+/// What produced a run report: the tool, the scenario as resolved (every
+/// default filled in, overrides applied) and the calibration entries that
+/// differ from the shipped file the tool version names.
+#[derive(Clone, Debug, Serialize)]
+pub struct Provenance {
+    /// `exitless <version>`.
+    pub tool: String,
+    /// The resolved scenario (`exitless.resolve` gives the same).
+    pub scenario: serde_json::Value,
+    /// Calibration entries changed from the shipped file, by dotted key.
+    pub calibration_changes: BTreeMap<String, crate::calibration::Entry>,
+}
+
+/// `exitless <version>`, as every JSON output names the tool.
+pub fn tool_version() -> String {
+    format!("exitless {}", env!("CARGO_PKG_VERSION"))
 }
 
 fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
@@ -251,6 +273,11 @@ impl RunReport {
             },
             assumptions: s.scenario.assumptions.clone(),
             warnings: s.scenario.warnings.clone(),
+            provenance: Provenance {
+                tool: tool_version(),
+                scenario: serde_json::to_value(s.scenario).unwrap_or_default(),
+                calibration_changes: s.calibration_changes.clone(),
+            },
         }
     }
 

@@ -220,6 +220,7 @@ impl World {
         }
         crate::report::Snapshot {
             scenario: &self.scenario,
+            calibration_changes: &self.calibration_changes,
             scheme: match &self.el2 {
                 Some(a) => a.scheme.name(),
                 None => self.scheme.name(),

@@ -101,6 +101,9 @@ pub struct World {
     end: Time,
     lost_grace: Time,
     scenario: Scenario,
+    /// The calibration entries this run changed from the shipped file
+    /// (reported as provenance).
+    calibration_changes: std::collections::BTreeMap<String, crate::calibration::Entry>,
     /// The VM whose finite task ends the run when it exits (a one-VM
     /// WhileLoop).
     ends_run: Option<usize>,

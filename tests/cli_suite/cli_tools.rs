@@ -406,6 +406,19 @@ fn calibration_overlays_layer_over_the_shipped_values() {
             "--json",
         ]);
         let j: serde_json::Value = serde_json::from_slice(&ok(&a).stdout).unwrap();
+        // The report records what produced it: the tool, the resolved
+        // scenario, and the calibration entries this run changed.
+        let p = &j["provenance"];
+        assert_eq!(p["tool"], format!("exitless {}", env!("CARGO_PKG_VERSION")));
+        assert_eq!(p["scenario"]["scheme"], "kvm");
+        let changed = p["calibration_changes"].as_object().unwrap();
+        let names: Vec<&String> = changed.keys().collect();
+        if extra.is_empty() {
+            assert!(names.is_empty(), "{names:?}");
+        } else {
+            assert_eq!(names, ["exit.msr_write_eoi_us"]);
+            assert_eq!(changed["exit.msr_write_eoi_us"]["value"], 5.0);
+        }
         j["vms"][0]["exits"]
             .as_array()
             .unwrap()

@@ -345,6 +345,7 @@ impl World {
             lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
             costs,
             scenario: s.clone(),
+            calibration_changes: cal.changes_from(&Calibration::default_host()),
             ends_run: outside.ends_run,
             arch,
             deschedule_pending: vec![false; nvcpu],
