@@ -56,6 +56,11 @@ enum Cmd {
         /// Exit with status 3 if the invariant checker found violations.
         #[arg(long)]
         fail_on_violation: bool,
+        /// Text report: each VM's exit table for its vCPU N (index in the
+        /// VM), as `perf kvm stat report --vcpu N` shows. JSON lists every
+        /// vCPU of an SMP guest under `per_vcpu`.
+        #[arg(long, value_name = "N")]
+        vcpu: Option<usize>,
         /// Write a Chrome trace-event / Perfetto JSON timeline to this file
         /// (one track per core: guest, exits by reason, interrupts, EOIs).
         #[arg(long, value_name = "FILE")]
@@ -250,6 +255,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             json,
             csv,
             fail_on_violation,
+            vcpu,
             trace,
             trace_window,
             trace_limit,
@@ -317,7 +323,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             } else if csv {
                 emit(&cli::run_csv(&rep)?)?;
             } else {
-                emit(&rep.to_text())?;
+                emit(&rep.to_text_for(vcpu))?;
             }
             if fail_on_violation && rep.violations() > 0 {
                 return Ok(ExitCode::from(3));

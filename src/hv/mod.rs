@@ -141,6 +141,8 @@ pub struct VmState {
     pub xapic: bool,
     /// Exit accounting.
     pub stats: ExitStats,
+    /// The same per vCPU, by its index in the VM (`perf kvm stat --vcpu`).
+    pub vcpu_stats: Vec<ExitStats>,
 }
 
 /// One vCPU.

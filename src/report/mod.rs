@@ -5,6 +5,7 @@ use crate::check::{Checker, Violation, ViolationKind};
 use crate::engine::{as_s, as_us, Summary, Time};
 use crate::guest::app::Metrics;
 use crate::hv::exits::ExitReason;
+use crate::hv::exits::ExitStats;
 use crate::hv::VmState;
 use crate::scenario::{Assumption, Scenario};
 use serde::Serialize;
@@ -119,6 +120,29 @@ pub struct VmReport {
     pub total_samples: u64,
     /// Total handling time, µs.
     pub total_time_us: f64,
+    /// The exit table of each vCPU of an SMP guest (`perf kvm stat
+    /// --vcpu`); empty for a single-vCPU VM, whose table is the VM's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_vcpu: Vec<VcpuExits>,
+}
+
+/// One vCPU's exits (`perf kvm stat report --vcpu N`).
+#[derive(Clone, Debug, Serialize)]
+pub struct VcpuExits {
+    /// Its index in the VM.
+    pub vcpu: usize,
+    /// All its exits per second.
+    pub exits_per_s: f64,
+    /// Its time in guest mode, % of the measured interval.
+    pub tig_pct: f64,
+    /// Its exit-handling time, % of the measured interval.
+    pub eht_pct: f64,
+    /// Its table rows, most frequent first.
+    pub exits: Vec<ExitRow>,
+    /// Its total exits.
+    pub total_samples: u64,
+    /// Its total handling time, µs.
+    pub total_time_us: f64,
 }
 
 /// Invariant results.
@@ -181,14 +205,15 @@ pub fn tool_version() -> String {
     format!("exitless {}", env!("CARGO_PKG_VERSION"))
 }
 
-fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
-    let total = vm.stats.total();
+/// The `perf kvm stat report` rows of `stats` over `duration`, most
+/// frequent first.
+fn exit_rows(stats: &ExitStats, duration: Time) -> Vec<ExitRow> {
+    let total = stats.total();
     let secs = as_s(duration).max(1e-12);
-    let cpu_time = duration.saturating_mul(vm.vcpus.len().max(1) as Time);
     let mut rows: Vec<ExitRow> = ExitReason::ALL
         .iter()
         .filter_map(|r| {
-            let s = &vm.stats.by_reason[r.index()];
+            let s = &stats.by_reason[r.index()];
             (s.count > 0).then(|| ExitRow {
                 reason: r.name(),
                 samples: s.count,
@@ -207,6 +232,35 @@ fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
         })
         .collect();
     rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.reason.cmp(b.reason)));
+    rows
+}
+
+fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
+    let total = vm.stats.total();
+    let secs = as_s(duration).max(1e-12);
+    let cpu_time = duration.saturating_mul(vm.vcpus.len().max(1) as Time);
+    let rows = exit_rows(&vm.stats, duration);
+    // One vCPU's table is the VM's: listed only for SMP guests.
+    let per_vcpu = if vm.vcpu_stats.len() > 1 {
+        vm.vcpu_stats
+            .iter()
+            .enumerate()
+            .map(|(v, st)| {
+                let t = st.total();
+                VcpuExits {
+                    vcpu: v,
+                    exits_per_s: t.count as f64 / secs,
+                    tig_pct: 100.0 * st.guest_time as f64 / duration.max(1) as f64,
+                    eht_pct: 100.0 * t.total as f64 / duration.max(1) as f64,
+                    exits: exit_rows(st, duration),
+                    total_samples: t.count,
+                    total_time_us: as_us(t.total),
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     VmReport {
         vm: i,
         exits_per_s: total.count as f64 / secs,
@@ -223,7 +277,47 @@ fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
         exits: rows,
         total_samples: total.count,
         total_time_us: as_us(total.total),
+        per_vcpu,
     }
+}
+
+/// One `perf kvm stat report` table: header, rows, totals.
+fn write_exit_table(
+    o: &mut String,
+    title: &str,
+    rows: &[ExitRow],
+    (samples, time_us): (u64, f64),
+    (exits_per_s, tig, eht): (f64, f64, f64),
+) {
+    let _ = writeln!(o, "\nAnalyze events for {title}:\n");
+    let _ = writeln!(
+        o,
+        "{:>20} {:>10} {:>9} {:>8} {:>10} {:>10} {:>16}",
+        "VM-EXIT", "Samples", "Samples%", "Time%", "Min Time", "Max Time", "Avg time"
+    );
+    let _ = writeln!(o);
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:>20} {:>10} {:>8.2}% {:>7.2}% {:>8.2}us {:>8.2}us {:>8.2}us ( +- {:>6.2}% )",
+            r.reason,
+            r.samples,
+            r.samples_pct,
+            r.time_pct,
+            r.min_us,
+            r.max_us,
+            r.avg_us,
+            r.stddev_pct
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nTotal Samples:{samples}, Total events handled time:{time_us:.2}us."
+    );
+    let _ = writeln!(
+        o,
+        "exits/s {exits_per_s:.1} | time in guest {tig:.2}% | exit handling {eht:.2}%"
+    );
 }
 
 impl RunReport {
@@ -288,6 +382,12 @@ impl RunReport {
 
     /// The text report: `perf kvm stat report` layout per VM, then metrics.
     pub fn to_text(&self) -> String {
+        self.to_text_for(None)
+    }
+
+    /// The text report with each VM's table for its vCPU `vcpu` (index in
+    /// the VM) when given, as `perf kvm stat report --vcpu` shows.
+    pub fn to_text_for(&self, vcpu: Option<usize>) -> String {
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -302,37 +402,35 @@ impl RunReport {
             self.duration_s
         );
         for vm in &self.vms {
-            let _ = writeln!(o, "\nAnalyze events for VM {}:\n", vm.vm);
-            let _ = writeln!(
-                o,
-                "{:>20} {:>10} {:>9} {:>8} {:>10} {:>10} {:>16}",
-                "VM-EXIT", "Samples", "Samples%", "Time%", "Min Time", "Max Time", "Avg time"
-            );
-            let _ = writeln!(o);
-            for r in &vm.exits {
-                let _ = writeln!(
-                    o,
-                    "{:>20} {:>10} {:>8.2}% {:>7.2}% {:>8.2}us {:>8.2}us {:>8.2}us ( +- {:>6.2}% )",
-                    r.reason,
-                    r.samples,
-                    r.samples_pct,
-                    r.time_pct,
-                    r.min_us,
-                    r.max_us,
-                    r.avg_us,
-                    r.stddev_pct
-                );
+            match vcpu {
+                None => write_exit_table(
+                    &mut o,
+                    &format!("VM {}", vm.vm),
+                    &vm.exits,
+                    (vm.total_samples, vm.total_time_us),
+                    (vm.exits_per_s, vm.tig_pct, vm.eht_pct),
+                ),
+                Some(n) => match vm.per_vcpu.get(n) {
+                    Some(v) => write_exit_table(
+                        &mut o,
+                        &format!("VM {} vCPU {n}", vm.vm),
+                        &v.exits,
+                        (v.total_samples, v.total_time_us),
+                        (v.exits_per_s, v.tig_pct, v.eht_pct),
+                    ),
+                    // A single-vCPU VM's table is its vCPU 0's.
+                    None if n == 0 && vm.vcpus == 1 => write_exit_table(
+                        &mut o,
+                        &format!("VM {} vCPU 0", vm.vm),
+                        &vm.exits,
+                        (vm.total_samples, vm.total_time_us),
+                        (vm.exits_per_s, vm.tig_pct, vm.eht_pct),
+                    ),
+                    None => {
+                        let _ = writeln!(o, "\nVM {} has {} vCPU(s): no vCPU {n}", vm.vm, vm.vcpus);
+                    }
+                },
             }
-            let _ = writeln!(
-                o,
-                "\nTotal Samples:{}, Total events handled time:{:.2}us.",
-                vm.total_samples, vm.total_time_us
-            );
-            let _ = writeln!(
-                o,
-                "exits/s {:.1} | time in guest {:.2}% | exit handling {:.2}%",
-                vm.exits_per_s, vm.tig_pct, vm.eht_pct
-            );
         }
         let _ = writeln!(o, "\nmetrics:");
         for (k, v) in &self.metrics {

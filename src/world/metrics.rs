@@ -10,6 +10,7 @@ impl World {
     pub(super) fn reset_stats(&mut self, now: Time) {
         for vm in &mut self.hv.vms {
             vm.stats = Default::default();
+            vm.vcpu_stats.fill(Default::default());
         }
         for c in &mut self.m.cores {
             c.guest_since = c.guest_since.max(now);

@@ -639,7 +639,10 @@ impl World {
         self.trace_event(TraceKind::Guest, core, entered, until);
         let vm = self.hv.vcpus[vcpu].vm;
         let since = self.m.cores[core].guest_since.max(self.measure_start);
-        self.hv.vms[vm].stats.guest_time += until.saturating_sub(since);
+        let index = self.hv.vcpus[vcpu].index;
+        let guest = until.saturating_sub(since);
+        self.hv.vms[vm].stats.guest_time += guest;
+        self.hv.vms[vm].vcpu_stats[index].guest_time += guest;
     }
 
     /// An interrupt message from the IOMMU reaches the LAPIC `dest_apic_id`.

@@ -649,6 +649,8 @@ impl World {
         }
         if e.record && e.start >= self.measure_start {
             self.hv.vms[vm].stats.record_info(&e.info, service);
+            let index = self.hv.vcpus[vcpu].index;
+            self.hv.vms[vm].vcpu_stats[index].record_info(&e.info, service);
             if e.timer_landed {
                 self.timer_exits[reason.index()].record(service);
             }

@@ -170,6 +170,37 @@ fn four_vms_of_four_vcpus_on_four_cores_stay_correct_under_every_scheme() {
     }
 }
 
+/// `perf kvm stat --vcpu`: each vCPU of an SMP guest has its own exit
+/// table; they add up to the VM's, and the vCPUs differ (vCPU 0 takes the
+/// VF's interrupts in four-by-four).
+#[test]
+fn per_vcpu_exit_tables_add_up_to_the_vms() {
+    let r = run_smp("four-by-four.toml", &["scheme=kvm", "duration_s=0.05"]);
+    for vm in &r.vms {
+        assert_eq!(vm.per_vcpu.len(), vm.vcpus);
+        let samples: u64 = vm.per_vcpu.iter().map(|v| v.total_samples).sum();
+        assert_eq!(samples, vm.total_samples, "vm{}", vm.vm);
+        for row in &vm.exits {
+            let by_vcpu: u64 = vm
+                .per_vcpu
+                .iter()
+                .flat_map(|v| v.exits.iter().filter(|x| x.reason == row.reason))
+                .map(|x| x.samples)
+                .sum();
+            assert_eq!(by_vcpu, row.samples, "vm{} {}", vm.vm, row.reason);
+        }
+        let tig: f64 = vm.per_vcpu.iter().map(|v| v.tig_pct).sum::<f64>() / vm.vcpus as f64;
+        assert!((tig - vm.tig_pct).abs() < 1e-6, "{tig} vs {}", vm.tig_pct);
+        let counts: Vec<u64> = vm.per_vcpu.iter().map(|v| v.total_samples).collect();
+        assert!(counts.iter().any(|&c| c != counts[0]), "{counts:?}");
+    }
+    let text = r.to_text_for(Some(3));
+    assert!(text.contains("Analyze events for VM 0 vCPU 3:"), "{text}");
+    assert!(r
+        .to_text_for(Some(4))
+        .contains("VM 0 has 4 vCPU(s): no vCPU 4"));
+}
+
 #[test]
 fn the_checker_catches_the_naive_scheme_on_smp_guests() {
     let r = run_smp("four-by-four.toml", &["scheme=naive", "duration_s=0.1"]);

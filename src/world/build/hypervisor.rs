@@ -76,6 +76,7 @@ pub(in crate::world) fn state(
                 vf: devs.vf[i],
                 pv_vectors,
                 stats: Default::default(),
+                vcpu_stats: vec![Default::default(); vcpus.len()],
                 xapic: s.guest.apic == crate::guest::ApicMode::Xapic,
             }
         })
