@@ -12,6 +12,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+pub mod aggregate;
 pub mod diff;
 pub mod output;
 pub mod trace;
@@ -346,18 +347,20 @@ impl RunReport {
         .filter(|&k| k != ViolationKind::GicState || s.checker.count(k) > 0)
         .map(|k| (k, s.checker.count(k)))
         .collect();
+        let vms: Vec<VmReport> = s
+            .vms
+            .iter()
+            .enumerate()
+            .map(|(i, vm)| vm_report(i, vm, s.duration))
+            .collect();
+        aggregate::add_aggregates(&mut metrics, &vms);
         RunReport {
             schema_version: SCHEMA_VERSION,
             scenario: s.scenario.name.clone(),
             scheme: s.scheme.to_string(),
             seed: s.scenario.seed,
             duration_s: as_s(s.duration),
-            vms: s
-                .vms
-                .iter()
-                .enumerate()
-                .map(|(i, vm)| vm_report(i, vm, s.duration))
-                .collect(),
+            vms,
             metrics,
             invariants: Invariants {
                 violations: s.checker.violations().to_vec(),
