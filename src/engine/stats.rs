@@ -111,6 +111,14 @@ impl LatencyHistogram {
         self.sum.max
     }
 
+    /// Adds every sample of `o` (the distribution of both, as if each
+    /// sample had been recorded here).
+    pub fn merge(&mut self, o: &LatencyHistogram) {
+        // Same bounds and precision on both sides: `add` cannot fail.
+        let _ = self.h.add(&o.h);
+        self.sum.merge(&o.sum);
+    }
+
     /// Value at percentile `p` (0..=100), to HDR precision.
     pub fn percentile(&self, p: f64) -> Time {
         if self.sum.count == 0 {
@@ -164,5 +172,23 @@ mod tests {
         assert!((989 * US..=991 * US).contains(&p99), "{p99}");
         assert_eq!(h.mean(), 500 * US + US / 2);
         assert_eq!(h.max(), 1000 * US);
+    }
+
+    #[test]
+    fn merged_histograms_give_percentiles_over_all_samples() {
+        let (mut a, mut b) = (LatencyHistogram::new(), LatencyHistogram::new());
+        for i in 1..=90 {
+            a.record(i * US);
+        }
+        for _ in 0..10 {
+            b.record(1_000 * US);
+        }
+        // A mean of the two p95s would be ~547 us; over all 100 samples
+        // p95 is one of b's.
+        a.merge(&b);
+        assert_eq!(a.count(), 100);
+        let p95 = a.percentile(95.0);
+        assert!((999 * US..=1_001 * US).contains(&p95), "{p95}");
+        assert_eq!(a.max(), 1_000 * US);
     }
 }

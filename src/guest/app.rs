@@ -203,11 +203,71 @@ pub fn insert_percentiles_us(
     prefix: &str,
     hist: &crate::engine::LatencyHistogram,
 ) {
-    for (name, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-        out.insert(
-            format!("{prefix}_{name}_us"),
-            crate::engine::as_us(hist.percentile(p)),
-        );
+    LatencyFamily::us(prefix, hist).insert(out);
+}
+
+/// A latency distribution a program reports percentiles of, with the
+/// metric each percentile is reported under. A run of several VMs merges
+/// each family's histograms over the VMs into `all.<metric>`: percentiles
+/// over every VM's samples, never a mean of percentiles.
+pub struct LatencyFamily<'a> {
+    /// The distribution.
+    pub hist: &'a crate::engine::LatencyHistogram,
+    /// (metric name, percentile 0..=100, picoseconds per reported unit).
+    pub metrics: Vec<(String, f64, crate::engine::Time)>,
+    /// The metric the program reports the distribution's mean under, and
+    /// its unit (ps): merged, a mean over every sample.
+    pub mean: Option<(String, crate::engine::Time)>,
+}
+
+impl<'a> LatencyFamily<'a> {
+    /// The curve [`insert_percentiles_us`] reports: `{prefix}_p50_us` ..
+    /// `{prefix}_p999_us`.
+    pub fn us(prefix: &str, hist: &'a crate::engine::LatencyHistogram) -> Self {
+        let metrics = [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)]
+            .into_iter()
+            .map(|(name, p)| (format!("{prefix}_{name}_us"), p, crate::engine::US))
+            .collect();
+        LatencyFamily {
+            hist,
+            metrics,
+            mean: None,
+        }
+    }
+
+    /// Names the metric its mean is reported under, in µs.
+    pub fn with_mean_us(mut self, name: &str) -> Self {
+        self.mean = Some((name.to_string(), crate::engine::US));
+        self
+    }
+
+    /// Its percentile metrics' values.
+    pub fn insert(&self, out: &mut Metrics) {
+        for (name, p, unit) in &self.metrics {
+            out.insert(name.clone(), self.hist.percentile(*p) as f64 / *unit as f64);
+        }
+    }
+
+    /// Its percentiles and mean over `merged` (its own samples and other
+    /// VMs'), as `{prefix}<metric>`.
+    pub fn insert_merged(
+        &self,
+        out: &mut Metrics,
+        merged: &crate::engine::LatencyHistogram,
+        prefix: &str,
+    ) {
+        for (name, p, unit) in &self.metrics {
+            out.insert(
+                format!("{prefix}{name}"),
+                merged.percentile(*p) as f64 / *unit as f64,
+            );
+        }
+        if let Some((name, unit)) = &self.mean {
+            out.insert(
+                format!("{prefix}{name}"),
+                merged.mean() as f64 / *unit as f64,
+            );
+        }
     }
 }
 
@@ -219,4 +279,6 @@ pub trait App {
     fn reset_metrics(&mut self) {}
     /// Adds this program's metrics to `out`.
     fn metrics(&self, out: &mut Metrics);
+    /// The latency distributions behind its percentile metrics.
+    fn latencies<'a>(&'a self, _out: &mut Vec<LatencyFamily<'a>>) {}
 }

@@ -690,6 +690,15 @@ impl Kernel {
         self.testmod_metrics(out);
     }
 
+    /// The latency distributions behind the tasks' and test modules'
+    /// percentile metrics.
+    pub fn latencies<'a>(&'a self, out: &mut Vec<app::LatencyFamily<'a>>) {
+        for t in &self.tasks {
+            t.app.latencies(out);
+        }
+        self.testmod_latencies(out);
+    }
+
     /// Start of the measured interval.
     pub fn reset_metrics(&mut self) {
         for t in &mut self.tasks {

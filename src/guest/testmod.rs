@@ -17,7 +17,7 @@
 
 use super::{HrKind, Kernel};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, Metrics};
+use crate::guest::app::{insert_percentiles_us, LatencyFamily, Metrics};
 use std::collections::VecDeque;
 
 /// The hrtimer latency module on one CPU.
@@ -143,6 +143,16 @@ impl Kernel {
         }
         if let Some(p) = &self.ipi_latency {
             put("ipi", &p.hist);
+        }
+    }
+
+    /// The distributions behind the modules' percentiles.
+    pub(super) fn testmod_latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        if let Some(p) = &self.hrtimer_latency {
+            out.push(LatencyFamily::us("hrtimer.latency", &p.hist));
+        }
+        if let Some(p) = &self.ipi_latency {
+            out.push(LatencyFamily::us("ipi.latency", &p.hist));
         }
     }
 }

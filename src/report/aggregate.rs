@@ -37,7 +37,7 @@ pub fn combine_of(name: &str) -> Combine {
     if is_percentile {
         return Combine::None;
     }
-    if words.contains(&"max") {
+    if words.contains(&"max") || words.contains(&"peak") {
         return Combine::Max;
     }
     if words.contains(&"min") {
@@ -124,7 +124,11 @@ pub fn add_aggregates(metrics: &mut BTreeMap<String, f64>, vms: &[VmReport]) {
     };
     out.push(("all.tig_pct".into(), weighted(|v| v.tig_pct)));
     out.push(("all.eht_pct".into(), weighted(|v| v.eht_pct)));
-    metrics.extend(out);
+    // A latency family's mean over every VM's samples (merged by the
+    // world) stands; the mean of the VMs' means does not replace it.
+    for (k, v) in out {
+        metrics.entry(k).or_insert(v);
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +148,7 @@ mod tests {
         assert_eq!(combine_of("udp_rr.latency_us"), Combine::Mean);
         assert_eq!(combine_of("tcp.bytes_per_ack"), Combine::Mean);
         assert_eq!(combine_of("hrtimer.latency_max_us"), Combine::Max);
+        assert_eq!(combine_of("memcached.backlog_peak"), Combine::Max);
         assert_eq!(combine_of("udp.latency_p99_us"), Combine::None);
         assert_eq!(combine_of("memcached.p999_ms"), Combine::None);
         assert_eq!(combine_of("memcached.p95_ms"), Combine::None);

@@ -3,7 +3,7 @@
 //! expiry to the user-level code running.
 
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
@@ -70,6 +70,10 @@ impl App for Cyclictest {
 
     fn reset_metrics(&mut self) {
         self.hist = LatencyHistogram::new();
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(LatencyFamily::us("latency", &self.hist).with_mean_us("latency_mean_us"));
     }
 
     fn metrics(&self, out: &mut Metrics) {

@@ -3,7 +3,7 @@
 //! Reported: IOPS and completion time (issue → returned to Fio).
 
 use crate::engine::{as_us, LatencyHistogram, RngStream, Time, SEC};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::hw::virtio_blk::BlkRequest;
 
 /// The Fio job.
@@ -77,6 +77,12 @@ impl App for Fio {
         self.latency = LatencyHistogram::new();
         self.completed = 0;
         self.since = None;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(
+            LatencyFamily::us("fio.completion", &self.latency).with_mean_us("fio.completion_us"),
+        );
     }
 
     fn metrics(&self, out: &mut Metrics) {

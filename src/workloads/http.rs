@@ -22,7 +22,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 
 /// Request and response sizes.
@@ -300,6 +300,13 @@ impl PeerApp for AbClient {
         self.completed = 0;
         self.first = None;
         self.last = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        let p = self.names.prefix;
+        let prefix = format!("{p}.{}", self.names.percentiles);
+        let mean = format!("{prefix}_mean_us");
+        out.push(LatencyFamily::us(&prefix, &self.latency).with_mean_us(&mean));
     }
 
     fn metrics(&self, out: &mut Metrics) {

@@ -11,7 +11,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{LatencyHistogram, RngStream, Time, MS, SEC};
-use crate::guest::app::{App, Conns, Metrics, Sys, TaskStep};
+use crate::guest::app::{App, Conns, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::guest::tcp::Tcp;
 use std::collections::VecDeque;
 
@@ -173,22 +173,30 @@ impl MemcachedClient {
     }
 }
 
-/// A client's reply latencies and the requests it still waits for: the
-/// percentile curve (p50 .. p99.9, for latency plots; p95 is DID's
-/// metric), the mean, and the outstanding count.
-fn latency_metrics(out: &mut Metrics, latency: &LatencyHistogram, outstanding: usize) {
-    for (name, p) in [
+/// The reply-latency percentiles a client reports, in ms.
+fn latency_family(latency: &LatencyHistogram) -> LatencyFamily<'_> {
+    let metrics = [
         ("p50", 50.0),
         ("p90", 90.0),
         ("p95", 95.0),
         ("p99", 99.0),
         ("p999", 99.9),
-    ] {
-        out.insert(
-            format!("memcached.{name}_ms"),
-            latency.percentile(p) as f64 / MS as f64,
-        );
+    ]
+    .into_iter()
+    .map(|(name, p)| (format!("memcached.{name}_ms"), p, MS))
+    .collect();
+    LatencyFamily {
+        hist: latency,
+        metrics,
+        mean: Some(("memcached.mean_ms".into(), MS)),
     }
+}
+
+/// A client's reply latencies and the requests it still waits for: the
+/// percentile curve (p50 .. p99.9, for latency plots; p95 is DID's
+/// metric), the mean, and the outstanding count.
+fn latency_metrics(out: &mut Metrics, latency: &LatencyHistogram, outstanding: usize) {
+    latency_family(latency).insert(out);
     // In ms like the percentiles beside it (latency.mean() is in ps).
     out.insert(
         "memcached.mean_ms".into(),
@@ -250,6 +258,10 @@ impl PeerApp for MemcachedClient {
         self.completed = 0;
         self.within_10ms = 0;
         self.outstanding_at_start = self.outstanding.iter().map(|q| q.len()).sum();
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(latency_family(&self.latency));
     }
 
     fn metrics(&self, out: &mut Metrics) {
@@ -399,6 +411,10 @@ impl PeerApp for MemaslapClient {
         self.gets = 0;
         self.first = None;
         self.last = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(latency_family(&self.latency));
     }
 
     fn metrics(&self, out: &mut Metrics) {

@@ -5,7 +5,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 
 /// The peer's transmitter: send a message, wait for the whole echo, record
 /// half the round trip, repeat.
@@ -62,6 +62,13 @@ impl PeerApp for NetpipeTransmitter {
     fn reset_metrics(&mut self) {
         self.half_rtt = LatencyHistogram::new();
         self.round_trips = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(
+            LatencyFamily::us("netpipe.half_rtt", &self.half_rtt)
+                .with_mean_us("netpipe.half_rtt_us"),
+        );
     }
 
     fn metrics(&self, out: &mut Metrics) {

@@ -50,6 +50,8 @@ pub trait PeerApp {
     fn reset_metrics(&mut self);
     /// Adds its metrics.
     fn metrics(&self, out: &mut Metrics);
+    /// The latency distributions behind its percentile metrics.
+    fn latencies<'a>(&'a self, _out: &mut Vec<crate::guest::app::LatencyFamily<'a>>) {}
 }
 
 /// One peer process with its connections (flows `first_flow..`), running
@@ -362,6 +364,11 @@ impl PeerHost {
     /// Adds the application's metrics.
     pub fn metrics(&self, out: &mut Metrics) {
         self.app.metrics(out);
+    }
+
+    /// The application's latency distributions.
+    pub fn latencies<'a>(&'a self, out: &mut Vec<crate::guest::app::LatencyFamily<'a>>) {
+        self.app.latencies(out);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, Datagram, Metrics};
+use crate::guest::app::{insert_percentiles_us, Datagram, LatencyFamily, Metrics};
 
 /// The ping process on the client host (a raw ICMP socket: its datagrams
 /// leave as echo requests, echo replies come back as datagrams).
@@ -80,6 +80,10 @@ impl PeerApp for PingClient {
         self.sent = 0;
         self.received = 0;
         self.first_seq = self.seq;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(LatencyFamily::us("ping.rtt", &self.rtt).with_mean_us("ping.rtt_mean_us"));
     }
 
     fn metrics(&self, out: &mut Metrics) {

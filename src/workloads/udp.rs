@@ -2,7 +2,7 @@
 //! in-guest receiver at the lowest priority.
 
 use crate::engine::{as_us, LatencyHistogram, Time, SEC};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 
 /// Ethernet (14) + IPv4 (20) + UDP (8) header bytes in front of the payload.
 pub const HEADERS: u32 = 42;
@@ -84,6 +84,12 @@ impl App for UdpReceiver {
     fn reset_metrics(&mut self) {
         self.received = 0;
         self.latency = LatencyHistogram::new();
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        out.push(
+            LatencyFamily::us("udp.latency", &self.latency).with_mean_us("udp.latency_mean_us"),
+        );
     }
 
     fn metrics(&self, out: &mut Metrics) {

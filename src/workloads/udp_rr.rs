@@ -8,7 +8,16 @@
 use super::netperf::NetperfCosts;
 use super::peer::{PeerApp, PeerIo};
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, App, Datagram, Metrics, Sys, TaskStep};
+use crate::guest::app::{
+    insert_percentiles_us, App, Datagram, LatencyFamily, Metrics, Sys, TaskStep,
+};
+
+/// The round-trip distribution behind `rr_metrics`' percentiles.
+fn rr_latencies<'a>(out: &mut Vec<LatencyFamily<'a>>, rtt: &'a LatencyHistogram) {
+    if rtt.count() > 0 {
+        out.push(LatencyFamily::us("udp_rr.latency", rtt).with_mean_us("udp_rr.latency_us"));
+    }
+}
 
 fn rr_metrics(out: &mut Metrics, rtt: &LatencyHistogram, transactions: u64) {
     out.insert("udp_rr.transactions".into(), transactions as f64);
@@ -76,6 +85,10 @@ impl App for UdpRrClient {
     fn reset_metrics(&mut self) {
         self.rtt = LatencyHistogram::new();
         self.transactions = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        rr_latencies(out, &self.rtt);
     }
 
     fn metrics(&self, out: &mut Metrics) {
@@ -211,6 +224,10 @@ impl PeerApp for UdpRrPeerClient {
     fn reset_metrics(&mut self) {
         self.rtt = LatencyHistogram::new();
         self.transactions = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        rr_latencies(out, &self.rtt);
     }
 
     fn metrics(&self, out: &mut Metrics) {

@@ -11,7 +11,7 @@
 //! wait queue (`TaskStep::WaitDriver`) until the completion interrupt.
 
 use crate::engine::{as_us, LatencyHistogram, Time};
-use crate::guest::app::{insert_percentiles_us, App, Metrics, Sys, TaskStep};
+use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::guest::libcanal::inr::{Buf, Call, SockAddr, SockType};
 use crate::guest::libcanal::radix::PAGE_SIZE;
 use crate::guest::libcanal::{Completion, LibCanal, Pending, SubmitError, WaitStep};
@@ -287,6 +287,14 @@ impl App for CanalNetperf {
         self.sleeps = 0;
         self.misses = 0;
         self.errors = 0;
+    }
+
+    fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
+        if matches!(self.test, CanalTest::UdpRrClient) && self.rtt.count() > 0 {
+            out.push(
+                LatencyFamily::us("udp_rr.latency", &self.rtt).with_mean_us("udp_rr.latency_us"),
+            );
+        }
     }
 
     fn metrics(&self, out: &mut Metrics) {

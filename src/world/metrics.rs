@@ -143,6 +143,42 @@ impl World {
         }
     }
 
+    /// `all.<metric>` for each percentile metric two or more VMs report:
+    /// the percentile of their merged histograms, over every VM's samples
+    /// (docs/metrics.md, Several VMs).
+    fn merged_percentiles(&self, metrics: &mut Metrics) {
+        let mut families: Vec<crate::guest::app::LatencyFamily<'_>> = Vec::new();
+        for g in &self.guests {
+            g.latencies(&mut families);
+        }
+        for link in &self.peers {
+            link.peer.latencies(&mut families);
+        }
+        // Families by their first metric's name, in order of appearance.
+        let mut done: Vec<&str> = Vec::new();
+        for (i, f) in families.iter().enumerate() {
+            let Some((key, _, _)) = f.metrics.first() else {
+                continue;
+            };
+            if done.contains(&key.as_str()) {
+                continue;
+            }
+            done.push(key);
+            let same: Vec<_> = families[i..]
+                .iter()
+                .filter(|g| g.metrics.first().is_some_and(|(k, _, _)| k == key))
+                .collect();
+            if same.len() < 2 {
+                continue;
+            }
+            let mut merged = crate::engine::LatencyHistogram::new();
+            for g in &same {
+                merged.merge(g.hist);
+            }
+            f.insert_merged(metrics, &merged, "all.");
+        }
+    }
+
     pub(super) fn snapshot(&self) -> crate::report::Snapshot<'_> {
         let mut metrics = Metrics::new();
         let dur = (self.end - self.measure_start) as f64 / SEC as f64;
@@ -166,6 +202,9 @@ impl World {
                     *metrics.entry(format!("vm{}.{k}", link.vm)).or_insert(0.0) += v;
                 }
             }
+        }
+        if self.guests.len() >= 2 {
+            self.merged_percentiles(&mut metrics);
         }
         self.canal_metrics(&mut metrics, dur);
         self.scheme.metrics(&mut metrics);

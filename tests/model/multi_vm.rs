@@ -172,3 +172,51 @@ fn vms_share_the_one_port_of_the_nic() {
         }
     }
 }
+
+/// Results across VMs (docs/metrics.md, Several VMs): sums add up, a
+/// percentile over every VM's samples lies within the VMs' own, and the
+/// mean latency is over every sample (weighted by each VM's requests), not
+/// the mean of the two means. Two VMs at very different loads.
+#[test]
+fn aggregates_over_vms_sum_counts_and_merge_latency_samples() {
+    let r = run_text(
+        "scheme = \"apicv\"\nduration_s = 0.1\nwarmup_s = 0.02\n[machine]\ncores = 4\n\
+         [nic]\nitr = \"ixgbevf-3.6\"\n\
+         [[vm]]\ncore = 1\n[vm.workload.memcached]\nrate_rps = 100000\n\
+         [[vm]]\ncore = 2\n[vm.workload.memcached]\nrate_rps = 5000\n",
+        &[],
+    );
+    let m = |k: &str| metric(&r, k);
+    assert_eq!(
+        m("all.memcached.completed"),
+        m("memcached.completed") + m("vm1.memcached.completed")
+    );
+    assert_eq!(
+        m("all.memcached.backlog_peak"),
+        m("memcached.backlog_peak").max(m("vm1.memcached.backlog_peak"))
+    );
+    assert_eq!(
+        m("all.exits_per_s"),
+        r.vms[0].exits_per_s + r.vms[1].exits_per_s
+    );
+    for p in ["p50", "p99"] {
+        let (a, b) = (
+            m(&format!("memcached.{p}_ms")),
+            m(&format!("vm1.memcached.{p}_ms")),
+        );
+        let all = m(&format!("all.memcached.{p}_ms"));
+        assert!(all >= a.min(b) && all <= a.max(b), "{p}: {a} {b} -> {all}");
+    }
+    let (n0, n1) = (m("memcached.completed"), m("vm1.memcached.completed"));
+    let (m0, m1) = (m("memcached.mean_ms"), m("vm1.memcached.mean_ms"));
+    let weighted = (m0 * n0 + m1 * n1) / (n0 + n1);
+    let all = m("all.memcached.mean_ms");
+    assert!(
+        (all - weighted).abs() <= 0.02 * weighted,
+        "{all} vs {weighted}"
+    );
+    assert!(
+        (all - (m0 + m1) / 2.0).abs() > 0.1 * all,
+        "{all}: the plain mean of means"
+    );
+}
