@@ -64,6 +64,8 @@ __all__ = [
     "Report",
     "as_frame",
     "exit_breakdown",
+    "vms_of",
+    "FigureGroup",
     "latency_cdf",
     "latency_families",
     "metric_vs_param",
@@ -306,10 +308,12 @@ def exit_breakdown(
     max_reasons: int = 8,
     share: bool = True,
     title: str | None = None,
+    vm: int | str = 0,
 ) -> Figure:
     """Stacked bars of exits/s by exit reason: one bar per scheme and grid
     point, the mean across seeds of each ``exits_per_s.<REASON>`` metric
-    (VM 0).
+    of VM ``vm`` (0, the default: the plain names; N: ``vmN.``; ``"all"``:
+    the sums over every VM, ``all.``).
 
     The ``max_reasons`` reasons with the most exits overall are drawn as
     they are, the rest summed as ``other``. Each bar's total is written above
@@ -319,11 +323,10 @@ def exit_breakdown(
     has the gid ``"<bar label>|<reason>"``; its height is that mean.
     """
     df = as_frame(data)
-    reason_metrics = sorted(
-        m for m in df["metric"].unique().to_list() if m.startswith("exits_per_s.")
-    )
+    prefix = _vm_prefix(vm) + "exits_per_s."
+    reason_metrics = sorted(m for m in df["metric"].unique().to_list() if m.startswith(prefix))
     if not reason_metrics:
-        raise ReportError("no `exits_per_s.<REASON>` metrics in the data")
+        raise ReportError(f"no `{prefix}<REASON>` metrics in the data")
     s = _summary(df, reason_metrics)
     keys = _grid_keys(df)
     # Bars in point order: grid point groups, schemes within.
@@ -341,7 +344,7 @@ def exit_breakdown(
     shown = ranked[:max_reasons]
     rest = [m for m in reason_metrics if m not in shown]
     layers: list[tuple[str, list[float]]] = [
-        (m.removeprefix("exits_per_s."), [means.get((b["point"], m), 0.0) for b in bar_rows])
+        (m.removeprefix(prefix), [means.get((b["point"], m), 0.0) for b in bar_rows])
         for m in shown
     ]
     if rest:
@@ -434,8 +437,49 @@ def exit_breakdown(
         title_fontsize=9,
         frameon=False,
     )
-    fig.suptitle(title or "VM exits by reason")
+    fig.suptitle(title or f"VM exits by reason ({_vm_label(vm)})")
     return fig
+
+
+def _vm_prefix(vm: int | str) -> str:
+    """The metric prefix of VM ``vm``: VM 0's names are plain, VM N's
+    ``vmN.``, the aggregate over VMs ``all.``."""
+    if vm == "all":
+        return "all."
+    if isinstance(vm, int) and not isinstance(vm, bool) and vm >= 0:
+        return "" if vm == 0 else f"vm{vm}."
+    raise ReportError(f"vm: expected a VM index (0, 1, ...) or \"all\", not {vm!r}")
+
+
+def _vm_label(vm: int | str) -> str:
+    return "all VMs" if vm == "all" else f"VM {vm}"
+
+
+_VM_METRIC = re.compile(r"^vm(\d+)\.")
+
+#: Most VMs a selector offers (with "all VMs" first); a report of a
+#: 256-VM run shows the aggregate and the first VMs.
+MAX_VM_OPTIONS = 16
+
+
+def vms_of(data: Data) -> list[int | str]:
+    """The VMs whose metrics ``data`` holds, ``"all"`` first when the runs
+    report aggregates over VMs, then VM indices in order."""
+    names = as_frame(data)["metric"].unique().to_list()
+    # VM 0's names are the plain ones (neither `all.` nor `vmN.`).
+    plain = any(not n.startswith("all.") and not _VM_METRIC.match(n) for n in names)
+    ids = {0} if plain else set()
+    ids |= {int(m.group(1)) for n in names if (m := _VM_METRIC.match(n))}
+    out: list[int | str] = ["all"] if any(n.startswith("all.") for n in names) else []
+    return out + sorted(ids)
+
+
+@dataclass
+class FigureGroup:
+    """One chart for several VMs: the HTML shows one option at a time with
+    a selector (radio buttons; no script), PNG output writes each."""
+
+    options: list[tuple[str, Figure]] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------
@@ -907,10 +951,11 @@ def model_vs_paper(rows: Any, *, title: str | None = None) -> Figure:
 @dataclass
 class Report:
     """Named figures and tables, in order, for :func:`write_html` and
-    :func:`write_png`."""
+    :func:`write_png`. A figure may be a :class:`FigureGroup` (one chart
+    per VM behind a VM selector)."""
 
     title: str = "exitless report"
-    figures: list[tuple[str, Figure]] = field(default_factory=list)
+    figures: list[tuple[str, Figure | FigureGroup]] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: What produced the data (:func:`provenance`), written into the HTML.
@@ -1071,11 +1116,53 @@ def build(data: Any, title: str | None = None) -> Report:
         f"{', '.join(map(str, schemes))}), {nseeds} seed(s) each; "
         "bars and lines are means across seeds, error bars 95% Student-t CIs."
     )
+    vms = vms_of(df)
     if any(m.startswith("exits_per_s.") for m in df["metric"].unique().to_list()):
-        rep.figures.append(("exits by reason", exit_breakdown(df)))
+        if len(vms) > 1:
+            shown = vms[: MAX_VM_OPTIONS + 1]
+            rep.figures.append(
+                (
+                    "exits by reason",
+                    FigureGroup([(_vm_label(v), exit_breakdown(df, vm=v)) for v in shown]),
+                )
+            )
+            if len(vms) > len(shown):
+                rep.notes.append(
+                    f"The VM selectors offer all VMs and the first {MAX_VM_OPTIONS} of "
+                    f"{len(vms) - 1} VMs."
+                )
+        else:
+            rep.figures.append(("exits by reason", exit_breakdown(df)))
     fams = latency_families(df)
+    # A family of several VMs (`udp.latency`, `vm1.udp.latency`,
+    # `all.udp.latency`) is one chart with a VM selector.
+    by_base: dict[str, list[tuple[int | str, str]]] = {}
     for fam in fams:
-        rep.figures.append((f"latency percentiles {fam}", latency_cdf(df, fam)))
+        m = _VM_METRIC.match(fam)
+        if fam.startswith("all."):
+            v, base = "all", fam[len("all.") :]
+        elif m:
+            v, base = int(m.group(1)), fam[m.end() :]
+        else:
+            v, base = 0, fam
+        by_base.setdefault(base, []).append((v, fam))
+    for base, members in by_base.items():
+        if len(members) == 1:
+            rep.figures.append((f"latency percentiles {members[0][1]}", latency_cdf(df, members[0][1])))
+            continue
+        order = {v: i for i, v in enumerate(vms)}
+        members.sort(key=lambda vf: order.get(vf[0], len(order)))
+        rep.figures.append(
+            (
+                f"latency percentiles {base}",
+                FigureGroup(
+                    [
+                        (_vm_label(v), latency_cdf(df, fam, title=f"{base} ({_vm_label(v)})"))
+                        for v, fam in members[: MAX_VM_OPTIONS + 1]
+                    ]
+                ),
+            )
+        )
     params = [k for k in keys if df.schema[k].is_numeric() and df[k].n_unique() >= 2]
     if params:
         param = params[0]
@@ -1095,8 +1182,15 @@ def _png_bytes(fig: Figure, dpi: int = 110) -> bytes:
 
 
 def _figures(report: Report | Sequence[Any]) -> list[tuple[str, Figure]]:
+    """Every figure, a group's options each as `name (option)`."""
     if isinstance(report, Report):
-        return list(report.figures)
+        out: list[tuple[str, Figure]] = []
+        for name, f in report.figures:
+            if isinstance(f, FigureGroup):
+                out += [(f"{name} ({label})", fig) for label, fig in f.options]
+            else:
+                out.append((name, f))
+        return out
     out: list[tuple[str, Figure]] = []
     for i, f in enumerate(report):
         if isinstance(f, Figure):
@@ -1141,6 +1235,8 @@ table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; } th { background: #f2f2f2; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.miss td { background: #fde0e0; }
+.selector figure.option { display: none; }
+.selector label { margin-right: 0.8em; cursor: pointer; }
 """
 
 
@@ -1157,7 +1253,9 @@ def write_html(
     table as an HTML table. ``report`` is a :class:`Report` (from
     :func:`build`) or a list of figures or ``(name, figure)`` pairs; extra
     ``tables`` are ``(name, frame)`` pairs."""
-    figs = _figures(report)
+    entries: list[tuple[str, Figure | FigureGroup]] = (
+        list(report.figures) if isinstance(report, Report) else list(_figures(report))
+    )
     all_tables = list(report.tables if isinstance(report, Report) else []) + list(tables)
     notes = report.notes if isinstance(report, Report) else []
     head = title or (report.title if isinstance(report, Report) else "exitless report")
@@ -1168,7 +1266,10 @@ def write_html(
         f"<h1>{html.escape(head)}</h1>",
     ]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
-    for name, fig in figs:
+    for k, (name, fig) in enumerate(entries):
+        if isinstance(fig, FigureGroup):
+            parts.append(f"<h2>{html.escape(name)}</h2>{_selector_html(f'sel{k}', name, fig, dpi)}")
+            continue
         data = base64.b64encode(_png_bytes(fig, dpi)).decode("ascii")
         parts.append(
             f'<h2>{html.escape(name)}</h2><figure class="chart">'
@@ -1182,6 +1283,29 @@ def write_html(
     parts.append("</body></html>")
     with open(os.fspath(path), "w", encoding="utf-8") as f:
         f.write("\n".join(parts) + "\n")
+
+
+def _selector_html(gid: str, name: str, group: FigureGroup, dpi: int) -> str:
+    """A VM selector without script: one radio button per option, and CSS
+    that shows the figure of the checked one."""
+    radios, figs, rules = [], [], []
+    for i, (label, fig) in enumerate(group.options):
+        rid = f"{gid}-{i}"
+        checked = " checked" if i == 0 else ""
+        radios.append(
+            f'<input type="radio" name="{gid}" id="{rid}"{checked}>'
+            f'<label for="{rid}">{html.escape(label)}</label>'
+        )
+        data = base64.b64encode(_png_bytes(fig, dpi)).decode("ascii")
+        alt = html.escape(f"{name} ({label})")
+        figs.append(
+            f'<figure class="chart option {rid}"><img alt="{alt}" src="data:image/png;base64,{data}"></figure>'
+        )
+        rules.append(f"#{rid}:checked ~ figure.{rid} {{ display: block; }}")
+    return (
+        f"<style>{' '.join(rules)}</style>"
+        f'<div class="selector">{"".join(radios)}{"".join(figs)}</div>'
+    )
 
 
 def _slug(name: str) -> str:

@@ -136,6 +136,32 @@ def test_exit_breakdown_bar_heights_are_the_means(frame):
     assert kvm > 10 * did
 
 
+def test_several_vms_are_one_chart_with_a_vm_selector(tmp_path):
+    three = REPO / "scenarios" / "explore" / "three-vms.toml"
+    df = exitless.sweep(three, schemes=["kvm"], seeds=1, overrides={"duration_s": 0.03})
+    assert er.vms_of(df) == ["all", 0, 1, 2]
+    rep = er.build(df)
+    groups = {n: f for n, f in rep.figures if isinstance(f, er.FigureGroup)}
+    exits = groups["exits by reason"]
+    assert [label for label, _ in exits.options] == ["all VMs", "VM 0", "VM 1", "VM 2"]
+    # Each option draws its own VM's metrics: bar tops are that VM's totals.
+    for label, fig in exits.options:
+        prefix = {"all VMs": "all.", "VM 0": ""}.get(label, f"vm{label[3:]}.")
+        total = df.filter(pl.col("metric") == prefix + "exits_per_s")["value"].mean()
+        ax = fig.axes[0]
+        top = max(p.get_y() + p.get_height() for p in ax.patches if "|" in (p.get_gid() or ""))
+        assert top == pytest.approx(total), label
+    # The UDP VMs' latency: one chart, VMs 0 and 2 and the merged curve.
+    udp = groups["latency percentiles udp.latency_p*_us"]
+    assert [label for label, _ in udp.options] == ["all VMs", "VM 0", "VM 2"]
+    er.write_html(tmp_path / "vms.html", rep, dpi=30)
+    text = (tmp_path / "vms.html").read_text()
+    assert "<script" not in text
+    assert text.count('type="radio"') == 4 + 3
+    assert text.count(" checked>") == 2  # the first option of each selector
+    assert text.count("<img ") == len(er._figures(rep))
+
+
 def test_exit_breakdown_lumps_small_reasons_into_other(frame):
     fig = er.exit_breakdown(frame, max_reasons=2)
     ax = fig.axes[0]
