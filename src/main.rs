@@ -61,8 +61,12 @@ enum Cmd {
         /// vCPU of an SMP guest under `per_vcpu`.
         #[arg(long, value_name = "N")]
         vcpu: Option<usize>,
-        /// Write a Chrome trace-event / Perfetto JSON timeline to this file
-        /// (one track per core: guest, exits by reason, interrupts, EOIs).
+        /// Write a Chrome trace-event / Perfetto JSON timeline to this
+        /// file: a track per core (guest, exits and schedule-ins named by
+        /// VM and vCPU, with the exit qualification; deliveries, EOIs, a
+        /// run-queue counter), per host thread (vCPU threads, burners,
+        /// vhost workers) and per VM's device interrupts (raises, a pending
+        /// counter), with flow arrows raise -> delivery -> EOI.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
         /// Trace window START_MS:LENGTH_MS, from the end of the warm-up.
@@ -283,10 +287,11 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             let rep = w.report();
             if let (Some(path), Some(t)) = (&trace, w.trace()) {
                 let title = format!("exitless {} ({})", s.name, rep.scheme);
+                let names = w.trace_names();
                 // Through a temporary file and a rename: an interrupted
                 // write never leaves a truncated JSON at `path`.
                 exitless::report::write_file_atomically(path, |out| {
-                    t.write_chrome_json(out, &title, w.cores())
+                    t.write_chrome_json(out, &title, &names)
                 })
                 .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
                 if !cli.quiet {

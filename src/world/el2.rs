@@ -274,7 +274,7 @@ impl World {
         let vm = self.hv.vcpus[vcpu].vm;
         match op {
             KernelOp::EndOfInterrupt { vector } => {
-                self.trace_event(TraceKind::Eoi { vector }, core, now, now);
+                self.trace_event(TraceKind::Eoi { vector }, core, vcpu, now, now);
                 let a = self.arm();
                 let intid = a.intid_of(vector);
                 let m = &mut a.m;
@@ -581,7 +581,7 @@ impl World {
         let level = a.m.vifs[vcpu].maintenance_line();
         let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
         a.doorbell_at[vcpu] = None;
-        self.trace_event(TraceKind::ScheduleIn, core, e.start, now);
+        self.trace_event(TraceKind::ScheduleIn, core, e.vcpu, e.start, now);
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;
         self.guest_run(core);

@@ -223,6 +223,9 @@ impl World {
             }
         }
         self.q.advance_to(self.end);
+        if let Some(t) = &mut self.trace {
+            t.finish(self.end);
+        }
         // Close open guest-mode stretches for time in guest.
         for c in 0..self.m.cores.len() {
             if let CoreMode::Guest { vcpu } = self.m.cores[c].mode {
@@ -280,11 +283,61 @@ impl World {
         self.m.cores.len()
     }
 
+    /// Records a trace event about `who` (a vCPU, VM or host thread: see
+    /// [`TraceKind`]) when tracing.
     #[inline]
-    fn trace_event(&mut self, kind: TraceKind, core: usize, start: Time, end: Time) {
+    fn trace_event(&mut self, kind: TraceKind, core: usize, who: usize, start: Time, end: Time) {
         if let Some(t) = &mut self.trace {
-            t.record(kind, core, start, end);
+            t.record(kind, core, who, start, end);
         }
+    }
+
+    /// Records the host scheduler's state on `core` (the thread holding
+    /// it, its run-queue length) when tracing.
+    fn trace_sched(&mut self, core: usize) {
+        let (Some(t), Some(st)) = (&mut self.trace, &self.sched) else {
+            return;
+        };
+        t.sched(
+            core,
+            st.s.current(core),
+            st.s.nr_running(core),
+            self.q.now(),
+        );
+    }
+
+    /// The names of the trace's tracks.
+    pub fn trace_names(&self) -> crate::report::trace::TraceNames {
+        let vcpus: Vec<(usize, usize)> = self.hv.vcpus.iter().map(|v| (v.vm, v.index)).collect();
+        let mut host_threads: Vec<String> = Vec::new();
+        if let Some(st) = &self.sched {
+            for t in 0..st.s.threads() {
+                host_threads.push(match vcpus.get(t) {
+                    Some(&(vm, i)) => format!("vCPU thread vm{vm} vcpu{i}"),
+                    None => match st.io_worker_of(t) {
+                        Some(w) => format!("vhost worker {w}"),
+                        None => format!("host thread {t}"),
+                    },
+                });
+            }
+        }
+        if let Some(pv) = &self.pv {
+            for w in 0..pv.workers.len() {
+                host_threads.push(format!("vhost worker {w}: work"));
+            }
+        }
+        crate::report::trace::TraceNames {
+            cores: self.m.cores.len(),
+            vcpus,
+            host_threads,
+            vms: self.hv.vms.len(),
+        }
+    }
+
+    /// The trace's id of vhost worker `w`'s work track: after the
+    /// scheduler's threads.
+    fn trace_vhost_track(&self, w: usize) -> usize {
+        self.sched.as_ref().map_or(0, |st| st.s.threads()) + w
     }
 
     /// Events processed so far.
@@ -636,7 +689,7 @@ impl World {
     /// part inside the measured interval to its VM's time in guest.
     fn account_guest_time(&mut self, core: usize, vcpu: usize, until: Time) {
         let entered = self.m.cores[core].guest_since;
-        self.trace_event(TraceKind::Guest, core, entered, until);
+        self.trace_event(TraceKind::Guest, core, vcpu, entered, until);
         let vm = self.hv.vcpus[vcpu].vm;
         let since = self.m.cores[core].guest_since.max(self.measure_start);
         let index = self.hv.vcpus[vcpu].index;
@@ -683,6 +736,8 @@ impl World {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
+                        let home = self.hv.vcpus[self.hv.device_home(vm)].core;
+                        self.trace_event(TraceKind::Raise { vector: v }, home, vm, now, now);
                         if let Some(e) = &mut self.event_exits {
                             e.event(vm, crate::hv::exits::EventClass::Device);
                         }
@@ -825,7 +880,7 @@ impl World {
                 e.event(k, crate::hv::exits::EventClass::TimerExpiry);
             }
         }
-        self.trace_event(TraceKind::Deliver { vector }, core, now, now);
+        self.trace_event(TraceKind::Deliver { vector }, core, vcpu, now, now);
         self.guests[k].take_interrupt(c, vector);
     }
 

@@ -18,6 +18,7 @@ use crate::engine::Time;
 use crate::hv::vhost::{Completion, Next, VhostCosts, VhostNet, VhostWorker, Vq};
 use crate::hw::wire::Frame;
 use crate::hw::x86::nic::RxPacket;
+use crate::report::trace::TraceKind;
 use crate::workloads::peer::PeerHost;
 use std::collections::VecDeque;
 
@@ -209,8 +210,12 @@ impl World {
         match next {
             Next::Unit(t) => {
                 pv.threads[w].step_queued = true;
+                let core = pv.workers[w].core;
                 self.q
                     .schedule(now + done.extra + t, Ev::VhostStep { worker: w as u16 });
+                let track = self.trace_vhost_track(w);
+                let start = now + done.extra;
+                self.trace_event(TraceKind::HostThread, core, track, start, start + t);
             }
             Next::Sleep => {
                 if let Some(tid) = pv.threads[w].tid {
@@ -311,6 +316,8 @@ impl World {
         let now = self.q.now();
         self.checker.raised(vm, vector, now);
         let vcpu = self.hv.msi_destination(vm);
+        let core = self.hv.vcpus[vcpu].core;
+        self.trace_event(TraceKind::Raise { vector }, core, vm, now, now);
         let (mut cx, scheme) = self.cx();
         scheme.virtual_interrupt(&mut cx, vcpu, vector);
     }

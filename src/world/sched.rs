@@ -124,6 +124,11 @@ impl SchedState {
     }
 
     /// The vhost worker thread `t` is, if it is one.
+    /// The vhost worker scheduler thread `t` is, if any.
+    pub(super) fn io_worker_of(&self, t: Tid) -> Option<usize> {
+        self.io_worker(t)
+    }
+
     fn io_worker(&self, t: Tid) -> Option<usize> {
         t.checked_sub(self.io_base)
             .and_then(|i| self.io_workers.get(i).copied())
@@ -201,6 +206,11 @@ impl World {
 
     /// `schedule()` on `core`: switch to the thread CFS picks.
     pub(super) fn sched_switch(&mut self, core: usize) {
+        self.sched_switch_to_pick(core);
+        self.trace_sched(core);
+    }
+
+    fn sched_switch_to_pick(&mut self, core: usize) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
         let curr = self.sched.as_ref().and_then(|st| st.s.current(core));
@@ -349,6 +359,11 @@ impl World {
     /// `kvm_vcpu_block`: halted `vcpu` gives up `core` (its HLT exit is
     /// done); the scheduler runs the next thread there, if any.
     pub(super) fn sched_block(&mut self, core: usize, vcpu: usize) {
+        self.sched_block_vcpu(core, vcpu);
+        self.trace_sched(core);
+    }
+
+    fn sched_block_vcpu(&mut self, core: usize, vcpu: usize) {
         let now = self.q.now();
         self.deschedule_pending[vcpu] = false;
         {
@@ -397,6 +412,13 @@ impl World {
     /// after the wake-up latency `lat` it runs, at once on an idle core, by
     /// preempting the current thread as CFS decides, or in its turn.
     pub(super) fn sched_wake_thread(&mut self, tid: Tid, lat: Time) {
+        self.sched_wake(tid, lat);
+        if let Some(core) = self.sched.as_ref().map(|st| st.s.thread(tid).core) {
+            self.trace_sched(core);
+        }
+    }
+
+    fn sched_wake(&mut self, tid: Tid, lat: Time) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
         let Some(st) = &mut self.sched else { return };
@@ -423,6 +445,14 @@ impl World {
     /// The running host thread `tid` (a vhost worker out of work) blocks;
     /// its core runs the next thread.
     pub(super) fn sched_block_thread(&mut self, tid: Tid) {
+        let core = self.sched.as_ref().map(|st| st.s.thread(tid).core);
+        self.sched_block_host_thread(tid);
+        if let Some(core) = core {
+            self.trace_sched(core);
+        }
+    }
+
+    fn sched_block_host_thread(&mut self, tid: Tid) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
         let Some(st) = &mut self.sched else { return };

@@ -273,7 +273,8 @@ impl World {
         };
         let (reg, value, eoi) = match i {
             Instr::Eoi { vector } => {
-                self.trace_event(TraceKind::Eoi { vector }, core, now, now);
+                let vcpu = self.kernel_of(core);
+                self.trace_event(TraceKind::Eoi { vector }, core, vcpu, now, now);
                 (msr::EOI, 0, Some(vector))
             }
             Instr::ArmTimer {
@@ -637,11 +638,11 @@ impl World {
         let service = now - e.start;
         let reason = e.info.reason();
         let kind = if e.record {
-            TraceKind::Exit(reason)
+            TraceKind::Exit(e.info)
         } else {
             TraceKind::ScheduleIn
         };
-        self.trace_event(kind, core, e.start, now);
+        self.trace_event(kind, core, vcpu, e.start, now);
         let deschedule = std::mem::take(&mut self.deschedule_pending[vcpu]);
         if deschedule && !self.hv.vcpus[vcpu].halted {
             self.put(core, vcpu);

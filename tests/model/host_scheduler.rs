@@ -236,3 +236,54 @@ fn no_vcpu_thread_is_left_asleep_when_vms_share_cores_and_halt() {
         }
     }
 }
+
+/// The trace shows who runs (docs: src/report/trace.rs): a burner sharing
+/// the vCPU's core gets its own host-thread track, its slices and the vCPU
+/// thread's alternate on core 1 and never overlap, and the core's run
+/// queue is a counter track that reads 2 while both are runnable.
+#[test]
+fn the_trace_has_a_track_per_host_thread_and_a_run_queue_counter() {
+    let text = scenario("kvm", "[[host.burners]]\ncores = [1]\n");
+    let s = exitless::scenario::Scenario::parse(&text, &[]).expect("parses");
+    let mut w =
+        exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+            .expect("builds");
+    let from = w.measure_start();
+    w.enable_trace(from, from + 100 * exitless::engine::MS, 1_000_000);
+    w.run(|_| {});
+    let names = w.trace_names();
+    assert_eq!(names.host_threads[0], "vCPU thread vm0 vcpu0");
+    assert_eq!(names.host_threads[1], "host thread 1");
+    let json = w.trace().expect("traced").to_chrome_json("t", &names);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    let ev = v["traceEvents"].as_array().unwrap();
+    let mut runs: Vec<(f64, f64, u64)> = ev
+        .iter()
+        .filter(|e| e["cat"] == "host thread")
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            (
+                ts,
+                ts + e["dur"].as_f64().unwrap(),
+                e["tid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let burner = runs.iter().filter(|r| r.2 == 1).count();
+    let vcpu = runs.iter().filter(|r| r.2 == 0).count();
+    assert!(
+        burner >= 3 && vcpu >= 3,
+        "{burner} burner and {vcpu} vCPU slices"
+    );
+    for pair in runs.windows(2) {
+        assert!(pair[0].1 <= pair[1].0 + 1e-6, "overlap: {pair:?}");
+        assert_ne!(pair[0].2, pair[1].2, "the core alternates: {pair:?}");
+    }
+    let queue: Vec<u64> = ev
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "run queue")
+        .filter_map(|e| e["args"]["core 1"].as_u64())
+        .collect();
+    assert!(queue.contains(&2), "{queue:?}");
+}
