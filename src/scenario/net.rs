@@ -103,6 +103,28 @@ pub struct NetSpec {
     /// guest (the peer, the VM's host) takes such a train back to back as
     /// one GRO packet.
     pub peer_gso: bool,
+    /// The receive interrupt moderation of a peer host's NIC (the load
+    /// generator, the VM's host through the embedded switch): `adaptive`
+    /// (the default: the ixgbe-family update of `nic.itr = "dynamic"`,
+    /// starting at 20K/s), `fixed` (`peer.rx_itr_us` of the calibration)
+    /// or `off` (an interrupt per frame). Each interrupt's poll GRO-merges
+    /// what it takes.
+    pub peer_itr: PeerItr,
+}
+
+/// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerItr {
+    /// The driver's adaptive interval.
+    #[default]
+    Adaptive,
+    /// A fixed interval, `peer.rx_itr_us`.
+    Fixed,
+    /// No moderation.
+    Off,
 }
 
 /// Where the peer of a virtio-net VM runs.
@@ -126,6 +148,7 @@ impl Default for NetSpec {
             queue_size: 256,
             peer: VirtioPeer::Host,
             peer_gso: true,
+            peer_itr: PeerItr::Adaptive,
         }
     }
 }
