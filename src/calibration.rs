@@ -152,6 +152,8 @@ section!(Peer {
     udp_tx_datagram_ns,
     sipp_message_ns,
     ab_request_ns,
+    gro_merge_ns,
+    rx_itr_us,
 });
 
 /// The whole calibration.

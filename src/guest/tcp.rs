@@ -87,6 +87,36 @@ pub struct TcpConfig {
     /// many MSS (`sk_can_gso`; `tcp_xmit_size_goal`); the NIC or the host
     /// stack cuts it into MSS frames. Off: every segment is at most one MSS.
     pub gso: bool,
+    /// Receive-buffer autotuning (`tcp_moderate_rcvbuf`,
+    /// `tcp_rcv_space_adjust`): off keeps the window at `rcvbuf`; on, the
+    /// window starts at `rcvbuf` and grows, once per receiver RTT, with
+    /// what the application read in the last one, up to `rcvbuf_max`.
+    pub autotune: RcvAutotune,
+    /// Largest window autotuning may reach, in payload bytes
+    /// (`tcp_win_from_space(tcp_rmem[2])`).
+    pub rcvbuf_max: u32,
+    /// The kernel's clock tick (`1 / CONFIG_HZ`): TCP's receive-side RTT
+    /// estimate and `tcp_rcv_space_adjust` count time in jiffies
+    /// (`tcp_time_stamp`), at least one.
+    pub jiffy: Time,
+}
+
+/// Which `tcp_rcv_space_adjust` grows the receive window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RcvAutotune {
+    /// No autotuning: the window is `rcvbuf` (a socket with `SO_RCVBUF`
+    /// set, or `tcp_moderate_rcvbuf = 0`).
+    #[default]
+    Off,
+    /// Linux 3.6: space = max(space, 2 × bytes read in the last RTT); the
+    /// window clamp follows it while the buffer it needs stays below
+    /// `tcp_rmem[2]`.
+    Linux36,
+    /// Linux 4.4 (after "tcp: fix dynamic right sizing"): only when the
+    /// bytes read in the last RTT exceed the last measure, window = 2 ×
+    /// read + 16 MSS, times 1.5 when the rate grew by 25 % and times 2
+    /// when by 50 %.
+    Linux44,
 }
 
 impl Default for TcpConfig {
@@ -103,6 +133,39 @@ impl Default for TcpConfig {
             rto_min: 200 * MS,
             quickack_segments: 16,
             gso: false,
+            autotune: RcvAutotune::Off,
+            rcvbuf_max: 6 << 20,
+            jiffy: MS,
+        }
+    }
+}
+
+/// Linux 3.x/4.x `tcp_rmem` defaults (`tcp_init`): a socket's initial
+/// receive buffer 87,380 B, its autotuning ceiling 6 MiB (when the machine
+/// has the memory for it: `min(6 MiB, free pages / 128)`).
+pub const TCP_RMEM_DEFAULT: u32 = 87_380;
+/// `tcp_rmem[2]` (see [`TCP_RMEM_DEFAULT`]).
+pub const TCP_RMEM_MAX: u32 = 6 << 20;
+
+/// `tcp_win_from_space` with `tcp_adv_win_scale` = 1 (its default since
+/// Linux 3.4): half of a buffer is window, half is the skbs' overhead.
+pub const fn win_from_space(space: u32) -> u32 {
+    space - (space >> 1)
+}
+
+/// `TCP_DEFAULT_INIT_RCVWND`: the first window Linux offers, in MSS.
+const INIT_RCVWND_SEGMENTS: u64 = 10;
+
+impl TcpConfig {
+    /// A Linux socket with its default buffers: the window starts at
+    /// `tcp_win_from_space(tcp_rmem[1])` and `autotune` grows it up to
+    /// `tcp_win_from_space(tcp_rmem[2])`.
+    pub fn linux(autotune: RcvAutotune) -> TcpConfig {
+        TcpConfig {
+            rcvbuf: win_from_space(TCP_RMEM_DEFAULT),
+            rcvbuf_max: win_from_space(TCP_RMEM_MAX),
+            autotune,
+            ..TcpConfig::default()
         }
     }
 }
@@ -193,6 +256,11 @@ pub struct Tcp {
     /// snd_max when the last loss episode began (RFC 6582 `recover`): no new
     /// fast retransmit or ssthresh cut until snd_una reaches it.
     recover: u64,
+    /// snd_una when this end last went back to resend, what was in flight
+    /// beyond it then, and the duplicate ACKs since.
+    episode_una: u64,
+    episode_flight: u64,
+    episode_dups: u64,
     /// The segment being timed for an RTT sample: (end sequence, send time).
     timed: Option<(u64, Time)>,
     srtt: Option<Time>,
@@ -222,6 +290,27 @@ pub struct Tcp {
     /// A small PSH segment arrived since the last ACK (Linux ICSK_ACK_PUSHED).
     pushed: bool,
     last_data_rcv: Option<Time>,
+    /// The window this end may offer now, payload bytes: `rcvbuf`, or
+    /// what autotuning made of it (`min(window_clamp,
+    /// tcp_win_from_space(sk_rcvbuf))`).
+    rcv_space: u64,
+    /// Autotuning's `window_clamp` and `tcp_win_from_space(sk_rcvbuf)`.
+    window_clamp: u64,
+    buf_window: u64,
+    /// The window last advertised (`tp->rcv_wnd`).
+    rcv_wnd: u64,
+    /// `rcvq_space`: the last measure (bytes), where it started (read
+    /// sequence) and when (jiffies; `None` before the first read).
+    rcvq_space: u64,
+    rcvq_seq: u64,
+    rcvq_time: Option<u64>,
+    /// The application read since autotuning last looked.
+    read_pending: bool,
+    /// `rcv_rtt_est`: the receiver's RTT in jiffies << 3 (0: none yet),
+    /// and the window-based measurement under way (end sequence, start).
+    rcv_rtt8: u64,
+    rcv_rtt_seq: u64,
+    rcv_rtt_time: Option<u64>,
 
     counters: TcpCounters,
 }
@@ -293,6 +382,9 @@ impl Tcp {
             ca_acked: 0,
             dupacks: 0,
             recover: 0,
+            episode_una: 0,
+            episode_flight: 0,
+            episode_dups: 0,
             timed: None,
             srtt: None,
             rttvar: 0,
@@ -313,6 +405,17 @@ impl Tcp {
             pingpong: false,
             pushed: false,
             last_data_rcv: None,
+            rcv_space: cfg.rcvbuf as u64,
+            window_clamp: cfg.rcvbuf as u64,
+            buf_window: cfg.rcvbuf as u64,
+            rcv_wnd: cfg.rcvbuf as u64,
+            rcvq_space: (cfg.rcvbuf as u64).min(INIT_RCVWND_SEGMENTS * cfg.mss as u64),
+            rcvq_seq: 0,
+            rcvq_time: None,
+            read_pending: false,
+            rcv_rtt8: 0,
+            rcv_rtt_seq: 0,
+            rcv_rtt_time: None,
             counters: TcpCounters::default(),
             cfg,
         }
@@ -359,15 +462,110 @@ impl Tcp {
             return 0;
         }
         self.read_seq += n as u64;
-        let cur = self.adv_edge.saturating_sub(self.rcv_nxt);
-        let new = self.select_edge().saturating_sub(self.rcv_nxt);
-        if new > cur && 2 * cur <= self.cfg.rcvbuf as u64 && new >= 2 * cur {
-            self.ack_now = true;
-        }
+        self.read_pending = self.cfg.autotune != RcvAutotune::Off;
+        self.window_update_check();
         if self.rcv_nxt > self.rcv_acked && self.readable() == 0 && self.pushed && !self.pingpong {
             self.ack_now = true;
         }
         n
+    }
+
+    /// `tcp_cleanup_rbuf`'s window update: the advertised window had
+    /// fallen to half the buffer or less and the window now on offer is at
+    /// least twice as large.
+    fn window_update_check(&mut self) {
+        let cur = self.adv_edge.saturating_sub(self.rcv_nxt);
+        let new = self.select_edge().saturating_sub(self.rcv_nxt);
+        if new > cur && 2 * cur <= self.rcv_space && new >= 2 * cur {
+            self.ack_now = true;
+        }
+    }
+
+    fn jiffies(&self, now: Time) -> u64 {
+        now / self.cfg.jiffy.max(1)
+    }
+
+    /// `tcp_rcv_rtt_measure` (the estimate without timestamps, which
+    /// Linux runs on every data segment): the time to receive one
+    /// advertised window, the minimum of the samples, at least a jiffy.
+    fn rcv_rtt_measure(&mut self, now: Time) {
+        let j = self.jiffies(now);
+        if let Some(t) = self.rcv_rtt_time {
+            if self.rcv_nxt < self.rcv_rtt_seq {
+                return;
+            }
+            let m = (j - t).max(1) << 3;
+            if self.rcv_rtt8 == 0 || m < self.rcv_rtt8 {
+                self.rcv_rtt8 = m;
+            }
+        }
+        self.rcv_rtt_seq = self.rcv_nxt + self.rcv_wnd;
+        self.rcv_rtt_time = Some(j);
+    }
+
+    /// `tcp_rcv_space_adjust`, after the application read: once a
+    /// receiver RTT has passed since the last measure, grow the window
+    /// from the bytes read in it (3.6's or 4.4's rule). Returns whether
+    /// the window grew.
+    fn rcv_space_adjust(&mut self, now: Time) -> bool {
+        let j = self.jiffies(now);
+        let Some(t) = self.rcvq_time else {
+            self.rcvq_seq = self.read_seq;
+            self.rcvq_time = Some(j);
+            return false;
+        };
+        if self.rcv_rtt8 == 0 || j - t < self.rcv_rtt8 >> 3 {
+            return false;
+        }
+        let mss = self.cfg.mss as u64;
+        let copied = self.read_seq - self.rcvq_seq;
+        let before = self.rcv_space;
+        // The buffer a window needs, as a window: rcvmem per MSS is the
+        // smallest skb truesize whose tcp_win_from_space holds an MSS,
+        // i.e. about 2 MSS, so the window the buffer allows is the wanted
+        // window cut to whole MSS, at most tcp_win_from_space(tcp_rmem[2]).
+        let grow = |s: &mut Self, win: u64| {
+            let buf = ((win / mss).max(1) * mss).min(s.cfg.rcvbuf_max as u64);
+            if buf > s.buf_window {
+                s.buf_window = buf;
+                s.window_clamp = win;
+            }
+        };
+        match self.cfg.autotune {
+            RcvAutotune::Off => {}
+            RcvAutotune::Linux36 => {
+                let space = self.rcvq_space.max(2 * copied);
+                if space != self.rcvq_space {
+                    self.rcvq_space = space;
+                    grow(self, space);
+                }
+            }
+            RcvAutotune::Linux44 => {
+                if copied > self.rcvq_space {
+                    let s = self.rcvq_space;
+                    let mut win = 2 * copied + 16 * mss;
+                    if copied >= s + s / 4 {
+                        if copied >= s + s / 2 {
+                            win *= 2;
+                        } else {
+                            win += win / 2;
+                        }
+                    }
+                    grow(self, win);
+                    self.rcvq_space = copied;
+                }
+            }
+        }
+        self.rcv_space = self.rcv_space.max(self.window_clamp.min(self.buf_window));
+        self.rcvq_seq = self.read_seq;
+        self.rcvq_time = Some(j);
+        self.rcv_space > before
+    }
+
+    /// The window this end may offer now (payload bytes): `rcvbuf`, or
+    /// what autotuning has grown it to.
+    pub fn rcv_space(&self) -> u64 {
+        self.rcv_space
     }
 
     // ------------------------------------------------------------------
@@ -381,6 +579,13 @@ impl Tcp {
     /// window; a pure ACK is produced only when an ACK is due and no data
     /// can go.
     pub fn poll_output(&mut self, now: Time) -> Option<Segment> {
+        if std::mem::take(&mut self.read_pending) {
+            // tcp_recvmsg runs tcp_rcv_space_adjust after the copy and
+            // before tcp_cleanup_rbuf's window-update decision.
+            if self.rcv_space_adjust(now) {
+                self.window_update_check();
+            }
+        }
         if let Some(seg) = self.output_data(now) {
             return Some(seg);
         }
@@ -508,6 +713,7 @@ impl Tcp {
             .adv_edge
             .saturating_sub(self.rcv_nxt)
             .min(u32::MAX as u64) as u32;
+        self.rcv_wnd = wnd as u64;
         self.rcv_acked = self.rcv_nxt;
         self.ack_now = false;
         self.delack_deadline = None;
@@ -527,8 +733,8 @@ impl Tcp {
     /// reaches min(rcvbuf/2, MSS). The edge never moves left (RFC 793/1122
     /// discourage shrinking the window).
     fn select_edge(&self) -> u64 {
-        let cand = self.read_seq + self.cfg.rcvbuf as u64;
-        let step = (self.cfg.rcvbuf / 2).min(self.cfg.mss) as u64;
+        let cand = self.read_seq + self.rcv_space;
+        let step = (self.rcv_space / 2).min(self.cfg.mss as u64);
         if cand >= self.adv_edge + step {
             cand
         } else {
@@ -576,6 +782,17 @@ impl Tcp {
             self.dupacks += 1;
             if self.dupacks == 3 && self.snd_una >= self.recover {
                 self.fast_retransmit(mss);
+            } else if self.snd_una < self.recover && self.retransmission_lost() {
+                // Inside a loss episode, a retransmission was lost: three
+                // duplicates after the ACK moved past where this end went
+                // back, or more duplicates at that point than the original
+                // flight beyond it could cause (the path is FIFO, so they
+                // all come first). Go back again, without a second cut
+                // (RFC 6582 retransmits at once on a partial ACK; Linux's
+                // SACK marks a lost retransmission lost, tcp_mark_lost_retrans).
+                self.go_back();
+                self.rto_deadline = None;
+                self.counters.fast_retransmits += 1;
             }
         }
         // The path is FIFO, so the latest acceptable ACK has the latest
@@ -606,7 +823,22 @@ impl Tcp {
     /// Resend from snd_una; the ACKs of data already in flight belong to
     /// this loss episode (RFC 6582 `recover`), and retransmitted segments
     /// give no RTT sample (Karn).
+    /// Within a loss episode: whether the duplicates show that a
+    /// retransmission was lost (see `process_ack`).
+    fn retransmission_lost(&mut self) -> bool {
+        self.episode_dups += 1;
+        let mss = self.cfg.mss as u64;
+        if self.snd_una > self.episode_una {
+            self.dupacks == 3
+        } else {
+            self.episode_dups == self.episode_flight.div_ceil(mss) + 3
+        }
+    }
+
     fn go_back(&mut self) {
+        self.episode_una = self.snd_una;
+        self.episode_flight = self.snd_max - self.snd_una;
+        self.episode_dups = 0;
         self.snd_nxt = self.snd_una;
         self.recover = self.snd_max;
         self.timed = None;
@@ -681,6 +913,9 @@ impl Tcp {
             self.enter_quickack();
             self.ack_now = true;
             return;
+        }
+        if self.cfg.autotune != RcvAutotune::Off {
+            self.rcv_rtt_measure(now);
         }
         if seg.psh && seg.len < self.cfg.mss {
             self.pushed = true;
@@ -1164,6 +1399,65 @@ mod tests {
         assert!(small.iter().all(|&l| l <= 32 << 10));
     }
 
+    /// Receive-buffer autotuning: a fast reader's window grows from
+    /// tcp_win_from_space(tcp_rmem[1]) towards tcp_win_from_space(tcp_rmem[2])
+    /// and never past it; without autotuning it stays where it started.
+    #[test]
+    fn autotuning_grows_the_window_up_to_tcp_rmem_max() {
+        let run = |autotune: RcvAutotune| {
+            let cfg = TcpConfig {
+                gso: true,
+                ..TcpConfig::linux(autotune)
+            };
+            let mut sim = Sim::new(Tcp::new(cfg).unwrap(), Tcp::new(cfg).unwrap(), 10, 100 * US);
+            assert_eq!(sim.ep[1].rcv_space(), 43_690);
+            sim.run(200 * MS, &mut bulk_app(0, 1 << 40));
+            let max_wnd = sim.acks_from(1).iter().map(|(_, s)| s.wnd).max().unwrap();
+            (sim.ep[1].rcv_space(), max_wnd, sim.ep[1].bytes_delivered())
+        };
+        let (off, off_wnd, off_bytes) = run(RcvAutotune::Off);
+        assert_eq!(off, 43_690);
+        assert!(off_wnd <= 43_690);
+        for a in [RcvAutotune::Linux36, RcvAutotune::Linux44] {
+            let (space, wnd, bytes) = run(a);
+            assert!(space > 1 << 20, "{a:?}: {space}");
+            assert!(
+                space <= u64::from(win_from_space(TCP_RMEM_MAX)),
+                "{a:?}: {space}"
+            );
+            assert!(u64::from(wnd) <= space);
+            // A 43 KiB window over a 0.2 ms RTT caps the stream near
+            // 1.7 Gb/s; the grown window lets it fill more of the link.
+            assert!(bytes > 2 * off_bytes, "{a:?}: {bytes} vs {off_bytes}");
+        }
+    }
+
+    /// Autotuning follows what the application reads, not what arrives:
+    /// a reader that takes 16 KiB per 5 ms keeps the window near where it
+    /// started (3.6: twice the reads, 32 KiB, is below the initial 43,690 B;
+    /// 4.4: one step to 2 × 16 KiB + 16 MSS, then no more, since later
+    /// RTTs read no more than the last measure).
+    #[test]
+    fn autotuning_does_not_grow_for_a_slow_reader() {
+        for a in [RcvAutotune::Linux36, RcvAutotune::Linux44] {
+            let cfg = TcpConfig::linux(a);
+            let mut sim = Sim::new(Tcp::new(cfg).unwrap(), Tcp::new(cfg).unwrap(), 10, 50 * US);
+            sim.tick = Some(5 * MS);
+            sim.run(500 * MS, &mut |ep, _, ev| {
+                let left = (1u64 << 30) - ep[0].bytes_written();
+                ep[0].send(left.min(u32::MAX as u64) as u32);
+                if ev == Ev::Tick {
+                    ep[1].recv(16 << 10);
+                }
+            });
+            let want = match a {
+                RcvAutotune::Linux44 => (2 * 16_384 + 16 * 1448) / 1448 * 1448,
+                _ => 43_690,
+            };
+            assert_eq!(sim.ep[1].rcv_space(), want, "{a:?}");
+        }
+    }
+
     /// 2. Slow start doubles cwnd every RTT (10, 20, 40, 80, 160 segments),
     ///    with quick-ACKs at first and delayed ACKs (every 2nd segment) after.
     #[test]
@@ -1342,6 +1636,38 @@ mod tests {
         assert!(done_at.unwrap() < 100 * MS);
         assert!(sim.ep[0].ssthresh() < u32::MAX);
         assert!(sim.ep[0].ssthresh() >= 2 * 1448);
+    }
+
+    /// 5a'. The first segment is lost, and so is its fast retransmission:
+    ///     the duplicates the resent flight raises beyond what the original
+    ///     flight could have caused send it a third time, without waiting
+    ///     for the RTO.
+    #[test]
+    fn lost_retransmission_is_resent_without_a_timeout() {
+        let total = 2_000_000u64;
+        let lost_seq = 100 * 1448;
+        let mut sim = Sim::default_pair(1, 50 * US);
+        let mut drops = 0;
+        sim.dropper = Box::new(move |from, s| {
+            if from == 0 && s.seq == lost_seq && s.len > 0 && drops < 2 {
+                drops += 1;
+                return true;
+            }
+            false
+        });
+        let mut done_at = None;
+        let mut bulk = bulk_app(0, total);
+        sim.run(10 * SEC, &mut |ep, now, ev| {
+            bulk(ep, now, ev);
+            if ep[1].bytes_delivered() == total && done_at.is_none() {
+                done_at = Some(now);
+            }
+        });
+        assert_eq!(sim.ep[1].bytes_delivered(), total);
+        let c = sim.ep[0].counters();
+        assert_eq!(c.rto_timeouts, 0);
+        assert_eq!(c.fast_retransmits, 2);
+        assert!(done_at.unwrap() < 100 * MS);
     }
 
     /// 5b. A lost last segment has no later segments to raise duplicate

@@ -68,6 +68,29 @@ pub struct GuestSpec {
     /// default): consecutive TCP frames of a flow taken in one NAPI poll
     /// go up the stack as one packet.
     pub gro: bool,
+    /// TCP receive buffers of the guest and its peer hosts:
+    /// `autotune-3.6` (the default: Linux 3.6's `tcp_rcv_space_adjust`
+    /// from `tcp_rmem` = 4096 87380 6 MiB), `autotune-4.4` (Linux 4.4's),
+    /// or `fixed-512k` (a fixed 512 KiB window, the model's earlier
+    /// assumption, for sensitivity runs).
+    pub tcp_rcvbuf: TcpRcvbuf,
+}
+
+/// How TCP sockets size their receive buffer (`guest.tcp_rcvbuf`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize, schemars::JsonSchema,
+)]
+pub enum TcpRcvbuf {
+    /// Linux 3.6 autotuning.
+    #[default]
+    #[serde(rename = "autotune-3.6")]
+    Autotune36,
+    /// Linux 4.4 autotuning.
+    #[serde(rename = "autotune-4.4")]
+    Autotune44,
+    /// A fixed 512 KiB window.
+    #[serde(rename = "fixed-512k")]
+    Fixed512k,
 }
 
 /// Largest `guest.rcvbuf_packets`: 64K datagrams, far above what Linux's
@@ -94,6 +117,7 @@ impl Default for GuestSpec {
             apic: crate::guest::ApicMode::X2apic,
             gso: true,
             gro: true,
+            tcp_rcvbuf: TcpRcvbuf::Autotune36,
         }
     }
 }

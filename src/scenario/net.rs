@@ -1,7 +1,7 @@
 //! The network: the VF's interrupt throttling (`nic`), the VM's network
 //! device (`net`), and DID's evaluation configurations (`config`).
 
-use super::{bad, require, ScenarioError};
+use super::{bad, require, within, ScenarioError};
 use serde::{Deserialize, Serialize};
 
 /// Interrupt throttling of the VF.
@@ -34,6 +34,12 @@ pub struct NicSpec {
     /// says (a bad value is an error even where it is unused); given
     /// with another mode it draws a warning, since it has no effect.
     pub itr_interval_us: f64,
+    /// TXDCTL.WTHRESH the VF driver programs (0 to 64): TX descriptors are
+    /// written back, and the TX cause raised, once this many have completed
+    /// or at the ITR timer. Linux 3.6's ixgbevf sets 8
+    /// (`ixgbevf_up_complete`, "to encourage burst writeback"); 1 writes
+    /// each back as it completes.
+    pub tx_wthresh: u16,
 }
 
 impl Default for NicSpec {
@@ -41,6 +47,7 @@ impl Default for NicSpec {
         NicSpec {
             itr: ItrMode::Ixgbevf36,
             itr_interval_us: 50.0,
+            tx_wthresh: 8,
         }
     }
 }
@@ -48,6 +55,7 @@ impl Default for NicSpec {
 impl NicSpec {
     /// Checks the `nic` keys.
     pub fn validate(&self) -> Result<(), ScenarioError> {
+        within("nic", "tx_wthresh", self.tx_wthresh, 0, 64)?;
         // Checked in every mode: see `itr_interval_us`.
         let i = self.itr_interval_us;
         require(
@@ -103,6 +111,28 @@ pub struct NetSpec {
     /// guest (the peer, the VM's host) takes such a train back to back as
     /// one GRO packet.
     pub peer_gso: bool,
+    /// The receive interrupt moderation of a peer host's NIC (the load
+    /// generator, the VM's host through the embedded switch): `adaptive`
+    /// (the default: the ixgbe-family update of `nic.itr = "dynamic"`,
+    /// starting at 20K/s), `fixed` (`peer.rx_itr_us` of the calibration)
+    /// or `off` (an interrupt per frame). Each interrupt's poll GRO-merges
+    /// what it takes.
+    pub peer_itr: PeerItr,
+}
+
+/// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerItr {
+    /// The driver's adaptive interval.
+    #[default]
+    Adaptive,
+    /// A fixed interval, `peer.rx_itr_us`.
+    Fixed,
+    /// No moderation.
+    Off,
 }
 
 /// Where the peer of a virtio-net VM runs.
@@ -126,6 +156,7 @@ impl Default for NetSpec {
             queue_size: 256,
             peer: VirtioPeer::Host,
             peer_gso: true,
+            peer_itr: PeerItr::Adaptive,
         }
     }
 }

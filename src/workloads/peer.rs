@@ -26,6 +26,18 @@ pub struct PeerCosts {
     pub udp_rx: Time,
     /// Transmit path per UDP datagram (sendto, IP, device).
     pub udp_tx: Time,
+    /// GRO's work for a received frame merged into a held packet, in place
+    /// of `rx_segment` (the packet pays `rx_segment` once).
+    pub gro_merge: Time,
+    /// The receiving NIC's interrupt moderation: interrupts at least this
+    /// far apart, each followed by a NAPI poll that takes every frame that
+    /// arrived and GRO-merges them (0: an interrupt and a receive per
+    /// frame, as a host process behind the bridge takes them).
+    pub rx_itr: Time,
+    /// The driver adapts the interval after each poll (the ixgbe-family
+    /// update, [`crate::guest::itr`]), its register counting units of the
+    /// given length; `None`: `rx_itr` stays.
+    pub rx_adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
 }
 
 /// What a peer program reaches through its sockets.
@@ -93,6 +105,19 @@ pub struct PeerHost {
     icmp: bool,
     /// Datagrams dropped at a full socket receive queue.
     pub udp_drops: u64,
+    /// Frames in the NIC's RX ring, waiting for the moderated interrupt.
+    rx_ring: VecDeque<Frame>,
+    /// When the moderated interrupt fires (frames are waiting).
+    rx_irq_at: Option<Time>,
+    /// When the last one fired.
+    rx_last_irq: Option<Time>,
+    /// Packets GRO holds during a poll: (connection, merged frame, frames
+    /// merged into it, closed to more).
+    gro_held: Vec<(usize, Frame, u32, bool)>,
+    /// Receive interrupts taken (moderated mode).
+    pub rx_interrupts: u64,
+    /// The adaptive driver's state.
+    rx_itr_state: Option<crate::guest::itr::DynamicItr>,
 }
 
 /// Datagrams a peer's socket receive queue holds (Linux's `rmem_default`
@@ -133,7 +158,33 @@ impl PeerHost {
             frames_in: 0,
             icmp: false,
             udp_drops: 0,
+            rx_ring: VecDeque::new(),
+            rx_irq_at: None,
+            rx_last_irq: None,
+            gro_held: Vec::new(),
+            rx_interrupts: 0,
+            rx_itr_state: costs
+                .rx_adaptive
+                .map(|(p, _)| crate::guest::itr::DynamicItr::new(&p)),
         }
+    }
+
+    /// The interval between receive interrupts now.
+    fn rx_interval(&self) -> Time {
+        match (self.rx_itr_state, self.costs.rx_adaptive) {
+            (Some(st), Some((_, unit))) => Time::from(st.eitr >> 3) * unit,
+            _ => self.costs.rx_itr,
+        }
+    }
+
+    /// Frames reach this peer without a NIC (a host process behind the
+    /// bridge and tap: `netif_rx` per frame), so no interrupt moderation
+    /// and no GRO.
+    pub fn without_nic(mut self) -> Self {
+        self.costs.rx_itr = 0;
+        self.costs.rx_adaptive = None;
+        self.rx_itr_state = None;
+        self
     }
 
     /// A single-threaded peer with a raw ICMP socket on `flow` (ping's
@@ -168,7 +219,10 @@ impl PeerHost {
             self.timer_heap.pop();
         }
         let conn = self.timer_heap.peek().map(|r| r.0 .0);
-        conn.into_iter().chain(self.app_timer).min()
+        conn.into_iter()
+            .chain(self.app_timer)
+            .chain(self.rx_irq_at)
+            .min()
     }
 
     /// Connection `i` received or timed out: the kernel has output to
@@ -189,8 +243,115 @@ impl PeerHost {
     }
 
     /// A frame reached the peer at `now`. Frames it sends in response are
-    /// appended to `out` with the time each leaves.
+    /// appended to `out` with the time each leaves. With interrupt
+    /// moderation the frame waits in the RX ring for the next interrupt
+    /// ([`Self::next_timer`]).
     pub fn receive(&mut self, f: Frame, now: Time, out: &mut Vec<(Time, Frame)>) {
+        let interval = self.rx_interval();
+        if interval == 0 && self.rx_itr_state.is_none() {
+            self.ingest(f, 0, now, out);
+            return;
+        }
+        self.rx_ring.push_back(f);
+        if self.rx_irq_at.is_none() {
+            // The interval counter runs from the last interrupt: a frame
+            // after a quiet spell interrupts at once (82599 EITR, XL710
+            // ITR).
+            let earliest = self.rx_last_irq.map_or(now, |t| t + interval);
+            self.rx_irq_at = Some(now.max(earliest));
+        }
+    }
+
+    /// The moderated interrupt: NAPI takes every frame in the ring; GRO
+    /// merges a connection's consecutive in-order data frames (same ACK,
+    /// no longer than the held packet's segment size, below 64 KiB; a
+    /// short or PSH frame sends the packet up) and sends what it holds up
+    /// at the end of the poll (`napi_gro_flush`). ACKs and datagrams go up
+    /// as they came, after their connection's held packet.
+    fn rx_poll(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
+        self.rx_irq_at = None;
+        self.rx_last_irq = Some(now);
+        self.rx_interrupts += 1;
+        if let Some(st) = &mut self.rx_itr_state {
+            for f in &self.rx_ring {
+                st.count(f.len());
+            }
+        }
+        while let Some(f) = self.rx_ring.pop_front() {
+            let conn = f
+                .flow
+                .checked_sub(self.first_flow)
+                .map(usize::from)
+                .filter(|&i| i < self.conns.len());
+            let (Some(i), Transport::Tcp(seg)) = (conn, f.transport) else {
+                self.ingest(f, 0, now, out);
+                continue;
+            };
+            let size = |f: &Frame, s: &crate::hw::wire::TcpSegment| {
+                if f.gso_size > 0 {
+                    u32::from(f.gso_size)
+                } else {
+                    s.len
+                }
+            };
+            let held = self.gro_held.iter().position(|h| h.0 == i);
+            if let Some(k) = held {
+                let (_, hf, n, closed) = &mut self.gro_held[k];
+                let Transport::Tcp(hs) = &mut hf.transport else {
+                    unreachable!("GRO holds TCP packets only");
+                };
+                let fsize = size(&f, &seg);
+                let hsize = if hf.gso_size > 0 {
+                    u32::from(hf.gso_size)
+                } else {
+                    hs.len
+                };
+                let fits = u64::from(hs.len + seg.len)
+                    < u64::from(crate::hw::wire::GSO_MAX_SIZE - crate::hw::wire::IP_TCP_HEADERS);
+                if !*closed
+                    && seg.len > 0
+                    && seg.seq == hs.seq + u64::from(hs.len)
+                    && seg.ack == hs.ack
+                    && fsize <= hsize
+                    && fits
+                {
+                    hs.len += seg.len;
+                    hs.wnd = seg.wnd;
+                    hs.psh = seg.psh;
+                    hf.gso_size = u16::try_from(hsize).unwrap_or(u16::MAX);
+                    *n += f.gso_segs();
+                    // The last frame of a train may be short: what it
+                    // closes goes up at the flush.
+                    let last = seg.len - (f.gso_segs() - 1) * fsize;
+                    *closed = seg.psh || last < hsize;
+                    continue;
+                }
+                let (_, hf, n, _) = self.gro_held.remove(k);
+                self.ingest(hf, n - 1, now, out);
+            }
+            if seg.len > 0 && !seg.psh {
+                let n = f.gso_segs();
+                let last = seg.len - (n - 1) * size(&f, &seg);
+                let closed = last < size(&f, &seg);
+                self.gro_held.push((i, f, n, closed));
+            } else {
+                self.ingest(f, f.gso_segs() - 1, now, out);
+            }
+        }
+        let mut held = std::mem::take(&mut self.gro_held);
+        for (_, f, n, _) in held.drain(..) {
+            self.ingest(f, n - 1, now, out);
+        }
+        self.gro_held = held;
+        // After napi_complete the driver updates the interval.
+        if let (Some(st), Some((p, _))) = (&mut self.rx_itr_state, self.costs.rx_adaptive) {
+            st.update(&p);
+        }
+    }
+
+    /// A received packet (`merged` frames GRO joined to its first) goes
+    /// up the peer's stack at `now`.
+    fn ingest(&mut self, f: Frame, merged: u32, now: Time, out: &mut Vec<(Time, Frame)>) {
         let Some(i) = f.flow.checked_sub(self.first_flow).map(usize::from) else {
             return;
         };
@@ -224,7 +385,9 @@ impl PeerHost {
         self.frames_in += 1;
         let cpu = self.cpu_of(i);
         let busy = self.busy_until[cpu] > now;
-        let mut t = self.busy_until[cpu].max(now) + self.costs.rx_segment;
+        let mut t = self.busy_until[cpu].max(now)
+            + self.costs.rx_segment
+            + Time::from(merged) * self.costs.gro_merge;
         self.conns[i].on_segment(seg, t);
         if self.conns[i].readable() > 0 && !busy {
             t += self.costs.wakeup;
@@ -258,6 +421,16 @@ impl PeerHost {
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
+        if self.rx_irq_at.is_some_and(|t| t <= now) {
+            self.rx_poll(now, out);
+            // An interrupt alone: the poll ran the process if it had work.
+            let app_due = self.app_timer.is_some_and(|d| d <= now);
+            let conn_due = self.timers.iter().flatten().any(|&t| t <= now);
+            if !app_due && !conn_due {
+                self.send_output(now, out);
+                return;
+            }
+        }
         while let Some(&Reverse((t, i))) = self.timer_heap.peek() {
             if t > now {
                 break;
@@ -375,7 +548,7 @@ impl PeerHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::US;
+    use crate::engine::{SEC, US};
     use std::cell::RefCell;
     use std::rc::Rc;
 
@@ -390,6 +563,70 @@ mod tests {
         }
         fn reset_metrics(&mut self) {}
         fn metrics(&self, _: &mut Metrics) {}
+    }
+
+    /// Does nothing: received data stays in the socket.
+    struct Idle;
+
+    impl PeerApp for Idle {
+        fn poll(&mut self, _: &mut PeerIo, _: Time) -> (Time, Option<Time>) {
+            (0, None)
+        }
+        fn reset_metrics(&mut self) {}
+        fn metrics(&self, _: &mut Metrics) {}
+    }
+
+    /// Ten MSS frames of one connection, 1 us apart, into a peer whose NIC
+    /// interrupts at most every `itr`: the ACKs it sends.
+    fn acks_for_ten_frames(itr: Time) -> (usize, u64) {
+        use crate::guest::tcp::{Segment, TcpConfig};
+        let costs = PeerCosts {
+            rx_segment: US,
+            rx_itr: itr,
+            ..PeerCosts::default()
+        };
+        let conn = Tcp::new(TcpConfig::default()).unwrap();
+        let mut p = PeerHost::new(vec![conn], 1, Box::new(Idle), costs, 1);
+        let mut out = vec![];
+        p.timer(0, &mut out);
+        out.clear();
+        let mut acks = 0;
+        for k in 0..10u64 {
+            let now = k * US;
+            let seg = Segment {
+                seq: k * 1448,
+                len: 1448,
+                ack: 0,
+                wnd: 1 << 20,
+                psh: false,
+            };
+            p.receive(Frame::tcp(1, seg, now), now, &mut out);
+            while let Some(t) = p.next_timer().filter(|&t| t <= now) {
+                p.timer(t, &mut out);
+            }
+            acks += out.len();
+            out.clear();
+        }
+        while let Some(t) = p.next_timer() {
+            p.timer(t, &mut out);
+            acks += out.len();
+            out.clear();
+            if t > SEC {
+                break;
+            }
+        }
+        assert_eq!(p.conns[0].bytes_received(), 10 * 1448);
+        (acks, p.rx_interrupts)
+    }
+
+    /// Without moderation a receiver in quick-ACK mode ACKs every frame;
+    /// with a 50 us interval the first frame interrupts at once and the
+    /// other nine wait for the next interrupt, where GRO merges them into
+    /// one packet and one ACK.
+    #[test]
+    fn moderation_and_gro_make_one_ack_per_merged_packet() {
+        assert_eq!(acks_for_ten_frames(0), (10, 0));
+        assert_eq!(acks_for_ten_frames(50 * US), (2, 2));
     }
 
     #[test]

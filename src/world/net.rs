@@ -128,6 +128,12 @@ pub(super) struct PeerLink {
 impl PeerLink {
     /// Peer host `peer`, attached to VM `vm`'s network by `attach`.
     pub(super) fn new(peer: PeerHost, attach: Attach, vm: usize) -> Self {
+        // Behind the bridge frames reach the process through the tap, not
+        // a NIC: no interrupt moderation, no GRO.
+        let peer = match attach {
+            Attach::Bridge { .. } => peer.without_nic(),
+            _ => peer,
+        };
         PeerLink {
             peer,
             attach,

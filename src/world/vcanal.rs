@@ -49,7 +49,7 @@ use crate::hw::x86::nic::Link;
 use crate::scenario::{NetperfDirection, NetperfTest, Scenario};
 use crate::workloads::iperf::{IperfCosts, IperfPeer};
 use crate::workloads::netperf::RECV_BYTES;
-use crate::workloads::peer::{PeerCosts, PeerHost};
+use crate::workloads::peer::PeerHost;
 use crate::workloads::udp_rr::{UdpRrEcho, UdpRrPeerClient};
 use crate::workloads::vcanal::{CanalAppCosts, CanalNetperf, CanalTest, PEER};
 use crate::world::{t_ns, t_us};
@@ -260,24 +260,20 @@ pub(super) fn build(
         return Ok(None);
     };
     let g = &cal.guest;
-    let p = &cal.peer;
     let costs = canal_costs(cal);
     let syscall = t_ns(&g.syscall_ns);
-    let peer_costs = PeerCosts {
-        rx_segment: t_ns(&p.rx_segment_ns),
-        tx_segment: t_ns(&p.tx_segment_ns),
-        wakeup: t_us(&p.wakeup_us),
-        udp_rx: t_ns(&p.udp_rx_datagram_ns),
-        udp_tx: t_ns(&p.udp_tx_datagram_ns),
-    };
+    let peer_costs = crate::world::build::peer_costs(s, cal);
     // The host's TCP: Linux defaults with TSO/GSO on (its NIC's, as the
     // client host's `net.peer_gso`); both ends' receive buffers as the
-    // other TCP workloads' (no autotuning).
-    let tcp = TcpConfig {
-        rcvbuf: crate::world::build::TCP_RMEM,
-        gso: s.net.peer_gso,
-        ..TcpConfig::default()
-    };
+    // other TCP workloads' (`guest.tcp_rcvbuf`).
+    let tcp = crate::world::build::rcvbuf_config(
+        TcpConfig {
+            gso: s.net.peer_gso,
+            ..TcpConfig::default()
+        },
+        s.guest.tcp_rcvbuf,
+        s.guest.hz,
+    );
     let views = s.vm_views();
     let mut vms = Vec::with_capacity(views.len());
     for (vm, v) in views.iter().enumerate() {

@@ -199,6 +199,11 @@ pub struct NicConfig {
     pub itr_unit_ps: u64,
     /// EITR value at reset for every vector.
     pub initial_eitr: u32,
+    /// TXDCTL.WTHRESH of each VF's TX queue: completed descriptors are
+    /// written back (and the queue's cause raised) once this many are
+    /// pending, or when the vector's ITR countdown expires or it fires;
+    /// 0 or 1 writes each back as it completes.
+    pub tx_wthresh: u16,
 }
 
 impl Default for NicConfig {
@@ -210,6 +215,7 @@ impl Default for NicConfig {
             // 2.048 µs: the EITR interval granularity at 10 GbE link speed.
             itr_unit_ps: 2_048_000,
             initial_eitr: 0,
+            tx_wthresh: 1,
         }
     }
 }
@@ -356,6 +362,10 @@ struct TxRing {
     hw: VecDeque<(Time, Frame)>,
     /// Written back, not yet cleaned by the driver.
     done: u16,
+    /// Sent, not yet written back (below WTHRESH).
+    unwritten: u16,
+    /// When the pending write-back is due at the latest (the ITR timer).
+    wb_due: Option<Time>,
     /// When the MAC finishes the frame it is sending.
     wire_free: Time,
 }
@@ -367,12 +377,22 @@ impl TxRing {
             staged: VecDeque::with_capacity(size as usize),
             hw: VecDeque::with_capacity(size as usize),
             done: 0,
+            unwritten: 0,
+            wb_due: None,
             wire_free: 0,
         }
     }
 
     fn used(&self) -> usize {
-        self.staged.len() + self.hw.len() + self.done as usize
+        self.staged.len() + self.hw.len() + self.unwritten as usize + self.done as usize
+    }
+
+    /// Writes back every completed descriptor; whether there were any.
+    fn write_back(&mut self) -> bool {
+        self.wb_due = None;
+        let any = self.unwritten > 0;
+        self.done += std::mem::take(&mut self.unwritten);
+        any
     }
 }
 
@@ -527,6 +547,10 @@ impl Vf {
         }
         v.last_fire = Some(now);
         v.armed_at = None;
+        if vector == RX_QUEUE_VECTOR {
+            // Pending TX write-backs go out with the interrupt.
+            self.tx.write_back();
+        }
         self.counters.interrupts += 1;
         if v.deferred {
             self.counters.itr_deferred += 1;
@@ -791,12 +815,54 @@ impl Nic {
         let Some((_, f)) = state.tx.hw.pop_front() else {
             return Ok((None, IrqAction::None, None));
         };
-        state.tx.done += 1;
+        state.tx.unwritten += 1;
         state.counters.tx_packets += 1;
         state.counters.tx_bytes += u64::from(f.len());
-        state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
         let next = state.tx.hw.front().map(|h| h.0);
-        Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next))
+        let wthresh = self.cfg.tx_wthresh.max(1);
+        let unit = self.cfg.itr_unit_ps;
+        let state = self.vf_mut(vf)?;
+        if state.tx.unwritten >= wthresh {
+            state.tx.write_back();
+            state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
+            return Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next));
+        }
+        // Below WTHRESH the descriptors wait for the ITR timer, which the
+        // first held descriptor starts (82598EB datasheet §3.5.3.3.4: "the
+        // first packet after timer initialization starts the timer; timer
+        // expiration flushes any accumulated descriptors and sets an
+        // interrupt event"); an interrupt of the vector before then takes
+        // them along.
+        if state.tx.wb_due.is_some() {
+            return Ok((Some(f), IrqAction::None, next));
+        }
+        let v = &mut state.vectors[usize::from(RX_QUEUE_VECTOR)];
+        let due = now.saturating_add(v.interval(unit));
+        if due <= now {
+            // No interval: written back at once.
+            state.tx.write_back();
+            state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
+            return Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next));
+        }
+        state.tx.wb_due = Some(due);
+        if v.armed_at.is_some_and(|a| a <= due) {
+            // A countdown already running ends first; its fire takes them.
+            return Ok((Some(f), IrqAction::None, next));
+        }
+        v.gen = v.gen.wrapping_add(1);
+        v.armed_at = Some(due);
+        let gen = v.gen;
+        let vector = RX_QUEUE_VECTOR;
+        Ok((
+            Some(f),
+            IrqAction::CheckAt {
+                vf,
+                vector,
+                at: due,
+                gen,
+            },
+            next,
+        ))
     }
 
     /// The driver's TX clean-up (`ixgbevf_clean_tx_irq`): reclaims
@@ -821,7 +887,36 @@ impl Nic {
             return Ok(IrqAction::None);
         }
         v.armed_at = None;
-        Ok(self.evaluate(vf, vector, now))
+        if vector == RX_QUEUE_VECTOR {
+            // The ITR timer writes back what WTHRESH held.
+            let state = self.vf_mut(vf)?;
+            if state.tx.wb_due.is_some_and(|d| d <= now) && state.tx.write_back() {
+                state.vectors[usize::from(vector)].cause = true;
+            }
+        }
+        let action = self.evaluate(vf, vector, now);
+        if !matches!(action, IrqAction::None) || vector != RX_QUEUE_VECTOR {
+            return Ok(action);
+        }
+        // Nothing fired (the cause was masked, or this countdown was for
+        // another cause): a write-back still held waits for its own timer.
+        let state = self.vf_mut(vf)?;
+        let Some(due) = state.tx.wb_due else {
+            return Ok(action);
+        };
+        let v = &mut state.vectors[usize::from(vector)];
+        if v.armed_at.is_some() {
+            return Ok(action);
+        }
+        v.gen = v.gen.wrapping_add(1);
+        v.armed_at = Some(due);
+        let gen = v.gen;
+        Ok(IrqAction::CheckAt {
+            vf,
+            vector,
+            at: due,
+            gen,
+        })
     }
 
     /// Writes a vector's EITR. Bits 11:3 are the interval; bits 2:0 are
@@ -1157,6 +1252,84 @@ mod tests {
         assert_eq!(n.rx_ring_pointers(0).unwrap(), (0, 511));
         assert!(n.vector_enabled(0, 0).unwrap());
         assert_eq!(n.requester_id(0).unwrap(), RID);
+    }
+
+    /// Sends `n` frames back to back and completes each as it leaves;
+    /// returns each completion's interrupt decision.
+    fn send_and_complete(nic: &mut Nic, n: usize, now: Time) -> Vec<IrqAction> {
+        let link = Link::default();
+        for _ in 0..n {
+            assert!(nic.tx_enqueue(0, Frame::default()).unwrap());
+        }
+        let mut at = nic.tx_doorbell(0, now, 0, &link).unwrap();
+        let mut out = vec![];
+        while let Some(t) = at {
+            let (f, a, next) = nic.tx_complete(0, t).unwrap();
+            assert!(f.is_some());
+            out.push(a);
+            at = next;
+        }
+        out
+    }
+
+    /// WTHRESH = 1: every completion raises the cause; the first fires at
+    /// once and starts the interval, so an RX frame right after it waits
+    /// for the countdown.
+    #[test]
+    fn wthresh_one_raises_a_tx_cause_per_completion() {
+        let mut n = nic(EITR_20K);
+        let a = send_and_complete(&mut n, 1, 0);
+        assert!(is_fire(a[0]));
+        assert_eq!(n.tx_clean(0).unwrap(), 1);
+    }
+
+    /// WTHRESH = 8 (3.6's ixgbevf): a lone completion is not written back
+    /// and raises nothing, so an RX frame after it interrupts at once and
+    /// takes the write-back along; eight completions write back as a burst
+    /// with one cause; a held write-back goes out at the ITR timer.
+    #[test]
+    fn wthresh_eight_writes_back_in_bursts_or_at_the_itr_timer() {
+        let mut n = nic_with(NicConfig {
+            initial_eitr: EITR_20K,
+            tx_wthresh: 8,
+            ..NicConfig::default()
+        });
+        let a = send_and_complete(&mut n, 1, 0);
+        let IrqAction::CheckAt { at, gen, .. } = a[0] else {
+            panic!("a lone completion arms the ITR timer: {:?}", a[0]);
+        };
+        // One interval after the completion (the vector never fired).
+        assert!(at > INTERVAL_20K && at < 2 * INTERVAL_20K, "{at}");
+        assert_eq!(n.tx_clean(0).unwrap(), 0, "not written back yet");
+        // An RX frame fires at once (no earlier fire) and carries it.
+        let pkt = RxPacket {
+            len: 64,
+            arrived: at / 2,
+            frame: Frame::default(),
+        };
+        let (_, rx) = n.receive(0, pkt, at / 2).unwrap();
+        assert!(is_fire(rx));
+        assert_eq!(n.tx_clean(0).unwrap(), 1);
+        // The timer event is stale now.
+        assert_eq!(n.itr_check(0, 0, gen, at).unwrap(), IrqAction::None);
+        // Eight in a row: one write-back, one cause, at the eighth.
+        let t0 = 10 * INTERVAL_20K;
+        n.enable_vector(0, 0, t0).unwrap();
+        let a = send_and_complete(&mut n, 8, t0);
+        assert!(a[..7].iter().all(|x| !is_fire(*x)));
+        assert!(is_fire(a[7]), "{:?}", a[7]);
+        assert_eq!(n.tx_clean(0).unwrap(), 8);
+        // Three more: held until the timer, then written back and fired.
+        let t1 = 20 * INTERVAL_20K;
+        n.enable_vector(0, 0, t1).unwrap();
+        let a = send_and_complete(&mut n, 3, t1);
+        let IrqAction::CheckAt { at, gen, .. } = a[0] else {
+            panic!("{:?}", a[0]);
+        };
+        assert!(a[1..].iter().all(|x| *x == IrqAction::None));
+        assert_eq!(n.tx_clean(0).unwrap(), 0);
+        assert!(is_fire(n.itr_check(0, 0, gen, at).unwrap()));
+        assert_eq!(n.tx_clean(0).unwrap(), 3);
     }
 
     #[test]

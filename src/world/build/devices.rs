@@ -125,6 +125,7 @@ pub(in crate::world) fn build(
             vectors_per_vf: 2,
             itr_unit_ps: from_us(cal.nic.itr_unit_us.value),
             initial_eitr: initial_eitr(s, cal, &itr)?,
+            tx_wthresh: s.nic.tx_wthresh,
         },
         &requester_ids,
     )

@@ -4,7 +4,7 @@
 //! datagram ones (netperf UDP_STREAM, ping) as programs in the guest and
 //! one single-threaded peer process per flow.
 
-use super::tcp::{TcpWorkload, TCP_FLOW, TCP_RMEM_DEFAULT};
+use super::tcp::{TcpWorkload, TCP_FLOW};
 use crate::calibration::Calibration;
 use crate::engine::{from_s, RngStream, Time};
 use crate::guest::app::App;
@@ -95,11 +95,8 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
         } else {
             (RECV_BYTES, n.msg_bytes)
         };
-        // Receive-buffer autotuning is not modelled (as iperf).
-        let tcp = TcpConfig {
-            rcvbuf: TCP_RMEM_DEFAULT,
-            ..TcpConfig::default()
-        };
+        // The receive buffer is `guest.tcp_rcvbuf`'s (spawn_tcp).
+        let tcp = TcpConfig::default();
         return Some(TcpWorkload {
             guest: (0..threads)
                 .map(|j| {

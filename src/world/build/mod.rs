@@ -29,9 +29,8 @@ use crate::calibration::Calibration;
 use crate::hv::scheme::{self, Scheme};
 use crate::scenario::Scenario;
 
-/// Linux 3.x `tcp_rmem[1]`, the receive buffer every TCP end of the
-/// model opens with (no autotuning).
-pub(in crate::world) const TCP_RMEM: u32 = tcp::TCP_RMEM_DEFAULT;
+pub(in crate::world) use tcp::rcvbuf_config;
+pub(in crate::world) use workloads::peer_costs;
 
 /// The guest's MSI-X vectors for its virtio-net RX and TX queues.
 pub const VIRTIO_NET_VECTORS: [u8; 2] = [0x51, 0x52];

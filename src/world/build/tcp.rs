@@ -13,8 +13,39 @@ use crate::workloads::netpipe::{NetpipeEcho, NetpipeTransmitter};
 use crate::workloads::peer::PeerApp;
 use crate::world::t_ns;
 
-/// Linux 3.x `tcp_rmem[1]`: a socket's initial receive buffer.
-pub(super) const TCP_RMEM_DEFAULT: u32 = 512 * 1024;
+/// The window of `guest.tcp_rcvbuf = "fixed-512k"`: the model's earlier
+/// fixed receive buffer (kept for sensitivity runs).
+pub(super) const TCP_RCVBUF_FIXED: u32 = 512 * 1024;
+
+/// The socket buffers `guest.tcp_rcvbuf` asks for, on top of `base`.
+pub(in crate::world) fn rcvbuf_config(
+    base: TcpConfig,
+    mode: crate::scenario::TcpRcvbuf,
+    hz: u32,
+) -> TcpConfig {
+    use crate::guest::tcp::RcvAutotune;
+    use crate::scenario::TcpRcvbuf;
+    let jiffy = crate::engine::SEC / u64::from(hz.max(1));
+    let linux = TcpConfig::linux(RcvAutotune::Off);
+    let autotuned = |autotune| TcpConfig {
+        rcvbuf: linux.rcvbuf,
+        rcvbuf_max: linux.rcvbuf_max,
+        autotune,
+        jiffy,
+        ..base
+    };
+    match mode {
+        TcpRcvbuf::Autotune36 => autotuned(RcvAutotune::Linux36),
+        TcpRcvbuf::Autotune44 => autotuned(RcvAutotune::Linux44),
+        TcpRcvbuf::Fixed512k => TcpConfig {
+            rcvbuf: TCP_RCVBUF_FIXED,
+            rcvbuf_max: TCP_RCVBUF_FIXED,
+            autotune: RcvAutotune::Off,
+            jiffy,
+            ..base
+        },
+    }
+}
 
 /// The TCP workload's connection id.
 pub(super) const TCP_FLOW: u16 = 1;
@@ -77,11 +108,8 @@ pub(super) fn tcp_workload(
             copy_per_kib: t_ns(&g.copy_per_kib_ns),
         };
         let to_vm = i.direction == IperfDirection::ToVm;
-        // Receive-buffer autotuning is not modelled (see iperf.toml).
-        let tcp = TcpConfig {
-            rcvbuf: TCP_RMEM_DEFAULT,
-            ..TcpConfig::default()
-        };
+        // The receive buffer is `guest.tcp_rcvbuf`'s (spawn_tcp).
+        let tcp = TcpConfig::default();
         return Some(TcpWorkload {
             guest: vec![Box::new(IperfGuest::new(!to_vm, i.len_bytes, costs))],
             peer: Box::new(IperfPeer::new(to_vm, i.len_bytes, costs)),
@@ -106,7 +134,6 @@ pub(super) fn tcp_workload(
         // The client sets TCP_NODELAY (the paper: Nagle off).
         let tcp = TcpConfig {
             nagle: false,
-            rcvbuf: TCP_RMEM_DEFAULT,
             ..TcpConfig::default()
         };
         return Some(TcpWorkload {
@@ -144,16 +171,20 @@ pub(super) fn spawn_tcp(
     w: TcpWorkload,
     first_cpu: usize,
     gso: Gso,
+    rcvbuf: (crate::scenario::TcpRcvbuf, u32),
 ) -> PeerSide {
     let threads = w.guest.len();
-    // Each end's TSO/GSO is its own host's setting.
+    // Each end's TSO/GSO is its own host's setting; both ends size their
+    // receive buffers as `guest.tcp_rcvbuf` says (the peer host runs the
+    // same Linux: a named assumption).
+    let tcp = rcvbuf_config(w.tcp, rcvbuf.0, rcvbuf.1);
     let guest_tcp = TcpConfig {
         gso: gso.guest,
-        ..w.tcp
+        ..tcp
     };
     let peer_tcp = TcpConfig {
         gso: gso.peer,
-        ..w.tcp
+        ..tcp
     };
     // The socket interface is the program's, not a matter of how many
     // connections it has (one memcached connection is still served from

@@ -104,6 +104,37 @@ fn spawn_timer_and_cpu_tasks(
     Ok(())
 }
 
+/// The costs of a peer host's stack and its NIC's receive moderation
+/// (`net.peer_itr`).
+pub(in crate::world) fn peer_costs(s: &Scenario, cal: &Calibration) -> PeerCosts {
+    use crate::guest::itr::{ItrDriver, ItrParams};
+    use crate::scenario::PeerItr;
+    let p = &cal.peer;
+    let n = &cal.nic;
+    let adaptive = ItrParams {
+        lowest_reg: n.itr_lowest_reg.value as u32,
+        low_reg: n.itr_low_reg.value as u32,
+        bulk_reg: n.itr_bulk_reg.value as u32,
+        low_threshold: n.itr_low_threshold_bytes_per_us.value as u64,
+        bulk_threshold: n.itr_bulk_threshold_bytes_per_us.value as u64,
+        driver: ItrDriver::Adaptive,
+    };
+    PeerCosts {
+        rx_segment: t_ns(&p.rx_segment_ns),
+        tx_segment: t_ns(&p.tx_segment_ns),
+        wakeup: t_us(&p.wakeup_us),
+        udp_rx: t_ns(&p.udp_rx_datagram_ns),
+        udp_tx: t_ns(&p.udp_tx_datagram_ns),
+        gro_merge: t_ns(&p.gro_merge_ns),
+        rx_itr: match s.net.peer_itr {
+            PeerItr::Off => 0,
+            PeerItr::Fixed | PeerItr::Adaptive => t_us(&p.rx_itr_us),
+        },
+        rx_adaptive: (s.net.peer_itr == PeerItr::Adaptive)
+            .then(|| (adaptive, t_us(&n.itr_unit_us))),
+    }
+}
+
 /// The peer host's side of VM `vm`'s TCP workload, attached to it.
 fn tcp_peer(
     s: &Scenario,
@@ -178,13 +209,7 @@ pub(in crate::world) fn spawn(
 ) -> Result<Outside, BuildError> {
     let g = &cal.guest;
     let p = &cal.peer;
-    let peer_costs = PeerCosts {
-        rx_segment: t_ns(&p.rx_segment_ns),
-        tx_segment: t_ns(&p.tx_segment_ns),
-        wakeup: t_us(&p.wakeup_us),
-        udp_rx: t_ns(&p.udp_rx_datagram_ns),
-        udp_tx: t_ns(&p.udp_tx_datagram_ns),
-    };
+    let peer_costs = peer_costs(s, cal);
     let bridge = t_ns(&p.bridge_ns);
     let gso = Gso {
         guest: s.guest.gso,
@@ -203,7 +228,8 @@ pub(in crate::world) fn spawn(
         // streams.
         let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         if let Some(t) = tcp::tcp_workload(w, seed, cal) {
-            let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso);
+            let rcvbuf = (s.guest.tcp_rcvbuf, s.guest.hz);
+            let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso, rcvbuf);
             tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge)?);
         }
         // Datagram peers: over the link to the VF, or behind the bridge.
