@@ -12,6 +12,15 @@ pub struct Entry {
     pub value: f64,
     /// Provenance: `[paper]`, `[public]` or `[estimate]` and a reference.
     pub source: String,
+    /// A cycle-bound cost: the core clock (GHz) the value holds at. The
+    /// model scales it to the experiment's `cpu.ghz`
+    /// ([`Calibration::at_cpu_clock`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ghz: Option<f64>,
+    /// A wall-time-bound cost (a wire, a device, an interconnect): the
+    /// core clock does not change it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wall: bool,
 }
 
 macro_rules! section {
@@ -274,6 +283,10 @@ pub enum CalibrationError {
     /// Two entries that contradict each other.
     #[error("calibration: {0}")]
     Inconsistent(String),
+    /// A cost that says neither the clock it was measured at nor that it
+    /// is wall-time bound, or says both.
+    #[error("calibration: {0}: a cost gives the core clock it holds at (at_ghz = ...) or is wall-time bound (wall = true), exactly one")]
+    Clock(String),
     /// The parsed calibration could not be walked (never expected).
     #[error("calibration: {0}")]
     Internal(String),
@@ -393,6 +406,7 @@ impl Calibration {
         let v =
             toml::Value::try_from(self).map_err(|e| CalibrationError::Internal(e.to_string()))?;
         check(&v, "")?;
+        check_clock(&v, "")?;
         let (lat, max) = (
             self.host.ipi_latency_us.value,
             self.host.ipi_latency_max_us.value,
@@ -403,6 +417,16 @@ impl Calibration {
             )));
         }
         Ok(())
+    }
+
+    /// This calibration at its own `cpu.ghz`: every cycle-bound cost
+    /// (`at_ghz`) scaled by at_ghz / cpu.ghz and retagged; wall-time
+    /// costs unchanged. Idempotent.
+    pub fn at_cpu_clock(&self) -> Calibration {
+        let ghz = self.cpu.ghz.value;
+        let mut v = toml::Value::try_from(self).expect("a calibration serialises");
+        rescale(&mut v, ghz);
+        v.try_into().expect("a rescaled calibration deserialises")
     }
 
     /// The shipped calibration.
@@ -441,6 +465,65 @@ impl Calibration {
             }
         }
         out
+    }
+}
+
+/// Every cost entry (`_us`, `_ns`) of `v` says the clock it holds at or
+/// that it is wall-time bound.
+fn check_clock(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
+    let Some(t) = v.as_table() else {
+        return Ok(());
+    };
+    if t.contains_key("value") && t.contains_key("source") {
+        let cost = path.ends_with("_us") || path.ends_with("_ns");
+        let at = t.get("at_ghz").and_then(|x| x.as_float());
+        let wall = t.get("wall").and_then(|x| x.as_bool()).unwrap_or(false);
+        if let Some(g) = at {
+            if !(g > 0.0 && g <= 100.0) {
+                return Err(CalibrationError::OutOfRange {
+                    key: format!("{path}.at_ghz"),
+                    value: g,
+                    range: "in (0, 100]".into(),
+                });
+            }
+        }
+        if cost && (at.is_some() == wall) || !cost && (at.is_some() || wall) {
+            return Err(CalibrationError::Clock(path.to_string()));
+        }
+        return Ok(());
+    }
+    for (k, c) in t {
+        let p = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        check_clock(c, &p)?;
+    }
+    Ok(())
+}
+
+/// Scales every `at_ghz` entry under `v` to `ghz`.
+fn rescale(v: &mut toml::Value, ghz: f64) {
+    let Some(t) = v.as_table_mut() else {
+        return;
+    };
+    if let Some(at) = t.get("at_ghz").and_then(|x| x.as_float()) {
+        if at == ghz {
+            // Already at this clock: the value stays bit for bit.
+            return;
+        }
+        if let Some(x) = t
+            .get("value")
+            .and_then(|x| x.as_float().or(x.as_integer().map(|i| i as f64)))
+        {
+            t.insert("value".into(), toml::Value::Float(x * at / ghz));
+            t.insert("at_ghz".into(), toml::Value::Float(ghz));
+        }
+        return;
+    }
+    for (_, c) in t.iter_mut() {
+        rescale(c, ghz);
     }
 }
 
@@ -521,6 +604,44 @@ mod tests {
         let mut n = 0;
         walk(&v, &mut n);
         assert!(n > 40, "{n} entries");
+    }
+
+    /// Every cost says its clock: a cycle-bound one scales with cpu.ghz,
+    /// a wall-time one does not; at the clock it was measured at nothing
+    /// changes, bit for bit.
+    #[test]
+    fn cycle_bound_costs_scale_with_the_core_clock_wall_time_ones_do_not() {
+        let c = Calibration::default_host();
+        assert_eq!(c.exit.external_interrupt_us.at_ghz, Some(3.4));
+        assert!(c.nic.tx_fetch_us.wall && c.nic.tx_fetch_us.at_ghz.is_none());
+        let same = c.at_cpu_clock();
+        assert_eq!(
+            same.exit.external_interrupt_us.value.to_bits(),
+            c.exit.external_interrupt_us.value.to_bits()
+        );
+        let mut slow = c.clone();
+        slow.cpu.ghz.value = 1.7;
+        let s = slow.at_cpu_clock();
+        assert!((s.exit.external_interrupt_us.value - 2.0 * 1.97).abs() < 1e-12);
+        assert!((s.guest.rx_per_packet_ns.value - 1800.0).abs() < 1e-9);
+        assert_eq!(s.exit.external_interrupt_us.at_ghz, Some(1.7));
+        assert_eq!(s.nic.tx_fetch_us.value, c.nic.tx_fetch_us.value);
+        assert_eq!(s.host.ipi_latency_us.value, c.host.ipi_latency_us.value);
+        // Idempotent.
+        let again = s.at_cpu_clock();
+        assert_eq!(
+            again.guest.rx_per_packet_ns.value.to_bits(),
+            s.guest.rx_per_packet_ns.value.to_bits()
+        );
+        // A cost without a tag, or with both, is refused.
+        let untagged = DEFAULT_TOML.replace(
+            "external_interrupt_us = { value = 1.97, source",
+            "external_interrupt_us = { value = 1.97, wall = true, source",
+        );
+        assert!(matches!(
+            Calibration::from_toml(&untagged),
+            Err(CalibrationError::Clock(ref k)) if k == "exit.external_interrupt_us"
+        ));
     }
 
     /// The shipped calibration with `key` (dotted) set to `value`.

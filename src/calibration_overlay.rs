@@ -20,6 +20,18 @@ pub struct OverlayEntry {
     pub value: f64,
     /// Where it comes from (stored as the entry's `source`).
     pub source: String,
+    /// The clock tag it gives (`at_ghz = ...` or `wall = true`); `None`
+    /// keeps the shipped entry's.
+    pub clock: Option<Clock>,
+}
+
+/// A cost's clock tag in an overlay.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Clock {
+    /// Cycle-bound, measured at this many GHz.
+    AtGhz(f64),
+    /// Wall-time bound.
+    Wall,
 }
 
 fn default_table() -> toml::Table {
@@ -88,12 +100,22 @@ pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, Stri
         for (name, e) in entries {
             let key = format!("{sec}.{name}");
             check_key(&base, &key, origin)?;
+            let mut clock = None;
             let (value, source) = match e {
                 toml::Value::Table(et) => {
-                    if let Some(k) = et.keys().find(|k| *k != "value" && *k != "source") {
+                    let fields = ["value", "source", "at_ghz", "wall"];
+                    if let Some(k) = et.keys().find(|k| !fields.contains(&k.as_str())) {
                         return Err(format!(
-                            "{origin}: `{key}`: unknown field `{k}` (an entry has `value` and `source`)"
+                            "{origin}: `{key}`: unknown field `{k}` (an entry has `value` and `source`, and a cost `at_ghz` or `wall`)"
                         ));
+                    }
+                    match (et.get("at_ghz").and_then(number), et.get("wall")) {
+                        (Some(g), None) => clock = Some(Clock::AtGhz(g)),
+                        (None, Some(toml::Value::Boolean(true))) => clock = Some(Clock::Wall),
+                        (None, None) => {}
+                        _ => return Err(format!(
+                            "{origin}: `{key}`: give `at_ghz = <GHz>` or `wall = true`, not both"
+                        )),
                     }
                     let v = et
                         .get("value")
@@ -111,7 +133,12 @@ pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, Stri
             };
             let value = number(value)
                 .ok_or_else(|| format!("{origin}: `{key}`: value {value} is not a number"))?;
-            out.push(OverlayEntry { key, value, source });
+            out.push(OverlayEntry {
+                key,
+                value,
+                source,
+                clock,
+            });
         }
     }
     Ok(out)
@@ -134,6 +161,7 @@ pub fn parse_set(kv: &str) -> Result<OverlayEntry, String> {
         source: format!("[overlay] --calibration-set {key}={}", v.trim()),
         key,
         value,
+        clock: None,
     })
 }
 
@@ -158,6 +186,23 @@ fn apply_table(mut base: toml::Table, entries: &[OverlayEntry]) -> Result<Calibr
         entry.insert("value".into(), toml::Value::Float(e.value));
         entry.insert("source".into(), toml::Value::String(e.source.clone()));
         if let Some(s) = base.get_mut(sec).and_then(|t| t.as_table_mut()) {
+            // The clock tag: the overlay's, else the entry's it replaces.
+            let old = s.get(name).and_then(|o| o.as_table());
+            match e.clock {
+                Some(Clock::AtGhz(g)) => {
+                    entry.insert("at_ghz".into(), toml::Value::Float(g));
+                }
+                Some(Clock::Wall) => {
+                    entry.insert("wall".into(), toml::Value::Boolean(true));
+                }
+                None => {
+                    for k in ["at_ghz", "wall"] {
+                        if let Some(x) = old.and_then(|o| o.get(k)) {
+                            entry.insert(k.into(), x.clone());
+                        }
+                    }
+                }
+            }
             s.insert(name.to_string(), toml::Value::Table(entry));
         }
     }
@@ -227,6 +272,22 @@ mod tests {
         );
         assert_eq!(c.nic.rx_ring_size.value, d.nic.rx_ring_size.value);
         assert_eq!(c.host.hz.source, d.host.hz.source);
+    }
+
+    /// An overlay entry keeps the clock tag of the entry it replaces
+    /// unless it gives its own.
+    #[test]
+    fn an_overlay_entry_keeps_or_sets_the_clock_tag() {
+        let text = "[exit]\nexternal_interrupt_us = 2.0\nmsr_write_eoi_us = { value = 1.0, wall = true }\nnmi_us = { value = 0.5, at_ghz = 2.0 }\n";
+        let c = apply(&parse_overlay(text, "t.toml").unwrap()).unwrap();
+        assert_eq!(c.exit.external_interrupt_us.at_ghz, Some(3.4));
+        assert!(c.exit.msr_write_eoi_us.wall);
+        assert_eq!(c.exit.msr_write_eoi_us.at_ghz, None);
+        assert_eq!(c.exit.nmi_us.at_ghz, Some(2.0));
+        let both = "[exit]\nnmi_us = { value = 0.5, at_ghz = 2.0, wall = true }\n";
+        assert!(parse_overlay(both, "t.toml")
+            .unwrap_err()
+            .contains("not both"));
     }
 
     #[test]

@@ -184,6 +184,7 @@ pub fn calibrate(rows: &[ExitRow], input: &str) -> Calibrated {
                     "[measured] perf kvm stat report {input}: {} Avg time over {} samples{shared}",
                     r.reason, r.samples
                 ),
+                clock: None,
             });
         }
     }

@@ -74,7 +74,8 @@ impl World {
         if s.arch == crate::scenario::ArchSpec::Arm64 {
             let scheme = crate::hv::arm::by_name(&s.scheme, arm::hyp_mode(s))
                 .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
-            return arm::build(s, cal, scheme);
+            // Cycle-bound costs at the experiment's core clock.
+            return arm::build(s, &cal.at_cpu_clock(), scheme);
         }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
@@ -107,6 +108,8 @@ impl World {
     ) -> Result<World, BuildError> {
         // A calibration built in code has not been through from_toml.
         cal.check()?;
+        // Cycle-bound costs at the experiment's core clock (`cpu.ghz`).
+        let cal = &cal.at_cpu_clock();
         let topo = topology::Topology::plan(s, scheme.as_ref())?;
         let (mut m, devs) = devices::build(s, cal, &topo)?;
         let hv = hypervisor::state(s, cal, &topo, &devs);
