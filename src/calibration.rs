@@ -719,6 +719,7 @@ mod tests {
         c.host.ipi_latency_max_us = Entry {
             value: 3.5,
             source: "--calibration-set".into(),
+            ..base.host.ipi_latency_max_us.clone()
         };
         let ch = c.changes_from(&base);
         assert_eq!(ch.len(), 1, "{ch:?}");

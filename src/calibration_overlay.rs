@@ -113,9 +113,11 @@ pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, Stri
                         (Some(g), None) => clock = Some(Clock::AtGhz(g)),
                         (None, Some(toml::Value::Boolean(true))) => clock = Some(Clock::Wall),
                         (None, None) => {}
-                        _ => return Err(format!(
+                        _ => {
+                            return Err(format!(
                             "{origin}: `{key}`: give `at_ghz = <GHz>` or `wall = true`, not both"
-                        )),
+                        ))
+                        }
                     }
                     let v = et
                         .get("value")
