@@ -1266,6 +1266,13 @@ mod tests {
             }
             false
         });
+        let done_at = send_bulk(&mut sim, total);
+        (sim, done_at)
+    }
+
+    /// Endpoint 0 sends `total` bytes to endpoint 1 (for up to 10 s):
+    /// when the last byte was delivered. All of it must be.
+    fn send_bulk(sim: &mut Sim, total: u64) -> Option<Time> {
         let mut done_at = None;
         let mut bulk = bulk_app(0, total);
         sim.run(10 * SEC, &mut |ep, now, ev| {
@@ -1275,7 +1282,7 @@ mod tests {
             }
         });
         assert_eq!(sim.ep[1].bytes_delivered(), total);
-        (sim, done_at)
+        done_at
     }
 
     fn bulk_app(from: usize, total: u64) -> impl FnMut(&mut [Tcp; 2], Time, Ev) {
@@ -1655,15 +1662,7 @@ mod tests {
             }
             false
         });
-        let mut done_at = None;
-        let mut bulk = bulk_app(0, total);
-        sim.run(10 * SEC, &mut |ep, now, ev| {
-            bulk(ep, now, ev);
-            if ep[1].bytes_delivered() == total && done_at.is_none() {
-                done_at = Some(now);
-            }
-        });
-        assert_eq!(sim.ep[1].bytes_delivered(), total);
+        let done_at = send_bulk(&mut sim, total);
         let c = sim.ep[0].counters();
         assert_eq!(c.rto_timeouts, 0);
         assert_eq!(c.fast_retransmits, 2);

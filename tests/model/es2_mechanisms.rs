@@ -224,19 +224,23 @@ fn did_never_lets_an_ipi_in_flight_enter_the_next_vm() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-        let counts = &r["invariants"]["counts"];
-        let total: u64 = counts
-            .as_object()
-            .expect("counts")
-            .values()
-            .map(|v| v.as_u64().unwrap_or(0))
-            .sum();
+        let total = violations_total(&r);
         assert_eq!(
             total, 0,
             "{workload} {active}: {}",
             r["invariants"]["violations"]
         );
     }
+}
+
+/// The invariant checker's count of violations in a `run --json` report.
+fn violations_total(r: &serde_json::Value) -> u64 {
+    r["invariants"]["counts"]
+        .as_object()
+        .expect("counts")
+        .values()
+        .map(|v| v.as_u64().unwrap_or(0))
+        .sum()
 }
 
 /// An IPI record outlives its IPI when the IPI lands in guest mode just
@@ -270,12 +274,7 @@ fn did_forgets_ipi_records_past_their_bound() {
         ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-        let total: u64 = r["invariants"]["counts"]
-            .as_object()
-            .expect("counts")
-            .values()
-            .map(|v| v.as_u64().unwrap_or(0))
-            .sum();
+        let total = violations_total(&r);
         assert_eq!(total, 0, "{bound}: {}", r["invariants"]["violations"]);
     }
 }
