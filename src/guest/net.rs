@@ -381,12 +381,14 @@ impl Kernel {
         let next = self.tcp_wheel.peek().map(|r| r.0 .0);
         if next != self.tcp_wheel_armed {
             // The wheel's hrtimer may sit on another CPU's list (the one
-            // that armed it last): one wheel, one timer.
-            for c in &mut self.cpus {
-                c.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            // that armed it last): one wheel, one timer. Only that list
+            // can hold it, so only it is searched.
+            if let Some(c) = self.tcp_wheel_cpu.take() {
+                self.cpus[c].hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
             }
             if let Some(t) = next {
                 self.cpus[self.on].hrtimers.push((t, HrKind::TcpWheel));
+                self.tcp_wheel_cpu = Some(self.on);
             }
             self.tcp_wheel_armed = next;
         }

@@ -2,7 +2,7 @@
 //! hrtimers on the LAPIC timer (the scheduler tick, KVM's emulated guest
 //! timers, parked DID timers) and which core's LAPIC timer serves them.
 
-use crate::engine::Time;
+use crate::engine::{CpuMask, Time};
 
 /// LOCAL_TIMER_VECTOR of the host.
 pub const HOST_TIMER_VECTOR: u8 = 0xEF;
@@ -13,6 +13,15 @@ pub const RESCHEDULE_VECTOR: u8 = 0xFD;
 pub const CALL_FUNCTION_SINGLE_VECTOR: u8 = 0xFB;
 /// First host vector handed to assigned devices' MSI-X (one per VF).
 pub const HOST_DEVICE_VECTOR_BASE: u8 = 0x61;
+
+/// Host vectors for assigned devices: 0x61 up to 0xDF, below the host's
+/// own (0xEF and up). Further VFs share them round-robin.
+pub const HOST_DEVICE_VECTORS: usize = 0xE0 - HOST_DEVICE_VECTOR_BASE as usize;
+
+/// The host vector of VF `i`'s MSI-X.
+pub fn host_device_vector(i: usize) -> u8 {
+    HOST_DEVICE_VECTOR_BASE + (i % HOST_DEVICE_VECTORS) as u8
+}
 
 /// What a host hrtimer does when it expires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,15 +105,14 @@ impl HostKernel {
         Some(q.swap_remove(i))
     }
 
-    /// Removes every timer matching `f`; returns the serving cores touched
-    /// (as a bitmask of up to 64 cores).
-    pub fn cancel(&mut self, mut f: impl FnMut(&HostTimer) -> bool) -> u64 {
-        let mut touched = 0u64;
+    /// Removes every timer matching `f`; returns the serving cores touched.
+    pub fn cancel(&mut self, mut f: impl FnMut(&HostTimer) -> bool) -> CpuMask {
+        let mut touched = CpuMask::EMPTY;
         for (s, q) in self.queues.iter_mut().enumerate() {
             let before = q.len();
             q.retain(|(_, t)| !f(t));
             if q.len() != before {
-                touched |= 1 << s;
+                touched.insert(s);
             }
         }
         touched
@@ -167,7 +175,7 @@ mod tests {
         assert_eq!(h.pop_expired(0, 60), None);
         assert_eq!(
             h.cancel(|t| matches!(t, HostTimer::GuestTimer { vcpu: 0, .. })),
-            0b10
+            CpuMask::single(1)
         );
         assert_eq!(h.find(|_| true), None);
     }
