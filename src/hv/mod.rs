@@ -442,9 +442,10 @@ impl HvCx<'_> {
         self.host_timer_reprogram(s);
     }
 
-    /// Cancels host timers matching `f` and reprograms the serving LAPICs.
-    pub fn host_timer_cancel(&mut self, f: impl FnMut(&HostTimer) -> bool) {
-        let touched = self.hv.host.cancel(f);
+    /// Cancels host timers matching `f`, which matches only timers of
+    /// `vcpu`, and reprograms the serving LAPICs.
+    pub fn host_timer_cancel(&mut self, vcpu: usize, f: impl FnMut(&HostTimer) -> bool) {
+        let touched = self.hv.host.cancel_of(vcpu, f);
         for s in touched.iter() {
             self.host_timer_reprogram(s);
         }

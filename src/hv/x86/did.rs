@@ -137,6 +137,7 @@ impl Scheme for Did {
             .find(|t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu));
         if let Some(deadline) = parked {
             cx.host_timer_cancel(
+                vcpu,
                 |t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu),
             );
             if deadline <= now {

@@ -126,7 +126,7 @@ pub(in crate::world) fn state(
                     .then(|| crate::hv::es2::Redirect::new(vcpus))
             })
             .collect(),
-        host: HostKernel::new(topo.cores, (SEC as f64 / hz) as Time),
+        host: HostKernel::new(topo.cores, (SEC as f64 / hz) as Time).with_vcpus(topo.vcpus.len()),
         designated_core: 0,
         ioeventfds,
         on_core: Vec::new(),
