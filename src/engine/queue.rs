@@ -14,11 +14,6 @@
 //! into the heap, and a pop takes the front if it holds one. The order is
 //! exactly the heap's: the front is always strictly before every heap entry.
 //!
-//! The heap holds only 24-byte keys (time, sequence, slot); the events
-//! wait in a slab beside it, in the slot their key names, so sifting moves
-//! keys, not events (issue 25 item 5). A freed slot is reused, so the slab
-//! stops growing once the queue has been as deep as it will get.
-//!
 //! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
 //! ties at one picosecond then break in a seeded random order, and events
 //! scheduled with [`EventQueue::schedule_async`] (messages in flight whose
@@ -31,48 +26,32 @@ use super::time::Time;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// The front slot's event with its place in the order.
 struct Entry<E> {
     at: Time,
     seq: u64,
     event: E,
 }
 
-/// A heap entry: an event's place in the order and the slab slot that
-/// holds it.
-#[derive(Clone, Copy)]
-struct Key {
-    at: Time,
-    seq: u64,
-    slot: u32,
-}
-
 impl<E> Entry<E> {
-    /// Whether `self` pops before the event of `k`: earlier, then lower key.
+    /// Whether `self` pops before `other`: earlier, then lower key.
     #[inline]
-    fn before(&self, k: &Key) -> bool {
-        (self.at, self.seq) < (k.at, k.seq)
-    }
-
-    /// Whether `self` pops before `other`.
-    #[inline]
-    fn before_entry(&self, other: &Self) -> bool {
+    fn before(&self, other: &Self) -> bool {
         (self.at, self.seq) < (other.at, other.seq)
     }
 }
 
-impl PartialEq for Key {
+impl<E> PartialEq for Entry<E> {
     fn eq(&self, other: &Self) -> bool {
         self.at == other.at && self.seq == other.seq
     }
 }
-impl Eq for Key {}
-impl PartialOrd for Key {
+impl<E> Eq for Entry<E> {}
+impl<E> PartialOrd for Entry<E> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Key {
+impl<E> Ord for Entry<E> {
     // BinaryHeap is a max-heap: invert so the earliest (then first-scheduled) is on top.
     fn cmp(&self, other: &Self) -> Ordering {
         other
@@ -84,11 +63,7 @@ impl Ord for Key {
 
 /// Event queue with simulated clock. `E` is a small `Copy` payload.
 pub struct EventQueue<E> {
-    heap: BinaryHeap<Key>,
-    /// The events of the heap's keys, by slot (`None`: a free slot).
-    slab: Vec<Option<E>>,
-    /// Free slots of `slab`, most recently freed last.
-    free: Vec<u32>,
+    heap: BinaryHeap<Entry<E>>,
     /// The next event to pop, when it is known without the heap: strictly
     /// before every entry of `heap`.
     front: Option<Entry<E>>,
@@ -111,8 +86,6 @@ impl<E> EventQueue<E> {
     pub fn with_capacity(capacity: usize) -> Self {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
-            slab: Vec::with_capacity(capacity),
-            free: Vec::with_capacity(capacity),
             front: None,
             now: 0,
             seq: 0,
@@ -173,53 +146,28 @@ impl<E> EventQueue<E> {
         };
         match &mut self.front {
             Some(f) => {
-                if e.before_entry(f) {
+                if e.before(f) {
                     // The new event pops first: the old front joins the heap.
                     let old = std::mem::replace(f, e);
-                    self.push_heap(old);
+                    self.heap.push(old);
                 } else {
-                    self.push_heap(e);
+                    self.heap.push(e);
                 }
             }
             None => {
                 if self.heap.peek().is_none_or(|h| e.before(h)) {
                     self.front = Some(e);
                 } else {
-                    self.push_heap(e);
+                    self.heap.push(e);
                 }
             }
         }
     }
 
-    /// Puts `e` in a free slot and its key in the heap.
+    /// The event that pops next, without popping it.
     #[inline]
-    fn push_heap(&mut self, e: Entry<E>) {
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.slab[s as usize] = Some(e.event);
-                s
-            }
-            None => {
-                self.slab.push(Some(e.event));
-                // Room to free every slot without growing on a pop.
-                self.free.reserve(self.slab.len() - self.free.len());
-                (self.slab.len() - 1) as u32
-            }
-        };
-        self.heap.push(Key {
-            at: e.at,
-            seq: e.seq,
-            slot,
-        });
-    }
-
-    /// The time of the event that pops next, without popping it.
-    #[inline]
-    fn peek_at(&self) -> Option<Time> {
-        match &self.front {
-            Some(f) => Some(f.at),
-            None => self.heap.peek().map(|k| k.at),
-        }
+    fn peek(&self) -> Option<&Entry<E>> {
+        self.front.as_ref().or_else(|| self.heap.peek())
     }
 
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
@@ -270,44 +218,32 @@ impl<E> EventQueue<E> {
     /// Pops the next event, advancing the clock, unless it lies after `until`.
     #[inline]
     pub fn pop_until(&mut self, until: Time) -> Option<(Time, E)> {
-        if self.peek_at()? > until {
+        if self.peek()?.at > until {
             return None;
         }
-        let (at, event) = match self.front.take() {
-            Some(f) => (f.at, f.event),
-            None => {
-                let k = self.heap.pop()?;
-                let ev = self.slab[k.slot as usize].take()?;
-                self.free.push(k.slot);
-                (k.at, ev)
-            }
+        let e = match self.front.take() {
+            Some(f) => f,
+            None => self.heap.pop()?,
         };
-        self.now = at;
+        self.now = e.at;
         self.popped += 1;
-        Some((at, event))
+        Some((e.at, e.event))
     }
 
     /// Advances the clock to `t` (end of a run) if nothing earlier is pending.
     pub fn advance_to(&mut self, t: Time) {
-        if self.peek_at().is_none_or(|at| at >= t) {
+        if self.peek().is_none_or(|e| e.at >= t) {
             self.now = self.now.max(t);
         }
     }
 
     /// The pending events with their times, in no particular order.
     pub fn pending(&self) -> impl Iterator<Item = (Time, &E)> {
-        self.entries().map(|(at, _, e)| (at, e))
+        self.entries().map(|e| (e.at, &e.event))
     }
 
-    /// The pending events with their times and keys, in no particular
-    /// order.
-    fn entries(&self) -> impl Iterator<Item = (Time, u64, &E)> {
-        let front = self.front.iter().map(|f| (f.at, f.seq, &f.event));
-        let heap = self.heap.iter().filter_map(|k| {
-            let e = self.slab[k.slot as usize].as_ref()?;
-            Some((k.at, k.seq, e))
-        });
-        front.chain(heap)
+    fn entries(&self) -> impl Iterator<Item = &Entry<E>> {
+        self.front.iter().chain(self.heap.iter())
     }
 
     /// Number of pending events.
@@ -372,7 +308,7 @@ mod tests {
         r.schedule(50, 'b');
         r.schedule(50, 'c');
         let keys = |q: &EventQueue<char>| {
-            let mut k: Vec<(u64, char)> = q.entries().map(|(_, seq, &e)| (seq, e)).collect();
+            let mut k: Vec<(u64, char)> = q.entries().map(|e| (e.seq, e.event)).collect();
             k.sort_unstable();
             k
         };
