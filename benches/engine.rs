@@ -48,12 +48,37 @@ fn hold(pending: usize, ops: u64) -> f64 {
     ops as f64 / dt
 }
 
+/// The same hold loop on a plain `BinaryHeap<Reverse<(time, seq)>>`: the
+/// floor the event queue is measured against (issue 25 item 5).
+fn hold_plain(pending: usize, ops: u64) -> f64 {
+    use std::cmp::Reverse;
+    let mut q = std::collections::BinaryHeap::with_capacity(pending + 1);
+    let mut r = RngStream::new(1, "bench");
+    let mut seq = 0u64;
+    for _ in 0..pending {
+        seq += 1;
+        q.push(Reverse((r.next_u64() % 1_000_000, seq)));
+    }
+    let t0 = Instant::now();
+    let mut sink = 0u64;
+    for _ in 0..ops {
+        let Reverse((t, e)) = q.pop().expect("heap never empties");
+        sink = sink.wrapping_add(e);
+        seq += 1;
+        q.push(Reverse((t + 1 + r.next_u64() % 1_000_000, seq)));
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    ops as f64 / dt
+}
+
 fn main() {
-    for pending in [100usize, 10_000, 1_000_000] {
+    for pending in [8usize, 64, 330, 10_000, 1_000_000] {
         let ops = 5_000_000;
         println!(
-            "hold loop, {pending:>9} pending: {:6.2} M events/s",
-            hold(pending, ops) / 1e6
+            "hold loop, {pending:>9} pending: {:6.2} M events/s (plain BinaryHeap<Reverse<(u64, u64)>>: {:6.2})",
+            hold(pending, ops) / 1e6,
+            hold_plain(pending, ops) / 1e6
         );
     }
     let cal = Calibration::default_host();

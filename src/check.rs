@@ -131,6 +131,9 @@ pub struct Checker {
     devs: Vec<VmTrack>,
     /// vCPU → its VM.
     vm_of: Vec<usize>,
+    /// VM → its vCPUs (the clocks of a VM look at these, not at every
+    /// vCPU).
+    vcpus_of: Vec<Vec<usize>>,
     stored: Vec<Violation>,
     counts: [u64; 6],
     /// Raises that merged with one already pending (edge semantics, DID §7.8).
@@ -160,7 +163,12 @@ impl Checker {
     /// [`Checker::raised`] names a vCPU.
     pub fn with_vcpus(vm_of: Vec<usize>) -> Self {
         let nvm = vm_of.iter().max().map_or(0, |m| m + 1);
+        let mut vcpus_of = vec![Vec::new(); nvm];
+        for (c, &vm) in vm_of.iter().enumerate() {
+            vcpus_of[vm].push(c);
+        }
         Checker {
+            vcpus_of,
             vms: vec![VmTrack::new(); vm_of.len()],
             devs: vec![VmTrack::new(); nvm],
             vm_of,
@@ -203,7 +211,7 @@ impl Checker {
         let on = t.running || t.blocked;
         t.set_clock_running(on, now);
         let vm = self.vm_of[vcpu];
-        let mine = || (0..self.vms.len()).filter(|&c| self.vm_of[c] == vm);
+        let mine = || self.vcpus_of[vm].iter().copied();
         let any = mine().any(|c| self.vms[c].running);
         let all = mine().all(|c| self.vms[c].running || self.vms[c].blocked);
         self.devs[vm].running = any;

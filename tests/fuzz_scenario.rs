@@ -228,7 +228,7 @@ fn keys() -> Vec<(&'static str, BoxedStrategy<V>)> {
         ("seed", int(0, 1 << 40)),
         ("duration_s", float(1e-6, 0.01)),
         ("warmup_s", float(0.0, 0.01)),
-        ("machine.cores", int(2, 64)),
+        ("machine.cores", int(2, 512)),
         ("guest.hz", int(1, 10_000)),
         ("guest.tick", word(&["periodic", "nohz-idle", "off"])),
         ("guest.irq_nesting", boolean()),
@@ -646,7 +646,7 @@ fn every_size_key_at_its_maximum_builds_within_the_budget() {
     cal["nic"]["rx_ring_size"]["value"] = toml::Value::Integer(4096);
     let cal = Calibration::from_toml(&toml::to_string(&cal).unwrap()).unwrap();
     let guest =
-        "machine.cores=64 guest.rcvbuf_packets=65536 guest.napi_weight=4096 net.queue_size=4096";
+        "machine.cores=512 guest.rcvbuf_packets=65536 guest.napi_weight=4096 net.queue_size=4096";
     let sets: &[(&str, &str)] = &[
         (
             "[workload.memcached]\nrate_rps = 1e7\n",

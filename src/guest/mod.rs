@@ -17,7 +17,7 @@ pub mod rps;
 pub mod tcp;
 mod testmod;
 
-use crate::engine::{Time, NS};
+use crate::engine::{Time, VcpuMask, NS};
 use crate::hw::wire::Frame as WireFrame;
 use crate::hw::x86::lapic::ApicBitmap;
 use app::{App, Datagram, Metrics, Sys, TaskStep};
@@ -443,19 +443,22 @@ struct Cpu {
     ksoftirqd: bool,
     task_stepped: bool,
     /// Other CPUs this one must send a reschedule IPI (`smp_send_reschedule`).
-    ipi_pending: u64,
+    ipi_pending: VcpuMask,
     /// Other CPUs whose polling idle loop will see a need_resched set from
     /// here (TIF_POLLING_NRFLAG: no IPI).
-    poke_pending: u64,
+    poke_pending: VcpuMask,
     /// GRO's held packets (`napi->gro_list`) of the NAPI running here,
     /// oldest first; flushed at `napi_complete`.
     gro: Vec<crate::hw::wire::Frame>,
     /// RPS: this CPU's backlog is on its poll list (NET_RX runs it).
     backlog_poll: bool,
     /// RPS: CPUs whose backlog this NET_RX run scheduled (`rps_ipi_list`).
-    rps_ipi_list: u64,
+    rps_ipi_list: VcpuMask,
     /// CPUs to send a CALL_FUNCTION_SINGLE IPI now.
-    call_ipi_pending: u64,
+    call_ipi_pending: VcpuMask,
+    /// `ipi_pending` or `call_ipi_pending` may be non-empty: one flag to
+    /// test on every step instead of two 256-bit masks.
+    ipis_queued: bool,
     /// The DID module's direct timer and posted IPIs are on here.
     dtid: bool,
 }
@@ -487,12 +490,13 @@ impl Cpu {
             softirq_done: 0,
             ksoftirqd: false,
             task_stepped: false,
-            ipi_pending: 0,
-            poke_pending: 0,
+            ipi_pending: VcpuMask::EMPTY,
+            poke_pending: VcpuMask::EMPTY,
             gro: Vec::with_capacity(net::MAX_GRO_SKBS),
             backlog_poll: false,
-            rps_ipi_list: 0,
-            call_ipi_pending: 0,
+            rps_ipi_list: VcpuMask::EMPTY,
+            call_ipi_pending: VcpuMask::EMPTY,
+            ipis_queued: false,
             dtid: false,
         }
     }
@@ -523,6 +527,9 @@ pub struct Kernel {
     tcp_wheel: BinaryHeap<Reverse<(Time, usize, u64)>>,
     /// The tick of the TcpWheel hrtimer, if armed.
     tcp_wheel_armed: Option<Time>,
+    /// The CPU whose hrtimer list holds the TcpWheel hrtimer (the one
+    /// that armed it last), if one does.
+    tcp_wheel_cpu: Option<usize>,
     /// Sockets a many-connection task acted on in its last step.
     touched: Vec<usize>,
     touched_seen: Vec<bool>,
@@ -563,10 +570,10 @@ impl Kernel {
         Self::smp(cfg, 1)
     }
 
-    /// A kernel of `cpus` CPUs, each booting on its first step.
+    /// A kernel of `cpus` CPUs (at most a [`VcpuMask`]'s), each booting on its first step.
     pub fn smp(cfg: GuestConfig, cpus: usize) -> Self {
         let itr = DynamicItr::new(&cfg.itr);
-        let cpus = cpus.clamp(1, 64);
+        let cpus = cpus.clamp(1, crate::engine::VCPUMASK_BITS);
         let rps = rps::Rps::new(&cfg.rps_cpus, cpus);
         Kernel {
             on: 0,
@@ -580,6 +587,7 @@ impl Kernel {
             flow_sock: Vec::new(),
             tcp_wheel: BinaryHeap::with_capacity(64),
             tcp_wheel_armed: None,
+            tcp_wheel_cpu: None,
             touched: Vec::new(),
             touched_seen: Vec::new(),
             tx_dirty: Vec::new(),
@@ -624,8 +632,8 @@ impl Kernel {
     }
 
     /// CPUs other than the caller's that must get a reschedule IPI or
-    /// whose polling idle loop was poked, since the last call (bitmasks).
-    pub fn take_pokes(&mut self, c: usize) -> u64 {
+    /// whose polling idle loop was poked, since the last call.
+    pub fn take_pokes(&mut self, c: usize) -> VcpuMask {
         self.on_cpu(c);
         std::mem::take(&mut self.cpus[self.on].poke_pending)
     }
@@ -772,9 +780,10 @@ impl Kernel {
                     // it a reschedule IPI unless its idle loop polls
                     // need_resched (TIF_POLLING_NRFLAG).
                     if cpu.current.is_none() && self.cfg.idle == IdleMode::Poll {
-                        self.cpus[self.on].poke_pending |= 1 << c;
+                        self.cpus[self.on].poke_pending.insert(c);
                     } else {
-                        self.cpus[self.on].ipi_pending |= 1 << c;
+                        self.cpus[self.on].ipi_pending.insert(c);
+                        self.cpus[self.on].ipis_queued = true;
                     }
                 }
             }
@@ -920,22 +929,23 @@ impl Kernel {
             if std::mem::take(&mut cpu.if_rose) {
                 return Action::InterruptsEnabled;
             }
-            if cpu.ipi_pending != 0 {
-                // smp_send_reschedule: a fixed IPI to the CPU.
-                let c = cpu.ipi_pending.trailing_zeros();
-                cpu.ipi_pending &= !(1 << c);
-                self.counters.ipis_sent += 1;
-                return Action::Op(self.ipi(c, RESCHEDULE_VECTOR));
-            }
-            if cpu.call_ipi_pending != 0 {
-                // smp_call_function_single_async → generic_exec_single:
-                // the csd went on an empty call-single queue, so
-                // arch_send_call_function_single_ipi sends the IPI.
-                let c = cpu.call_ipi_pending.trailing_zeros();
-                cpu.call_ipi_pending &= !(1 << c);
-                self.counters.ipis_sent += 1;
-                self.rps_counters.ipis += 1;
-                return Action::Op(self.ipi(c, rps::CALL_FUNCTION_SINGLE_VECTOR));
+            if cpu.ipis_queued {
+                if let Some(c) = cpu.ipi_pending.pop_first() {
+                    // smp_send_reschedule: a fixed IPI to the CPU.
+                    let c = c as u32;
+                    self.counters.ipis_sent += 1;
+                    return Action::Op(self.ipi(c, RESCHEDULE_VECTOR));
+                }
+                if let Some(c) = cpu.call_ipi_pending.pop_first() {
+                    // smp_call_function_single_async → generic_exec_single:
+                    // the csd went on an empty call-single queue, so
+                    // arch_send_call_function_single_ipi sends the IPI.
+                    let c = c as u32;
+                    self.counters.ipis_sent += 1;
+                    self.rps_counters.ipis += 1;
+                    return Action::Op(self.ipi(c, rps::CALL_FUNCTION_SINGLE_VECTOR));
+                }
+                cpu.ipis_queued = false;
             }
             if let Some(to) = self
                 .ipi_latency
@@ -950,7 +960,9 @@ impl Kernel {
             let cpu = &mut self.cpus[self.on];
             let Some(&f) = cpu.frames.last() else {
                 if let Some(a) = self.task_context(now, dev) {
-                    if (self.cpus[self.on].ipi_pending | self.cpus[self.on].call_ipi_pending) != 0
+                    let cpu = &self.cpus[self.on];
+                    if cpu.ipis_queued
+                        && !(cpu.ipi_pending.is_empty() && cpu.call_ipi_pending.is_empty())
                         && matches!(a, Action::Spin | Action::Op(KernelOp::Idle))
                     {
                         // The IPIs a wake-up here asked for go out before

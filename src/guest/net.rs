@@ -364,6 +364,16 @@ impl Kernel {
             // mod_timer), not on hrtimers: they expire with the tick after
             // their deadline and never reprogram the clockevent themselves.
             let gen = sock.timer_gen;
+            if self.tcp_wheel.len() >= 2 * self.tcp_socks.len() + 16 {
+                // Each re-arm leaves the old entry stale: once they
+                // outnumber the sockets, drop them in place (they would
+                // only have been skipped), so the wheel stays about as
+                // deep as the number of sockets.
+                let socks = &self.tcp_socks;
+                self.tcp_wheel.retain(|&Reverse((_, s, gen))| {
+                    socks[s].timer.is_some() && socks[s].timer_gen == gen
+                });
+            }
             self.tcp_wheel.push(Reverse((t.div_ceil(p) * p, s, gen)));
         }
         self.tcp_wheel_sync();
@@ -381,12 +391,14 @@ impl Kernel {
         let next = self.tcp_wheel.peek().map(|r| r.0 .0);
         if next != self.tcp_wheel_armed {
             // The wheel's hrtimer may sit on another CPU's list (the one
-            // that armed it last): one wheel, one timer.
-            for c in &mut self.cpus {
-                c.hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
+            // that armed it last): one wheel, one timer. Only that list
+            // can hold it, so only it is searched.
+            if let Some(c) = self.tcp_wheel_cpu.take() {
+                self.cpus[c].hrtimers.retain(|h| h.1 != HrKind::TcpWheel);
             }
             if let Some(t) = next {
                 self.cpus[self.on].hrtimers.push((t, HrKind::TcpWheel));
+                self.tcp_wheel_cpu = Some(self.on);
             }
             self.tcp_wheel_armed = next;
         }

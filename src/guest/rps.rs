@@ -22,7 +22,7 @@
 //! modelled.
 
 use super::{FrameKind, Kernel};
-use crate::engine::Time;
+use crate::engine::{Time, VcpuMask};
 use crate::hw::wire::Frame;
 use std::collections::VecDeque;
 
@@ -42,7 +42,7 @@ pub(super) struct Rps {
     backlog: Vec<VecDeque<Frame>>,
     /// Per CPU (bit): its backlog is scheduled (`NAPI_STATE_SCHED`), from
     /// the enqueue that found it idle until `process_backlog` empties it.
-    scheduled: u64,
+    scheduled: VcpuMask,
 }
 
 /// RPS counters of one guest kernel.
@@ -85,7 +85,7 @@ impl Rps {
         Some(Rps {
             map,
             backlog: (0..cpus).map(|_| VecDeque::with_capacity(256)).collect(),
-            scheduled: 0,
+            scheduled: VcpuMask::EMPTY,
         })
     }
 
@@ -140,12 +140,12 @@ impl Kernel {
             self.rps_counters.drops += 1;
             return;
         }
-        if q.is_empty() && rps.scheduled & (1 << cpu) == 0 {
-            rps.scheduled |= 1 << cpu;
+        if q.is_empty() && !rps.scheduled.contains(cpu) {
+            rps.scheduled.insert(cpu);
             if cpu == self.on {
                 self.cpus[self.on].backlog_poll = true;
             } else {
-                self.cpus[self.on].rps_ipi_list |= 1 << cpu;
+                self.cpus[self.on].rps_ipi_list.insert(cpu);
             }
         }
         q.push_back(f);
@@ -159,7 +159,10 @@ impl Kernel {
     /// get their IPIs now.
     pub(super) fn rps_action(&mut self) {
         let list = std::mem::take(&mut self.cpus[self.on].rps_ipi_list);
-        self.cpus[self.on].call_ipi_pending |= list;
+        if !list.is_empty() {
+            self.cpus[self.on].call_ipi_pending |= list;
+            self.cpus[self.on].ipis_queued = true;
+        }
     }
 
     /// The CALL_FUNCTION_SINGLE handler (`smp_call_function_single_interrupt`
@@ -201,7 +204,7 @@ impl Kernel {
             }
             // Empty: `napi->state = 0` under the backlog's lock.
             if let Some(r) = &mut self.rps {
-                r.scheduled &= !(1 << on);
+                r.scheduled.remove(on);
             }
             self.cpus[self.on].backlog_poll = false;
             self.rps_counters.batches += 1;
@@ -269,24 +272,25 @@ mod tests {
         let f = |flow| Frame::udp(flow, 64, 0, 0);
         k.rx_deliver(f(remote), 0);
         k.rx_deliver(f(remote), 0);
-        assert_eq!(k.cpus[k.on].rps_ipi_list, 1 << 2, "one IPI for two packets");
+        let cpu2 = VcpuMask::single(2);
+        assert_eq!(k.cpus[k.on].rps_ipi_list, cpu2, "one IPI for two packets");
         assert!(!k.cpus[k.on].backlog_poll);
         k.rx_deliver(f(local), 0);
         assert!(
             k.cpus[k.on].backlog_poll,
             "this CPU's backlog is scheduled here"
         );
-        assert_eq!(k.cpus[k.on].rps_ipi_list, 1 << 2);
+        assert_eq!(k.cpus[k.on].rps_ipi_list, cpu2);
         k.rps_action();
         assert_eq!(
             (k.cpus[k.on].rps_ipi_list, k.cpus[k.on].call_ipi_pending),
-            (0, 1 << 2)
+            (VcpuMask::EMPTY, cpu2)
         );
         // Still scheduled on CPU 2: more packets, no new IPI.
-        k.cpus[k.on].call_ipi_pending = 0;
+        k.cpus[k.on].call_ipi_pending = VcpuMask::EMPTY;
         k.rx_deliver(f(remote), 0);
         k.rps_action();
-        assert_eq!(k.cpus[k.on].call_ipi_pending, 0);
+        assert!(k.cpus[k.on].call_ipi_pending.is_empty());
         let c = k.rps_counters();
         assert_eq!((c.steered, c.steered_remote, c.drops), (4, 3, 0));
         assert_eq!(k.rps.as_ref().unwrap().backlog[2].len(), 3);

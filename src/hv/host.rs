@@ -2,7 +2,7 @@
 //! hrtimers on the LAPIC timer (the scheduler tick, KVM's emulated guest
 //! timers, parked DID timers) and which core's LAPIC timer serves them.
 
-use crate::engine::Time;
+use crate::engine::{CpuMask, Time};
 use crate::hw::x86::lapic::ApicBitmap;
 
 /// LOCAL_TIMER_VECTOR of the host.
@@ -14,6 +14,15 @@ pub const RESCHEDULE_VECTOR: u8 = 0xFD;
 pub const CALL_FUNCTION_SINGLE_VECTOR: u8 = 0xFB;
 /// First host vector handed to assigned devices' MSI-X (one per VF).
 pub const HOST_DEVICE_VECTOR_BASE: u8 = 0x61;
+
+/// Host vectors for assigned devices: 0x61 up to 0xDF, below the host's
+/// own (0xEF and up). Further VFs share them round-robin.
+pub const HOST_DEVICE_VECTORS: usize = 0xE0 - HOST_DEVICE_VECTOR_BASE as usize;
+
+/// The host vector of VF `i`'s MSI-X.
+pub fn host_device_vector(i: usize) -> u8 {
+    HOST_DEVICE_VECTOR_BASE + (i % HOST_DEVICE_VECTORS) as u8
+}
 
 /// What a host hrtimer does when it expires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +59,10 @@ pub struct HostKernel {
     pub programmed: Vec<Option<Time>>,
     /// Scheduler tick period.
     pub tick_period: Time,
+    /// Per vCPU: the serving cores whose queues may hold its timers (every
+    /// one that does, and maybe some that no longer do), so cancelling a
+    /// vCPU's timer looks at those queues, not at every core's.
+    vcpu_queues: Vec<CpuMask>,
 }
 
 impl HostKernel {
@@ -60,14 +73,49 @@ impl HostKernel {
             serving: (0..cores).collect(),
             programmed: vec![None; cores],
             tick_period,
+            vcpu_queues: Vec::new(),
         }
+    }
+
+    /// Room for the timers of `vcpus` vCPUs, so arming one never allocates.
+    pub fn with_vcpus(mut self, vcpus: usize) -> Self {
+        self.vcpu_queues = vec![CpuMask::EMPTY; vcpus];
+        self
     }
 
     /// Arms `t` at `at` for `core`; returns the serving core.
     pub fn add(&mut self, core: usize, at: Time, t: HostTimer) -> usize {
         let s = self.serving[core];
         self.queues[s].push((at, t));
+        if let Some(v) = vcpu_of(&t) {
+            if v >= self.vcpu_queues.len() {
+                self.vcpu_queues.resize(v + 1, CpuMask::EMPTY);
+            }
+            self.vcpu_queues[v].insert(s);
+        }
         s
+    }
+
+    /// [`Self::cancel`] for a `f` that matches only timers of `vcpu`: the
+    /// same timers removed, the same cores returned, looking only at the
+    /// queues that may hold that vCPU's timers.
+    pub fn cancel_of(&mut self, vcpu: usize, mut f: impl FnMut(&HostTimer) -> bool) -> CpuMask {
+        let Some(&mask) = self.vcpu_queues.get(vcpu) else {
+            return CpuMask::EMPTY;
+        };
+        let mut touched = CpuMask::EMPTY;
+        for s in mask.iter() {
+            let q = &mut self.queues[s];
+            let before = q.len();
+            q.retain(|(_, t)| !f(t));
+            if q.len() != before {
+                touched.insert(s);
+            }
+            if !q.iter().any(|(_, t)| vcpu_of(t) == Some(vcpu)) {
+                self.vcpu_queues[vcpu].remove(s);
+            }
+        }
+        touched
     }
 
     /// Removes the first timer matching `f`: (its serving core, deadline,
@@ -97,15 +145,14 @@ impl HostKernel {
         Some(q.swap_remove(i))
     }
 
-    /// Removes every timer matching `f`; returns the serving cores touched
-    /// (as a bitmask of up to 64 cores).
-    pub fn cancel(&mut self, mut f: impl FnMut(&HostTimer) -> bool) -> u64 {
-        let mut touched = 0u64;
+    /// Removes every timer matching `f`; returns the serving cores touched.
+    pub fn cancel(&mut self, mut f: impl FnMut(&HostTimer) -> bool) -> CpuMask {
+        let mut touched = CpuMask::EMPTY;
         for (s, q) in self.queues.iter_mut().enumerate() {
             let before = q.len();
             q.retain(|(_, t)| !f(t));
             if q.len() != before {
-                touched |= 1 << s;
+                touched.insert(s);
             }
         }
         touched
@@ -145,6 +192,14 @@ impl HostKernel {
     }
 }
 
+/// The vCPU a timer belongs to (none for a scheduler tick).
+fn vcpu_of(t: &HostTimer) -> Option<usize> {
+    match *t {
+        HostTimer::Tick { .. } => None,
+        HostTimer::GuestTimer { vcpu, .. } | HostTimer::ParkedTimer { vcpu, .. } => Some(vcpu),
+    }
+}
+
 fn owned_by(t: &HostTimer, core: usize) -> bool {
     matches!(t, HostTimer::Tick { core: c } if *c == core)
 }
@@ -152,6 +207,42 @@ fn owned_by(t: &HostTimer, core: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cancelling_a_vcpus_timers_looks_only_where_they_may_be_and_matches_a_full_search() {
+        let build = || {
+            let mut h = HostKernel::new(4, 1_000).with_vcpus(3);
+            for c in 0..4 {
+                h.add(c, 10 + c as Time, HostTimer::Tick { core: c });
+            }
+            h.add(1, 50, HostTimer::GuestTimer { vcpu: 1, gen: 1 });
+            h.add(
+                3,
+                60,
+                HostTimer::ParkedTimer {
+                    vcpu: 1,
+                    vector: 0xef,
+                },
+            );
+            h.add(2, 70, HostTimer::GuestTimer { vcpu: 2, gen: 1 });
+            // Core 1's timers now go to core 0: vCPU 1's next one too.
+            h.reassign(1, 0);
+            h.add(1, 80, HostTimer::GuestTimer { vcpu: 1, gen: 2 });
+            h
+        };
+        let guest1 = |t: &HostTimer| matches!(t, HostTimer::GuestTimer { vcpu: 1, .. });
+        let (mut a, mut b) = (build(), build());
+        assert_eq!(a.cancel_of(1, guest1), b.cancel(guest1));
+        assert_eq!(a.cancel_of(1, guest1), CpuMask::EMPTY);
+        for s in 0..4 {
+            assert_eq!(a.next(s), b.next(s));
+        }
+        // The parked timer stayed, and is still cancelled where it is.
+        let parked1 = |t: &HostTimer| matches!(t, HostTimer::ParkedTimer { vcpu: 1, .. });
+        assert_eq!(a.find(parked1), Some(60));
+        assert_eq!(a.cancel_of(1, parked1), CpuMask::single(3));
+        assert_eq!(a.find(parked1), None);
+    }
 
     #[test]
     fn timers_expire_in_place_and_move_with_their_core() {
@@ -168,7 +259,7 @@ mod tests {
         assert_eq!(h.pop_expired(0, 60), None);
         assert_eq!(
             h.cancel(|t| matches!(t, HostTimer::GuestTimer { vcpu: 0, .. })),
-            0b10
+            CpuMask::single(1)
         );
         assert_eq!(h.find(|_| true), None);
     }

@@ -157,7 +157,7 @@ pub struct VcpuState {
     pub core: usize,
     /// The cores its thread may run on (bit i = core i; one bit when
     /// pinned).
-    pub allowed: u64,
+    pub allowed: crate::engine::CpuMask,
     /// KVM's `loaded_vmcs->cpu`: the core its VMCS was last loaded on
     /// (none before its first schedule-in).
     pub vmcs_core: Option<usize>,
@@ -189,12 +189,63 @@ pub struct HvState {
     pub last_vcpu: Vec<Option<usize>>,
     /// Per VM: ES2's interrupt redirection state, when it is on.
     pub redirect: Vec<Option<es2::Redirect>>,
+    /// Per core: the vCPUs whose `core` it is, in increasing order
+    /// ([`HvState::index`]; [`HvState::move_vcpu`] keeps it): the lookups
+    /// by core look at these, not at every vCPU.
+    pub on_core: Vec<Vec<usize>>,
+    /// Per host vector: the VMs whose VF's host IRQ uses it.
+    pub vf_by_vector: Vec<Vec<usize>>,
+    /// Per VM: its ioeventfds, (port, fd) in registration order.
+    pub ioeventfds_by_vm: Vec<Vec<(u16, u16)>>,
 }
 
 impl HvState {
+    /// Builds the lookups by core, by host vector and by VM from `vcpus`,
+    /// `vms` and `ioeventfds`, for a machine of `cores` cores.
+    pub fn index(&mut self, cores: usize) {
+        self.on_core = vec![Vec::new(); cores];
+        for (i, v) in self.vcpus.iter().enumerate() {
+            self.on_core[v.core].push(i);
+        }
+        for l in &mut self.on_core {
+            // A vCPU that moves in must not allocate on the event loop.
+            l.reserve(1);
+        }
+        self.vf_by_vector = vec![Vec::new(); 256];
+        for (i, vm) in self.vms.iter().enumerate() {
+            if let Some(a) = vm.vf {
+                self.vf_by_vector[a.host_vector as usize].push(i);
+            }
+        }
+        self.ioeventfds_by_vm = vec![Vec::new(); self.vms.len()];
+        for &(vm, port, fd) in &self.ioeventfds {
+            self.ioeventfds_by_vm[vm].push((port, fd));
+        }
+    }
+
+    /// `vcpu`'s thread now runs on `core`.
+    pub fn move_vcpu(&mut self, vcpu: usize, core: usize) {
+        let from = self.vcpus[vcpu].core;
+        if from == core {
+            return;
+        }
+        self.vcpus[vcpu].core = core;
+        let l = &mut self.on_core[from];
+        if let Some(i) = l.iter().position(|&v| v == vcpu) {
+            l.remove(i);
+        }
+        let l = &mut self.on_core[core];
+        let i = l.partition_point(|&v| v < vcpu);
+        l.insert(i, vcpu);
+    }
+
     /// The vCPU loaded on `core`, if any.
     pub fn vcpu_on(&self, core: usize) -> Option<usize> {
-        self.vcpus.iter().position(|v| v.loaded && v.core == core)
+        self.on_core
+            .get(core)?
+            .iter()
+            .copied()
+            .find(|&v| self.vcpus[v].loaded)
     }
 
     /// The vCPU whose fixed interrupts `core` takes: the one loaded there,
@@ -204,7 +255,7 @@ impl HvState {
     pub fn vcpu_owning(&self, core: usize) -> Option<usize> {
         self.vcpu_on(core)
             .or_else(|| self.last_vcpu.get(core).copied().flatten())
-            .or_else(|| self.vcpus.iter().position(|v| v.core == core))
+            .or_else(|| self.on_core.get(core)?.first().copied())
     }
 
     /// The vCPU whose core a remapped (hardware-delivered) device interrupt
@@ -286,18 +337,29 @@ impl HvState {
 
     /// The eventfd registered for VM `vm`'s writes to `port`, if any.
     pub fn ioeventfd(&self, vm: usize, port: u16) -> Option<u16> {
-        self.ioeventfds
+        self.ioeventfds_by_vm
+            .get(vm)?
             .iter()
-            .find(|&&(v, p, _)| v == vm && p == port)
-            .map(|&(_, _, fd)| fd)
+            .find(|&&(p, _)| p == port)
+            .map(|&(_, fd)| fd)
     }
 
-    /// The VM and assignment owning host vector `v`, if it is a VF's.
-    pub fn vf_by_host_vector(&self, v: u8) -> Option<(usize, VfAssignment)> {
-        self.vms
-            .iter()
-            .enumerate()
-            .find_map(|(i, vm)| vm.vf.filter(|a| a.host_vector == v).map(|a| (i, a)))
+    /// The VM and assignment owning host vector `v` taken on `core`, if it
+    /// is a VF's. Past [`host::HOST_DEVICE_VECTORS`] VFs, VFs share vectors
+    /// (Linux's vectors are per core): the one whose VM's device vCPU
+    /// runs on `core` owns it there.
+    pub fn vf_by_host_vector(&self, core: usize, v: u8) -> Option<(usize, VfAssignment)> {
+        let vms = self.vf_by_vector.get(v as usize)?;
+        let vm = match vms[..] {
+            [] => return None,
+            [vm] => vm,
+            _ => vms
+                .iter()
+                .copied()
+                .find(|&vm| self.vcpus[self.device_home(vm)].core == core)
+                .unwrap_or(vms[0]),
+        };
+        self.vms[vm].vf.map(|a| (vm, a))
     }
 }
 
@@ -382,13 +444,12 @@ impl HvCx<'_> {
         self.host_timer_reprogram(s);
     }
 
-    /// Cancels host timers matching `f` and reprograms the serving LAPICs.
-    pub fn host_timer_cancel(&mut self, f: impl FnMut(&HostTimer) -> bool) {
-        let touched = self.hv.host.cancel(f);
-        for s in 0..64usize.min(self.m.cores.len()) {
-            if touched & (1 << s) != 0 {
-                self.host_timer_reprogram(s);
-            }
+    /// Cancels host timers matching `f`, which matches only timers of
+    /// `vcpu`, and reprograms the serving LAPICs.
+    pub fn host_timer_cancel(&mut self, vcpu: usize, f: impl FnMut(&HostTimer) -> bool) {
+        let touched = self.hv.host.cancel_of(vcpu, f);
+        for s in touched.iter() {
+            self.host_timer_reprogram(s);
         }
     }
 

@@ -15,7 +15,7 @@
 //! latency, 0.75 ms minimum granularity and 1 ms wake-up granularity are
 //! scaled by 1 + log2(min(cpus, 8)).
 
-use crate::engine::{Time, MS, US};
+use crate::engine::{CpuMask, Time, MS, US};
 
 /// A host thread's id.
 pub type Tid = usize;
@@ -76,7 +76,7 @@ pub struct Thread {
     /// Load weight (from its nice level).
     pub weight: u64,
     /// Cores it may run on (bit i = core i); pinning.
-    pub allowed: u64,
+    pub allowed: CpuMask,
     /// Virtual runtime, ps of nice-0 CPU time.
     pub vruntime: u64,
     /// The core whose run queue holds it (or held it last).
@@ -163,6 +163,10 @@ pub struct HostScheduler {
     groups: Vec<Stacking>,
     /// Per core: when its next periodic balance is due.
     next_balance: Vec<Time>,
+    /// Some thread may run on more than one core. Without one, no thread
+    /// queued elsewhere may ever run on a given core: pulling and
+    /// balancing have nothing to look for, whatever the number of cores.
+    floating: bool,
 }
 
 /// `sysctl_sched_migration_cost`: a thread that ran this recently is
@@ -190,6 +194,7 @@ impl HostScheduler {
             rqs: vec![RunQueue::default(); cores],
             groups: Vec::new(),
             next_balance: vec![0; cores],
+            floating: false,
         }
     }
 
@@ -248,18 +253,19 @@ impl HostScheduler {
 
     /// Adds a sleeping thread of `nice` that may run on the cores in
     /// `allowed` (bit i = core i; 0 means all), last run on `home`.
-    pub fn add_thread(&mut self, nice: i32, allowed: u64, home: usize) -> Tid {
-        let all = if self.rqs.len() >= 64 {
-            u64::MAX
+    pub fn add_thread(&mut self, nice: i32, allowed: CpuMask, home: usize) -> Tid {
+        let all = CpuMask::first_n(self.rqs.len());
+        let allowed = if allowed.is_empty() {
+            all
         } else {
-            (1u64 << self.rqs.len()) - 1
+            allowed.intersection(all)
         };
-        let allowed = if allowed == 0 { all } else { allowed & all };
-        let home = if allowed & (1 << home) != 0 {
+        let home = if allowed.contains(home) {
             home
         } else {
-            allowed.trailing_zeros() as usize
+            allowed.first().unwrap_or(0)
         };
+        self.floating |= allowed.count() > 1;
         for rq in &mut self.rqs {
             rq.queued.reserve(1);
         }
@@ -371,20 +377,22 @@ impl HostScheduler {
     /// runnable threads.
     fn select_core(&self, t: Tid) -> usize {
         let th = &self.threads[t];
-        let ok = |c: usize| th.allowed & (1 << c) != 0;
+        let ok = |c: usize| th.allowed.contains(c);
         let idle = |c: usize| self.nr_running(c) == 0;
         if ok(th.core) && idle(th.core) {
             return th.core;
         }
-        let cores = 0..self.rqs.len();
-        if let Some(c) = cores.clone().find(|&c| ok(c) && idle(c)) {
+        // The allowed cores only (add_thread keeps them below the core
+        // count), in increasing order: a pinned thread looks at one core,
+        // not at every core of the machine.
+        if let Some(c) = th.allowed.iter().find(|&c| idle(c)) {
             return c;
         }
         if ok(th.core) {
             return th.core;
         }
-        cores
-            .filter(|&c| ok(c))
+        th.allowed
+            .iter()
             .min_by_key(|&c| (self.nr_running(c), c))
             .unwrap_or(th.core)
     }
@@ -570,6 +578,9 @@ impl HostScheduler {
     /// New-idle balance: move the longest-waiting thread that may run on
     /// `core` from another core's queue.
     fn pull(&mut self, core: usize, now: Time) {
+        if !self.floating {
+            return;
+        }
         let mut best: Option<(Time, usize, usize)> = None;
         for (from, rq) in self.rqs.iter().enumerate() {
             if from == core {
@@ -577,7 +588,7 @@ impl HostScheduler {
             }
             for (i, &t) in rq.queued.iter().enumerate() {
                 let th = &self.threads[t];
-                if th.allowed & (1 << core) == 0 {
+                if !th.allowed.contains(core) {
                     continue;
                 }
                 let waited = now.saturating_sub(th.wait_start.unwrap_or(now));
@@ -623,12 +634,13 @@ impl HostScheduler {
         }
         let ncores = self.rqs.len() as u64;
         let busy = self.rqs[core].curr.is_some();
-        // `1 << c` below: the masks cover 64 cores.
-        debug_assert!(self.rqs.len() <= 64);
         let interval = ncores.max(1) * MS * if busy { BUSY_FACTOR } else { 1 };
         self.next_balance[core] = now + interval;
+        if !self.floating {
+            return false;
+        }
         let this = self.rqs[core].load;
-        let may_run_here = |s: &Self, t: Tid| s.threads[t].allowed & (1 << core) != 0;
+        let may_run_here = |s: &Self, t: Tid| s.threads[t].allowed.contains(core);
         let Some(busiest) = (0..self.rqs.len())
             .filter(|&c| c != core)
             .filter(|&c| self.rqs[c].queued.iter().any(|&t| may_run_here(self, t)))
@@ -643,9 +655,9 @@ impl HostScheduler {
             .queued
             .iter()
             .filter(|&&t| may_run_here(self, t))
-            .fold(0u64, |m, &t| m | self.threads[t].allowed);
-        let (total, n) = (0..self.rqs.len())
-            .filter(|&c| span & (1 << c) != 0)
+            .fold(CpuMask::EMPTY, |m, &t| m.union(self.threads[t].allowed));
+        let (total, n) = span
+            .iter()
             .fold((0u64, 0u64), |(l, n), c| (l + self.rqs[c].load, n + 1));
         let avg = total / n.max(1);
         let load = self.rqs[busiest].load;
@@ -707,9 +719,9 @@ mod tests {
     #[test]
     fn cpu_bound_threads_share_a_core_by_weight() {
         let mut s = HostScheduler::new(1);
-        let a = s.add_thread(0, 1, 0);
-        let b = s.add_thread(0, 1, 0);
-        let c = s.add_thread(5, 1, 0);
+        let a = s.add_thread(0, CpuMask::from_bits(1), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(1), 0);
+        let c = s.add_thread(5, CpuMask::from_bits(1), 0);
         let mut now = 0;
         for t in [a, b, c] {
             s.wake(t, now);
@@ -741,8 +753,8 @@ mod tests {
     #[test]
     fn a_sleeper_waking_far_behind_preempts_but_only_beyond_the_granularity() {
         let mut s = HostScheduler::new(1);
-        let hog = s.add_thread(0, 1, 0);
-        let io = s.add_thread(0, 1, 0);
+        let hog = s.add_thread(0, CpuMask::from_bits(1), 0);
+        let io = s.add_thread(0, CpuMask::from_bits(1), 0);
         s.wake(hog, 0);
         s.pick_next(0, 0);
         // The hog runs 20 ms alone; the I/O thread wakes: placed at
@@ -767,9 +779,9 @@ mod tests {
     #[test]
     fn wakeups_prefer_an_idle_allowed_core_and_pinning_is_respected() {
         let mut s = HostScheduler::new(3);
-        let a = s.add_thread(0, 0b011, 0);
-        let b = s.add_thread(0, 0b011, 0);
-        let pinned = s.add_thread(0, 0b100, 0);
+        let a = s.add_thread(0, CpuMask::from_bits(0b011), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(0b011), 0);
+        let pinned = s.add_thread(0, CpuMask::from_bits(0b100), 0);
         assert_eq!(s.wake(a, 0), Some(Wake::RunIdle { core: 0 }));
         s.pick_next(0, 0);
         assert_eq!(s.wake(b, 0), Some(Wake::RunIdle { core: 1 }));
@@ -780,8 +792,8 @@ mod tests {
     #[test]
     fn an_idle_core_pulls_a_waiting_thread_it_may_run() {
         let mut s = HostScheduler::new(2);
-        let a = s.add_thread(0, 0b01, 0);
-        let b = s.add_thread(0, 0b11, 0);
+        let a = s.add_thread(0, CpuMask::from_bits(0b01), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(0b11), 0);
         s.wake(a, 0);
         s.pick_next(0, 0);
         // b may run on either core; core 1 is busy with nothing, but b's
@@ -790,9 +802,9 @@ mod tests {
         // Force b to queue on core 0 by making it the only choice, then
         // let core 1 pull it.
         let mut s = HostScheduler::new(2);
-        let a = s.add_thread(0, 0b01, 0);
-        let blocker = s.add_thread(0, 0b10, 1);
-        let b = s.add_thread(0, 0b11, 0);
+        let a = s.add_thread(0, CpuMask::from_bits(0b01), 0);
+        let blocker = s.add_thread(0, CpuMask::from_bits(0b10), 1);
+        let b = s.add_thread(0, CpuMask::from_bits(0b11), 0);
         s.wake(a, 0);
         s.pick_next(0, 0);
         s.wake(blocker, 0);
@@ -811,8 +823,10 @@ mod tests {
     #[test]
     fn periodic_balance_pulls_what_the_pinning_allows_until_balanced() {
         let mut s = HostScheduler::new(2);
-        let pinned = s.add_thread(0, 0b10, 1);
-        let f: Vec<Tid> = (0..3).map(|_| s.add_thread(0, 0b11, 0)).collect();
+        let pinned = s.add_thread(0, CpuMask::from_bits(0b10), 1);
+        let f: Vec<Tid> = (0..3)
+            .map(|_| s.add_thread(0, CpuMask::from_bits(0b11), 0))
+            .collect();
         s.wake(pinned, 0);
         s.pick_next(1, 0);
         for &t in &f {
@@ -836,9 +850,9 @@ mod tests {
     #[test]
     fn a_thread_that_just_ran_is_cache_hot_and_stays() {
         let mut s = HostScheduler::new(2);
-        let a = s.add_thread(0, 0b11, 0);
-        let b = s.add_thread(0, 0b11, 0);
-        let blocker = s.add_thread(0, 0b10, 1);
+        let a = s.add_thread(0, CpuMask::from_bits(0b11), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(0b11), 0);
+        let blocker = s.add_thread(0, CpuMask::from_bits(0b10), 1);
         s.wake(blocker, 0);
         s.pick_next(1, 0);
         s.wake(a, 0);
@@ -862,9 +876,9 @@ mod tests {
     #[test]
     fn siblings_runnable_on_one_core_are_stacked() {
         let mut s = HostScheduler::new(2);
-        let a = s.add_thread(0, 0b01, 0);
-        let b = s.add_thread(0, 0b01, 0);
-        let other = s.add_thread(0, 0b01, 0);
+        let a = s.add_thread(0, CpuMask::from_bits(0b01), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(0b01), 0);
+        let other = s.add_thread(0, CpuMask::from_bits(0b01), 0);
         s.set_group(a, 0);
         s.set_group(b, 0);
         s.set_group(other, 1);
@@ -889,7 +903,7 @@ mod tests {
             let mut s = HostScheduler::new(3);
             let masks = [0b001, 0b011, 0b111, 0b100, 0b110, 0];
             for (i, m) in masks.iter().enumerate() {
-                let t = s.add_thread((i as i32) - 2, *m, i % 3);
+                let t = s.add_thread((i as i32) - 2, CpuMask::from_bits(*m), i % 3);
                 s.set_group(t, i % 2);
             }
             let mut now = 0;
@@ -911,7 +925,7 @@ mod tests {
                     let mut load = 0;
                     for &q in rq.queued.iter().chain(rq.curr.iter()) {
                         seen[q] += 1;
-                        prop_assert!(s.thread(q).allowed & (1 << c) != 0);
+                        prop_assert!(s.thread(q).allowed.contains(c));
                         prop_assert_eq!(s.thread(q).core, c);
                         prop_assert!(s.thread(q).runnable);
                         load += s.thread(q).weight;

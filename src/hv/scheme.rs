@@ -183,7 +183,7 @@ pub trait Scheme {
             // KVM's __loaded_vmcs_clear for a vCPU that moved away.
             CALL_FUNCTION_SINGLE_VECTOR => cx.charge(cx.costs.call_function),
             v => {
-                if let Some((vm, a)) = cx.hv.vf_by_host_vector(v) {
+                if let Some((vm, a)) = cx.hv.vf_by_host_vector(core, v) {
                     // The assigned device's host IRQ handler (irqfd to kvm_set_irq).
                     cx.charge(cx.costs.irq_handler);
                     let vcpu = cx.hv.msi_destination(vm);

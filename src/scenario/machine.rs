@@ -23,11 +23,21 @@ impl Default for MachineSpec {
 }
 
 impl MachineSpec {
+    /// Most cores a machine may have (the host's core masks are this
+    /// wide).
+    pub const MAX_CORES: usize = crate::engine::CPUMASK_BITS;
+
     /// Checks `machine.cores`.
     pub fn validate(&self) -> Result<(), ScenarioError> {
         let c = self.cores;
-        let range = "2..=64 (core 0 is the host's)";
-        require((2..=64).contains(&c), "machine", "cores", c, range)
+        let range = "2..=512 (core 0 is the host's)";
+        require(
+            (2..=Self::MAX_CORES).contains(&c),
+            "machine",
+            "cores",
+            c,
+            range,
+        )
     }
 }
 

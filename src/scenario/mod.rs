@@ -400,8 +400,8 @@ impl Scenario {
             let cores = views
                 .iter()
                 .flat_map(|v| v.allowed.iter())
-                .fold(0u64, |m, &a| m | a)
-                .count_ones() as usize;
+                .fold(crate::engine::CpuMask::EMPTY, |m, &a| m.union(a))
+                .count();
             // Guests with burners on every vCPU never idle: nothing polls.
             let some_idle = views.iter().any(|v| !v.burn);
             if vcpus > cores && some_idle {

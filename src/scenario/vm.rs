@@ -4,6 +4,7 @@
 //! [`VmSpec::top_level`]).
 
 use super::{bad, Scenario, ScenarioError, WorkloadSpec};
+use crate::engine::{CpuMask, CPUMASK_BITS};
 use serde::{Deserialize, Serialize};
 
 /// One VM: a `[[vm]]` table, or the VM a scenario without them stands
@@ -123,9 +124,8 @@ pub enum MsiMode {
 }
 
 impl VmSpec {
-    /// Most vCPUs a VM may have (the guest's reschedule IPIs are a 64-bit
-    /// mask).
-    pub const MAX_VCPUS: u32 = 64;
+    /// Most vCPUs a VM may have (the guest's CPU masks are this wide).
+    pub const MAX_VCPUS: u32 = crate::engine::VCPUMASK_BITS as u32;
 
     /// The VM the single-VM form stands for: one vCPU pinned to core 1
     /// (core 0 is the host's), MSI fixed to vCPU 0, no RPS, no burners,
@@ -186,15 +186,15 @@ impl VmSpec {
 
     /// The cores each vCPU may run on, as masks (bit i = core i): its
     /// `allowed_cores` set, or its start core of copy `k`.
-    pub fn copy_allowed(&self, k: usize, machine_cores: usize) -> Vec<u64> {
+    pub fn copy_allowed(&self, k: usize, machine_cores: usize) -> Vec<CpuMask> {
         let start = self.copy_cores(k, machine_cores);
+        // Validation keeps every core below machine.cores, itself within
+        // the masks' width; `% CPUMASK_BITS` only keeps an unchecked
+        // scenario from panicking here.
         (0..self.vcpus as usize)
             .map(|j| match &self.allowed_cores {
-                Some(a) => a
-                    .set(j, machine_cores)
-                    .iter()
-                    .fold(0u64, |m, &c| m | (1u64 << (c & 63))),
-                None => 1u64 << (start[j] & 63),
+                Some(a) => CpuMask::of(a.set(j, machine_cores).iter().map(|&c| c % CPUMASK_BITS)),
+                None => CpuMask::single(start[j] % CPUMASK_BITS),
             })
             .collect()
     }
@@ -223,7 +223,7 @@ pub struct VmView<'a> {
     /// Core of each vCPU (where it starts).
     pub cores: Vec<usize>,
     /// The cores each vCPU may run on (bit i = core i).
-    pub allowed: Vec<u64>,
+    pub allowed: Vec<CpuMask>,
     /// The vCPU its workload's tasks run on.
     pub app_vcpu: usize,
     /// The vCPUs its VF's MSI may target.
@@ -282,7 +282,10 @@ impl Scenario {
     }
 
     /// Most VMs a scenario may have.
-    pub const MAX_VMS: usize = 64;
+    pub const MAX_VMS: usize = 1024;
+
+    /// Most vCPUs of all VMs together: events name a vCPU in 16 bits.
+    pub const MAX_TOTAL_VCPUS: usize = u16::MAX as usize;
 
     /// Checks the VMs (each one's keys and workload) and what the
     /// scenario's other sections allow with several of them.
@@ -293,6 +296,18 @@ impl Scenario {
         let total: usize = self.vms.iter().map(|v| v.copies as usize).sum();
         if total > Self::MAX_VMS {
             return bad("", "vm", format!("{total} VMs: at most {}", Self::MAX_VMS));
+        }
+        let vcpus: usize = self
+            .vms
+            .iter()
+            .map(|v| v.copies as usize * v.vcpus as usize)
+            .sum();
+        if vcpus > Self::MAX_TOTAL_VCPUS {
+            return bad(
+                "",
+                "vm",
+                format!("{vcpus} vCPUs in all: at most {}", Self::MAX_TOTAL_VCPUS),
+            );
         }
         // The single-VM form moved the top-level workload into its VM:
         // one left here was written beside `[[vm]]` tables.
@@ -556,14 +571,15 @@ mod tests {
         };
         let s = ok(&vm("\"any\"", ""), &[]);
         let v = s.vm_views();
-        assert_eq!(v[0].allowed, vec![0b11110, 0b11110]);
+        let m = crate::engine::CpuMask::from_bits;
+        assert_eq!(v[0].allowed, vec![m(0b11110), m(0b11110)]);
         // Spread: copy k's vCPU j starts on the (2k + j)th core of the set.
         assert_eq!(
             (v[0].cores.clone(), v[1].cores.clone()),
             (vec![1, 2], vec![3, 4])
         );
         let s = ok(&vm("[[1, 2], [3]]", ""), &[]);
-        assert_eq!(s.vm_views()[1].allowed, vec![0b110, 0b1000]);
+        assert_eq!(s.vm_views()[1].allowed, vec![m(0b110), m(0b1000)]);
         let s = ok(&vm("[2, 3]", "cores = [3, 3]"), &[]);
         assert_eq!(s.vm_views()[0].cores, vec![3, 3]);
         // Without allowed_cores each vCPU is pinned to its core.
@@ -571,7 +587,7 @@ mod tests {
             "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 4\n[[vm]]\nvcpus = 2\ncores = [1, 3]\n",
             &[],
         );
-        assert_eq!(s.vm_views()[0].allowed, vec![0b10, 0b1000]);
+        assert_eq!(s.vm_views()[0].allowed, vec![m(0b10), m(0b1000)]);
         for (allowed, extra, want) in [
             ("\"all\"", "", "give \"any\""),
             ("[0, 1]", "", "core 0"),

@@ -364,6 +364,62 @@ struct Job {
     sets: Vec<String>,
 }
 
+/// The jobs' indices, the costliest first by [`cost_estimate`] (ties keep
+/// the jobs' order).
+fn longest_first(
+    jobs: &[Job],
+    scenarios: &[Scenario],
+    exps: &[&Experiment],
+    cal: &Calibration,
+) -> Vec<usize> {
+    let cost: Vec<f64> = jobs
+        .iter()
+        .zip(scenarios)
+        .map(|(j, s)| cost_estimate(s, exps[j.exp].search.as_ref(), cal))
+        .collect();
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| cost[b].total_cmp(&cost[a]));
+    order
+}
+
+/// A job's cost before running it, in events (roughly): simulated seconds
+/// times the events a second its VMs' timers and workloads make, times the
+/// runs a search makes. Only the ranking matters. A WhileLoop run ends when
+/// its loop does, at about its iterations at one a cycle.
+fn cost_estimate(s: &Scenario, search: Option<&Search>, cal: &Calibration) -> f64 {
+    // A workload without a rate (a stream, a ping-pong): ~1e5 events/s.
+    const STREAM: f64 = 1e5;
+    let hz = cal.cpu.ghz.value * 1e9;
+    let mut sim_s = s.duration_s;
+    let mut per_s = 0.0;
+    for vm in &s.vms {
+        let w = &vm.workload;
+        if let Some(l) = &w.whileloop {
+            sim_s = sim_s.min(l.iterations / hz);
+        }
+        let mut load = f64::from(vm.vcpus) * f64::from(s.guest.hz);
+        load += w.udp.as_ref().map_or(0.0, |u| u.rate_pps);
+        load += w
+            .memcached
+            .as_ref()
+            .map_or(0.0, |m| m.rate_rps.unwrap_or(STREAM));
+        let streams = [
+            w.netpipe.is_some(),
+            w.iperf.is_some(),
+            w.fio.is_some(),
+            w.netperf.is_some(),
+            w.nginx.is_some(),
+            w.apache.is_some(),
+        ];
+        // A call is a dozen messages, each a few events on either side.
+        load += w.sip.as_ref().map_or(0.0, |c| c.rate_cps * 100.0);
+        load += STREAM * streams.iter().filter(|&&b| b).count() as f64;
+        per_s += f64::from(vm.copies.max(1)) * load;
+    }
+    let runs = search.map_or(1.0, |se| 1.0 + f64::from(se.steps));
+    (s.warmup_s + sim_s) * per_s * runs
+}
+
 /// Runs every experiment of `paper` (optionally only those whose id
 /// contains `filter`) with `threads` simulations in parallel, plus extra
 /// `--set` overrides on every run (e.g. a shorter duration).
@@ -491,16 +547,20 @@ pub fn reproduce(
         scenarios.push(s);
     }
     let results: Vec<Mutex<Option<Outcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    // Longest first, so the last job to finish is a short one instead of a
+    // WhileLoop run started when the others are done. Rows keep the jobs'
+    // order: only the order the threads take them in changes.
+    let order = longest_first(&jobs, &scenarios, &exps, cal);
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {
         // No more threads than jobs, however many were asked for.
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             sc.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= jobs.len() {
+                let k = next.fetch_add(1, Ordering::SeqCst);
+                let Some(&i) = order.get(k) else {
                     break;
-                }
+                };
                 let run = |s: &Scenario| match World::build(s, cal) {
                     Ok(mut w) => {
                         w.run(|_| {});
@@ -759,6 +819,46 @@ fn tables(rows: &[Row], o: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn longest_jobs_go_first_and_ties_keep_their_order() {
+        let cal = Calibration::default_host();
+        let sc = |text: &str| Scenario::parse(text, &[]).expect("scenario");
+        let udp = |rate: u32, dur: f64| {
+            format!("scheme = \"kvm\"\nduration_s = {dur}\n[workload.udp]\nrate_pps = {rate}\n")
+        };
+        // 2^34 iterations end the run after ~5 s, not its 30.
+        let wl = format!(
+            "{}[workload.whileloop]\niterations = 17179869184\n",
+            udp(600_000, 30.0)
+        );
+        let scenarios = vec![
+            sc(&udp(100_000, 1.0)),
+            sc(&udp(600_000, 1.0)),
+            sc(&wl),
+            sc(&udp(100_000, 1.0)),
+        ];
+        let e: Experiment =
+            toml::from_str("id = \"x\"\nconfigs = {}\nconfig_order = []\nmetrics = []\n")
+                .expect("experiment");
+        let exps = [&e];
+        let jobs: Vec<Job> = (0..scenarios.len())
+            .map(|_| Job {
+                exp: 0,
+                config: String::new(),
+                param: vec![],
+                scenario: PathBuf::new(),
+                sets: vec![],
+            })
+            .collect();
+        assert_eq!(longest_first(&jobs, &scenarios, &exps, &cal), [2, 1, 0, 3]);
+        let wl_cost = cost_estimate(&scenarios[2], None, &cal);
+        let five_s = cost_estimate(&sc(&udp(600_000, 5.0)), None, &cal);
+        assert!(
+            wl_cost < five_s * 1.2 && wl_cost > five_s * 0.8,
+            "{wl_cost} vs {five_s}"
+        );
+    }
 
     #[test]
     fn bare_metric_names_resolve_only_when_unique() {

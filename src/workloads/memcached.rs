@@ -304,6 +304,9 @@ pub struct MemaslapClient {
     /// Per connection: requests due to be written (their socket buffer
     /// was full).
     unsent: Vec<u32>,
+    /// The connections with `unsent > 0` (bit i of word i / 64): a poll
+    /// writes on these instead of looking at every connection.
+    due: Vec<u64>,
     outstanding: Vec<VecDeque<(Time, u32, bool)>>,
     syscall: Time,
     latency: LatencyHistogram,
@@ -327,9 +330,16 @@ impl MemaslapClient {
         let unsent = (0..conns)
             .map(|i| (concurrency / conns + usize::from(i < concurrency % conns)) as u32)
             .collect::<Vec<_>>();
+        let mut due = vec![0u64; conns.div_ceil(64)];
+        for (i, &u) in unsent.iter().enumerate() {
+            if u > 0 {
+                due[i / 64] |= 1 << (i % 64);
+            }
+        }
         MemaslapClient {
             shape,
             seed,
+            due,
             sent_n: vec![0; conns],
             outstanding: unsent
                 .iter()
@@ -359,6 +369,9 @@ impl MemaslapClient {
             self.sent_n[i] += 1;
             self.unsent[i] -= 1;
             self.outstanding[i].push_back((at + cost, resp, set));
+        }
+        if self.unsent[i] == 0 {
+            self.due[i / 64] &= !(1 << (i % 64));
         }
         cost
     }
@@ -394,10 +407,19 @@ impl PeerApp for MemaslapClient {
                 self.outstanding[i].pop_front();
                 // Re-issued at once.
                 self.unsent[i] += 1;
+                self.due[i / 64] |= 1 << (i % 64);
             }
         }
-        for i in 0..n {
-            if self.unsent[i] > 0 {
+        // The connections with requests due, in increasing order (a write
+        // only ever clears its own bit).
+        for w in 0..self.due.len() {
+            let mut bits = self.due[w];
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if i >= n {
+                    break;
+                }
                 let at = now + cost;
                 cost += self.write(i, conns.get(i), at);
             }

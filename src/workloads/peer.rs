@@ -225,6 +225,20 @@ impl PeerHost {
             .min()
     }
 
+    /// Queues connection `i`'s deadline `t`. A retransmission deadline
+    /// moves with every ACK, leaving a stale entry each time: once stale
+    /// entries outnumber the connections, they are dropped in place (they
+    /// would only have been skipped), so the heap stays about as deep as
+    /// the number of connections.
+    fn push_timer(&mut self, t: Time, i: usize) {
+        if self.timer_heap.len() >= 2 * self.timers.len() + 16 {
+            let timers = &self.timers;
+            self.timer_heap
+                .retain(|&Reverse((t, i))| timers[i] == Some(t));
+        }
+        self.timer_heap.push(Reverse((t, i)));
+    }
+
     /// Connection `i` received or timed out: the kernel has output to
     /// send, and the process has it ready.
     fn touch(&mut self, i: usize) {
@@ -522,7 +536,7 @@ impl PeerHost {
             if next != self.timers[i] {
                 self.timers[i] = next;
                 if let Some(t) = next {
-                    self.timer_heap.push(Reverse((t, i)));
+                    self.push_timer(t, i);
                 }
             }
         }

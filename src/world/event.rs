@@ -108,13 +108,13 @@ pub enum Ev {
     /// The next frame from the guest reaches a peer host.
     ToPeer {
         /// Which peer.
-        peer: u8,
+        peer: u16,
     },
     /// The next frame from a peer host reaches the guest's side (the tap
     /// device, or the VF).
     ToGuest {
         /// Which peer.
-        peer: u8,
+        peer: u16,
     },
     /// The VF's head TX frame has left the wire.
     VfTxDone {
@@ -125,7 +125,7 @@ pub enum Ev {
     /// armed last).
     PeerTimer {
         /// Which peer.
-        peer: u8,
+        peer: u16,
         /// The tie-break key it was queued with.
         key: u64,
     },

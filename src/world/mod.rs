@@ -646,7 +646,7 @@ impl World {
         }
         let now = self.q.now();
         if core != here {
-            self.hv.vcpus[vcpu].core = core;
+            self.hv.move_vcpu(vcpu, core);
         }
         // kvm_sched_in (the preempt notifier), then kvm_arch_vcpu_load.
         self.hv.sched_in(vcpu);
@@ -917,7 +917,7 @@ impl World {
             };
             let action = self.guests[k].next(c, now, &mut dev);
             let pokes = self.guests[k].take_pokes(c);
-            if pokes != 0 {
+            if !pokes.is_empty() {
                 self.poke_siblings(k, pokes);
             }
             if self.pv.is_some() {
@@ -961,13 +961,9 @@ impl World {
     }
 
     /// The guest kernel set need_resched on sibling CPUs whose idle loop
-    /// polls it (`pokes`, a bitmask): each that is in guest mode looks
-    /// again now.
-    fn poke_siblings(&mut self, vm: usize, pokes: u64) {
-        let mut p = pokes;
-        while p != 0 {
-            let c = p.trailing_zeros() as usize;
-            p &= p - 1;
+    /// polls it (`pokes`): each that is in guest mode looks again now.
+    fn poke_siblings(&mut self, vm: usize, pokes: crate::engine::VcpuMask) {
+        for c in pokes.iter() {
             let Some(&vcpu) = self.hv.vms[vm].vcpus.get(c) else {
                 continue;
             };

@@ -371,7 +371,7 @@ impl World {
         let at = at.max(link.to_peer_last);
         link.to_peer_last = at;
         link.to_peer.push_back(f);
-        self.q.schedule(at, Ev::ToPeer { peer: p as u8 });
+        self.q.schedule(at, Ev::ToPeer { peer: p as u16 });
     }
 
     /// A frame from the guest reached peer `p`.
@@ -405,7 +405,7 @@ impl World {
             Some(due) => {
                 if link.armed.last().is_none_or(|&a| due < a) {
                     link.armed.push(due);
-                    let peer = p as u8;
+                    let peer = p as u16;
                     self.q
                         .schedule_reserved(due.0, due.1, Ev::PeerTimer { peer, key: due.1 });
                 }
@@ -427,7 +427,7 @@ impl World {
         let Some(link) = self.peers.get_mut(p) else {
             return;
         };
-        let ev = Ev::ToGuest { peer: p as u8 };
+        let ev = Ev::ToGuest { peer: p as u16 };
         for i in 0..link.out.len() {
             let (t, f) = link.out[i];
             // Into a VF's RX ring a GSO packet arrives as the frames the
@@ -474,7 +474,7 @@ impl World {
             if let Some((at, key)) = link.due {
                 if link.armed.last().is_none_or(|&a| (at, key) < a) {
                     link.armed.push((at, key));
-                    let peer = p as u8;
+                    let peer = p as u16;
                     self.q
                         .schedule_reserved(at, key, Ev::PeerTimer { peer, key });
                 }

@@ -23,7 +23,7 @@ pub struct VcpuThread {
     /// The core it starts on.
     pub core: usize,
     /// The cores it may run on (bit i = core i).
-    pub allowed: u64,
+    pub allowed: crate::engine::CpuMask,
 }
 
 /// The scheduler and what the world keeps about it.
@@ -70,7 +70,7 @@ impl SchedState {
         tick: Time,
     ) -> Option<SchedState> {
         let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
-        let floating = vcpus.iter().any(|v| v.allowed.count_ones() > 1);
+        let floating = vcpus.iter().any(|v| v.allowed.count() > 1);
         let shared =
             floating || (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
         let halts = s.guest.idle == crate::guest::IdleMode::Halt;
@@ -98,13 +98,13 @@ impl SchedState {
             }
         }
         for b in &s.host.burners {
-            let mask = b.cores.iter().fold(0u64, |m, &c| m | (1 << c));
+            let mask = crate::engine::CpuMask::of(b.cores.iter().copied());
             sched.add_thread(b.nice, mask, b.cores[0]);
         }
         let io_base = sched.threads();
         for &w in &io_shared {
             let c = io_cores[w];
-            sched.add_thread(0, 1 << c, c);
+            sched.add_thread(0, crate::engine::CpuMask::single(c), c);
         }
         Some(SchedState {
             s: sched,
@@ -140,8 +140,10 @@ impl SchedState {
     }
 
     /// The cores any thread may run on (they get scheduler ticks).
-    fn cores(&self) -> u64 {
-        (0..self.s.threads()).fold(0, |m, t| m | self.s.thread(t).allowed)
+    fn cores(&self) -> crate::engine::CpuMask {
+        (0..self.s.threads()).fold(crate::engine::CpuMask::EMPTY, |m, t| {
+            m.union(self.s.thread(t).allowed)
+        })
     }
 }
 
@@ -177,7 +179,7 @@ impl World {
         let cores = st.cores();
         let tick = st.tick;
         for c in 0..self.m.cores.len() {
-            if cores & (1 << c) != 0 {
+            if cores.contains(c) {
                 self.q.schedule(tick, Ev::SchedTick { core: c as u16 });
             }
         }
@@ -532,8 +534,10 @@ impl World {
         // of the interval alone: 8 VMs halt-polling on 4 cores would
         // otherwise read over 100%.
         let vcpu_cores = (0..self.hv.vcpus.len())
-            .fold(0u64, |m, t| m | st.s.thread(t).allowed)
-            .count_ones()
+            .fold(crate::engine::CpuMask::EMPTY, |m, t| {
+                m.union(st.s.thread(t).allowed)
+            })
+            .count()
             .max(1);
         out.insert(
             "host.halt_poll_pct".into(),

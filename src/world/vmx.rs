@@ -524,7 +524,7 @@ impl World {
             ExitInfo::ExternalInterrupt { vector } => {
                 let timer_due = self.timer_due[vcpu].is_some_and(|d| d <= now);
                 match vector {
-                    Some(v) if self.hv.vf_by_host_vector(v).is_some() => EventClass::Device,
+                    Some(v) if self.hv.vf_by_host_vector(core, v).is_some() => EventClass::Device,
                     Some(crate::hv::host::RESCHEDULE_VECTOR) => self
                         .event_exits
                         .as_ref()

@@ -18,6 +18,7 @@ mod host_scheduler;
 mod invariants;
 mod iperf;
 mod kvm2026;
+mod limits;
 mod memcached;
 mod multi_vm;
 mod preemption;

@@ -65,6 +65,12 @@ pub struct Apicv {
     pub vtd_posted_interrupts: bool,
     /// Per vCPU: halted with its descriptor on the wakeup vector.
     blocked: Vec<bool>,
+    /// Per core: the blocked vCPUs whose descriptor names it (NDST), in
+    /// increasing order (Linux's per-CPU `blocked_vcpu_on_cpu` list): the
+    /// wakeup handler looks at these, not at every vCPU.
+    blocked_on: Vec<Vec<usize>>,
+    /// Per vCPU: the core whose list holds it while blocked.
+    blocked_at: Vec<usize>,
 }
 
 impl Apicv {
@@ -73,11 +79,33 @@ impl Apicv {
         Apicv {
             vtd_posted_interrupts,
             blocked: Vec::new(),
+            blocked_on: Vec::new(),
+            blocked_at: Vec::new(),
         }
     }
 }
 
 impl Apicv {
+    /// Blocked `vcpu`'s descriptor now names `core`: it moves to that
+    /// core's list.
+    fn list_blocked(&mut self, vcpu: usize, core: usize) {
+        self.unlist_blocked(vcpu);
+        let l = &mut self.blocked_on[core];
+        let i = l.partition_point(|&v| v < vcpu);
+        l.insert(i, vcpu);
+        self.blocked_at[vcpu] = core;
+    }
+
+    /// Takes `vcpu` off its core's list, if it is blocked.
+    fn unlist_blocked(&mut self, vcpu: usize) {
+        if self.blocked[vcpu] {
+            let l = &mut self.blocked_on[self.blocked_at[vcpu]];
+            if let Some(i) = l.iter().position(|&v| v == vcpu) {
+                l.remove(i);
+            }
+        }
+    }
+
     /// ES2's redirection for VT-d posted interrupts (docs/papers.md ES2,
     /// §2.8 of the digest): the VF's posted-format IRTE is pointed at the
     /// descriptor of the vCPU redirection picks now, rewritten (and its
@@ -110,6 +138,14 @@ impl Scheme for Apicv {
         // interrupts are on (below).
         kvm::setup(cx, vm);
         self.blocked.resize(cx.hv.vcpus.len(), false);
+        self.blocked_at.resize(cx.hv.vcpus.len(), 0);
+        if self.blocked_on.len() != cx.m.cores.len() {
+            // Room for every vCPU that starts on the core, so blocking
+            // does not allocate on the event loop.
+            self.blocked_on = (0..cx.m.cores.len())
+                .map(|c| Vec::with_capacity(cx.hv.on_core[c].len() + 1))
+                .collect();
+        }
         let xapic = cx.hv.vms[vm].xapic;
         for &vcpu in &cx.hv.vms[vm].vcpus.clone() {
             let mut vmcs = Vmcs::kvm_apicv();
@@ -137,6 +173,9 @@ impl Scheme for Apicv {
         // vmx_vcpu_pi_load: point NDST at this core, clear SN.
         let core = cx.hv.vcpus[vcpu].core;
         cx.m.pi_desc[vcpu].ndst = cx.m.cores[core].apic_id;
+        if self.blocked[vcpu] {
+            self.list_blocked(vcpu, core);
+        }
         cx.m.pi_desc[vcpu].sn = false;
         cx.hv.vcpus[vcpu].loaded = true;
         self.redirect_posted_irte(cx, cx.hv.vcpus[vcpu].vm);
@@ -176,12 +215,14 @@ impl Scheme for Apicv {
         let pi = &mut cx.m.pi_desc[vcpu];
         pi.nv = POSTED_INTR_WAKEUP_VECTOR;
         pi.ndst = cx.m.cores[core].apic_id;
+        self.list_blocked(vcpu, core);
         self.blocked[vcpu] = true;
     }
 
     /// `pi_post_block`: notifications go to the guest again.
     fn vcpu_unblocking(&mut self, cx: &mut HvCx, vcpu: usize) {
         cx.m.pi_desc[vcpu].nv = cx.m.vmcs[vcpu].posted_intr_nv;
+        self.unlist_blocked(vcpu);
         self.blocked[vcpu] = false;
     }
 
@@ -214,8 +255,8 @@ impl Scheme for Apicv {
             crate::hw::x86::vmcs::KVM_POSTED_INTR_VECTOR => {}
             POSTED_INTR_WAKEUP_VECTOR => {
                 let apic = cx.m.cores[core].apic_id;
-                for v in 0..self.blocked.len() {
-                    if self.blocked[v] && cx.m.pi_desc[v].ndst == apic && cx.m.pi_desc[v].on {
+                for &v in &self.blocked_on[core] {
+                    if cx.m.pi_desc[v].ndst == apic && cx.m.pi_desc[v].on {
                         cx.kick(v);
                     }
                 }

@@ -98,7 +98,8 @@ impl Scheme for Did {
             // §4.4: the host's timers leave the VM's cores (every core its
             // vCPU may run on) for the designated core.
             let allowed = cx.hv.vcpus[vcpu].allowed;
-            for core in (0..cx.m.cores.len().min(64)).filter(|&c| allowed & (1 << c) != 0) {
+            let ncores = cx.m.cores.len();
+            for core in allowed.iter().take_while(|&c| c < ncores) {
                 cx.hv.host.reassign(core, designated);
                 cx.host_timer_reprogram(designated);
                 cx.apic_write(core, msr::TMICT, 0);
@@ -141,6 +142,7 @@ impl Scheme for Did {
             .find(|t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu));
         if let Some(deadline) = parked {
             cx.host_timer_cancel(
+                vcpu,
                 |t| matches!(t, HostTimer::ParkedTimer { vcpu: v, .. } if *v == vcpu),
             );
             if deadline <= now {

@@ -33,12 +33,14 @@ pub fn emulate_write(cx: &mut HvCx, vcpu: usize, reg: u32, value: u64) -> Option
             // start_apic_timer: an hrtimer on the vCPU's current core.
             let core = cx.hv.vcpus[vcpu].core;
             cx.host_timer_cancel(
+                vcpu,
                 |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
             );
             cx.host_timer_start(core, deadline, HostTimer::GuestTimer { vcpu, gen });
         }
         ApicEffect::TimerStopped => {
             cx.host_timer_cancel(
+                vcpu,
                 |t| matches!(t, HostTimer::GuestTimer { vcpu: v, .. } if *v == vcpu),
             );
         }

@@ -57,7 +57,9 @@ impl Machine {
             shadow_idt: vec![Default::default(); vcpus],
             virtio_net: Vec::new(),
             virtio_blk: Vec::new(),
-            irt: InterruptRemappingTable::new(256),
+            // An entry per VF (entry i is VM i's): at least 256, as before
+            // hosts of more VMs.
+            irt: InterruptRemappingTable::new(vcpus.max(256)),
             nic,
             link,
         }
@@ -71,6 +73,11 @@ impl Machine {
 
     /// The core whose LAPIC has x2APIC id `apic_id`.
     pub fn core_of_apic(&self, apic_id: u32) -> Option<usize> {
+        // Ids are core indices (`new`): look there before searching.
+        let i = apic_id as usize;
+        if self.cores.get(i).is_some_and(|c| c.apic_id == apic_id) {
+            return Some(i);
+        }
         self.cores.iter().position(|c| c.apic_id == apic_id)
     }
 }

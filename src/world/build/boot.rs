@@ -43,7 +43,7 @@ fn host_boot(cx: &mut HvCx, topo: &Topology) {
     }
     let p = cx.hv.host.tick_period;
     for c in 0..topo.cores {
-        if topo.vcpu_cores_mask & (1 << c) != 0 {
+        if topo.vcpu_cores_mask.contains(c) {
             cx.host_timer_start(c, p, HostTimer::Tick { core: c });
         }
     }

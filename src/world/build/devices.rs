@@ -9,7 +9,7 @@ use super::{VIRTIO_BLK_QUEUE_SIZE, VIRTIO_NET_VECTORS};
 use crate::calibration::Calibration;
 use crate::engine::{from_us, Time};
 use crate::guest::itr::{ItrDriver, ItrParams};
-use crate::hv::host::HOST_DEVICE_VECTOR_BASE;
+use crate::hv::host::host_device_vector;
 use crate::hv::VfAssignment;
 use crate::hw::virtio_blk::VirtioBlkDev;
 use crate::hw::virtio_net::VirtioNetDev;
@@ -174,7 +174,7 @@ pub(in crate::world) fn build(
             vf: i as u16,
             irte: i as u16,
             guest_vector: s.guest.vf_vector,
-            host_vector: HOST_DEVICE_VECTOR_BASE + i as u8,
+            host_vector: host_device_vector(i),
             requester_id: requester_ids[i],
         });
         if a.is_some() {

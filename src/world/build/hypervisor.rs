@@ -115,7 +115,7 @@ pub(in crate::world) fn state(
             ioeventfds.push((vm, DOORBELL_PORT, doorbell_fd(vm)));
         }
     }
-    HvState {
+    let mut hv = HvState {
         vms,
         vcpus,
         last_vcpu: vec![None; topo.cores],
@@ -127,10 +127,15 @@ pub(in crate::world) fn state(
                     .then(|| crate::hv::es2::Redirect::new(vcpus))
             })
             .collect(),
-        host: HostKernel::new(topo.cores, (SEC as f64 / hz) as Time),
+        host: HostKernel::new(topo.cores, (SEC as f64 / hz) as Time).with_vcpus(topo.vcpus.len()),
         designated_core: 0,
         ioeventfds,
-    }
+        on_core: Vec::new(),
+        vf_by_vector: Vec::new(),
+        ioeventfds_by_vm: Vec::new(),
+    };
+    hv.index(topo.cores);
+    hv
 }
 
 /// The vhost back ends of the virtio-net devices and their worker
@@ -160,7 +165,7 @@ pub(in crate::world) fn vhost(
         // A host core of its own: the first from 2 up that no vCPU may
         // run on (core 0 is the host's, core 1 the usual VM core).
         vec![(2..topo.cores)
-            .find(|c| topo.vcpu_cores_mask & (1 << c) == 0)
+            .find(|&c| !topo.vcpu_cores_mask.contains(c))
             .unwrap_or(0)]
     } else {
         s.host.io_cores.clone()

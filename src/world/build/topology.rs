@@ -3,6 +3,7 @@
 //! is hardware yet; every later stage reads this plan.
 
 use super::BuildError;
+use crate::engine::CpuMask;
 use crate::hv::scheme::Scheme;
 use crate::scenario::{Scenario, VmView};
 
@@ -25,9 +26,9 @@ pub(in crate::world) struct Topology<'s> {
     /// Every vCPU, VM by VM (the global vCPU index is the position).
     pub vcpus: Vec<VcpuPlace>,
     /// Per vCPU: the cores it may run on (bit i = core i).
-    pub allowed: Vec<u64>,
+    pub allowed: Vec<CpuMask>,
     /// Every core some vCPU may run on.
-    pub vcpu_cores_mask: u64,
+    pub vcpu_cores_mask: CpuMask,
     /// Per VM: its vCPUs' global indices.
     pub vm_vcpus: Vec<Vec<usize>>,
     /// Per core: the vCPU that starts there (the first placed on it); the
@@ -60,12 +61,12 @@ impl<'s> Topology<'s> {
                     .map(move |(index, &core)| VcpuPlace { vm, index, core })
             })
             .collect();
-        let allowed: Vec<u64> = views
+        let allowed: Vec<CpuMask> = views
             .iter()
             .flat_map(|v| v.allowed.iter().copied())
             .collect();
-        let vcpu_cores_mask = allowed.iter().fold(0u64, |m, &a| m | a);
-        if !virtualized && allowed.iter().any(|a| a.count_ones() > 1) {
+        let vcpu_cores_mask = allowed.iter().fold(CpuMask::EMPTY, |m, &a| m.union(a));
+        if !virtualized && allowed.iter().any(|a| a.count() > 1) {
             return refuse(
                 "allowed_cores needs a hypervisor (bare metal runs its kernel on its core)",
             );
