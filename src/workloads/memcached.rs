@@ -465,6 +465,16 @@ pub struct MemcachedWorker {
     get_cost: Time,
     set_cost: Time,
     syscall: Time,
+    /// The response whose request the worker is processing now: it is
+    /// sent (the connection's index, its size) when that work is done.
+    sending: Option<(usize, u32)>,
+    /// The connections epoll_wait returned, in order, not yet drained
+    /// (the kernel's ready list is consumed by every step, so the worker
+    /// keeps its own), how far it is in them, and per connection whether
+    /// it is among them.
+    batch: Vec<usize>,
+    batch_pos: usize,
+    queued: Vec<bool>,
     /// Requests served.
     pub served: u64,
 }
@@ -492,19 +502,36 @@ impl MemcachedWorker {
             get_cost: costs.0,
             set_cost: costs.1,
             syscall: costs.2,
+            sending: None,
+            batch: Vec::with_capacity(conns),
+            batch_pos: 0,
+            queued: vec![false; conns],
             served: 0,
         }
     }
 }
 
 impl App for MemcachedWorker {
+    /// memcached's worker loop (`drive_machine`): one epoll_wait, then
+    /// the ready connections' requests one at a time: read it, process
+    /// it, and `transmit()` its response with one sendmsg before the next
+    /// request is read. A response leaves when its own work is done, not
+    /// with the batch (issue 24 item 4).
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
         let Some(conns) = sys.conns.as_mut() else {
             return TaskStep::Exit;
         };
-        // One epoll_wait, then every ready connection's requests.
-        let mut cost = self.syscall;
-        let mut any = false;
+        // The request just processed: its sendmsg.
+        if let Some((k, resp)) = self.sending.take() {
+            conns.get(k).tcp.send(resp);
+        }
+        // epoll_wait: what became ready joins the connections still to
+        // serve (one call when the worker starts from none).
+        let mut cost = if self.batch_pos >= self.batch.len() {
+            self.syscall
+        } else {
+            0
+        };
         for &k in conns.ready() {
             let Some(i) = conns
                 .peek(k)
@@ -514,28 +541,32 @@ impl App for MemcachedWorker {
             else {
                 continue;
             };
-            if i >= self.served_n.len() || i % self.threads != self.thread {
+            if i < self.served_n.len() && i % self.threads == self.thread && !self.queued[i] {
+                self.queued[i] = true;
+                self.batch.push(k);
+            }
+        }
+        while let Some(&k) = self.batch.get(self.batch_pos) {
+            let i = usize::from(conns.peek(k).flow - self.first_flow);
+            let set = self.shape.is_set(self.seed, i, self.served_n[i]);
+            let (req, resp) = self.shape.sizes(set);
+            if conns.peek(k).tcp.readable() < req {
+                // This connection is drained: the next one.
+                self.queued[i] = false;
+                self.batch_pos += 1;
                 continue;
             }
-            loop {
-                let set = self.shape.is_set(self.seed, i, self.served_n[i]);
-                let (req, resp) = self.shape.sizes(set);
-                if conns.peek(k).tcp.readable() < req {
-                    break;
-                }
-                let s = conns.get(k);
-                s.tcp.recv(req);
-                s.tcp.send(resp);
-                self.served_n[i] += 1;
-                self.served += 1;
-                any = true;
-                cost += 2 * self.syscall + if set { self.set_cost } else { self.get_cost };
-            }
+            conns.get(k).tcp.recv(req);
+            self.served_n[i] += 1;
+            self.served += 1;
+            self.sending = Some((k, resp));
+            // read, the command, sendmsg.
+            cost += 2 * self.syscall + if set { self.set_cost } else { self.get_cost };
+            return TaskStep::Compute(cost);
         }
-        if !any {
-            return TaskStep::Block;
-        }
-        TaskStep::Compute(cost)
+        self.batch.clear();
+        self.batch_pos = 0;
+        TaskStep::Block
     }
 
     fn reset_metrics(&mut self) {
