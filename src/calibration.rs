@@ -437,44 +437,89 @@ impl Calibration {
     /// The entries whose value differs from `base`'s, by dotted key
     /// (`host.ipi_latency_max_us`), with this calibration's value and
     /// source: with the tool version that names `base`, what a report
-    /// needs to say which costs produced it.
+    /// needs to say which costs produced it. Compare calibrations before
+    /// [`Calibration::at_cpu_clock`]: scaled costs are derived, not chosen.
     pub fn changes_from(&self, base: &Calibration) -> std::collections::BTreeMap<String, Entry> {
+        self.changes_against(&entry_values(base))
+    }
+
+    /// [`Calibration::changes_from`] the shipped calibration, whose values
+    /// are read once per process.
+    pub fn changes_from_shipped(&self) -> std::collections::BTreeMap<String, Entry> {
+        static SHIPPED: std::sync::OnceLock<std::collections::BTreeMap<String, u64>> =
+            std::sync::OnceLock::new();
+        self.changes_against(SHIPPED.get_or_init(|| entry_values(&Calibration::default_host())))
+    }
+
+    fn changes_against(
+        &self,
+        base: &std::collections::BTreeMap<String, u64>,
+    ) -> std::collections::BTreeMap<String, Entry> {
         let mut out = std::collections::BTreeMap::new();
-        let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) =
-            (toml::Value::try_from(self), toml::Value::try_from(base))
-        else {
+        let Ok(v) = toml::Value::try_from(self) else {
             return out;
         };
-        for (section, entries) in &a {
-            let Some(entries) = entries.as_table() else {
-                continue;
-            };
-            for (key, e) in entries {
-                let Ok(e) = e.clone().try_into::<Entry>() else {
-                    continue;
-                };
-                let same = b
-                    .get(section)
-                    .and_then(|t| t.get(key))
-                    .and_then(|v| v.get("value"))
-                    .and_then(toml::Value::as_float)
-                    .is_some_and(|v| v.to_bits() == e.value.to_bits());
-                if !same {
-                    out.insert(format!("{section}.{key}"), e);
+        let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
+            let e = toml::Value::Table(t.clone()).try_into::<Entry>();
+            if let Ok(e) = e {
+                if base.get(path) != Some(&e.value.to_bits()) {
+                    out.insert(path.to_string(), e);
                 }
             }
-        }
+            Ok(())
+        });
         out
     }
+}
+
+/// Every entry's value of `c` (bit patterns), by dotted key.
+fn entry_values(c: &Calibration) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(v) = toml::Value::try_from(c) {
+        let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
+            if let Some(x) = entry_number(t) {
+                out.insert(path.to_string(), x.to_bits());
+            }
+            Ok(())
+        });
+    }
+    out
+}
+
+/// An entry's `value` as a number (an integer in a file counts).
+fn entry_number(t: &toml::Table) -> Option<f64> {
+    let x = t.get("value")?;
+    x.as_float().or(x.as_integer().map(|i| i as f64))
+}
+
+/// Calls `f` with the dotted path of every entry under `v` (a table with
+/// `value` and `source`), depth first, stopping at the first error.
+fn for_each_entry<E>(
+    v: &toml::Value,
+    path: &str,
+    f: &mut impl FnMut(&str, &toml::Table) -> Result<(), E>,
+) -> Result<(), E> {
+    let Some(t) = v.as_table() else {
+        return Ok(());
+    };
+    if t.contains_key("value") && t.contains_key("source") {
+        return f(path, t);
+    }
+    for (k, c) in t {
+        let p = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        for_each_entry(c, &p, f)?;
+    }
+    Ok(())
 }
 
 /// Every cost entry (`_us`, `_ns`) of `v` says the clock it holds at or
 /// that it is wall-time bound.
 fn check_clock(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
-    let Some(t) = v.as_table() else {
-        return Ok(());
-    };
-    if t.contains_key("value") && t.contains_key("source") {
+    for_each_entry(v, path, &mut |path, t| {
         let cost = path.ends_with("_us") || path.ends_with("_ns");
         let at = t.get("at_ghz").and_then(|x| x.as_float());
         let wall = t.get("wall").and_then(|x| x.as_bool()).unwrap_or(false);
@@ -490,17 +535,8 @@ fn check_clock(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
         if cost && (at.is_some() == wall) || !cost && (at.is_some() || wall) {
             return Err(CalibrationError::Clock(path.to_string()));
         }
-        return Ok(());
-    }
-    for (k, c) in t {
-        let p = if path.is_empty() {
-            k.clone()
-        } else {
-            format!("{path}.{k}")
-        };
-        check_clock(c, &p)?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Scales every `at_ghz` entry under `v` to `ghz`.
@@ -528,32 +564,18 @@ fn rescale(v: &mut toml::Value, ghz: f64) {
 }
 
 fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
-    if let Some(t) = v.as_table() {
-        if let (Some(x), Some(_)) = (t.get("value"), t.get("source")) {
-            let x = x
-                .as_float()
-                .or(x.as_integer().map(|i| i as f64))
-                .unwrap_or(f64::NAN);
-            let r = range_of(path).ok_or_else(|| CalibrationError::NoRange(path.to_string()))?;
-            if !r.contains(x) {
-                return Err(CalibrationError::OutOfRange {
-                    key: path.to_string(),
-                    value: x,
-                    range: r.describe(),
-                });
-            }
-            return Ok(());
+    for_each_entry(v, path, &mut |path, t| {
+        let x = entry_number(t).unwrap_or(f64::NAN);
+        let r = range_of(path).ok_or_else(|| CalibrationError::NoRange(path.to_string()))?;
+        if !r.contains(x) {
+            return Err(CalibrationError::OutOfRange {
+                key: path.to_string(),
+                value: x,
+                range: r.describe(),
+            });
         }
-        for (k, c) in t {
-            let p = if path.is_empty() {
-                k.clone()
-            } else {
-                format!("{path}.{k}")
-            };
-            check(c, &p)?;
-        }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]

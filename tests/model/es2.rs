@@ -345,3 +345,29 @@ fn bad_es2_keys_are_errors_that_name_the_key() {
         assert!(e.contains(key), "{body}: {e}");
     }
 }
+
+/// A run's provenance lists the calibration entries the user changed, not
+/// every cost the experiment's clock scaled: the ES2 testbed overlay sets
+/// two entries (cpu.ghz 2.3 and the link), and the run's report names
+/// exactly those, while its cycle-bound costs are scaled by 3.4/2.3.
+#[test]
+fn provenance_names_the_changed_entries_not_the_clock_scaled_ones() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let overlay = std::fs::read_to_string(root.join("validation/es2/testbed.toml")).unwrap();
+    let cal = exitless::calibration_overlay::layered(Some(("testbed.toml", &overlay)), &[])
+        .expect("overlay layers");
+    let s = Scenario::load(
+        &root.join("validation/did/fig4.toml"),
+        &["duration_s=0.01".into()],
+    )
+    .expect("loads");
+    let mut w = World::build(&s, &cal).expect("builds");
+    w.run(|_| {});
+    let changed: Vec<String> = w
+        .report()
+        .provenance
+        .calibration_changes
+        .into_keys()
+        .collect();
+    assert_eq!(changed, ["cpu.ghz", "nic.link_gbps"]);
+}

@@ -110,6 +110,11 @@ pub(in crate::world) fn build(
     mut scheme: Box<dyn crate::hv::arm::ArmScheme>,
 ) -> Result<World, BuildError> {
     cal.check()?;
+    // What the user changed, before the clock scaling derives the rest.
+    let changes = cal.changes_from_shipped();
+    // Cycle-bound costs at the experiment's core clock (`cpu.ghz`), for
+    // the built-in ARM schemes and a caller's alike.
+    let cal = &cal.at_cpu_clock();
     let acal = ArmCalibration::default_arm();
     let host = ArmHost;
     let topo = Topology::plan(s, &host)?;
@@ -215,6 +220,7 @@ pub(in crate::world) fn build(
         arch: crate::world::arch::Arch::ArmEl2,
     });
     w.el2 = Some(Box::new(el2));
+    w.calibration_changes = changes;
     w.event_exits = Some(Box::new(crate::world::event_exits::EventExits::new(
         nvm, cores,
     )));

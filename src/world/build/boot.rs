@@ -345,7 +345,8 @@ impl World {
             lost_grace: from_us(s.check.lost_grace_ms * 1000.0),
             costs,
             scenario: s.clone(),
-            calibration_changes: cal.changes_from(&Calibration::default_host()),
+            // Set by the builder from the calibration before clock scaling.
+            calibration_changes: Default::default(),
             ends_run: outside.ends_run,
             arch,
             deschedule_pending: vec![false; nvcpu],

@@ -74,8 +74,7 @@ impl World {
         if s.arch == crate::scenario::ArchSpec::Arm64 {
             let scheme = crate::hv::arm::by_name(&s.scheme, arm::hyp_mode(s))
                 .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
-            // Cycle-bound costs at the experiment's core clock.
-            return arm::build(s, &cal.at_cpu_clock(), scheme);
+            return arm::build(s, cal, scheme);
         }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
@@ -108,6 +107,8 @@ impl World {
     ) -> Result<World, BuildError> {
         // A calibration built in code has not been through from_toml.
         cal.check()?;
+        // What the user changed, before the clock scaling derives the rest.
+        let changes = cal.changes_from_shipped();
         // Cycle-bound costs at the experiment's core clock (`cpu.ghz`).
         let cal = &cal.at_cpu_clock();
         let topo = topology::Topology::plan(s, scheme.as_ref())?;
@@ -144,6 +145,8 @@ impl World {
             blk,
             canal,
         };
-        Ok(boot::power_on(s, cal, scheme, parts))
+        let mut w = boot::power_on(s, cal, scheme, parts);
+        w.calibration_changes = changes;
+        Ok(w)
     }
 }
