@@ -1399,12 +1399,8 @@ def _file_provenance(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {}
     if not (isinstance(obj, Mapping) and isinstance(obj.get("rows"), list)):
         return {}
-    out: dict[str, Any] = {}
-    if obj.get("tool"):
-        out["tools"] = [str(obj["tool"])]
-    if obj.get("paper"):
-        out["paper"] = str(obj["paper"])
-    return out
+    p = provenance(obj)
+    return {k: p[k] for k in ("tools", "paper") if p.get(k)}
 
 
 def _first_line(e: BaseException) -> str:

@@ -204,26 +204,7 @@ fn did_never_lets_an_ipi_in_flight_enter_the_next_vm() {
         ("nginx", 2),
         ("nginx", 4),
     ] {
-        let scenario = format!("validation/es2/four-{workload}.toml");
-        let active = format!("vm.0.active_copies={active}");
-        let o = exitless(&[
-            "-q",
-            "--calibration",
-            "validation/es2/testbed.toml",
-            "run",
-            &scenario,
-            "--set",
-            "scheme=\"did\"",
-            "--set",
-            "hv.es2_hybrid=\"optimistic\"",
-            "--set",
-            "hv.es2_redirect=true",
-            "--set",
-            &active,
-            "--json",
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let r = did_redirect_run(workload, active, &[]);
         let total = violations_total(&r);
         assert_eq!(
             total, 0,
@@ -231,6 +212,32 @@ fn did_never_lets_an_ipi_in_flight_enter_the_next_vm() {
             r["invariants"]["violations"]
         );
     }
+}
+
+/// `exitless run --json` of ES2's four-`workload` layout on its testbed
+/// under DID with the optimistic hybrid and redirection, `active` VMs
+/// loaded, with `extra` global options.
+fn did_redirect_run(workload: &str, active: u32, extra: &[&str]) -> serde_json::Value {
+    let scenario = format!("validation/es2/four-{workload}.toml");
+    let active = format!("vm.0.active_copies={active}");
+    let mut args = vec!["-q", "--calibration", "validation/es2/testbed.toml"];
+    args.extend(extra);
+    args.extend([
+        "run",
+        &scenario,
+        "--set",
+        "scheme=\"did\"",
+        "--set",
+        "hv.es2_hybrid=\"optimistic\"",
+        "--set",
+        "hv.es2_redirect=true",
+        "--set",
+        &active,
+        "--json",
+    ]);
+    let o = exitless(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("json")
 }
 
 /// The invariant checker's count of violations in a `run --json` report.
@@ -254,26 +261,7 @@ fn violations_total(r: &serde_json::Value) -> u64 {
 fn did_forgets_ipi_records_past_their_bound() {
     for bound in ["3.5", "10"] {
         let bound = format!("host.ipi_latency_max_us={bound}");
-        let o = exitless(&[
-            "-q",
-            "--calibration",
-            "validation/es2/testbed.toml",
-            "--calibration-set",
-            &bound,
-            "run",
-            "validation/es2/four-nginx.toml",
-            "--set",
-            "scheme=\"did\"",
-            "--set",
-            "hv.es2_hybrid=\"optimistic\"",
-            "--set",
-            "hv.es2_redirect=true",
-            "--set",
-            "vm.0.active_copies=4",
-            "--json",
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let r = did_redirect_run("nginx", 4, &["--calibration-set", &bound]);
         let total = violations_total(&r);
         assert_eq!(total, 0, "{bound}: {}", r["invariants"]["violations"]);
     }
