@@ -306,6 +306,17 @@ impl World {
         );
     }
 
+    /// [`World::trace_sched`] on the core of host-scheduler thread `tid`;
+    /// nothing to look up unless tracing.
+    fn trace_sched_of(&mut self, tid: usize) {
+        if self.trace.is_none() {
+            return;
+        }
+        if let Some(core) = self.sched.as_ref().map(|st| st.s.thread(tid).core) {
+            self.trace_sched(core);
+        }
+    }
+
     /// The names of the trace's tracks.
     pub fn trace_names(&self) -> crate::report::trace::TraceNames {
         let vcpus: Vec<(usize, usize)> = self.hv.vcpus.iter().map(|v| (v.vm, v.index)).collect();

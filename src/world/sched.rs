@@ -415,9 +415,7 @@ impl World {
     /// preempting the current thread as CFS decides, or in its turn.
     pub(super) fn sched_wake_thread(&mut self, tid: Tid, lat: Time) {
         self.sched_wake(tid, lat);
-        if let Some(core) = self.sched.as_ref().map(|st| st.s.thread(tid).core) {
-            self.trace_sched(core);
-        }
+        self.trace_sched_of(tid);
     }
 
     fn sched_wake(&mut self, tid: Tid, lat: Time) {
@@ -447,11 +445,9 @@ impl World {
     /// The running host thread `tid` (a vhost worker out of work) blocks;
     /// its core runs the next thread.
     pub(super) fn sched_block_thread(&mut self, tid: Tid) {
-        let core = self.sched.as_ref().map(|st| st.s.thread(tid).core);
         self.sched_block_host_thread(tid);
-        if let Some(core) = core {
-            self.trace_sched(core);
-        }
+        // Blocking does not move the thread: its core is the one it left.
+        self.trace_sched_of(tid);
     }
 
     fn sched_block_host_thread(&mut self, tid: Tid) {
