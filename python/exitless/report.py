@@ -814,8 +814,9 @@ def model_vs_paper_table(rows: Any) -> pl.DataFrame:
     """``exitless reproduce <paper> --json`` rows as a table, in their
     order: experiment, config, params (``k=v``), metric, unit, model, paper,
     ``model/paper`` (the ratio, null without a paper value or with paper 0),
-    tolerance (``±10%``, ``±0.5``, ``≤ paper``) and within (``yes`` /
-    ``NO`` / empty when the paper publishes no value)."""
+    tolerance (``±10%``, ``±0.5``, ``≤ paper``), within (``yes`` /
+    ``NO`` / empty when the paper publishes no value) and note (the known
+    cause of a gap, empty when none is stated)."""
     rs = _reproduce_rows(rows)
     ratio: list[float | None] = []
     for r in rs:
@@ -836,6 +837,7 @@ def model_vs_paper_table(rows: Any) -> pl.DataFrame:
                 {True: "yes", False: "NO"}.get(r["within"], "") if r["within"] is not None else ""
                 for r in rs
             ],
+            "note": [str(r.get("note") or "") for r in rs],
         },
         schema={
             "experiment": pl.String,
@@ -848,6 +850,7 @@ def model_vs_paper_table(rows: Any) -> pl.DataFrame:
             "model/paper": pl.Float64,
             "tolerance": pl.String,
             "within": pl.String,
+            "note": pl.String,
         },
     )
 

@@ -63,6 +63,7 @@ REPRODUCE = [
         "tolerance": {"abs": 200.0},
         "within": False,
         "violations": 0,
+        "note": "the paper's own arithmetic",
     },
     {
         "experiment": "did.cyclictest",
@@ -284,6 +285,8 @@ def test_model_vs_paper_table_and_chart():
     t = er.model_vs_paper_table(REPRODUCE)
     assert t.height == 4
     assert t["within"].to_list() == ["yes", "NO", "yes", ""]
+    # A row's known cause travels with it; rows without one read empty.
+    assert t["note"].to_list() == ["", "the paper's own arithmetic", "", ""]
     assert t["tolerance"].to_list() == ["±10%", "±200", "≤ paper", ""]
     assert t["params"].to_list() == ["rate_pps=100k", "rate_pps=100k", "", ""]
     assert t["model/paper"].to_list()[:3] == pytest.approx([1.05, 1.8, 2.5 / 3.0])

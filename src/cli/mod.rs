@@ -186,6 +186,7 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
             "tolerance_value",
             "within",
             "violations",
+            "note",
         ]
         .map(String::from),
     )?;
@@ -220,6 +221,7 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
                 tol_value,
                 r.within.map(|b| b.to_string()).unwrap_or_default(),
                 r.violations.to_string(),
+                r.note.clone().unwrap_or_default(),
             ],
         )?;
     }

@@ -151,6 +151,10 @@ pub struct Difference {
     pub tolerance: Tolerance,
     /// Where in the paper.
     pub source: String,
+    /// Why the model cannot match this value, when the cause is known (a
+    /// mechanism or the paper's own arithmetic); shown beside the row.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// A metric and its unit.
@@ -200,6 +204,10 @@ pub struct Expected {
     pub tolerance: Tolerance,
     /// Where in the paper.
     pub source: String,
+    /// Why the model cannot match this value, when the cause is known (a
+    /// mechanism or the paper's own arithmetic); shown beside the row.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// One output row.
@@ -225,6 +233,10 @@ pub struct Row {
     pub within: Option<bool>,
     /// Invariant violations in the run that produced the value.
     pub violations: u64,
+    /// The known cause of a gap to the paper (`note` of the published
+    /// value), absent when none is stated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Shown again in the experiment's table (text report only).
     #[serde(skip)]
     pub table: bool,
@@ -643,6 +655,7 @@ pub fn reproduce(
                 tolerance: exp.map(|x| x.tolerance),
                 within: exp.map(|x| within(model, x.paper, x.tolerance)),
                 violations: rep.violations(),
+                note: exp.and_then(|x| x.note.clone()),
                 table: e.table,
             });
         }
@@ -705,6 +718,7 @@ pub fn reproduce(
                     tolerance: Some(d.tolerance),
                     within: Some(within(model, d.paper, d.tolerance)),
                     violations: a.violations.max(b.violations),
+                    note: d.note.clone(),
                     table: false,
                 });
             }
@@ -720,9 +734,11 @@ pub fn to_text(rows: &[Row]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7}",
+        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7} note",
         "experiment", "config", "params", "metric", "unit", "model", "paper", "tolerance", "within"
     );
+    // Each distinct note once, numbered in order of first use.
+    let mut notes: Vec<&str> = Vec::new();
     for r in rows {
         let params: Vec<String> = r
             .params
@@ -739,9 +755,22 @@ pub fn to_text(rows: &[Row]) -> String {
             Some(Tolerance::Min) => "≥paper".into(),
             None => "".into(),
         };
+        let mark = match r.note.as_deref() {
+            Some(n) => {
+                let i = match notes.iter().position(|x| *x == n) {
+                    Some(i) => i,
+                    None => {
+                        notes.push(n);
+                        notes.len() - 1
+                    }
+                };
+                format!(" [{}]", i + 1)
+            }
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}",
+            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}{mark}",
             r.experiment,
             r.config,
             params.join(","),
@@ -758,6 +787,12 @@ pub fn to_text(rows: &[Row]) -> String {
                 None => "",
             }
         );
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(o, "\nnotes (known causes of gaps to the paper):");
+        for (i, n) in notes.iter().enumerate() {
+            let _ = writeln!(o, "[{}] {n}", i + 1);
+        }
     }
     tables(rows, &mut o);
     let scored: Vec<&Row> = rows.iter().filter(|r| r.within.is_some()).collect();

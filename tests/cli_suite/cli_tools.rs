@@ -359,10 +359,54 @@ fn run_and_reproduce_print_csv_rows() {
     let mut r = text.lines();
     assert_eq!(
         r.next(),
-        Some("experiment,config,params,metric,unit,model,paper,tolerance_kind,tolerance_value,within,violations")
+        Some("experiment,config,params,metric,unit,model,paper,tolerance_kind,tolerance_value,within,violations,note")
     );
     assert!(r.count() >= 3, "{text}");
     assert!(text.contains("cyclictest"), "{text}");
+    // A published value with a known cause of its gap carries it in the
+    // last column; a row without one leaves the cell empty.
+    let timer_hits = text
+        .lines()
+        .find(|l| l.contains(",timer_exits.EPT_VIOLATION,") && l.contains(",did,"))
+        .unwrap_or_else(|| panic!("no timer_exits row: {text}"));
+    assert!(
+        timer_hits.contains("DID arithmetic checks 3"),
+        "{timer_hits}"
+    );
+    let bare = text
+        .lines()
+        .find(|l| l.contains(",bare-metal,") && l.contains(",latency_mean_us,"))
+        .unwrap();
+    assert!(bare.ends_with(",0,"), "{bare}");
+    // The text table marks the row and lists the note once below it.
+    let o = ok(&[
+        "-q",
+        "reproduce",
+        "did",
+        "--only",
+        "cyclictest",
+        "--set",
+        "duration_s=0.05",
+    ]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let marks: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("did.cyclictest")
+                && l.split_whitespace().nth(1) == Some("did")
+                && l.contains(" timer_exits.")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(marks.len(), 2, "{text}");
+    assert!(marks[0].starts_with('[') && marks[0] == marks[1], "{text}");
+    let listed = text
+        .lines()
+        .find(|l| l.starts_with(marks[0]))
+        .unwrap_or_else(|| panic!("note {} not listed: {text}", marks[0]));
+    assert!(listed.contains("uncorrelated timer hits"), "{listed}");
+    // Two distinct notes name the check, each listed once.
+    assert_eq!(text.matches("DID arithmetic checks 3").count(), 2, "{text}");
 }
 
 #[test]
