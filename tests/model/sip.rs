@@ -94,13 +94,17 @@ fn a_rate_beyond_the_uac_places_no_more_calls_than_offered() {
     let offered = metric(&r, "sip.calls_offered");
     let placed = metric(&r, "sip.calls_placed");
     // Calls at 0, 20 us, ... up to the UAC's last run before 0.5 s. That
-    // last run comes earlier the more responses the UAC has to process (with
-    // the 3.6 driver's ~10 us VF interval the VM keeps up with more calls:
-    // 5,023 placed against 4,319 with nic.itr = "dynamic"), so
+    // last run comes earlier the more responses the UAC has to process, so
     // allow a few percent below rate x duration.
     assert!((0.97 * 25_000.0..=25_001.0).contains(&offered), "{offered}");
     assert!(placed <= offered, "{placed} placed of {offered}");
-    assert!(placed < 0.5 * offered, "{placed} placed of {offered}");
+    // The B2BUA (Sippy, ~500 us a message) answers at most ~1,000 messages
+    // in 0.5 s, so the UAC gets few responses to process and its own CPU
+    // (20 us a message) is what bounds how many of the offered calls it
+    // opens; the B2BUA's socket overflows.
+    let b2bua = metric(&r, "sip.b2bua_messages");
+    assert!(b2bua <= 0.5 / 500e-6 + 2.0, "{b2bua} messages served");
+    assert!(metric(&r, "guest.socket_drops") > 0.0);
     assert_eq!(placed + metric(&r, "sip.calls_not_placed"), offered);
     assert!(metric(&r, "sip.open_calls_peak") <= placed);
 }
