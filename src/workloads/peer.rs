@@ -187,6 +187,22 @@ impl PeerHost {
         self
     }
 
+    /// The receive path of frames from the tap runs in the sender's
+    /// context, not on this host's CPUs: `tun_get_user` hands each frame to
+    /// `netif_rx_ni`, which runs the NET_RX softirq at once in the calling
+    /// thread (vhost-net's worker), so the bridge, IP and TCP or UDP
+    /// receive of a frame a guest sent to a process on its own host are
+    /// that thread's work. Returns the costs the sender now pays per frame
+    /// (TCP segment, UDP datagram); this host keeps the process's wake-up
+    /// and its own work.
+    pub fn receive_in_sender_context(&mut self) -> (Time, Time) {
+        let moved = (self.costs.rx_segment, self.costs.udp_rx);
+        self.costs.rx_segment = 0;
+        self.costs.udp_rx = 0;
+        self.costs.gro_merge = 0;
+        moved
+    }
+
     /// A single-threaded peer with a raw ICMP socket on `flow` (ping's
     /// identifier): its datagrams go out as echo requests, and echo
     /// replies come back as datagrams.

@@ -123,16 +123,26 @@ pub(super) struct PeerLink {
     wire_free: Time,
     /// When the last frame towards the peer is delivered.
     to_peer_last: Time,
+    /// Behind the bridge: the receive work (per TCP segment, per UDP
+    /// datagram) the vhost worker does for each frame it hands to the tap,
+    /// since the bridge and this host's stack run in its context
+    /// (`netif_rx_ni`); `None` elsewhere.
+    stack_in_vhost: Option<(Time, Time)>,
 }
 
 impl PeerLink {
     /// Peer host `peer`, attached to VM `vm`'s network by `attach`.
     pub(super) fn new(peer: PeerHost, attach: Attach, vm: usize) -> Self {
         // Behind the bridge frames reach the process through the tap, not
-        // a NIC: no interrupt moderation, no GRO.
-        let peer = match attach {
+        // a NIC: no interrupt moderation, no GRO; and their receive path
+        // runs in the vhost worker that sent them.
+        let mut peer = match attach {
             Attach::Bridge { .. } => peer.without_nic(),
             _ => peer,
+        };
+        let stack_in_vhost = match attach {
+            Attach::Bridge { .. } => Some(peer.receive_in_sender_context()),
+            _ => None,
         };
         PeerLink {
             peer,
@@ -146,6 +156,7 @@ impl PeerLink {
             armed: Vec::with_capacity(8),
             wire_free: 0,
             to_peer_last: 0,
+            stack_in_vhost,
         }
     }
 }
@@ -213,6 +224,17 @@ impl World {
             return;
         }
         let next = pv.workers[w].resume(&mut pv.devs, vqs, &pv.costs);
+        // The frame it handed to the tap goes up the bridge (and, for a
+        // process on this host, its stack) in this thread before the
+        // worker goes on.
+        let mut done = done;
+        let stack = done.to_bridge.map_or(0, |(d, f)| {
+            let (bridge, rx) = self.host_stack_in_vhost(d, &f);
+            bridge + rx
+        });
+        done.extra += stack;
+        let Some(pv) = &mut self.pv else { return };
+        pv.workers[w].counters.busy += stack;
         match next {
             Next::Unit(t) => {
                 pv.threads[w].step_queued = true;
@@ -259,13 +281,40 @@ impl World {
         self.vhost_run_after(w, lat);
     }
 
+    /// The vhost worker's work for frame `f` of device `d` after it left
+    /// the ring: the bridge's forwarding and the receive path of this
+    /// host's stack, when the frame is for a process on this host
+    /// (`Attach::Bridge`): (forwarding, receive path); zero for frames the
+    /// host's NIC sends on.
+    fn host_stack_in_vhost(&self, d: u16, f: &Frame) -> (Time, Time) {
+        let Some(pv) = &self.pv else { return (0, 0) };
+        let vm = pv.devs[d as usize].vm;
+        let Some(l) = self.peers.iter().find(|l| {
+            l.vm == vm && l.peer.owns(f.flow) && matches!(l.attach, Attach::Bridge { .. })
+        }) else {
+            return (0, 0);
+        };
+        let (Attach::Bridge { delay }, Some((tcp, udp))) = (l.attach, l.stack_in_vhost) else {
+            return (0, 0);
+        };
+        let rx = if crate::guest::app::Datagram::of(f).is_some() {
+            udp
+        } else {
+            tcp
+        };
+        (delay, rx)
+    }
+
     /// Carries out what a finished unit did: the frame goes to the bridge,
-    /// the guest's interrupt is raised through the irqfd.
+    /// the guest's interrupt is raised through the irqfd. A frame for a
+    /// process on this host reaches its socket once the worker has run
+    /// the receive path for it.
     fn vhost_completion(&mut self, done: Completion, now: Time) {
         let Some(pv) = &self.pv else { return };
         if let Some((d, f)) = done.to_bridge {
             let vm = pv.devs[d as usize].vm;
-            self.frame_to_peer(f, Source::Tap(vm), now);
+            let (_, rx) = self.host_stack_in_vhost(d, &f);
+            self.frame_to_peer(f, Source::Tap(vm), now + rx);
         }
         let Some(pv) = &self.pv else { return };
         if let Some((d, queue)) = done.signal {

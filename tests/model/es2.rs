@@ -89,9 +89,16 @@ fn netperf_udp_send_delivers_what_the_guest_sent() {
             let sent = metric(&r, "netperf.messages_sent");
             let got = metric(&r, "netperf.messages_received");
             // Nothing is lost on the way to the client host: the guest
-            // blocks on its send buffer instead (window edges aside).
+            // blocks on its send buffer instead. The counts differ only by
+            // what is in flight at either edge of the window, at most what
+            // the queues on the way hold (virtqueue 256 and tap queue 500,
+            // or the VF's TX ring 512).
             assert!(sent > 10_000.0, "{what}: {sent}");
-            assert!((sent - got).abs() < 0.01 * sent, "{what}: {sent} {got}");
+            assert!((sent - got).abs() <= 756.0, "{what}: {sent} {got}");
+            assert_eq!(metric(&r, "guest.socket_drops"), 0.0, "{what}");
+            if dev == "virtio" {
+                assert_eq!(metric(&r, "vhost.tap_drops"), 0.0, "{what}");
+            }
             let gbps = metric(&r, "netperf.throughput_gbps");
             // 512 of every 554+24 bytes on the wire.
             assert!(
@@ -124,16 +131,18 @@ fn netperf_udp_recv_counts_only_what_the_application_got() {
 #[test]
 fn memaslap_keeps_its_concurrency_in_flight_with_a_nine_to_one_mix() {
     for dev in DEVICES {
-        let r = es2("memaslap.toml", &[&format!("net.device={dev}")]);
+        // 100 ms: a tail of ~13 ms (requests behind a retransmission) needs
+        // a window several times longer for Little's law to settle.
+        let r = es2(
+            "memaslap.toml",
+            &[&format!("net.device={dev}"), "duration_s=0.1"],
+        );
         assert_eq!(r.violations(), 0, "{dev}");
         let tps = metric(&r, "memcached.tps");
         let done = metric(&r, "memcached.completed");
         assert!(tps > 10_000.0, "{dev}: {tps}");
-        // tps is completions over the 30 ms measured.
-        assert!(
-            (done / 0.03 - tps).abs() < 0.05 * tps,
-            "{dev}: {done} {tps}"
-        );
+        // tps is completions over the 100 ms measured.
+        assert!((done / 0.1 - tps).abs() < 0.05 * tps, "{dev}: {done} {tps}");
         let gets = metric(&r, "memcached.get_pct");
         assert!((87.0..93.0).contains(&gets), "{dev}: {gets}");
         // Little's law: 256 in flight = throughput × mean latency.

@@ -194,3 +194,50 @@ fn elvis_pv_interrupts_stay_with_their_vm_when_vms_share_a_core() {
         }
     }
 }
+
+/// The bridge and the receive path of a process on the VM's own host run
+/// in the vhost worker that hands each frame to the tap (`netif_rx_ni`
+/// runs the softirq in the caller): making that receive path dearer makes
+/// the worker busier by as much per frame, the peer's CPUs none the
+/// busier; a peer across the link (the host's NIC sends the frame on)
+/// adds nothing to the worker.
+#[test]
+fn a_local_peers_receive_path_runs_in_the_vhost_worker() {
+    use exitless::calibration::Calibration;
+    use exitless::world::World;
+    let busy = |peer: &str, extra_ns: f64| -> (f64, f64) {
+        let s = common::load_scenario(
+            "validation/did/netpipe.toml",
+            &[
+                "scheme=kvm",
+                "duration_s=0.1",
+                &format!("net.peer=\"{peer}\""),
+            ],
+        );
+        let mut cal = Calibration::default_host();
+        cal.peer.rx_segment_ns.value += extra_ns;
+        let mut w = World::build(&s, &cal).expect("world builds");
+        w.run(|_| {});
+        let r = w.report();
+        assert_eq!(r.violations(), 0);
+        // The measured window (the warm-up comes before it).
+        let secs = s.duration_s;
+        let frames_per_s = metric(&r, "vhost.tx_frames") / secs;
+        (metric(&r, "vhost.io_cpu_pct"), frames_per_s)
+    };
+    // The worker's time per frame the guest sent (one a round trip, and
+    // the frame the worker takes to the guest) grows by the 3 us.
+    let per_frame = |(pct, frames): (f64, f64)| pct / 100.0 / frames * 1e6;
+    let base = per_frame(busy("host", 0.0));
+    let dear = per_frame(busy("host", 3000.0));
+    assert!(
+        (dear - base - 3.0).abs() < 0.3,
+        "vhost busy per frame {base:.2} us -> {dear:.2} us"
+    );
+    let remote = per_frame(busy("remote", 0.0));
+    let remote_dear = per_frame(busy("remote", 3000.0));
+    assert!(
+        (remote_dear - remote).abs() < 0.1,
+        "remote peer: vhost busy per frame {remote:.2} us -> {remote_dear:.2} us"
+    );
+}

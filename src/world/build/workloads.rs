@@ -232,18 +232,22 @@ pub(in crate::world) fn spawn(
             let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso, rcvbuf);
             tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge)?);
         }
-        // Datagram peers: over the link to the VF, or behind the bridge.
-        let wire = |len: u32| if bridged { 0 } else { link.wire_time(len) };
+        // Datagram peers: over the link to the VF; with virtio-net, a
+        // process behind the bridge or (`net.peer = "remote"`) the load
+        // generator across the link, through the host's NIC and the bridge,
+        // as the TCP peers.
+        let local = bridged && s.net.peer == VirtioPeer::Host;
+        let wire = |len: u32| if local { 0 } else { link.wire_time(len) };
         for d in es2::spawn_datagram(kernel, w, cal, wire, s.seed, vm) {
             let host = if d.icmp {
                 PeerHost::icmp(d.flow, d.app, peer_costs)
             } else {
                 PeerHost::udp(d.flow, d.app, peer_costs)
             };
-            let attach = if bridged {
-                net::Attach::Bridge { delay: bridge }
-            } else {
-                net::Attach::Wire { vf: vm as u16 }
+            let attach = match (bridged, s.net.peer) {
+                (true, VirtioPeer::Host) => net::Attach::Bridge { delay: bridge },
+                (true, VirtioPeer::Remote) => net::Attach::Uplink { delay: bridge },
+                (false, _) => net::Attach::Wire { vf: vm as u16 },
             };
             dgram_peers.push(net::PeerLink::new(host, attach, vm));
         }
