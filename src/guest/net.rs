@@ -138,6 +138,8 @@ impl Kernel {
         out.insert("guest.virtio_irqs".into(), n.virtio_irqs as f64);
         out.insert("guest.virtio_rx_frames".into(), n.virtio_rx_frames as f64);
         out.insert("guest.tx_frames".into(), n.tx_frames as f64);
+        // netif_stop_queue: the device's TX ring was full.
+        out.insert("guest.tx_ring_full".into(), n.tx_ring_full as f64);
         out.insert("guest.virtio_kicks_tx".into(), n.kicks_tx as f64);
         out.insert("guest.virtio_kicks_rx".into(), n.kicks_rx as f64);
         out.insert(
