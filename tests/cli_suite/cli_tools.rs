@@ -345,7 +345,7 @@ fn run_and_reproduce_print_csv_rows() {
             .as_f64()
             .unwrap()
     );
-    let o = ok(&[
+    let cyclictest = [
         "-q",
         "reproduce",
         "did",
@@ -353,8 +353,8 @@ fn run_and_reproduce_print_csv_rows() {
         "cyclictest",
         "--set",
         "duration_s=0.05",
-        "--csv",
-    ]);
+    ];
+    let o = ok(&[&cyclictest[..], &["--csv"]].concat());
     let text = String::from_utf8(o.stdout).unwrap();
     let mut r = text.lines();
     assert_eq!(
@@ -379,15 +379,7 @@ fn run_and_reproduce_print_csv_rows() {
         .unwrap();
     assert!(bare.ends_with(",0,"), "{bare}");
     // The text table marks the row and lists the note once below it.
-    let o = ok(&[
-        "-q",
-        "reproduce",
-        "did",
-        "--only",
-        "cyclictest",
-        "--set",
-        "duration_s=0.05",
-    ]);
+    let o = ok(&cyclictest);
     let text = String::from_utf8(o.stdout).unwrap();
     let marks: Vec<&str> = text
         .lines()
