@@ -1,0 +1,61 @@
+//! vCanal scenarios (vcanal.md): the HTTP server over libCanal against
+//! ApacheBench, through the channel, the service's network pool and the
+//! host stack.
+
+use crate::common;
+use common::*;
+
+/// A 1-vCPU VM running a 2-thread HTTP server; `extra`: more keys.
+fn http(extra: &str) -> String {
+    format!(
+        "scheme = \"kvm\"\nseed = 2\nduration_s = 0.03\nwarmup_s = 0.0\n\
+         [machine]\ncores = 4\n[guest]\ntick = \"periodic\"\n[net]\ndevice = \"vf\"\n\
+         [workload.nginx]\nworkers = 2\nab_processes = 2\nconcurrency = 4\npage_bytes = 4096\n\
+         [workload.vcanal]\n{extra}"
+    )
+}
+
+/// Every ab connection is accepted once (by the thread whose port it
+/// targets), each server thread serves its own, the requests cross the
+/// host's stack, not the guest's, and every call succeeds.
+#[test]
+fn ab_against_a_vcanal_http_server() {
+    let r = run_text(&http(""), &[]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert_eq!(metric(&r, "vcanal.accepts"), 8.0);
+    assert_eq!(metric(&r, "vcanal.call_errors"), 0.0);
+    let done = metric(&r, "nginx.completed");
+    assert!(done > 500.0, "{done}");
+    let (w0, w1) = (
+        metric(&r, "nginx.served.worker0"),
+        metric(&r, "nginx.served.worker1"),
+    );
+    assert!(w0 > 0.3 * done && w1 > 0.3 * done, "{w0} / {w1}");
+    // Responses served = requests ab completed, give or take the ones in
+    // flight at the end.
+    assert!((w0 + w1 - done).abs() <= 8.0, "{w0}+{w1} vs {done}");
+    assert!(metric(&r, "vcanal.epoll_waits") > 0.0);
+    // The guest's own TCP/IP stack moved nothing (vcanal.md §1).
+    assert_eq!(metric(&r, "guest.tx_frames"), 0.0);
+    assert!(metric(&r, "vcanal.host_tx_frames_per_s") > 0.0);
+}
+
+/// Interrupt-only notification: every wait sleeps and is woken by the
+/// completion interrupt, and the server still serves (slower).
+#[test]
+fn ab_over_vcanal_with_interrupt_only_notification() {
+    let sw = run_text(&http(""), &[]);
+    let irq = run_text(&http("notification = \"interrupt\"\n"), &[]);
+    assert_eq!(irq.violations(), 0);
+    assert!(metric(&irq, "vcanal.sleeps") > metric(&sw, "vcanal.sleeps"));
+    assert!(metric(&irq, "nginx.completed") > 100.0);
+    assert!(metric(&irq, "vcanal.completion_irqs") >= metric(&irq, "vcanal.sleeps") * 0.9);
+}
+
+/// Same scenario and seed: the same report.
+#[test]
+fn ab_over_vcanal_is_deterministic() {
+    let a = run_text(&http(""), &[]);
+    let b = run_text(&http(""), &[]);
+    assert_eq!(a.metrics, b.metrics);
+}
