@@ -943,6 +943,13 @@ pub struct VcanalSpec {
     /// `notification = "interrupt"` for the paper's variant.
     #[serde(default)]
     pub kick: bool,
+    /// The service host NIC's receive interrupt moderation (its interrupt
+    /// goes to the service core, §2.1): `adaptive` (ixgbe's adaptive
+    /// interval from 20K/s, as the client host's NIC, `net.peer_itr`),
+    /// `fixed` (`peer.rx_itr_us`), or `off` (an interrupt for each batch
+    /// of frames the service core finds waiting).
+    #[serde(default)]
+    pub host_nic_itr: crate::scenario::PeerItr,
 }
 
 /// Most network-pool threads.

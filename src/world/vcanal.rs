@@ -20,16 +20,19 @@
 //!    interrupt is raised through the scheme like a back end's irqfd.
 //!
 //! The host NIC's interrupts are steered to the service core (§2.1, §3):
-//! frames from the client host are taken there, between the service's
-//! work items (a NIC interrupt, NAPI and the protocol per frame).
+//! frames from the client host wait in its RX ring until its moderated
+//! interrupt fires (`workload.vcanal.host_nic_itr`: ixgbe's adaptive
+//! interval by default, as the client host's NIC), and are taken there,
+//! between the service's work items (a NIC interrupt, NAPI and the
+//! protocol per frame).
 //!
 //! Simplifications (named, not hidden): the service core's polling
 //! thread, its pool threads and its NIC softirq share the core in arrival
 //! order, as one FIFO of work items, rather than under the host scheduler;
 //! TCP has no handshake (connect() takes the connection already
-//! established, as every TCP workload of the model does); the host NIC's
-//! interrupt moderation is not modelled (one interrupt per batch the core
-//! finds waiting).
+//! established, and the HTTP server's accept() takes one of ApacheBench's
+//! connections, established before the run, off its listener's queue: ab
+//! keeps them alive, as every TCP workload of the model does).
 
 use super::event::Ev;
 use super::World;
@@ -242,6 +245,58 @@ pub(super) struct CanalPath {
     finishing: Option<(usize, Dispatch, Outcome, Option<SockAddr>)>,
     /// Each VM's service totals at the end of the warm-up.
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
+    /// The host NIC's receive interrupt moderation.
+    nic: NicItr,
+}
+
+/// The service host NIC's receive interrupt throttle (82599/X520 EITR, as
+/// the client host's NIC in `workloads::peer`): frames wait in the RX ring
+/// until the interrupt fires, at most once per interval, counted from the
+/// last one (a frame after a quiet spell interrupts at once). Adaptive:
+/// after each poll the driver moves the interval by the byte rate
+/// (`guest::itr`).
+#[derive(Clone, Copy, Debug)]
+struct NicItr {
+    /// Fixed interval (0 with no moderation).
+    interval: Time,
+    adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
+    state: Option<crate::guest::itr::DynamicItr>,
+    /// When the armed interrupt fires.
+    armed: Option<Time>,
+    /// It fired: the service core takes it between work items.
+    fired: bool,
+    last: Option<Time>,
+}
+
+impl NicItr {
+    fn new(mode: crate::scenario::PeerItr, p: &crate::workloads::peer::PeerCosts) -> Self {
+        use crate::scenario::PeerItr;
+        let adaptive = (mode == PeerItr::Adaptive)
+            .then_some(p.rx_adaptive)
+            .flatten();
+        NicItr {
+            interval: match mode {
+                PeerItr::Off => 0,
+                PeerItr::Fixed | PeerItr::Adaptive => p.rx_itr,
+            },
+            adaptive,
+            state: adaptive.map(|(a, _)| crate::guest::itr::DynamicItr::new(&a)),
+            armed: None,
+            fired: false,
+            last: None,
+        }
+    }
+
+    fn moderated(&self) -> bool {
+        self.interval > 0 || self.state.is_some()
+    }
+
+    fn current(&self) -> Time {
+        match (self.state, self.adaptive) {
+            (Some(st), Some((_, unit))) => Time::from(st.eitr >> 3) * unit,
+            _ => self.interval,
+        }
+    }
 }
 
 fn canal_costs(cal: &Calibration) -> VcanalCosts {
@@ -455,6 +510,20 @@ pub(super) fn build(
         kicked: views
             .iter()
             .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
+        nic: {
+            // The service host's NIC is of the client host's class (the
+            // paper's two X520s), with its own moderation setting.
+            let mode = s
+                .vms
+                .iter()
+                .filter_map(|v| v.workload.vcanal.as_ref())
+                .map(|v| v.host_nic_itr)
+                .next()
+                .unwrap_or_default();
+            let mut own = s.clone();
+            own.net.peer_itr = mode;
+            NicItr::new(mode, &crate::world::build::peer_costs(&own, cal))
+        },
         asleep: false,
         idle_run: 0,
         wakeup: t_us(&cal.vhost.wakeup_us),
@@ -635,7 +704,7 @@ impl World {
         for s in 0..c.socks.len() {
             work += c.flush(s, now + work);
         }
-        let busy = if !c.rx.is_empty() {
+        let busy = if c.rx_due() {
             work += c.receive(now + work);
             true
         } else if let Some(t) = c.ready.pop_front() {
@@ -686,7 +755,7 @@ impl World {
         }
         c.idle_run = if busy { 0 } else { c.idle_run + 1 };
         let work = work.max(1);
-        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && c.rx.is_empty() {
+        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && !c.rx_due() {
             // Every channel came up empty: the service thread sleeps
             // until a doorbell or the NIC wakes it.
             c.asleep = true;
@@ -748,6 +817,30 @@ impl World {
         if let Some((_, vm, f)) = c.to_host.pop_front() {
             c.rx.push_back((vm, f));
         }
+        if c.nic.moderated() {
+            if c.nic.armed.is_none() && !c.nic.fired {
+                let now = self.q.now();
+                let at = c.nic.last.map_or(now, |t| t + c.nic.current()).max(now);
+                c.nic.armed = Some(at);
+                self.q.schedule(at, Ev::CanalNicIrq);
+            }
+            return;
+        }
+        self.canal_wake();
+    }
+
+    /// The host NIC's moderated receive interrupt fires: the service core
+    /// takes it after its current work item.
+    pub(super) fn canal_nic_irq(&mut self) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if c.nic.armed != Some(now) {
+            return;
+        }
+        c.nic.armed = None;
+        c.nic.fired = true;
         self.canal_wake();
     }
 
@@ -918,6 +1011,13 @@ impl CanalPath {
     /// on those sockets wake. Returns the time it took.
     fn receive(&mut self, at: Time) -> Time {
         self.counters.nic_irqs += 1;
+        self.nic.fired = false;
+        self.nic.last = Some(at);
+        if let Some(st) = &mut self.nic.state {
+            for (_, f) in &self.rx {
+                st.count(f.len());
+            }
+        }
         let mut t = at + self.stack.nic_irq + self.stack.napi_poll;
         while let Some((vm, f)) = self.rx.pop_front() {
             self.counters.rx_frames += 1;
@@ -955,7 +1055,17 @@ impl CanalPath {
             }
             self.wake(vm);
         }
+        // After napi_complete the driver updates the interval.
+        if let (Some(st), Some((p, _))) = (&mut self.nic.state, self.nic.adaptive) {
+            st.update(&p);
+        }
         t - at
+    }
+
+    /// Frames wait and the NIC's interrupt for them is up (at once when
+    /// it is not moderated).
+    fn rx_due(&self) -> bool {
+        !self.rx.is_empty() && (self.nic.fired || !self.nic.moderated())
     }
 
     /// Pool threads blocked on `vm`'s calls try again.
