@@ -151,6 +151,8 @@ section!(Vcanal {
     idle_poll_round_ns,
     pool_dispatch_ns,
     helper_irq_handler_ns,
+    host_accept_ns,
+    host_epoll_event_ns,
 });
 section!(Peer {
     rx_segment_ns,

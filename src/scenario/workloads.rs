@@ -63,7 +63,9 @@ pub struct WorkloadSpec {
     /// libCanal forwards each socket call over the VM's shared-memory
     /// channel to the host's vCanal service, which runs it on the host's
     /// stack. Its program is netperf's (tcp-stream with the VM sending, or
-    /// udp-rr, one instance); without netperf nothing uses it.
+    /// udp-rr, one instance) or nginx's (`workers` epoll-loop threads over
+    /// libCanal, ApacheBench on the client host); without either nothing
+    /// uses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcanal: Option<VcanalSpec>,
 }
@@ -173,8 +175,17 @@ impl WorkloadSpec {
         }
         if let Some(v) = &self.vcanal {
             v.validate(&table("vcanal"))?;
-            // Without netperf no program uses vCanal (the helper driver
-            // still loads); with it, one of the tests vCanal runs.
+            // Without netperf or nginx no program uses vCanal (the helper
+            // driver still loads); with netperf, one of the tests vCanal
+            // runs; nginx runs as vCanal's HTTP server (its `workers`
+            // threads, each an epoll loop over libCanal).
+            if self.apache.is_some() || self.ping.is_some() {
+                return bad(
+                    at,
+                    "vcanal",
+                    "runs netperf (tcp-stream send, udp-rr) or nginx, not apache or ping",
+                );
+            }
             let ok = self.netperf.as_ref().is_none_or(|n| {
                 n.threads == 1
                     && match n.test {
@@ -932,6 +943,13 @@ pub struct VcanalSpec {
     /// `notification = "interrupt"` for the paper's variant.
     #[serde(default)]
     pub kick: bool,
+    /// The service host NIC's receive interrupt moderation (its interrupt
+    /// goes to the service core, §2.1): `adaptive` (ixgbe's adaptive
+    /// interval from 20K/s, as the client host's NIC, `net.peer_itr`),
+    /// `fixed` (`peer.rx_itr_us`), or `off` (an interrupt for each batch
+    /// of frames the service core finds waiting).
+    #[serde(default)]
+    pub host_nic_itr: crate::scenario::PeerItr,
 }
 
 /// Most network-pool threads.

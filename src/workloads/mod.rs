@@ -15,6 +15,7 @@ pub mod sip;
 pub mod udp;
 pub mod udp_rr;
 pub mod vcanal;
+pub mod vcanal_http;
 pub mod whileloop;
 
 /// A closed-loop client's completions per second over the measured

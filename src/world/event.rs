@@ -168,6 +168,9 @@ pub enum Ev {
     CanalToPeer,
     /// The head frame from the client host reaches the host NIC (vCanal).
     CanalToHost,
+    /// The vCanal host NIC's moderated receive interrupt fires (stale if
+    /// it is not the one armed).
+    CanalNicIrq,
     /// A vCanal VM's client host's timer.
     CanalPeerTimer {
         /// The VM.

@@ -553,6 +553,7 @@ impl World {
             Ev::CanalStep => self.canal_step(),
             Ev::CanalToPeer => self.canal_to_peer(),
             Ev::CanalToHost => self.canal_to_host(),
+            Ev::CanalNicIrq => self.canal_nic_irq(),
             Ev::CanalPeerTimer { vm } => self.canal_peer_timer(vm as usize),
         }
     }

@@ -20,23 +20,26 @@
 //!    interrupt is raised through the scheme like a back end's irqfd.
 //!
 //! The host NIC's interrupts are steered to the service core (§2.1, §3):
-//! frames from the client host are taken there, between the service's
-//! work items (a NIC interrupt, NAPI and the protocol per frame).
+//! frames from the client host wait in its RX ring until its moderated
+//! interrupt fires (`workload.vcanal.host_nic_itr`: ixgbe's adaptive
+//! interval by default, as the client host's NIC), and are taken there,
+//! between the service's work items (a NIC interrupt, NAPI and the
+//! protocol per frame).
 //!
 //! Simplifications (named, not hidden): the service core's polling
 //! thread, its pool threads and its NIC softirq share the core in arrival
 //! order, as one FIFO of work items, rather than under the host scheduler;
 //! TCP has no handshake (connect() takes the connection already
-//! established, as every TCP workload of the model does); the host NIC's
-//! interrupt moderation is not modelled (one interrupt per batch the core
-//! finds waiting).
+//! established, and the HTTP server's accept() takes one of ApacheBench's
+//! connections, established before the run, off its listener's queue: ab
+//! keeps them alive, as every TCP workload of the model does).
 
 use super::event::Ev;
 use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
 use crate::guest::app::{Datagram, Metrics};
-use crate::guest::libcanal::inr::{Call, SockAddr, SockType};
+use crate::guest::libcanal::inr::{Call, Errno, SockAddr, SockType};
 use crate::guest::libcanal::{LibCanal, LibCanalParams};
 use crate::guest::tcp::{Tcp, TcpConfig};
 use crate::guest::Kernel;
@@ -107,6 +110,8 @@ struct HostStack {
     napi_poll: Time,
     nic_irq: Time,
     pool_dispatch: Time,
+    accept: Time,
+    epoll_event: Time,
 }
 
 impl HostStack {
@@ -121,7 +126,42 @@ struct HostSock {
     kind: SlotKind,
     tcp: Option<Tcp>,
     udp_rx: VecDeque<Datagram>,
+    /// The flow its frames carry on the link.
+    flow: u16,
+    /// The guest port its bind() named.
+    guest_port: Option<u16>,
+    /// listen() was called on it.
+    listening: bool,
+    /// An established connection in the accept queue of the VM's listener
+    /// on this guest port (taken off it by accept()).
+    queued_for: Option<u16>,
+    /// An epoll instance's interest list: (the guest's socket-array index,
+    /// the host socket), a bounded list.
+    interest: Vec<(u32, HostSocket)>,
 }
+
+impl HostSock {
+    fn new(vm: usize, kind: SlotKind, flow: u16) -> Self {
+        HostSock {
+            vm,
+            kind,
+            tcp: None,
+            udp_rx: VecDeque::new(),
+            flow,
+            guest_port: None,
+            listening: false,
+            queued_for: None,
+            interest: Vec::new(),
+        }
+    }
+}
+
+/// Entries an epoll instance's interest list holds (the host's memory per
+/// instance is bounded; Linux bounds it by `max_user_watches`).
+const EPOLL_INTEREST: usize = 64;
+
+/// `MSG_DONTWAIT`, as libCanal passes it in a recv's flags.
+const MSG_DONTWAIT: u32 = crate::workloads::vcanal_http::MSG_DONTWAIT;
 
 /// A network-pool thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,6 +180,9 @@ struct CanalVm {
     conn: Option<Tcp>,
     /// The host socket its data flows on.
     sock: Option<HostSocket>,
+    /// Its client host's TCP connections (flows `FLOW..`), when it has
+    /// several: the host socket of each.
+    flow_socks: Vec<HostSocket>,
     /// The client host.
     peer: PeerHost,
     /// The peer's deadline as last scheduled.
@@ -202,6 +245,58 @@ pub(super) struct CanalPath {
     finishing: Option<(usize, Dispatch, Outcome, Option<SockAddr>)>,
     /// Each VM's service totals at the end of the warm-up.
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
+    /// The host NIC's receive interrupt moderation.
+    nic: NicItr,
+}
+
+/// The service host NIC's receive interrupt throttle (82599/X520 EITR, as
+/// the client host's NIC in `workloads::peer`): frames wait in the RX ring
+/// until the interrupt fires, at most once per interval, counted from the
+/// last one (a frame after a quiet spell interrupts at once). Adaptive:
+/// after each poll the driver moves the interval by the byte rate
+/// (`guest::itr`).
+#[derive(Clone, Copy, Debug)]
+struct NicItr {
+    /// Fixed interval (0 with no moderation).
+    interval: Time,
+    adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
+    state: Option<crate::guest::itr::DynamicItr>,
+    /// When the armed interrupt fires.
+    armed: Option<Time>,
+    /// It fired: the service core takes it between work items.
+    fired: bool,
+    last: Option<Time>,
+}
+
+impl NicItr {
+    fn new(mode: crate::scenario::PeerItr, p: &crate::workloads::peer::PeerCosts) -> Self {
+        use crate::scenario::PeerItr;
+        let adaptive = (mode == PeerItr::Adaptive)
+            .then_some(p.rx_adaptive)
+            .flatten();
+        NicItr {
+            interval: match mode {
+                PeerItr::Off => 0,
+                PeerItr::Fixed | PeerItr::Adaptive => p.rx_itr,
+            },
+            adaptive,
+            state: adaptive.map(|(a, _)| crate::guest::itr::DynamicItr::new(&a)),
+            armed: None,
+            fired: false,
+            last: None,
+        }
+    }
+
+    fn moderated(&self) -> bool {
+        self.interval > 0 || self.state.is_some()
+    }
+
+    fn current(&self) -> Time {
+        match (self.state, self.adaptive) {
+            (Some(st), Some((_, unit))) => Time::from(st.eitr >> 3) * unit,
+            _ => self.interval,
+        }
+    }
 }
 
 fn canal_costs(cal: &Calibration) -> VcanalCosts {
@@ -276,7 +371,18 @@ pub(super) fn build(
     );
     let views = s.vm_views();
     let mut vms = Vec::with_capacity(views.len());
+    let mut http_socks = Vec::new();
     for (vm, v) in views.iter().enumerate() {
+        if let (Some(spec), Some(n)) = (&v.workload.vcanal, &v.workload.nginx) {
+            let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
+            let (mut canal_vm, socks) =
+                build_http(vm, spec, n, cal, (costs, syscall, peer_costs), tcp, kernel)?;
+            let start = http_socks.len() as HostSocket;
+            canal_vm.flow_socks = (0..socks.len() as HostSocket).map(|k| start + k).collect();
+            vms.push(Some(canal_vm));
+            http_socks.extend(socks);
+            continue;
+        }
         {
             let (Some(spec), Some(n)) = (&v.workload.vcanal, &v.workload.netperf) else {
                 vms.push(None);
@@ -343,6 +449,7 @@ pub(super) fn build(
                 mem,
                 conn,
                 sock: None,
+                flow_socks: Vec::new(),
                 peer,
                 peer_timer: None,
             }));
@@ -370,11 +477,20 @@ pub(super) fn build(
             napi_poll: t_ns(&g.napi_poll_base_ns),
             nic_irq: t_us(&cal.host.irq_handler_us),
             pool_dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
+            accept: t_ns(&cal.vcanal.host_accept_ns),
+            epoll_event: t_ns(&cal.vcanal.host_epoll_event_ns),
         },
         core,
         vms,
         no_mem: GuestMemory::new(0, 0, 0).map_err(|e| e.to_string())?,
-        socks: Vec::with_capacity(4 * nvm.max(1)),
+        socks: {
+            // The HTTP servers' connections first (their indices are the
+            // flow_socks the builder gave), then room for what the guests
+            // open: a listener and an epoll instance per server thread.
+            let mut v = Vec::with_capacity(4 * nvm.max(1) + 3 * http_socks.len());
+            v.extend(http_socks);
+            v
+        },
         threads: vec![Thread::Idle; pool],
         ready: VecDeque::with_capacity(pool),
         issued: Vec::with_capacity(pool),
@@ -394,10 +510,126 @@ pub(super) fn build(
         kicked: views
             .iter()
             .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
+        nic: {
+            // The service host's NIC is of the client host's class (the
+            // paper's two X520s), with its own moderation setting.
+            let mode = s
+                .vms
+                .iter()
+                .filter_map(|v| v.workload.vcanal.as_ref())
+                .map(|v| v.host_nic_itr)
+                .next()
+                .unwrap_or_default();
+            let mut own = s.clone();
+            own.net.peer_itr = mode;
+            NicItr::new(mode, &crate::world::build::peer_costs(&own, cal))
+        },
         asleep: false,
         idle_run: 0,
         wakeup: t_us(&cal.vhost.wakeup_us),
     }))
+}
+
+/// Where a VM's backed guest memory puts the server threads' epoll event
+/// pages: the page after the channel.
+fn events_gpa() -> u64 {
+    (CHANNEL.base + CHANNEL.size()).div_ceil(4096) * 4096
+}
+
+/// An HTTP server over vCanal in VM `vm` (vcanal.md §4, ApacheBench): its
+/// threads spawned in its kernel, the client host's ApacheBench with its
+/// connections, and the host ends of those connections, numbered from 0
+/// in the order of the flows (the caller places them first in the socket
+/// table). The host's connections are established (the model's TCP has no
+/// handshake, so ApacheBench keeps them open, `ab -k`) and wait in the
+/// accept queue of the listener whose guest port their owner thread binds.
+fn build_http(
+    vm: usize,
+    spec: &crate::scenario::VcanalSpec,
+    n: &crate::scenario::NginxSpec,
+    cal: &Calibration,
+    (costs, syscall, peer_costs): (VcanalCosts, Time, crate::workloads::peer::PeerCosts),
+    tcp: TcpConfig,
+    kernel: &mut Kernel,
+) -> Result<(CanalVm, Vec<HostSock>), String> {
+    use crate::workloads::http::{ab_process_of, AbClient, ClientNames, HttpShape};
+    use crate::workloads::vcanal_http::{CanalHttpShape, CanalHttpThread, HTTP_PORT, MAX_THREADS};
+    let workers = n.workers as usize;
+    if workers > MAX_THREADS {
+        return Err(format!(
+            "workload.nginx.workers: {workers} is more than vCanal's HTTP server runs ({MAX_THREADS})"
+        ));
+    }
+    let events = events_gpa();
+    let backed = events + (MAX_THREADS as u64) * 4096 - CHANNEL.base;
+    let mut mem =
+        GuestMemory::new(GUEST_RAM, CHANNEL.base, backed as usize).map_err(|e| e.to_string())?;
+    CHANNEL.init(&mut mem).map_err(|e| e.to_string())?;
+    let lib = LibCanal::new(
+        LibCanalParams {
+            poll_budget: spec.effective_poll_budget(),
+            ..LibCanalParams::default()
+        },
+        CHANNEL,
+    );
+    let lib = std::rc::Rc::new(std::cell::RefCell::new(lib));
+    let app_costs = CanalAppCosts {
+        canal: costs,
+        syscall,
+        hybrid: spec.hybrid_address_space,
+        kick: spec.kick,
+    };
+    let shape = CanalHttpShape {
+        request: n.request_bytes,
+        response: n.header_bytes + n.page_bytes,
+        work: t_ns(&cal.guest.nginx_request_ns),
+    };
+    let cpus = kernel.cpus();
+    for j in 0..workers {
+        let app = CanalHttpThread::new(lib.clone(), j, shape, app_costs, events);
+        kernel.spawn_on(j % cpus, Box::new(app), 0, false);
+    }
+    // nginx sets TCP_NODELAY on keep-alive connections (as the
+    // kernel-socket server's configuration, world::build::es2).
+    let tcp = TcpConfig {
+        nagle: false,
+        ..tcp
+    };
+    let ab = n.ab_processes as usize;
+    let conns = ab * n.concurrency as usize;
+    let mut far = Vec::with_capacity(conns);
+    let mut socks = Vec::with_capacity(conns);
+    for i in 0..conns {
+        let (host, client) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
+        far.push(client);
+        let mut h = HostSock::new(vm, SlotKind::Stream, FLOW + i as u16);
+        h.tcp = Some(host);
+        h.queued_for = Some(HTTP_PORT + (ab_process_of(i, ab) % workers) as u16);
+        socks.push(h);
+    }
+    let http = HttpShape {
+        request: n.request_bytes,
+        response: n.header_bytes + n.page_bytes,
+    };
+    let names = ClientNames {
+        prefix: "nginx",
+        percentiles: "latency",
+    };
+    let client = AbClient::new(http, conns, t_ns(&cal.peer.ab_request_ns), names);
+    let peer = PeerHost::new(far, FLOW, Box::new(client), peer_costs, ab);
+    Ok((
+        CanalVm {
+            mem,
+            conn: None,
+            sock: None,
+            // Placed first in the table by the caller: VM by VM, so this
+            // VM's start at the count of those before it.
+            flow_socks: Vec::new(),
+            peer,
+            peer_timer: None,
+        },
+        socks,
+    ))
 }
 
 impl CanalPath {
@@ -472,7 +704,7 @@ impl World {
         for s in 0..c.socks.len() {
             work += c.flush(s, now + work);
         }
-        let busy = if !c.rx.is_empty() {
+        let busy = if c.rx_due() {
             work += c.receive(now + work);
             true
         } else if let Some(t) = c.ready.pop_front() {
@@ -523,7 +755,7 @@ impl World {
         }
         c.idle_run = if busy { 0 } else { c.idle_run + 1 };
         let work = work.max(1);
-        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && c.rx.is_empty() {
+        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && !c.rx_due() {
             // Every channel came up empty: the service thread sleeps
             // until a doorbell or the NIC wakes it.
             c.asleep = true;
@@ -585,6 +817,30 @@ impl World {
         if let Some((_, vm, f)) = c.to_host.pop_front() {
             c.rx.push_back((vm, f));
         }
+        if c.nic.moderated() {
+            if c.nic.armed.is_none() && !c.nic.fired {
+                let now = self.q.now();
+                let at = c.nic.last.map_or(now, |t| t + c.nic.current()).max(now);
+                c.nic.armed = Some(at);
+                self.q.schedule(at, Ev::CanalNicIrq);
+            }
+            return;
+        }
+        self.canal_wake();
+    }
+
+    /// The host NIC's moderated receive interrupt fires: the service core
+    /// takes it after its current work item.
+    pub(super) fn canal_nic_irq(&mut self) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        if c.nic.armed != Some(now) {
+            return;
+        }
+        c.nic.armed = None;
+        c.nic.fired = true;
         self.canal_wake();
     }
 
@@ -744,7 +1000,8 @@ impl CanalPath {
                 break;
             };
             t += per;
-            self.emit(vm, Frame::tcp_gso(FLOW, seg, mss, t), t);
+            let flow = self.socks[s].flow;
+            self.emit(vm, Frame::tcp_gso(flow, seg, mss, t), t);
         }
         t - at
     }
@@ -754,15 +1011,24 @@ impl CanalPath {
     /// on those sockets wake. Returns the time it took.
     fn receive(&mut self, at: Time) -> Time {
         self.counters.nic_irqs += 1;
+        self.nic.fired = false;
+        self.nic.last = Some(at);
+        if let Some(st) = &mut self.nic.state {
+            for (_, f) in &self.rx {
+                st.count(f.len());
+            }
+        }
         let mut t = at + self.stack.nic_irq + self.stack.napi_poll;
         while let Some((vm, f)) = self.rx.pop_front() {
             self.counters.rx_frames += 1;
-            let Some(s) = self
-                .vms
-                .get(vm)
-                .and_then(|v| v.as_ref())
-                .and_then(|v| v.sock)
-            else {
+            // A connection of several goes to its flow's socket; the one
+            // flow of a stream or datagram socket to the VM's.
+            let Some(s) = self.vms.get(vm).and_then(|v| v.as_ref()).and_then(|v| {
+                match f.flow.checked_sub(FLOW).map(usize::from) {
+                    Some(k) if !v.flow_socks.is_empty() => v.flow_socks.get(k).copied(),
+                    _ => v.sock,
+                }
+            }) else {
                 // No socket for it (yet): dropped, as Linux drops a
                 // datagram to an unbound port.
                 t += self.stack.rx_per_packet;
@@ -789,7 +1055,17 @@ impl CanalPath {
             }
             self.wake(vm);
         }
+        // After napi_complete the driver updates the interval.
+        if let (Some(st), Some((p, _))) = (&mut self.nic.state, self.nic.adaptive) {
+            st.update(&p);
+        }
         t - at
+    }
+
+    /// Frames wait and the NIC's interrupt for them is up (at once when
+    /// it is not moderated).
+    fn rx_due(&self) -> bool {
+        !self.rx.is_empty() && (self.nic.fired || !self.nic.moderated())
     }
 
     /// Pool threads blocked on `vm`'s calls try again.
@@ -815,19 +1091,117 @@ impl CanalPath {
         let outcome = match d.call {
             Call::Socket { ty, .. } => {
                 let id = self.socks.len() as HostSocket;
-                self.socks.push(HostSock {
-                    vm: d.vm,
-                    kind: match ty {
-                        SockType::Stream => SlotKind::Stream,
-                        SockType::Dgram => SlotKind::Dgram,
-                    },
-                    tcp: None,
-                    udp_rx: VecDeque::with_capacity(64),
-                });
+                let kind = match ty {
+                    SockType::Stream => SlotKind::Stream,
+                    SockType::Dgram => SlotKind::Dgram,
+                };
+                let mut h = HostSock::new(d.vm, kind, FLOW);
+                h.udp_rx = VecDeque::with_capacity(64);
+                self.socks.push(h);
                 Some((Outcome::NewSocket(id), None))
+            }
+            Call::EpollCreate => {
+                let id = self.socks.len() as HostSocket;
+                let mut h = HostSock::new(d.vm, SlotKind::Epoll, FLOW);
+                h.interest = Vec::with_capacity(EPOLL_INTEREST);
+                self.socks.push(h);
+                Some((Outcome::NewSocket(id), None))
+            }
+            Call::Listen { .. } => {
+                let s = d.socket.unwrap_or(0) as usize;
+                match self.socks.get_mut(s) {
+                    Some(x) if x.kind == SlotKind::Stream && x.guest_port.is_some() => {
+                        x.listening = true;
+                        Some((Outcome::Value(0), None))
+                    }
+                    // listen() on an unbound socket would autobind; the
+                    // guests here always bind first.
+                    _ => Some((Outcome::Failed(Errno::Einval), None)),
+                }
+            }
+            Call::Accept { .. } => {
+                let l = d.socket.unwrap_or(0) as usize;
+                match self.socks.get(l) {
+                    Some(x) if x.listening => {
+                        let port = x.guest_port;
+                        let vm = d.vm;
+                        let next = self.socks.iter().position(|c| {
+                            c.vm == vm && c.queued_for.is_some() && c.queued_for == port
+                        });
+                        match next {
+                            Some(c) => {
+                                // Off the accept queue: a socket of its own.
+                                self.socks[c].queued_for = None;
+                                cost += st.accept;
+                                let from = SockAddr {
+                                    ip: PEER.ip,
+                                    port: 40000u16.wrapping_add(self.socks[c].flow),
+                                };
+                                Some((Outcome::NewSocket(c as HostSocket), Some(from)))
+                            }
+                            // Nothing queued: the thread sleeps until a
+                            // connection arrives.
+                            None => None,
+                        }
+                    }
+                    _ => Some((Outcome::Failed(Errno::Einval), None)),
+                }
+            }
+            Call::EpollCtl { op, fd, .. } => {
+                let e = d.socket.unwrap_or(0) as usize;
+                let target = d.target.unwrap_or(0);
+                let r = match self.socks.get_mut(e) {
+                    Some(x) if x.kind == SlotKind::Epoll => {
+                        let at = x.interest.iter().position(|&(i, _)| i == fd);
+                        match (op, at) {
+                            (1, Some(_)) => Err(Errno::Einval),
+                            (1, None) if x.interest.len() >= EPOLL_INTEREST => Err(Errno::Enobufs),
+                            (1, None) => {
+                                x.interest.push((fd, target));
+                                Ok(0)
+                            }
+                            (2, Some(k)) => {
+                                x.interest.swap_remove(k);
+                                Ok(0)
+                            }
+                            (3, Some(_)) => Ok(0),
+                            (2 | 3, None) => Err(Errno::Enotconn),
+                            _ => Err(Errno::Einval),
+                        }
+                    }
+                    _ => Err(Errno::Einval),
+                };
+                Some((
+                    match r {
+                        Ok(v) => Outcome::Value(v),
+                        Err(e) => Outcome::Failed(e),
+                    },
+                    None,
+                ))
+            }
+            Call::EpollWait {
+                events,
+                maxevents,
+                timeout_ms,
+                ..
+            } => {
+                let e = d.socket.unwrap_or(0) as usize;
+                let room = (events.len / crate::guest::libcanal::inr::EPOLL_EVENT_SIZE)
+                    .min(u64::from(maxevents)) as usize;
+                match self.epoll_ready(e, d.vm, events.addr, room) {
+                    Ok(0) if timeout_ms != 0 => None,
+                    Ok(n) => {
+                        cost += n as Time * st.epoll_event;
+                        Some((Outcome::Value(n as u64), None))
+                    }
+                    Err(err) => Some((Outcome::Failed(err), None)),
+                }
             }
             Call::Connect { .. } | Call::Bind { .. } => {
                 let s = d.socket.unwrap_or(0) as usize;
+                if let (Call::Bind { addr, .. }, Some(x)) = (d.call, self.socks.get_mut(s)) {
+                    x.guest_port = Some(addr.port);
+                }
                 if let Some(Some(v)) = self.vms.get_mut(d.vm) {
                     v.sock = Some(s as HostSocket);
                     if self
@@ -884,17 +1258,25 @@ impl CanalPath {
                     Some(x) => match x.tcp.as_mut() {
                         Some(tcp) => {
                             let n = tcp.recv(buf.len.min(u64::from(u32::MAX)) as u32);
-                            (n > 0).then_some((Outcome::Value(u64::from(n)), None))
+                            let flags = match d.call {
+                                Call::Recv { flags, .. } | Call::RecvFrom { flags, .. } => flags,
+                                _ => 0,
+                            };
+                            if n > 0 {
+                                // The copy into the guest's buffer, and the
+                                // window update the read may send.
+                                cost += st.copy(u64::from(n));
+                                cost += self.flush(s, at + cost);
+                                Some((Outcome::Value(u64::from(n)), None))
+                            } else if flags & MSG_DONTWAIT != 0 {
+                                Some((Outcome::Failed(Errno::Eagain), None))
+                            } else {
+                                None
+                            }
                         }
-                        None => Some((
-                            Outcome::Failed(crate::guest::libcanal::inr::Errno::Enotconn),
-                            None,
-                        )),
+                        None => Some((Outcome::Failed(Errno::Enotconn), None)),
                     },
-                    None => Some((
-                        Outcome::Failed(crate::guest::libcanal::inr::Errno::Ebadf),
-                        None,
-                    )),
+                    None => Some((Outcome::Failed(Errno::Ebadf), None)),
                 }
             }
             _ => Some((Outcome::Value(0), None)),
@@ -913,6 +1295,51 @@ impl CanalPath {
         // written then (`finish`), not before the call has run.
         self.finishing = Some((t, d, outcome, peer));
         cost
+    }
+
+    /// Epoll instance `e`'s ready sockets (level-triggered EPOLLIN: a
+    /// listener with a connection queued, a socket with data): up to
+    /// `room` `epoll_event` records written into VM `vm`'s memory at
+    /// `gpa` (events, then the guest's index as the data). How many.
+    fn epoll_ready(&mut self, e: usize, vm: usize, gpa: u64, room: usize) -> Result<usize, Errno> {
+        use crate::guest::libcanal::inr::EPOLL_EVENT_SIZE;
+        use crate::workloads::vcanal_http::EPOLLIN;
+        let Some(x) = self.socks.get(e).filter(|x| x.kind == SlotKind::Epoll) else {
+            return Err(Errno::Einval);
+        };
+        let Some(Some(v)) = self.vms.get_mut(vm) else {
+            return Err(Errno::Efault);
+        };
+        let mut n = 0;
+        for &(index, host) in &x.interest {
+            if n >= room {
+                break;
+            }
+            let Some(t) = self.socks.get(host as usize) else {
+                continue;
+            };
+            let ready = if t.listening {
+                let port = t.guest_port;
+                self.socks
+                    .iter()
+                    .any(|c| c.vm == vm && c.queued_for.is_some() && c.queued_for == port)
+            } else {
+                t.tcp.as_ref().is_some_and(|c| c.readable() > 0) || !t.udp_rx.is_empty()
+            };
+            if !ready {
+                continue;
+            }
+            let at = gpa + n as u64 * EPOLL_EVENT_SIZE;
+            // The guest's buffer lies in RAM (checked when the INR was
+            // taken) but may be anywhere there: a write the service cannot
+            // make is EFAULT, never a host fault.
+            v.mem.write_u32(at, EPOLLIN).map_err(|_| Errno::Efault)?;
+            v.mem
+                .write_u64(at + 4, u64::from(index))
+                .map_err(|_| Errno::Efault)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The work item that ran a call ended: its thread writes the answer
@@ -1104,6 +1531,169 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(e.contains("`workload.vcanal`"), "{e}");
+    }
+
+    const HTTP: &str = "[workload.nginx]\nworkers = 2\nab_processes = 2\nconcurrency = 2\n\
+                        [workload.vcanal]\n";
+
+    /// Runs `call` on the host as a pool thread would, naming host socket
+    /// `socket` (of `kind`) and `target`: the outcome, or None when the
+    /// call waits for the host stack.
+    fn host_call(
+        c: &mut CanalPath,
+        call: crate::guest::libcanal::inr::InrCall,
+        socket: Option<HostSocket>,
+        target: Option<HostSocket>,
+    ) -> Option<Outcome> {
+        let kind = socket.and_then(|s| c.socks.get(s as usize)).map(|x| x.kind);
+        let d = Dispatch {
+            vm: 0,
+            inr: 0,
+            call,
+            socket,
+            kind,
+            target,
+            new_slot: None,
+            host_port: None,
+        };
+        c.threads[0] = Thread::Ready(d);
+        c.run_thread(0, 0);
+        if matches!(c.threads[0], Thread::Blocked(_)) {
+            c.threads[0] = Thread::Idle;
+            return None;
+        }
+        c.threads[0] = Thread::Idle;
+        c.finishing.take().map(|(_, _, o, _)| o)
+    }
+
+    fn new_sock(c: &mut CanalPath, call: crate::guest::libcanal::inr::InrCall) -> HostSocket {
+        match host_call(c, call, None, None) {
+            Some(Outcome::NewSocket(s)) => s,
+            o => panic!("{o:?}"),
+        }
+    }
+
+    /// The host side of the HTTP server's calls against a hostile or
+    /// mistaken guest: each bad call is answered with an error, none
+    /// reaches past the VM's memory or grows host memory without bound.
+    #[test]
+    fn hostile_accept_and_epoll_calls_are_answered_with_errors() {
+        use crate::guest::libcanal::inr::Buf;
+        let w = world(HTTP, &[]);
+        let mut c = w.canal.expect("a vCanal path");
+        // Sockets 0..4: ab's connections waiting to be accepted.
+        assert_eq!(c.socks.len(), 4);
+        let stream = Call::Socket {
+            ty: SockType::Stream,
+            protocol: 0,
+        };
+        let l = new_sock(&mut c, stream);
+        let accept = Call::Accept { fd: 0 };
+        // accept() on a socket that does not listen: EINVAL.
+        let o = host_call(&mut c, accept, Some(l), None);
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+        // listen() before bind(): EINVAL.
+        let listen = Call::Listen { fd: 0, backlog: 1 };
+        let o = host_call(&mut c, listen, Some(l), None);
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+        // Bound to a port no connection targets, listening: accept waits.
+        let bind = Call::Bind {
+            fd: 0,
+            addr: SockAddr { ip: 0, port: 8080 },
+        };
+        assert_eq!(
+            host_call(&mut c, bind, Some(l), None),
+            Some(Outcome::Value(0))
+        );
+        assert_eq!(
+            host_call(&mut c, listen, Some(l), None),
+            Some(Outcome::Value(0))
+        );
+        assert_eq!(host_call(&mut c, accept, Some(l), None), None);
+        // epoll_ctl on a socket that is no epoll instance: EINVAL.
+        let ctl = |fd, op| Call::EpollCtl {
+            epfd: 0,
+            op,
+            fd,
+            events: 1,
+        };
+        let o = host_call(&mut c, ctl(5, 1), Some(l), Some(l));
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+        let e = new_sock(&mut c, Call::EpollCreate);
+        assert_eq!(
+            host_call(&mut c, ctl(5, 1), Some(e), Some(0)),
+            Some(Outcome::Value(0))
+        );
+        // The same index twice (Linux: EEXIST), an unknown op, a delete
+        // of an index not in the list.
+        let o = host_call(&mut c, ctl(5, 1), Some(e), Some(0));
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+        let o = host_call(&mut c, ctl(6, 9), Some(e), Some(0));
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+        let o = host_call(&mut c, ctl(6, 2), Some(e), Some(0));
+        assert_eq!(o, Some(Outcome::Failed(Errno::Enotconn)));
+        // A flood of adds: the interest list stops at its bound.
+        for i in 0..2 * EPOLL_INTEREST as u32 {
+            let _ = host_call(&mut c, ctl(100 + i, 1), Some(e), Some(1));
+        }
+        assert_eq!(c.socks[e as usize].interest.len(), EPOLL_INTEREST);
+        assert_eq!(
+            c.socks[e as usize].interest.capacity(),
+            EPOLL_INTEREST,
+            "no growth"
+        );
+        let o = host_call(&mut c, ctl(999, 1), Some(e), Some(1));
+        assert_eq!(o, Some(Outcome::Failed(Errno::Enobufs)));
+        // Data on connection 0, so its entry is ready.
+        if let Some(t) = &mut c.socks[0].tcp {
+            t.on_segment(
+                crate::hw::wire::TcpSegment {
+                    seq: 0,
+                    len: 100,
+                    ack: 0,
+                    wnd: 65535,
+                    psh: true,
+                },
+                0,
+            );
+        }
+        assert!(c.socks[0].tcp.as_ref().unwrap().readable() > 0);
+        let wait = |addr, len| Call::EpollWait {
+            epfd: 0,
+            events: Buf { addr, len },
+            maxevents: 8,
+            timeout_ms: -1,
+        };
+        // Its event buffer in guest RAM but not where the service can
+        // write (the checks passed: inside RAM): EFAULT, no host fault.
+        let o = host_call(&mut c, wait(0x2000_0000, 96), Some(e), None);
+        assert_eq!(o, Some(Outcome::Failed(Errno::Efault)));
+        // A buffer too small for one event: nothing written, and the
+        // thread waits as for no event (Linux: EINVAL for maxevents 0;
+        // here the length bounds the count).
+        let ev = events_gpa();
+        assert_eq!(host_call(&mut c, wait(ev, 11), Some(e), None), None);
+        // A good one: index 5 ready, written into the VM's page.
+        let o = host_call(&mut c, wait(ev, 96), Some(e), None);
+        assert_eq!(o, Some(Outcome::Value(1)));
+        let v = c.vms[0].as_ref().unwrap();
+        assert_eq!(v.mem.read_u64(ev + 4), Ok(5));
+        // recv with MSG_DONTWAIT on connection 1, which has nothing:
+        // EAGAIN; without it the thread waits.
+        let recv = |flags| Call::Recv {
+            fd: 0,
+            buf: Buf {
+                addr: 0x100_0000,
+                len: 1024,
+            },
+            flags,
+        };
+        let o = host_call(&mut c, recv(MSG_DONTWAIT), Some(1), None);
+        assert_eq!(o, Some(Outcome::Failed(Errno::Eagain)));
+        assert_eq!(host_call(&mut c, recv(0), Some(1), None), None);
+        // epoll_wait naming a socket index past the host's table.
+        let o = host_call(&mut c, wait(ev, 96), Some(9999), None);
+        assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
     }
 
     /// Same scenario and seed, same run.

@@ -26,5 +26,6 @@ mod pv;
 mod rps;
 mod sip;
 mod smp;
+mod vcanal;
 mod vectors;
 mod whileloop;

@@ -127,7 +127,8 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
         nagle: false,
         ..TcpConfig::default()
     };
-    if let Some(n) = &w.nginx {
+    // Over vCanal nginx is vCanal's HTTP server (world::vcanal).
+    if let Some(n) = w.nginx.as_ref().filter(|_| w.vcanal.is_none()) {
         let shape = HttpShape {
             request: n.request_bytes,
             response: n.header_bytes + n.page_bytes,

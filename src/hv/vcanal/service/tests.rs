@@ -940,3 +940,43 @@ proptest! {
         prop_assert_eq!(s.allocated(), bytes);
     }
 }
+
+/// The HTTP server's call types from a hostile guest: accept() and
+/// epoll_wait() naming indices past the array, an epoll_wait() buffer
+/// outside RAM, one too small for its maxevents, and epoll_wait() on a
+/// socket or accept() on an epoll instance: each answered, nothing issued.
+#[test]
+fn hostile_accept_and_epoll_wait_are_answered() {
+    let (mut s, mut vms) = setup(1, params());
+    let sock = open(&mut s, &mut vms, 0, 0);
+    vms[0].submit(1, Call::EpollCreate);
+    rounds(&mut s, &mut vms, 1);
+    let ep = vms[0].answer(1).expect("epoll_create answered");
+    assert!(ep >= 0, "{ep}");
+    let ep = ep as u32;
+    let wait = |epfd, addr, len, maxevents| Call::EpollWait {
+        epfd,
+        events: Buf { addr, len },
+        maxevents,
+        timeout_ms: -1,
+    };
+    vms[0].submit(2, Call::Accept { fd: 8 });
+    vms[0].submit(3, wait(u32::MAX, 0x1000, 96, 8));
+    vms[0].submit(4, wait(ep, RAM - 12, 96, 8));
+    vms[0].submit(5, wait(ep, 0x1000, 95, 8));
+    vms[0].submit(6, wait(sock, 0x1000, 96, 8));
+    vms[0].submit(7, Call::Accept { fd: ep });
+    let d = rounds(&mut s, &mut vms, 2);
+    assert!(d.is_empty(), "{d:?}");
+    let want = [
+        (2, Errno::Ebadf),
+        (3, Errno::Ebadf),
+        (4, Errno::Efault),
+        (5, Errno::Einval),
+        (6, Errno::Einval),
+        (7, Errno::Enotsock),
+    ];
+    for (i, e) in want {
+        assert_eq!(vms[0].answer(i), Some(e.ret()), "INR {i}");
+    }
+}
