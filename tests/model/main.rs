@@ -21,6 +21,7 @@ mod kvm2026;
 mod limits;
 mod memcached;
 mod multi_vm;
+mod packetgen;
 mod preemption;
 mod pv;
 mod rps;
