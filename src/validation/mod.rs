@@ -151,6 +151,10 @@ pub struct Difference {
     pub tolerance: Tolerance,
     /// Where in the paper.
     pub source: String,
+    /// Why the model stays outside tolerance, where the cause is known
+    /// (shown in the reproduce output).
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// A metric and its unit.
@@ -200,6 +204,10 @@ pub struct Expected {
     pub tolerance: Tolerance,
     /// Where in the paper.
     pub source: String,
+    /// Why the model stays outside tolerance, where the cause is known
+    /// (shown in the reproduce output).
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// One output row.
@@ -225,6 +233,9 @@ pub struct Row {
     pub within: Option<bool>,
     /// Invariant violations in the run that produced the value.
     pub violations: u64,
+    /// The known cause of a gap to the paper, if one is written down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Shown again in the experiment's table (text report only).
     #[serde(skip)]
     pub table: bool,
@@ -362,6 +373,31 @@ struct Job {
     param: ParamPoint,
     scenario: PathBuf,
     sets: Vec<String>,
+    /// The calibration of this job when a config or parameter sets
+    /// calibration entries (`calibration.<section>.<name>=VALUE`, as
+    /// `--calibration-set`), layered over the experiment file's.
+    cal: Option<Calibration>,
+}
+
+/// Splits a job's overrides into scenario sets and calibration entries
+/// (`calibration.guest.cost_cv=0.2`), and layers the entries over `cal`.
+fn split_calibration_sets(
+    sets: Vec<String>,
+    cal: &Calibration,
+) -> Result<(Vec<String>, Option<Calibration>), ReproduceError> {
+    let (c, sets): (Vec<String>, Vec<String>) = sets
+        .into_iter()
+        .partition(|s| s.starts_with("calibration."));
+    if c.is_empty() {
+        return Ok((sets, None));
+    }
+    let entries = c
+        .iter()
+        .map(|kv| crate::calibration_overlay::parse_set(&kv["calibration.".len()..]))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ReproduceError::Bad)?;
+    let cal = crate::calibration_overlay::apply_to(cal, &entries).map_err(ReproduceError::Bad)?;
+    Ok((sets, Some(cal)))
 }
 
 /// The jobs' indices, the costliest first by [`cost_estimate`] (ties keep
@@ -523,12 +559,14 @@ pub fn reproduce(
             };
             for (param, scenario, before, after) in &variants {
                 let sets = [before, base, after, extra_sets].concat();
+                let (sets, job_cal) = split_calibration_sets(sets, cal)?;
                 jobs.push(Job {
                     exp: ei,
                     config: c.clone(),
                     param: param.clone(),
                     scenario: scenario.clone(),
                     sets,
+                    cal: job_cal,
                 });
             }
         }
@@ -561,6 +599,7 @@ pub fn reproduce(
                 let Some(&i) = order.get(k) else {
                     break;
                 };
+                let cal = jobs[i].cal.as_ref().unwrap_or(cal);
                 let run = |s: &Scenario| match World::build(s, cal) {
                     Ok(mut w) => {
                         w.run(|_| {});
@@ -643,6 +682,7 @@ pub fn reproduce(
                 tolerance: exp.map(|x| x.tolerance),
                 within: exp.map(|x| within(model, x.paper, x.tolerance)),
                 violations: rep.violations(),
+                note: exp.and_then(|x| x.note.clone()),
                 table: e.table,
             });
         }
@@ -705,6 +745,7 @@ pub fn reproduce(
                     tolerance: Some(d.tolerance),
                     within: Some(within(model, d.paper, d.tolerance)),
                     violations: a.violations.max(b.violations),
+                    note: d.note.clone(),
                     table: false,
                 });
             }
@@ -760,6 +801,7 @@ pub fn to_text(rows: &[Row]) -> String {
         );
     }
     tables(rows, &mut o);
+    notes(rows, &mut o);
     let scored: Vec<&Row> = rows.iter().filter(|r| r.within.is_some()).collect();
     let ok = scored.iter().filter(|r| r.within == Some(true)).count();
     let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
@@ -769,6 +811,28 @@ pub fn to_text(rows: &[Row]) -> String {
         scored.len()
     );
     o
+}
+
+/// The notes of rows that have one: what keeps the model from the paper.
+fn notes(rows: &[Row], o: &mut String) {
+    use std::fmt::Write;
+    let noted: Vec<&Row> = rows.iter().filter(|r| r.note.is_some()).collect();
+    if noted.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nnotes");
+    for r in noted {
+        let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            o,
+            "  {} {} {} {}: {}",
+            r.experiment,
+            r.config,
+            params.join(","),
+            r.metric,
+            r.note.as_deref().unwrap_or("")
+        );
+    }
 }
 
 /// The experiments marked `table`, each as a matrix: its metrics down,
@@ -849,9 +913,22 @@ mod tests {
                 param: vec![],
                 scenario: PathBuf::new(),
                 sets: vec![],
+                cal: None,
             })
             .collect();
         assert_eq!(longest_first(&jobs, &scenarios, &exps, &cal), [2, 1, 0, 3]);
+        // A job's calibration entries leave its scenario sets, and layer
+        // over the calibration in use; an unknown entry names itself.
+        let (sets, job) = split_calibration_sets(
+            vec!["scheme=kvm".into(), "calibration.guest.cost_cv=0.2".into()],
+            &cal,
+        )
+        .expect("splits");
+        assert_eq!(sets, ["scheme=kvm"]);
+        assert_eq!(job.expect("a calibration").guest.cost_cv.value, 0.2);
+        let e = split_calibration_sets(vec!["calibration.guest.nope_ns=1".into()], &cal)
+            .expect_err("unknown entry refused");
+        assert!(format!("{e:?}").contains("guest.nope_ns"), "{e:?}");
         let wl_cost = cost_estimate(&scenarios[2], None, &cal);
         let five_s = cost_estimate(&sc(&udp(600_000, 5.0)), None, &cal);
         assert!(

@@ -43,8 +43,7 @@ fn packets_per_interrupt_follow_the_burst_size() {
 fn a_burst_size_out_of_range_is_refused_by_key() {
     let sets = vec!["workload.udp.burst=0".to_string()];
     let e = exitless::scenario::Scenario::load(&scenario_path("fig4.toml"), &sets)
-        .err()
-        .expect("burst 0 must be refused")
+        .expect_err("burst 0 must be refused")
         .to_string();
     assert!(e.contains("workload.udp.burst"), "{e}");
 }
