@@ -55,12 +55,14 @@ impl RngStream {
         -mean * (1.0 - self.uniform()).ln()
     }
 
-    /// A standard normal variate (Box-Muller, one of the pair).
+    /// Two independent standard normal variates (Box-Muller).
     #[inline]
-    pub fn normal(&mut self) -> f64 {
+    pub fn normal_pair(&mut self) -> (f64, f64) {
         let u1 = 1.0 - self.uniform();
         let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        (r * cos, r * sin)
     }
 }
 
@@ -71,6 +73,8 @@ impl RngStream {
 pub struct CostVariance {
     sigma: f64,
     rng: Option<RngStream>,
+    /// The second normal of the last Box-Muller pair, not yet used.
+    spare: Option<f64>,
 }
 
 impl CostVariance {
@@ -79,6 +83,7 @@ impl CostVariance {
         CostVariance {
             sigma: 0.0,
             rng: None,
+            spare: None,
         }
     }
 
@@ -92,6 +97,7 @@ impl CostVariance {
         CostVariance {
             sigma: (1.0 + cv * cv).ln().sqrt(),
             rng: Some(RngStream::new(seed, name)),
+            spare: None,
         }
     }
 
@@ -105,8 +111,16 @@ impl CostVariance {
     pub fn vary(&mut self, cost: u64) -> u64 {
         match &mut self.rng {
             Some(r) if cost > 0 => {
+                let z = match self.spare.take() {
+                    Some(z) => z,
+                    None => {
+                        let (a, b) = r.normal_pair();
+                        self.spare = Some(b);
+                        a
+                    }
+                };
                 let s = self.sigma;
-                let f = (s * r.normal() - 0.5 * s * s).exp();
+                let f = (s * z - 0.5 * s * s).exp();
                 ((cost as f64 * f).round() as u64).max(1)
             }
             _ => cost,
