@@ -79,6 +79,7 @@ section!(Guest {
     udp_recv_per_packet_ns,
     context_switch_ns,
     syscall_ns,
+    sendto_syscall_ns,
     tcp_rx_segment_ns,
     tcp_tx_segment_ns,
     udp_tx_datagram_ns,
@@ -99,6 +100,7 @@ section!(Guest {
     blk_complete_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
+    cost_cv,
 });
 section!(Background {
     io_instruction_per_s,
@@ -374,6 +376,8 @@ pub fn range_of(key: &str) -> Option<Range> {
         // at lower link speeds.
         "nic.itr_unit_us" => Range::closed(0.001, 100.0),
         "guest.whileloop_cycles_per_iter" => Range::positive(1e6),
+        // A coefficient of variation: 0 (fixed costs) up to 1.
+        "guest.cost_cv" => Range::closed(0.0, 1.0),
         // EITR register values: the 12-bit field as written (0x0FFF).
         "nic.itr_lowest_reg" | "nic.itr_low_reg" | "nic.itr_bulk_reg" => Range::count(0.0, 4095.0),
         "nic.itr_low_threshold_bytes_per_us" | "nic.itr_bulk_threshold_bytes_per_us" => {

@@ -54,11 +54,119 @@ impl RngStream {
     pub fn exponential(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.uniform()).ln()
     }
+
+    /// Two independent standard normal variates (Box-Muller).
+    #[inline]
+    pub fn normal_pair(&mut self) -> (f64, f64) {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        (r * cos, r * sin)
+    }
+}
+
+/// Seeded variance of per-operation costs: each cost charged is the
+/// calibrated mean times a lognormal factor of mean 1 and coefficient of
+/// variation `cv`. At `cv = 0` it draws nothing and returns the cost as
+/// given.
+pub struct CostVariance {
+    sigma: f64,
+    rng: Option<RngStream>,
+    /// The second normal of the last Box-Muller pair, not yet used.
+    spare: Option<f64>,
+}
+
+impl CostVariance {
+    /// No variance.
+    pub fn off() -> Self {
+        CostVariance {
+            sigma: 0.0,
+            rng: None,
+            spare: None,
+        }
+    }
+
+    /// Variance `cv` drawn from the stream `name` of the run seeded with
+    /// `seed`.
+    pub fn new(cv: f64, seed: u64, name: &str) -> Self {
+        if cv <= 0.0 || !cv.is_finite() {
+            return Self::off();
+        }
+        // Lognormal: CV^2 = exp(sigma^2) - 1.
+        CostVariance {
+            sigma: (1.0 + cv * cv).ln().sqrt(),
+            rng: Some(RngStream::new(seed, name)),
+            spare: None,
+        }
+    }
+
+    /// Whether costs vary.
+    pub fn is_on(&self) -> bool {
+        self.rng.is_some()
+    }
+
+    /// One charge of a cost whose mean is `cost` (picoseconds).
+    #[inline]
+    pub fn vary(&mut self, cost: u64) -> u64 {
+        match &mut self.rng {
+            Some(r) if cost > 0 => {
+                let z = match self.spare.take() {
+                    Some(z) => z,
+                    None => {
+                        let (a, b) = r.normal_pair();
+                        self.spare = Some(b);
+                        a
+                    }
+                };
+                let s = self.sigma;
+                let f = (s * z - 0.5 * s * s).exp();
+                ((cost as f64 * f).round() as u64).max(1)
+            }
+            _ => cost,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_variance_returns_the_cost_exactly() {
+        let mut v = CostVariance::new(0.0, 7, "costs");
+        assert!(!v.is_on());
+        for c in [0, 1, 1_300_000, 1_500_000] {
+            assert_eq!(v.vary(c), c);
+        }
+    }
+
+    #[test]
+    fn variance_keeps_the_mean_and_has_the_stated_cv() {
+        for cv in [0.1, 0.2] {
+            let mut v = CostVariance::new(cv, 7, "costs");
+            let n = 200_000;
+            let xs: Vec<f64> = (0..n).map(|_| v.vary(1_000_000) as f64).collect();
+            let mean = xs.iter().sum::<f64>() / n as f64;
+            let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+            let got = var.sqrt() / mean;
+            assert!((mean / 1e6 - 1.0).abs() < 0.003, "cv {cv}: mean {mean}");
+            assert!(
+                (got - cv).abs() < 0.01 * cv.max(0.1) * 2.0,
+                "cv {cv}: {got}"
+            );
+        }
+    }
+
+    #[test]
+    fn variance_streams_repeat_by_seed_and_differ_across_seeds() {
+        let draw = |seed| {
+            let mut v = CostVariance::new(0.1, seed, "costs");
+            (0..8).map(|_| v.vary(1_000_000)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
 
     #[test]
     fn same_seed_and_name_repeat() {

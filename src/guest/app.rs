@@ -276,6 +276,14 @@ pub trait App {
     /// Called whenever the task runs and has nothing left to compute.
     fn step(&mut self, sys: &mut Sys) -> TaskStep;
     /// Called once the warm-up is over: drop what was measured so far.
+    /// Whether its compute steps are per-operation costs that vary from
+    /// one call to the next (the kernel's seeded cost variance applies to
+    /// them). A fixed stretch of pure computation (WhileLoop's register
+    /// loop, a CPU burner's slices) says no.
+    fn varies(&self) -> bool {
+        true
+    }
+
     fn reset_metrics(&mut self) {}
     /// Adds this program's metrics to `out`.
     fn metrics(&self, out: &mut Metrics);

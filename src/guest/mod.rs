@@ -562,6 +562,8 @@ pub struct Kernel {
     ipi_latency: Option<testmod::IpiLatency>,
     /// Counters.
     pub counters: GuestCounters,
+    /// Seeded variance of the per-operation costs it charges.
+    variance: crate::engine::rng::CostVariance,
 }
 
 impl Kernel {
@@ -609,8 +611,27 @@ impl Kernel {
             hrtimer_latency: None,
             ipi_latency: None,
             counters: GuestCounters::default(),
+            variance: crate::engine::rng::CostVariance::off(),
             cfg,
         }
+    }
+
+    /// Gives its per-operation costs (kernel paths, and the compute steps
+    /// of programs whose [`App::varies`]) a seeded variance.
+    pub fn set_cost_variance(&mut self, v: crate::engine::rng::CostVariance) {
+        self.variance = v;
+    }
+
+    /// One charge of the per-operation cost `c` (its calibrated mean).
+    #[inline]
+    fn vary(&mut self, c: Time) -> Time {
+        self.variance.vary(c)
+    }
+
+    /// The top frame's next compute: one charge of `c`.
+    pub(crate) fn set_compute(&mut self, top: usize, c: Time) {
+        let c = self.vary(c);
+        self.cpus[self.on].frames[top].compute = c;
     }
 
     /// Number of CPUs.
@@ -727,11 +748,12 @@ impl Kernel {
         self.on_cpu(cpu);
         self.counters.irqs += 1;
         self.cpus[self.on].in_service.set(vector);
+        let entry = self.vary(self.cfg.costs.irq_entry);
         let cpu = &mut self.cpus[self.on];
         cpu.frames.push(Frame {
             kind: FrameKind::Irq { vector },
             stage: 0,
-            compute: self.cfg.costs.irq_entry,
+            compute: entry,
             saved_if: cpu.if_flag,
         });
         self.cpus[self.on].if_flag = false;
@@ -904,6 +926,7 @@ impl Kernel {
     }
 
     fn push(&mut self, kind: FrameKind, compute: Time, if_flag: bool) {
+        let compute = self.vary(compute);
         let cpu = &mut self.cpus[self.on];
         cpu.frames.push(Frame {
             kind,
@@ -994,6 +1017,7 @@ impl Kernel {
     }
 
     fn set_stage(&mut self, top: usize, stage: u8, compute: Time) {
+        let compute = self.vary(compute);
         let f = &mut self.cpus[self.on].frames[top];
         f.stage = stage;
         f.compute = compute;
@@ -1290,7 +1314,8 @@ impl Kernel {
                             FrameKind::Softirq { round: round + 1 };
                         self.itr.count(p.len);
                         self.counters.rx_packets += 1;
-                        self.cpus[self.on].frames[top].compute = self.gro_receive(p.frame, now);
+                        let c = self.gro_receive(p.frame, now);
+                        self.set_compute(top, c);
                         self.cleaned_unrefilled += 1;
                         if self.cleaned_unrefilled >= self.cfg.refill_batch {
                             let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
@@ -1305,7 +1330,7 @@ impl Kernel {
                         return None;
                     }
                     self.cpus[self.on].frames[top].kind = FrameKind::Softirq { round: 0 };
-                    self.cpus[self.on].frames[top].compute = c.napi_poll_base;
+                    self.set_compute(top, c.napi_poll_base);
                     return None;
                 }
                 // Ring empty: napi_complete, then the dynamic ITR update.
@@ -1514,6 +1539,11 @@ impl Kernel {
         }
         match step {
             TaskStep::Compute(d) => {
+                let d = if self.tasks[t].app.varies() {
+                    self.vary(d)
+                } else {
+                    d
+                };
                 self.fair_charge(t, d);
                 self.tasks[t].compute = d.max(NS / 1000);
                 Some(Action::Compute(self.tasks[t].compute))
@@ -1538,7 +1568,7 @@ impl Kernel {
                 // The ioctl's system call, then the OUT to the port (the
                 // task goes on at its next step).
                 let port = self.cfg.wait_driver.and_then(|d| d.doorbell)?;
-                self.tasks[t].compute = self.cfg.costs.syscall;
+                self.tasks[t].compute = self.vary(self.cfg.costs.syscall);
                 Some(Action::Op(KernelOp::QueueNotify { port, value: 0 }))
             }
             TaskStep::WaitDriver => {

@@ -633,7 +633,7 @@ impl Kernel {
                         let cost = self.gro_receive(f, now);
                         self.cpus[self.on].frames[top].kind =
                             FrameKind::VirtioPoll { round: round + 1 };
-                        self.cpus[self.on].frames[top].compute = cost;
+                        self.set_compute(top, cost);
                         return None;
                     }
                 }
@@ -645,7 +645,7 @@ impl Kernel {
                         added += 1;
                     }
                     if added > 0 {
-                        self.cpus[self.on].frames[top].compute = c.napi_poll_base;
+                        self.set_compute(top, c.napi_poll_base);
                         if vn.rx_kick_prepare() {
                             self.net.kicks_rx += 1;
                             return Some(Action::Op(KernelOp::QueueNotify {

@@ -189,7 +189,7 @@ impl Kernel {
                     // Counted in rx_packets by the poll that took it.
                     let extra = self.netif_receive(f, now);
                     self.cpus[self.on].frames[top].kind = FrameKind::Backlog { round: round + 1 };
-                    self.cpus[self.on].frames[top].compute = c.rx_protocol + extra;
+                    self.set_compute(top, c.rx_protocol + extra);
                     return;
                 }
             } else {
@@ -199,7 +199,7 @@ impl Kernel {
                     return;
                 }
                 self.cpus[self.on].frames[top].kind = FrameKind::Backlog { round: 0 };
-                self.cpus[self.on].frames[top].compute = c.napi_poll_base;
+                self.set_compute(top, c.napi_poll_base);
                 return;
             }
             // Empty: `napi->state = 0` under the backlog's lock.

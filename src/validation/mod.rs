@@ -374,6 +374,31 @@ struct Job {
     param: ParamPoint,
     scenario: PathBuf,
     sets: Vec<String>,
+    /// The calibration of this job when a config or parameter sets
+    /// calibration entries (`calibration.<section>.<name>=VALUE`, as
+    /// `--calibration-set`), layered over the experiment file's.
+    cal: Option<Calibration>,
+}
+
+/// Splits a job's overrides into scenario sets and calibration entries
+/// (`calibration.guest.cost_cv=0.2`), and layers the entries over `cal`.
+fn split_calibration_sets(
+    sets: Vec<String>,
+    cal: &Calibration,
+) -> Result<(Vec<String>, Option<Calibration>), ReproduceError> {
+    let (c, sets): (Vec<String>, Vec<String>) = sets
+        .into_iter()
+        .partition(|s| s.starts_with("calibration."));
+    if c.is_empty() {
+        return Ok((sets, None));
+    }
+    let entries = c
+        .iter()
+        .map(|kv| crate::calibration_overlay::parse_set(&kv["calibration.".len()..]))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ReproduceError::Bad)?;
+    let cal = crate::calibration_overlay::apply_to(cal, &entries).map_err(ReproduceError::Bad)?;
+    Ok((sets, Some(cal)))
 }
 
 /// The jobs' indices, the costliest first by [`cost_estimate`] (ties keep
@@ -535,12 +560,14 @@ pub fn reproduce(
             };
             for (param, scenario, before, after) in &variants {
                 let sets = [before, base, after, extra_sets].concat();
+                let (sets, job_cal) = split_calibration_sets(sets, cal)?;
                 jobs.push(Job {
                     exp: ei,
                     config: c.clone(),
                     param: param.clone(),
                     scenario: scenario.clone(),
                     sets,
+                    cal: job_cal,
                 });
             }
         }
@@ -573,6 +600,7 @@ pub fn reproduce(
                 let Some(&i) = order.get(k) else {
                     break;
                 };
+                let cal = jobs[i].cal.as_ref().unwrap_or(cal);
                 let run = |s: &Scenario| match World::build(s, cal) {
                     Ok(mut w) => {
                         w.run(|_| {});
@@ -884,9 +912,22 @@ mod tests {
                 param: vec![],
                 scenario: PathBuf::new(),
                 sets: vec![],
+                cal: None,
             })
             .collect();
         assert_eq!(longest_first(&jobs, &scenarios, &exps, &cal), [2, 1, 0, 3]);
+        // A job's calibration entries leave its scenario sets, and layer
+        // over the calibration in use; an unknown entry names itself.
+        let (sets, job) = split_calibration_sets(
+            vec!["scheme=kvm".into(), "calibration.guest.cost_cv=0.2".into()],
+            &cal,
+        )
+        .expect("splits");
+        assert_eq!(sets, ["scheme=kvm"]);
+        assert_eq!(job.expect("a calibration").guest.cost_cv.value, 0.2);
+        let e = split_calibration_sets(vec!["calibration.guest.nope_ns=1".into()], &cal)
+            .expect_err("unknown entry refused");
+        assert!(format!("{e:?}").contains("guest.nope_ns"), "{e:?}");
         let wl_cost = cost_estimate(&scenarios[2], None, &cal);
         let five_s = cost_estimate(&sc(&udp(600_000, 5.0)), None, &cal);
         assert!(

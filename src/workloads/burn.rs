@@ -20,6 +20,11 @@ impl Burn {
 }
 
 impl App for Burn {
+    /// A fixed amount of computation, not a per-operation cost.
+    fn varies(&self) -> bool {
+        false
+    }
+
     fn step(&mut self, _sys: &mut Sys) -> TaskStep {
         // Each step is called once the previous millisecond was computed.
         if self.started {

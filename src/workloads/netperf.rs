@@ -36,13 +36,21 @@ pub const PEER_TXQUEUE_FRAMES: u64 = 1000;
 pub struct NetperfCosts {
     /// Entry and exit of one send()/recv().
     pub syscall: Time,
+    /// sendto()'s system-call part above udp_sendmsg (entry and exit, the
+    /// socket and address look-ups); udp_sendmsg and below are the
+    /// kernel's transmit path.
+    pub sendto: Time,
     /// Copying one KiB between user and kernel.
     pub copy_per_kib: Time,
 }
 
 impl NetperfCosts {
     pub(crate) fn call(&self, bytes: u32) -> Time {
-        self.syscall + self.copy_per_kib * bytes as Time / 1024
+        self.syscall + self.copy(bytes)
+    }
+
+    fn copy(&self, bytes: u32) -> Time {
+        self.copy_per_kib * bytes as Time / 1024
     }
 }
 
@@ -129,7 +137,7 @@ impl App for UdpStreamSend {
         }
         self.seq += 1;
         self.sent += 1;
-        TaskStep::Compute(self.costs.call(self.msg))
+        TaskStep::Compute(self.costs.sendto + self.costs.copy(self.msg))
     }
 
     fn reset_metrics(&mut self) {
@@ -290,6 +298,7 @@ mod tests {
     fn costs() -> NetperfCosts {
         NetperfCosts {
             syscall: 150_000,
+            sendto: 150_000,
             copy_per_kib: 100_000,
         }
     }

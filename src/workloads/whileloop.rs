@@ -32,6 +32,11 @@ impl WhileLoop {
 }
 
 impl App for WhileLoop {
+    /// A fixed amount of computation, not a per-operation cost.
+    fn varies(&self) -> bool {
+        false
+    }
+
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
         match self.started {
             None => {

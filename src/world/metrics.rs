@@ -73,10 +73,15 @@ impl World {
             "nic.rx_missed".into(),
             (nic.rx_missed - base.rx_missed) as f64,
         );
-        out.insert(
-            "nic.interrupts_per_s".into(),
-            (nic.interrupts - base.interrupts) as f64 / dur,
-        );
+        let irqs = nic.interrupts - base.interrupts;
+        out.insert("nic.interrupts_per_s".into(), irqs as f64 / dur);
+        if irqs > 0 {
+            // Received frames per VF interrupt (the NIC's coalescing).
+            out.insert(
+                "nic.rx_packets_per_interrupt".into(),
+                (nic.rx_packets - base.rx_packets) as f64 / irqs as f64,
+            );
+        }
         let gc = g.counters;
         out.insert("guest.irqs_per_s".into(), gc.irqs as f64 / dur);
         out.insert("guest.rx_packets".into(), gc.rx_packets as f64);

@@ -17,12 +17,18 @@ use exitless::world::World;
 
 #[test]
 fn assigned_interrupts_are_direct_host_vectors_bounce() {
-    let kvm = run_file("fig4.toml", &["scheme=kvm", "duration_s=0.2"]);
-    let eli = run_file("fig4.toml", &["scheme=eli", "duration_s=0.2"]);
+    // A periodic sender: VF interrupts far outnumber the timer's.
+    let periodic = "workload.udp.burst=1";
+    let kvm = run_file("fig4.toml", &["scheme=kvm", "duration_s=0.2", periodic]);
+    let eli = run_file("fig4.toml", &["scheme=eli", "duration_s=0.2", periodic]);
     let nic = metric(&eli, "nic.interrupts_per_s");
     assert!(nic > 5000.0, "{nic}");
-    // The VF's interrupts no longer exit, nor do their EOIs.
-    assert_eq!(rate(&eli, "EXTERNAL_INTERRUPT"), 0.0);
+    // The VF's interrupts no longer exit, nor do their EOIs, but for the
+    // few that arrive while an injected timer interrupt holds the vCPU in
+    // injection mode (external-interrupt exiting back on; ELI Fig. 1's
+    // t6-t7), which the guest's varying costs let happen now and then.
+    let extint = rate(&eli, "EXTERNAL_INTERRUPT");
+    assert!(extint < 0.001 * nic, "{extint} of {nic}");
     assert!(
         rate(&eli, "MSR_WRITE") < 0.2 * nic,
         "{}",

@@ -6,6 +6,7 @@
 mod common;
 
 mod arm;
+mod cost_variance;
 mod custom_scheme;
 mod did_mechanisms;
 mod directvisor;
@@ -21,6 +22,7 @@ mod kvm2026;
 mod limits;
 mod memcached;
 mod multi_vm;
+mod packetgen;
 mod preemption;
 mod pv;
 mod rps;

@@ -226,6 +226,7 @@ pub(super) fn spawn_datagram(
     let syscall = t_ns(&cal.guest.syscall_ns);
     let costs = NetperfCosts {
         syscall,
+        sendto: t_ns(&cal.guest.sendto_syscall_ns),
         copy_per_kib: t_ns(&cal.guest.copy_per_kib_ns),
     };
     let mut peers = Vec::new();

@@ -133,6 +133,13 @@ pub(in crate::world) fn kernels(
                 ),
                 v.cores.len(),
             );
+            // Per-operation costs vary per charge, from the VM's own
+            // stream (guest.cost_cv; 0 = the calibration exactly).
+            k.set_cost_variance(crate::engine::rng::CostVariance::new(
+                cal.guest.cost_cv.value,
+                s.seed,
+                &super::rng_stream("guest.costs", vm),
+            ));
             if let Some(d) = devs.net_dev[vm] {
                 // virtnet_probe: fill the RX ring, TX interrupts off.
                 k.virtio_net_probe(&mut m.virtio_net[d]);

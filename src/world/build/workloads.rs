@@ -297,10 +297,11 @@ pub(in crate::world) fn spawn(
         .views
         .iter()
         .map(|v| {
-            v.workload
-                .udp
-                .as_ref()
-                .map(|u| UdpSender::new(u.rate_pps, u.payload_bytes))
+            v.workload.udp.as_ref().map(|u| {
+                // The load generator's sendto path spaces a burst.
+                let spacing = t_ns(&cal.peer.udp_tx_datagram_ns);
+                UdpSender::bursty(u.rate_pps, u.payload_bytes, u.burst, spacing)
+            })
         })
         .collect();
     tcp_peers.append(&mut dgram_peers);
