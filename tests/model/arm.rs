@@ -127,12 +127,42 @@ fn same_arm_scenario_and_seed_give_byte_identical_reports() {
 
 #[test]
 fn arm_refuses_what_it_does_not_model_naming_the_key() {
-    let text = format!("scheme = \"kvm-arm\"\n{HRTIMER}[[host.burners]]\ncores = [1]\n");
-    let s = Scenario::parse(&text, &[]).expect("parses");
-    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
-        .err()
-        .expect("refused");
-    assert!(e.to_string().contains("host.burners"), "{e}");
+    let build = |text: &str| {
+        let s = Scenario::parse(text, &[]).expect("parses");
+        exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+            .err()
+            .map(|e| e.to_string())
+    };
+    // KVM/ARM shares cores under the host scheduler.
+    let burner = format!("scheme = \"kvm-arm\"\n{HRTIMER}[[host.burners]]\ncores = [1]\n");
+    assert_eq!(build(&burner), None);
+    // did-arm's vCPUs own their cores: host threads may share them, but
+    // another vCPU or a move is refused, naming the key.
+    assert_eq!(build(&burner.replace("kvm-arm", "did-arm")), None);
+    let preempted =
+        format!("scheme = \"did-arm\"\n{HRTIMER}[[preemptions]]\nat_ms = 1.0\nfor_ms = 0.1\n");
+    assert_eq!(build(&preempted), None);
+    let e = build(
+        "arch = \"arm64\"\nscheme = \"did-arm\"\nduration_s = 0.1\n[machine]\ncores = 3\n\
+         [[vm]]\ncore = 1\nallowed_cores = [1, 2]\n",
+    )
+    .expect("refused");
+    assert!(
+        e.contains("`vm.allowed_cores`") && e.contains("did-arm"),
+        "{e}"
+    );
+    let e = build(
+        "arch = \"arm64\"\nscheme = \"did-arm\"\nduration_s = 0.1\n[machine]\ncores = 3\n\
+         [[vm]]\ncore = 1\ncopies = 2\ncopies_cores = [1, 1]\n",
+    )
+    .expect("refused");
+    assert!(e.contains("`vm.core`"), "{e}");
+    // Still not modelled on ARM at all.
+    let e = build(&format!(
+        "scheme = \"kvm-arm\"\n{HRTIMER}[net]\ndevice = \"virtio\"\n"
+    ))
+    .expect("refused");
+    assert!(e.contains("`net.device`"), "{e}");
 }
 
 #[test]
@@ -218,8 +248,8 @@ mod broken {
         fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
             self.inner.vcpu_load(cx, vcpu)
         }
-        fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
-            self.inner.vcpu_put(cx, vcpu)
+        fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize, blocking: bool) {
+            self.inner.vcpu_put(cx, vcpu, blocking)
         }
         fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction {
             let a = self.inner.handle_exit(cx, vcpu, exit);
