@@ -1150,6 +1150,49 @@ mod tests {
         assert_eq!(w.m.cores[1].mode, CoreMode::Idle);
     }
 
+    /// kvm-arm-v4 under the host scheduler with floating vCPU threads:
+    /// whenever a vCPU is loaded with its vPE resident, the ITS's vPE table
+    /// names the core it runs on (VMOVP at vgic_v4_load followed every
+    /// move), and vLPIs still reach the guests without device exits.
+    #[test]
+    fn the_vpe_follows_its_vcpu_thread_by_vmovp() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("scenarios/explore/arm-shared-cores.toml"),
+        )
+        .unwrap();
+        let sets = [
+            "scheme=kvm-arm-v4".to_string(),
+            "duration_s=0.5".to_string(),
+        ];
+        let s = Scenario::parse(&text, &sets).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        let (mut checked, mut moved) = (0, 0u32);
+        for step in 1..=250u64 {
+            w.end = step * 2 * crate::engine::MS + 37 * crate::engine::US * (step % 7);
+            w.run(|_| {});
+            let a = w.el2.as_deref().unwrap();
+            for v in 0..w.hv.vcpus.len() {
+                let core = w.hv.vcpus[v].core;
+                let vpeid = a.vcpus[v].vpeid;
+                if w.hv.vcpus[v].loaded && a.m.redists[core].resident() == Some(vpeid) {
+                    assert_eq!(a.m.its.vpe(vpeid).unwrap().core, core, "vCPU {v}");
+                    checked += 1;
+                }
+                moved += u32::from(w.hv.vcpus[v].vmcs_core != Some([1, 2, 2, 1][v]));
+            }
+        }
+        assert!(checked > 30, "{checked}");
+        assert!(moved > 10, "the vCPUs never moved: {moved}");
+        assert!(w.sched.as_ref().unwrap().migrations > 0);
+        assert_eq!(
+            w.checker.violations().len(),
+            0,
+            "{:?}",
+            w.checker.violations()
+        );
+    }
+
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:
     /// the checker sees an EOI with nothing in service.
     #[test]

@@ -6,6 +6,7 @@
 mod common;
 
 mod arm;
+mod arm_preemption;
 mod custom_scheme;
 mod did_mechanisms;
 mod directvisor;
