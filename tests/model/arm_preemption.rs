@@ -23,8 +23,7 @@ const SCHEMES: [(&str, &str); 4] = [
 /// test, host virtual IPIs at `ipi_per_s`; vCPU 0 preempted for `len_us`
 /// every `every_us`, each shifted by one of `offsets`.
 fn scenario(
-    scheme: &str,
-    hyp: &str,
+    (scheme, hyp): (&str, &str),
     seed: u64,
     every_us: f64,
     len_us: f64,
@@ -82,7 +81,7 @@ proptest! {
     ) {
         let len_us = every_us * len_frac;
         for (scheme, hyp) in SCHEMES {
-            let text = scenario(scheme, hyp, seed, every_us, len_us, &offsets, ipi_per_s, halt);
+            let text = scenario((scheme, hyp), seed, every_us, len_us, &offsets, ipi_per_s, halt);
             let r = run_text(&text, &[]);
             check(&r, &format!("{scheme} ({hyp}) seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s, halt {halt}"));
         }
