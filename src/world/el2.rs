@@ -93,6 +93,9 @@ pub(super) struct El2World {
     waking: Vec<bool>,
     /// Per vCPU: when its vPE's doorbell rang, until it next enters.
     doorbell_at: Vec<Option<Time>>,
+    /// Per core: at the last scheduler tick, the core was idle while the
+    /// host scheduler ran a vCPU thread there (the vCPU it names).
+    idle_current: Vec<Option<usize>>,
     stats: Vec<ArmVmStats>,
     timer_vector: u8,
     vf_vector: u8,
@@ -125,6 +128,7 @@ impl El2World {
             poll_gen: 0,
             waking: vec![false; n],
             doorbell_at: vec![None; n],
+            idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
             timer_vector,
             vf_vector,
@@ -635,9 +639,38 @@ impl World {
         self.checker.set_running(vcpu, false, now);
         self.checker.set_blocked(vcpu, true, now);
         self.el2_host_irqs(core);
-        // The thread sleeps; the host scheduler runs the next one here.
+        // A thread the scheduler switched this core to while the WFI exit
+        // ran comes in now; then the vCPU's thread sleeps, and if it still
+        // held the core, the scheduler runs the next thread here.
+        self.sched_after_put(core);
         self.sched_vcpu_blocked(core, vcpu);
         self.trace_sched(core);
+    }
+
+    /// At a scheduler tick on `core`: the host scheduler and the core
+    /// agree. A core left idle for a whole tick while the scheduler runs a
+    /// runnable vCPU thread there is a schedule-in that never happened
+    /// (the vCPU's interrupts would wait until something else moves the
+    /// core). One tick of grace covers the wake-up latency between the
+    /// scheduler's pick and the load.
+    pub(super) fn el2_sched_check(&mut self, core: usize) {
+        let now = self.q.now();
+        let current = self.sched.as_ref().and_then(|st| st.s.current(core));
+        let stuck = current.filter(|&v| {
+            v < self.hv.vcpus.len()
+                && self.m.cores[core].mode == CoreMode::Idle
+                && !self.hv.vcpus[v].halted
+                && !self.deschedule_pending[v]
+        });
+        let before = std::mem::replace(&mut self.arm().idle_current[core], stuck);
+        if let Some(v) = stuck.filter(|&v| before == Some(v)) {
+            self.checker.gic_violation(
+                v,
+                0,
+                now,
+                format!("core {core} idle for a scheduler tick while the host scheduler runs vCPU {v} there (its schedule-in never happened)"),
+            );
+        }
     }
 
     /// A thread became runnable on the core where `vcpu` halt-polls: the
@@ -1191,6 +1224,26 @@ mod tests {
             "{:?}",
             w.checker.violations()
         );
+    }
+
+    /// A core the host scheduler gave to a runnable vCPU but that stays
+    /// idle (its schedule-in was dropped) is reported at the second tick,
+    /// not at the first (the wake-up latency between pick and load).
+    #[test]
+    fn a_core_left_idle_under_a_scheduled_vcpu_is_reported() {
+        let text =
+            "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.01\n[machine]\ncores = 2\n\
+                    [guest]\ntick = \"off\"\n[[vm]]\ncore = 1\ncopies = 2\ncopies_cores = [1, 1]\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        assert_eq!(w.sched.as_ref().unwrap().s.current(1), Some(0));
+        // vCPU 0's schedule-in lost: the core idles under it.
+        w.m.cores[1].mode = CoreMode::Idle;
+        w.el2_sched_check(1);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 0);
+        w.el2_sched_check(1);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 1);
+        assert!(w.checker.violations()[0].detail.contains("never happened"));
     }
 
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:

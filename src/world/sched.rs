@@ -200,6 +200,10 @@ impl World {
                 self.checker.lost_wakeup(v, now);
             }
         }
+        if self.el2.is_some() {
+            self.el2_sched_check(core);
+        }
+        let Some(st) = &mut self.sched else { return };
         let pulled = st.s.balance(core, now);
         if st.s.tick(core, now) || (pulled && st.s.current(core).is_none()) {
             self.sched_switch(core);
