@@ -207,6 +207,7 @@ pub struct ArmKvm {
     pub vgic_flush_sync_ns: Entry,
     pub wfi_emulate_ns: Entry,
     pub timer_load_put_ns: Entry,
+    pub vgic_load_put_ns: Entry,
     pub vpe_residency_ns: Entry,
     pub doorbell_handler_ns: Entry,
     pub vcpu_wakeup_us: Entry,
@@ -219,6 +220,7 @@ pub struct ArmKvm {
 #[allow(missing_docs)]
 pub struct ArmGic {
     pub its_translate_ns: Entry,
+    pub its_vmovp_ns: Entry,
     pub sgi_latency_ns: Entry,
 }
 

@@ -93,6 +93,9 @@ pub(super) struct El2World {
     waking: Vec<bool>,
     /// Per vCPU: when its vPE's doorbell rang, until it next enters.
     doorbell_at: Vec<Option<Time>>,
+    /// Per core: at the last scheduler tick, the core was idle while the
+    /// host scheduler ran a vCPU thread there (the vCPU it names).
+    idle_current: Vec<Option<usize>>,
     stats: Vec<ArmVmStats>,
     timer_vector: u8,
     vf_vector: u8,
@@ -125,6 +128,7 @@ impl El2World {
             poll_gen: 0,
             waking: vec![false; n],
             doorbell_at: vec![None; n],
+            idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
             timer_vector,
             vf_vector,
@@ -154,6 +158,11 @@ impl El2World {
             GUEST_CALL_FUNC_SGI => crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
             _ => UNEXPECTED_VECTOR,
         }
+    }
+
+    /// Whether `vcpu` is halt-polling (kvm_vcpu_halt before it blocks).
+    pub(super) fn is_polling(&self, vcpu: usize) -> bool {
+        self.polling[vcpu].is_some()
     }
 
     /// The end of the warm-up.
@@ -527,7 +536,9 @@ impl World {
             };
             if runnable {
                 self.hv.vcpus[vcpu].halted = false;
-            } else if !e.polled && window > 0 {
+            } else if !e.polled && window > 0 && !self.sched_core_contended(core, vcpu) {
+                // (Polling only while no other thread wants the core:
+                // single_task_running.)
                 // kvm_vcpu_halt: poll for an interrupt before blocking.
                 e.stage = El2Stage::Polling;
                 e.polled = true;
@@ -578,6 +589,11 @@ impl World {
                 a.stats[vm].exit_time[x.reason() as usize] += now - e.start;
             }
         }
+        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+            // The schedule-out waited for the exit to end.
+            return self.el2_put(core, vcpu);
+        }
+        let a = self.arm();
         let level = a.m.vifs[vcpu].maintenance_line();
         let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
         a.doorbell_at[vcpu] = None;
@@ -591,11 +607,14 @@ impl World {
     /// out: its timer becomes a background hrtimer, its vPE non-resident).
     fn el2_block(&mut self, core: usize, vcpu: usize) {
         let now = self.q.now();
+        // A schedule-out asked for during the WFI exit is moot: the thread
+        // blocks, and the kick that makes an interrupt pending wakes it.
+        self.deschedule_pending[vcpu] = false;
         self.arm().exits[core] = None;
         self.arm().polling[vcpu] = None;
         {
             let (mut cx, scheme) = self.arm_cx();
-            scheme.vcpu_put(&mut cx, vcpu);
+            scheme.vcpu_put(&mut cx, vcpu, true);
         }
         // GIC rule: nothing the guest has acknowledged may stay active in a
         // list register across the schedule-out (the guest is in WFI, so
@@ -620,6 +639,187 @@ impl World {
         self.checker.set_running(vcpu, false, now);
         self.checker.set_blocked(vcpu, true, now);
         self.el2_host_irqs(core);
+        // A thread the scheduler switched this core to while the WFI exit
+        // ran comes in now; then the vCPU's thread sleeps, and if it still
+        // held the core, the scheduler runs the next thread here.
+        self.sched_after_put(core);
+        self.sched_vcpu_blocked(core, vcpu);
+        self.trace_sched(core);
+    }
+
+    /// At a scheduler tick on `core`: the host scheduler and the core
+    /// agree. A core left idle for a whole tick while the scheduler runs a
+    /// runnable vCPU thread there is a schedule-in that never happened
+    /// (the vCPU's interrupts would wait until something else moves the
+    /// core). One tick of grace covers the wake-up latency between the
+    /// scheduler's pick and the load.
+    pub(super) fn el2_sched_check(&mut self, core: usize) {
+        let now = self.q.now();
+        let current = self.sched.as_ref().and_then(|st| st.s.current(core));
+        let stuck = current.filter(|&v| {
+            v < self.hv.vcpus.len()
+                && self.m.cores[core].mode == CoreMode::Idle
+                && !self.hv.vcpus[v].halted
+                && !self.deschedule_pending[v]
+        });
+        let before = std::mem::replace(&mut self.arm().idle_current[core], stuck);
+        if let Some(v) = stuck.filter(|&v| before == Some(v)) {
+            self.checker.gic_violation(
+                v,
+                0,
+                now,
+                format!("core {core} idle for a scheduler tick while the host scheduler runs vCPU {v} there (its schedule-in never happened)"),
+            );
+        }
+    }
+
+    /// A thread became runnable on the core where `vcpu` halt-polls: the
+    /// poll loop sees `single_task_running` false and the vCPU blocks.
+    pub(super) fn el2_stop_polling(&mut self, vcpu: usize) {
+        if self.arm().polling[vcpu].is_some() {
+            let core = self.hv.vcpus[vcpu].core;
+            self.el2_block(core, vcpu);
+        }
+    }
+
+    /// Schedule-out of a runnable `vcpu` (the host scheduler gives its core
+    /// to another thread, or a scripted preemption): at once from guest
+    /// mode (the host's interrupt that preempts it is an IRQ exit, whose
+    /// work the model does not charge, as on x86), deferred to the end of
+    /// an exit in progress.
+    pub(super) fn el2_deschedule(&mut self, vcpu: usize) {
+        let core = self.hv.vcpus[vcpu].core;
+        match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu: v } if v == vcpu => {
+                let now = self.q.now();
+                self.pause_guest(core);
+                self.account_guest_time(core, vcpu, now);
+                self.el2_put(core, vcpu);
+            }
+            CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
+            _ => {}
+        }
+    }
+
+    /// kvm_arch_vcpu_put of a preempted (runnable) `vcpu` on `core`: the
+    /// scheme saves its vgic and timer state and drops its vPE's
+    /// residency; the core is the host's until the next schedule-in.
+    fn el2_put(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        self.m.cores[core].mode = CoreMode::Idle;
+        self.hv.sched_out(vcpu);
+        {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.vcpu_put(&mut cx, vcpu, false);
+        }
+        let a = self.arm();
+        let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, false);
+        self.checker.set_running(vcpu, false, now);
+        self.el2_host_irqs(core);
+        self.sched_after_put(core);
+        // Pulled to another core while it finished its exit here: it comes
+        // in there now.
+        let elsewhere = self.sched.as_ref().is_some_and(|st| {
+            let c = st.s.thread(vcpu).core;
+            c != core && st.s.current(c) == Some(vcpu)
+        });
+        if elsewhere {
+            self.el2_reschedule(vcpu);
+        }
+    }
+
+    /// Schedule-in of runnable `vcpu` on the core the host scheduler runs
+    /// its thread on (kvm_arch_vcpu_load there), then the entry path. A
+    /// vCPU whose thread moved is moved with it (`hv.move_vcpu`); the
+    /// scheme's load follows it with the hardware (the vPE by VMOVP).
+    pub(super) fn el2_reschedule(&mut self, vcpu: usize) {
+        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+            return;
+        }
+        if self.hv.vcpus[vcpu].halted {
+            // A sleeping vCPU comes back when it is kicked, not before.
+            return;
+        }
+        let here = self.hv.vcpus[vcpu].core;
+        let core = match &self.sched {
+            Some(st) => {
+                let c = st.s.thread(vcpu).core;
+                if st.s.current(c) != Some(vcpu) {
+                    return;
+                }
+                c
+            }
+            None => here,
+        };
+        if self.m.cores[core].mode != CoreMode::Idle {
+            return;
+        }
+        let now = self.q.now();
+        if core != here {
+            self.hv.move_vcpu(vcpu, core);
+        }
+        self.hv.sched_in(vcpu);
+        self.el2_check_core_left_clean(core, vcpu);
+        let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.checker.set_running(vcpu, true, now);
+        let charged = {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.vcpu_load(&mut cx, vcpu);
+            cx.charged
+        };
+        self.hv.vcpus[vcpu].vmcs_core = Some(core);
+        self.hv.last_vcpu[core] = Some(vcpu);
+        if migrated {
+            if let Some(st) = &mut self.sched {
+                st.note_migration();
+            }
+        }
+        let a = self.arm();
+        let entry = Time::from(a.m.el2[core].world_switches_per_exit() / 2) * a.costs.world_switch;
+        a.exits[core] = Some(El2Exit {
+            vcpu,
+            exit: None,
+            start: now,
+            stage: El2Stage::HostIrq,
+            polled: false,
+        });
+        self.el2_kicks();
+        self.start_segment(core, (charged + entry).max(1));
+    }
+
+    /// GIC rule at every schedule-in: the vCPU that left `core` took its
+    /// state with it. No other vPE may still be resident on the core's
+    /// redistributor (its vLPIs would reach this vCPU's interface) and the
+    /// core's EL1 virtual timer must be disabled (its PPI 27 would be
+    /// injected into this vCPU).
+    fn el2_check_core_left_clean(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
+        let a = self.el2.as_deref().expect("an ARM world");
+        let mine = a.vcpus[vcpu].vpeid;
+        let stale_vpe = a.m.redists[core].resident().filter(|&p| p != mine);
+        // (The vCPU that left may come back to its own core's timer: did-
+        // arm keeps CNTV armed on a dedicated core while host threads run.)
+        let other_left = self.hv.last_vcpu[core].is_some_and(|v| v != vcpu);
+        let timer_on = other_left && a.m.timers[core].read(CntReg::VCtl, now) & CTL_ENABLE != 0;
+        if let Some(p) = stale_vpe {
+            self.checker.gic_violation(
+                vcpu,
+                0,
+                now,
+                format!("vPE {p} still resident on core {core} when vCPU {vcpu} was scheduled in"),
+            );
+        }
+        if timer_on {
+            self.checker.gic_violation(
+                vcpu,
+                VTIMER_PPI,
+                now,
+                format!(
+                    "core {core}'s virtual timer still enabled when vCPU {vcpu} was scheduled in"
+                ),
+            );
+        }
     }
 
     /// Kicks the scheme asked for (kvm_vcpu_kick): a vCPU in guest mode gets
@@ -663,10 +863,25 @@ impl World {
                 }
                 self.el2_stage_done(core);
             }
-            CoreMode::Idle if self.hv.vcpus[vcpu].halted && !a.waking[vcpu] => {
+            CoreMode::Idle
+                if self.sched.is_none() && self.hv.vcpus[vcpu].halted && !a.waking[vcpu] =>
+            {
                 a.waking[vcpu] = true;
                 self.q
                     .schedule_in(a.costs.vcpu_wakeup, Ev::ArmWake { vcpu: vcpu as u16 });
+            }
+            // Under the host scheduler: the blocked vCPU's thread wakes
+            // (kvm_vcpu_wake_up) and runs after a trip through the
+            // scheduler, at once on an idle core, by preemption, or in its
+            // turn; its core may be running another thread meanwhile.
+            _ if self.sched.is_some()
+                && self.hv.vcpus[vcpu].halted
+                && !self.hv.vcpus[vcpu].loaded =>
+            {
+                let lat = a.costs.vcpu_wakeup;
+                self.hv.vcpus[vcpu].halted = false;
+                self.checker.set_blocked(vcpu, false, self.q.now());
+                self.sched_wake_thread(vcpu, lat);
             }
             _ => {}
         }
@@ -751,7 +966,14 @@ impl World {
                         doorbell,
                         ..
                     } => {
-                        if doorbell.is_some() {
+                        // A doorbell KVM left disabled (a preempted, runnable
+                        // vCPU's) signals nothing.
+                        let armed = doorbell.is_some_and(|d| {
+                            a.m.redists[core]
+                                .lpi_config(d.intid)
+                                .is_some_and(|(_, on)| on)
+                        });
+                        if armed {
                             if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
                                 a.doorbell_at[v].get_or_insert(now);
                             }
@@ -831,8 +1053,11 @@ impl World {
         let now = self.q.now();
         let grace = self.lost_grace;
         for v in 0..self.hv.vcpus.len() {
+            // Blocked: halted and off its core (a woken vCPU waiting for its
+            // core in the run queue is no longer halted).
+            let blocked = self.hv.vcpus[v].halted && !self.hv.vcpus[v].loaded;
             if let Some(t) = self.arm().doorbell_at[v] {
-                if now.saturating_sub(t) > grace {
+                if blocked && now.saturating_sub(t) > grace {
                     self.checker.gic_violation(
                         v,
                         0,
@@ -844,8 +1069,7 @@ impl World {
                     );
                 }
             }
-            let core = self.hv.vcpus[v].core;
-            if !(self.hv.vcpus[v].halted && self.m.cores[core].mode == CoreMode::Idle) {
+            if !blocked {
                 continue;
             }
             let pending = {
@@ -957,6 +1181,69 @@ mod tests {
             .detail
             .contains("active in a list register"));
         assert_eq!(w.m.cores[1].mode, CoreMode::Idle);
+    }
+
+    /// kvm-arm-v4 under the host scheduler with floating vCPU threads:
+    /// whenever a vCPU is loaded with its vPE resident, the ITS's vPE table
+    /// names the core it runs on (VMOVP at vgic_v4_load followed every
+    /// move), and vLPIs still reach the guests without device exits.
+    #[test]
+    fn the_vpe_follows_its_vcpu_thread_by_vmovp() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("scenarios/explore/arm-shared-cores.toml"),
+        )
+        .unwrap();
+        let sets = [
+            "scheme=kvm-arm-v4".to_string(),
+            "duration_s=0.5".to_string(),
+        ];
+        let s = Scenario::parse(&text, &sets).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        let (mut checked, mut moved) = (0, 0u32);
+        for step in 1..=250u64 {
+            w.end = step * 2 * crate::engine::MS + 37 * crate::engine::US * (step % 7);
+            w.run(|_| {});
+            let a = w.el2.as_deref().unwrap();
+            for v in 0..w.hv.vcpus.len() {
+                let core = w.hv.vcpus[v].core;
+                let vpeid = a.vcpus[v].vpeid;
+                if w.hv.vcpus[v].loaded && a.m.redists[core].resident() == Some(vpeid) {
+                    assert_eq!(a.m.its.vpe(vpeid).unwrap().core, core, "vCPU {v}");
+                    checked += 1;
+                }
+                moved += u32::from(w.hv.vcpus[v].vmcs_core != Some([1, 2, 2, 1][v]));
+            }
+        }
+        assert!(checked > 30, "{checked}");
+        assert!(moved > 10, "the vCPUs never moved: {moved}");
+        assert!(w.sched.as_ref().unwrap().migrations > 0);
+        assert_eq!(
+            w.checker.violations().len(),
+            0,
+            "{:?}",
+            w.checker.violations()
+        );
+    }
+
+    /// A core the host scheduler gave to a runnable vCPU but that stays
+    /// idle (its schedule-in was dropped) is reported at the second tick,
+    /// not at the first (the wake-up latency between pick and load).
+    #[test]
+    fn a_core_left_idle_under_a_scheduled_vcpu_is_reported() {
+        let text =
+            "arch = \"arm64\"\nscheme = \"kvm-arm\"\nduration_s = 0.01\n[machine]\ncores = 2\n\
+                    [guest]\ntick = \"off\"\n[[vm]]\ncore = 1\ncopies = 2\ncopies_cores = [1, 1]\n";
+        let s = Scenario::parse(text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        assert_eq!(w.sched.as_ref().unwrap().s.current(1), Some(0));
+        // vCPU 0's schedule-in lost: the core idles under it.
+        w.m.cores[1].mode = CoreMode::Idle;
+        w.el2_sched_check(1);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 0);
+        w.el2_sched_check(1);
+        assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 1);
+        assert!(w.checker.violations()[0].detail.contains("never happened"));
     }
 
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:

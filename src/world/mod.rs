@@ -561,6 +561,9 @@ impl World {
     /// Schedule-out: the host takes `vcpu`'s core (deferred to the end of an
     /// exit in progress).
     fn deschedule(&mut self, vcpu: usize) {
+        if self.arch == arch::Arch::ArmEl2 {
+            return self.el2_deschedule(vcpu);
+        }
         let core = self.hv.vcpus[vcpu].core;
         match self.m.cores[core].mode {
             CoreMode::Guest { vcpu: v } if v == vcpu => {
@@ -632,6 +635,9 @@ impl World {
 
     /// Schedule-in: load `vcpu` and enter it.
     fn reschedule(&mut self, vcpu: usize) {
+        if self.arch == arch::Arch::ArmEl2 {
+            return self.el2_reschedule(vcpu);
+        }
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             return;
         }

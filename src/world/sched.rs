@@ -200,6 +200,10 @@ impl World {
                 self.checker.lost_wakeup(v, now);
             }
         }
+        if self.el2.is_some() {
+            self.el2_sched_check(core);
+        }
+        let Some(st) = &mut self.sched else { return };
         let pulled = st.s.balance(core, now);
         if st.s.tick(core, now) || (pulled && st.s.current(core).is_none()) {
             self.sched_switch(core);
@@ -329,6 +333,9 @@ impl World {
             if let Some((_, gen)) = self.polling[v] {
                 self.halt_poll_end(v, gen);
             }
+            if self.el2.is_some() {
+                self.el2_stop_polling(v);
+            }
         }
     }
 
@@ -355,7 +362,16 @@ impl World {
 
     /// Whether `vcpu` is polling in a halt.
     pub(super) fn is_polling(&self, vcpu: usize) -> bool {
-        self.polling[vcpu].is_some()
+        self.polling[vcpu].is_some() || self.el2.as_ref().is_some_and(|a| a.is_polling(vcpu))
+    }
+
+    /// Whether another thread wants `core` than `vcpu`'s
+    /// (`single_task_running` is false): a halted vCPU then blocks at once
+    /// instead of polling.
+    pub(super) fn sched_core_contended(&self, core: usize, vcpu: usize) -> bool {
+        self.sched
+            .as_ref()
+            .is_some_and(|st| st.s.nr_running(core) > 1 || st.s.current(core) != Some(vcpu))
     }
 
     /// `kvm_vcpu_block`: halted `vcpu` gives up `core` (its HLT exit is
@@ -366,13 +382,19 @@ impl World {
     }
 
     fn sched_block_vcpu(&mut self, core: usize, vcpu: usize) {
-        let now = self.q.now();
         self.deschedule_pending[vcpu] = false;
         {
             let (mut cx, scheme) = self.cx();
             scheme.vcpu_blocking(&mut cx, vcpu);
         }
         self.put(core, vcpu);
+        self.sched_vcpu_blocked(core, vcpu);
+    }
+
+    /// The scheduler's side of `kvm_vcpu_block` once `vcpu` is put: its
+    /// thread sleeps and `core` runs the next thread (both architectures).
+    pub(super) fn sched_vcpu_blocked(&mut self, core: usize, vcpu: usize) {
+        let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
         let Some(st) = &mut self.sched else { return };
         st.halts += 1;

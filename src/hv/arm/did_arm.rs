@@ -45,12 +45,17 @@ use crate::world::event::Ev;
 /// The `did-arm` scheme.
 pub struct DidArm {
     hyp: HypMode,
+    /// Per vCPU while it is off its core: the guest's ICC_IGRPEN1_EL1.
+    held: Vec<Option<bool>>,
 }
 
 impl DidArm {
     /// DID on a `hyp` host.
     pub fn new(hyp: HypMode) -> Self {
-        DidArm { hyp }
+        DidArm {
+            hyp,
+            held: Vec::new(),
+        }
     }
 
     /// The EL2 controls of a core whose vCPU is loaded: IMO clear, FMO
@@ -79,6 +84,7 @@ impl ArmScheme for DidArm {
     }
 
     fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize) {
+        self.held.resize(cx.vcpus.len(), None);
         // VMPIDR_EL2 = the dedicated core's MPIDR.
         for i in 0..cx.hv.vms[vm].vcpus.len() {
             let v = cx.hv.vms[vm].vcpus[i];
@@ -100,16 +106,39 @@ impl ArmScheme for DidArm {
         // (priority drop and deactivation in one EOIR write).
         let ctlr = cx.m.cpus[core].read_ctlr() & !CTLR_EOIMODE;
         let _ = cx.m.cpus[core].write_ctlr(ctlr);
+        if let Some(on) = self.held.get_mut(vcpu).and_then(Option::take) {
+            // Back from a schedule-out (vcpu_put): the guest's Group-1
+            // enable as it left it. Its interrupts that arrived meanwhile
+            // waited in the redistributor and signal now.
+            cx.m.cpus[core].write_igrpen(Group::G1, on);
+            cx.charge(cx.costs.vgic_load_put);
+            return;
+        }
         let (ctl, cval) = cx.vcpus[vcpu].saved_timer;
         let now = cx.now;
         vtimer_write(cx.m, cx.q, core, CntReg::VCval, cval, now);
         vtimer_write(cx.m, cx.q, core, CntReg::VCtl, ctl, now);
     }
 
-    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
-        // Never on a dedicated core (WFI does not trap); kept complete.
+    /// A schedule-out from the dedicated core (host threads share it: a
+    /// burner, a scripted preemption; WFI never blocks, it does not trap).
+    /// The core stays the guest's: no other vCPU may run on it (the build
+    /// refuses that), so its Group-1 state is not saved to memory but held
+    /// in place. KVM's controls come back (IMO = 1) and the guest's
+    /// ICC_IGRPEN1_EL1 is saved and cleared: the guest's SGIs, its VF LPI
+    /// and its virtual timer's PPI 27 (CNTV keeps running: the host uses
+    /// the EL2 timers) stay pending in the core's redistributor, invisible
+    /// to the host, whose own interrupts to this core are Group 0. At the
+    /// next load the enable comes back and they signal to the guest.
+    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize, _blocking: bool) {
         let core = cx.hv.vcpus[vcpu].core;
         cx.m.el2[core] = self.el2();
+        if self.held.len() <= vcpu {
+            self.held.resize(vcpu + 1, None);
+        }
+        self.held[vcpu] = Some(cx.m.cpus[core].priority().group_enabled(Group::G1));
+        cx.m.cpus[core].write_igrpen(Group::G1, false);
+        cx.charge(cx.costs.vgic_load_put);
         cx.hv.vcpus[vcpu].loaded = false;
     }
 

@@ -116,7 +116,15 @@ pub(super) fn timer_load(cx: &mut ArmCx, vcpu: usize) {
             hw: Some(VTIMER_PPI),
             priority: PRIORITY,
         };
-        if !cx.vcpus[vcpu].ap_list.contains(&irq) {
+        // A level already injected (a list register still holds vINTID 27
+        // from before a preemption, or the ap_list does) stays one
+        // interrupt: kvm_vgic_inject_irq finds it queued and only kicks.
+        let vif = &cx.m.vifs[vcpu];
+        let listed = (0..vif.list_registers()).any(|n| {
+            vif.lr(n)
+                .is_ok_and(|l| l.vintid == VTIMER_PPI && l.state != LrState::Invalid)
+        });
+        if !listed && !cx.vcpus[vcpu].ap_list.contains(&irq) {
             cx.vcpus[vcpu].ap_list.push(irq);
         }
     }
@@ -125,8 +133,10 @@ pub(super) fn timer_load(cx: &mut ArmCx, vcpu: usize) {
 
 /// `kvm_timer_vcpu_put` + `kvm_timer_blocking`: the timer's registers are
 /// saved and the core's timer disabled; a blocked vCPU's expiry becomes a
-/// background hrtimer that wakes it.
-pub(super) fn timer_put(cx: &mut ArmCx, vcpu: usize) {
+/// background hrtimer that wakes it. A preempted vCPU (`blocking` false)
+/// is runnable and gets none: `kvm_timer_vcpu_load` injects an expiry
+/// that passed meanwhile when it is scheduled in again.
+pub(super) fn timer_put(cx: &mut ArmCx, vcpu: usize, blocking: bool) {
     let core = cx.hv.vcpus[vcpu].core;
     let now = cx.now;
     let t = &cx.m.timers[core];
@@ -140,7 +150,7 @@ pub(super) fn timer_put(cx: &mut ArmCx, vcpu: usize) {
     cx.vcpus[vcpu].saved_timer = (ctl, cval);
     vtimer_write(cx.m, cx.q, core, CntReg::VCtl, 0, now);
     cx.vcpus[vcpu].bg_gen += 1;
-    if let Some(at) = due {
+    if let Some(at) = due.filter(|_| blocking) {
         let gen = cx.vcpus[vcpu].bg_gen;
         cx.q.schedule(
             at,
@@ -251,7 +261,7 @@ pub(super) fn kvm_exit(cx: &mut ArmCx, vcpu: usize, exit: ArmExit, gicv4: bool) 
             cx.charge(cx.costs.wfi_emulate);
             cx.vcpus[vcpu].in_wfi = true;
             if gicv4 {
-                super::kvm_arm_v4::vgic_v4_put(cx, vcpu);
+                super::kvm_arm_v4::vgic_v4_put(cx, vcpu, true);
             }
             ExitAction::Halt
         }
@@ -331,16 +341,21 @@ impl ArmScheme for KvmArm {
 
     fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
         cx.hv.vcpus[vcpu].loaded = true;
+        // kvm_vgic_load -> vgic_v3_load: ICH_VMCR_EL2 and the active
+        // priorities (ICH_AP0R/AP1R) back from the vCPU's save area.
+        cx.charge(cx.costs.vgic_load_put);
         timer_load(cx, vcpu);
         if self.gicv4 {
             super::kvm_arm_v4::vgic_v4_load(cx, vcpu);
         }
     }
 
-    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize) {
-        timer_put(cx, vcpu);
+    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize, blocking: bool) {
+        // kvm_vgic_put -> vgic_v3_put: VMCR and APRs saved.
+        cx.charge(cx.costs.vgic_load_put);
+        timer_put(cx, vcpu, blocking);
         if self.gicv4 {
-            super::kvm_arm_v4::vgic_v4_put(cx, vcpu);
+            super::kvm_arm_v4::vgic_v4_put(cx, vcpu, blocking);
         }
         cx.hv.vcpus[vcpu].loaded = false;
     }

@@ -82,14 +82,38 @@ pub(super) fn vgic_v4_load(cx: &mut ArmCx, vcpu: usize) {
     if cx.m.redists[core].resident() == Some(vpeid) {
         return;
     }
+    // irq_set_affinity on the vPE's doorbell (its_vpe_set_affinity): the
+    // vCPU's thread runs on another core than the vPE table names, so the
+    // ITS moves the vPE there (VMOVP, then VSYNC) before it is made
+    // resident: vLPIs and the doorbell follow the thread
+    // (kvm-arm-and-peers.md §2 "Load").
+    let mapped = cx.m.its.vpe(vpeid).map(|e| e.core);
+    if mapped.is_ok_and(|c| c != core) {
+        let (its, mut t) = cx.m.its_targets();
+        let _ = its.command(
+            ItsCommand::Vmovp {
+                vpeid,
+                target: core,
+            },
+            &mut t,
+        );
+        let _ = its.command(ItsCommand::Vsync { vpeid }, &mut t);
+        cx.charge(cx.costs.its_vmovp);
+    }
     let _ = cx.m.redists[core].make_resident(vpeid, &cx.m.vlpis);
     let _ = cx.m.redists[core].clear_lpi_pending(DOORBELL_LPI_BASE + vcpu as u32);
+    // GICv4.0: the doorbell is off while the vPE is resident (KVM enables
+    // it only for a vCPU that blocks).
+    doorbell_enable(cx, vcpu, false);
     cx.vcpus[vcpu].pending_last = false;
     cx.charge(cx.costs.vpe_residency);
 }
 
-/// `vgic_v4_put`: the vPE non-resident, the doorbell armed.
-pub(super) fn vgic_v4_put(cx: &mut ArmCx, vcpu: usize) {
+/// `vgic_v4_put(vcpu, need_db)`: the vPE non-resident; its doorbell armed
+/// only if the vCPU blocks (`need_db`: at WFI and a blocking schedule-out).
+/// A preempted vCPU is runnable: a vLPI for it waits in its pending table
+/// until the next load makes the vPE resident again, no doorbell.
+pub(super) fn vgic_v4_put(cx: &mut ArmCx, vcpu: usize, need_db: bool) {
     let core = cx.hv.vcpus[vcpu].core;
     let vpeid = cx.vcpus[vcpu].vpeid;
     if cx.m.redists[core].resident() != Some(vpeid) {
@@ -98,7 +122,22 @@ pub(super) fn vgic_v4_put(cx: &mut ArmCx, vcpu: usize) {
     if let Some((_, pending)) = cx.m.redists[core].make_non_resident(&cx.m.vlpis) {
         cx.vcpus[vcpu].pending_last |= pending;
     }
+    doorbell_enable(cx, vcpu, need_db);
     cx.charge(cx.costs.vpe_residency);
+}
+
+/// The GICv4.0 doorbell LPI of `vcpu` enabled or not: its LPI
+/// configuration entry, then INV at the redistributors (what
+/// `enable_irq` / `disable_irq_nosync` on the doorbell do).
+fn doorbell_enable(cx: &mut ArmCx, vcpu: usize, on: bool) {
+    let db = DOORBELL_LPI_BASE + vcpu as u32;
+    if cx.m.lpi_config.get(db).is_some_and(|p| (p & 1 == 1) == on) {
+        return;
+    }
+    let _ = cx.m.lpi_config.set(db, PRIORITY, on);
+    for r in &mut cx.m.redists {
+        let _ = r.invalidate_lpi(db, &cx.m.lpi_config);
+    }
 }
 
 /// `vgic_v4_doorbell_handler`: `pending_last`, then kick.

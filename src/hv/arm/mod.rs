@@ -148,6 +148,10 @@ pub struct ArmCosts {
     pub wfi_emulate: Time,
     /// kvm_timer_vcpu_load / put.
     pub timer_load_put: Time,
+    /// vgic_v3_load / vgic_v3_put (ICH_VMCR_EL2 and the APRs).
+    pub vgic_load_put: Time,
+    /// A VMOVP (and its VSYNC) through the ITS command queue.
+    pub its_vmovp: Time,
     /// A vPE residency change.
     pub vpe_residency: Time,
     /// The doorbell's handler.
@@ -253,8 +257,9 @@ pub trait ArmScheme {
     fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize);
     /// kvm_arch_vcpu_load on `cx.hv.vcpus[vcpu].core`.
     fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize);
-    /// kvm_arch_vcpu_put (the vCPU blocks).
-    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize);
+    /// kvm_arch_vcpu_put: `vcpu` leaves its core, because it blocks in
+    /// WFI (`blocking`) or because the host scheduler preempts it.
+    fn vcpu_put(&mut self, cx: &mut ArmCx, vcpu: usize, blocking: bool);
     /// handle_exit.
     fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction;
     /// The host took physical `intid` on `core` (acknowledged; the

@@ -20,7 +20,7 @@ use crate::hw::x86::core::CoreMode;
 use crate::scenario::{HypModeSpec, Scenario};
 use crate::world::el2::{arch_timer_clockevent, El2World};
 use crate::world::event::Ev;
-use crate::world::{BuildError, World};
+use crate::world::{sched, BuildError, World};
 
 /// The x86 scheme slot of an ARM world. The generic world keeps one; on
 /// ARM its x86-only paths (LAPIC and VMX events, the x86 exit path) never
@@ -45,6 +45,8 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
         vgic_flush_sync: ns(&a.kvm.vgic_flush_sync_ns),
         wfi_emulate: ns(&a.kvm.wfi_emulate_ns),
         timer_load_put: ns(&a.kvm.timer_load_put_ns),
+        vgic_load_put: ns(&a.kvm.vgic_load_put_ns),
+        its_vmovp: ns(&a.gic.its_vmovp_ns),
         vpe_residency: ns(&a.kvm.vpe_residency_ns),
         doorbell_handler: ns(&a.kvm.doorbell_handler_ns),
         vcpu_wakeup: us(&a.kvm.vcpu_wakeup_us),
@@ -55,27 +57,36 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
 }
 
 /// What the ARM platform does not model yet, refused with the key that
-/// asks for it.
-fn refuse_unsupported(s: &Scenario, topo: &Topology) -> Result<(), BuildError> {
+/// asks for it. `scheme` is the ARM scheme's name: did-arm's vCPUs own
+/// their cores (docs/did-arm.md "Dedicated cores under a host
+/// scheduler"), so it refuses another vCPU on one of them or a vCPU that
+/// may move.
+fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(), BuildError> {
     let no = |key: &str, why: &str| {
         Err(BuildError::Scenario(format!(
             "arch = \"arm64\": `{key}` is not supported on ARM yet ({why})"
         )))
     };
-    for (c, first) in topo.first_on_core.iter().enumerate() {
-        let n = topo.vcpus.iter().filter(|p| p.core == c).count();
-        if n > 1 || (n == 1 && first.is_none()) {
-            return no(
-                "vm.core",
-                "each vCPU needs a core of its own: the host scheduler is not modelled on ARM",
-            );
+    if scheme == "did-arm" {
+        let refuse = |key: &str, why: &str| {
+            Err(BuildError::Scenario(format!(
+                "scheme did-arm: `{key}` {why}: each vCPU owns its core's physical CPU \
+                 interface (HCR_EL2.IMO = 0) and the guest's VMPIDR names that core \
+                 (docs/did-arm.md, \"Dedicated cores under a host scheduler\")"
+            )))
+        };
+        for (c, first) in topo.first_on_core.iter().enumerate() {
+            let n = topo.vcpus.iter().filter(|p| p.core == c).count();
+            if n > 1 || (n == 1 && first.is_none()) {
+                return refuse("vm.core", "puts two vCPUs on one core");
+            }
         }
-    }
-    if !s.host.burners.is_empty() {
-        return no("host.burners", "the host scheduler is not modelled on ARM");
-    }
-    if !s.preemptions.is_empty() {
-        return no("preemptions", "the host scheduler is not modelled on ARM");
+        if topo.allowed.iter().any(|a| a.count() > 1) {
+            return refuse("vm.allowed_cores", "lets a vCPU move to another core");
+        }
+        // Host threads (burners, scripted preemptions) may share a
+        // vCPU's core: the guest's interrupts wait in the redistributor
+        // while it is off (did_arm.rs, vcpu_put).
     }
     if s.net.device != crate::scenario::NetDevice::Vf {
         return no(
@@ -118,7 +129,7 @@ pub(in crate::world) fn build(
     let acal = ArmCalibration::default_arm();
     let host = ArmHost;
     let topo = Topology::plan(s, &host)?;
-    refuse_unsupported(s, &topo)?;
+    refuse_unsupported(s, &topo, scheme.name())?;
     let (mut m, devs) = devices::build(s, cal, &topo)?;
     let mut hv = hypervisor::state(s, cal, &topo, &devs);
     let costs = hypervisor::costs(cal, devs.apic_timer_period);
@@ -180,7 +191,12 @@ pub(in crate::world) fn build(
             hv.last_vcpu[c] = Some(v);
         }
     }
-    let checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
+    let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
+    for (k, p) in topo.vcpus.iter().enumerate() {
+        if topo.first_on_core[p.core] != Some(k) {
+            checker.set_running(k, false, 0);
+        }
+    }
     let warm = from_s(s.warmup_s);
     for (vm, c) in outside.clients.iter().enumerate() {
         if c.is_some() {
@@ -191,6 +207,13 @@ pub(in crate::world) fn build(
     if s.host.ipi_per_s > 0.0 {
         let core = topo.vcpus[0].core as u16;
         q.schedule(0, Ev::HostIpi { core });
+    }
+    // Scripted preemptions of the first vCPU, as on x86 (the scenario
+    // refuses them with several VMs).
+    for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+        let at = from_us(at_ms * 1000.0);
+        q.schedule_async(at, Ev::Deschedule { vcpu: 0 });
+        q.schedule_async(at + from_us(for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
     }
     let el2 = El2World::new(
         am,
@@ -226,6 +249,29 @@ pub(in crate::world) fn build(
     )));
     for p in 0..w.peers.len() {
         w.peer_sent(p);
+    }
+    // The host scheduler, when threads share cores or may move: several
+    // vCPUs per core, floating vCPUs, host burners. Dedicated pinned
+    // vCPUs need none (a blocked vCPU's wake-up is then the ArmWake path).
+    let shared = topo.first_on_core.iter().enumerate().any(|(c, first)| {
+        let n = topo.vcpus.iter().filter(|p| p.core == c).count();
+        n > 1 || (n == 1 && first.is_none())
+    });
+    let floating = topo.allowed.iter().any(|a| a.count() > 1);
+    if shared || floating || !s.host.burners.is_empty() {
+        let vcpus: Vec<sched::VcpuThread> = topo
+            .vcpus
+            .iter()
+            .zip(&topo.allowed)
+            .map(|(p, &allowed)| sched::VcpuThread {
+                vm: p.vm,
+                core: p.core,
+                allowed,
+            })
+            .collect();
+        let tick = w.hv.host.tick_period;
+        w.sched = sched::SchedState::build(s, &vcpus, &[], tick).map(Box::new);
+        w.sched_start();
     }
     for (c, first) in topo.first_on_core.iter().enumerate() {
         if first.is_some() {
