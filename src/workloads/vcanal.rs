@@ -16,6 +16,7 @@ use crate::guest::libcanal::inr::{Buf, Call, SockAddr, SockType};
 use crate::guest::libcanal::radix::PAGE_SIZE;
 use crate::guest::libcanal::{Completion, LibCanal, Pending, SubmitError, WaitStep};
 use crate::hv::vcanal::VcanalCosts;
+use crate::hw::guest_memory::GuestMemory;
 
 /// Where the program's send and receive buffer lies in its address space
 /// (one buffer, reused by every call, as netperf's is).
@@ -79,6 +80,111 @@ enum Step {
     RecvFrom,
 }
 
+/// One thread's calls through libCanal (vcanal.md §2.1): the call in
+/// flight, the doorbell still to ring for it, and the counts every
+/// libCanal program reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CanalCaller {
+    pending: Option<Pending>,
+    kick_due: bool,
+    /// Calls enqueued.
+    pub calls: u64,
+    /// Looks at a pending INR's flag that found it still running.
+    pub polls: u64,
+    /// Waits that went to sleep in the helper driver.
+    pub sleeps: u64,
+    /// Radix-cache misses (helper-driver page walks).
+    pub misses: u64,
+}
+
+/// What a thread does about its call in flight.
+pub enum CallWait {
+    /// No call in flight: go on with the program.
+    Idle,
+    /// The call completed with this result.
+    Done(Completion),
+    /// Not yet: this step first (the doorbell, a spin, arming the
+    /// interrupt, sleeping).
+    Step(TaskStep),
+}
+
+impl CanalCaller {
+    /// Rings the doorbell for the call just enqueued, or looks once more
+    /// at the call in flight: spin up to the poll count, then switch to
+    /// interrupt mode through the helper driver and sleep (§2.1).
+    pub fn wait(
+        &mut self,
+        lib: &mut LibCanal,
+        mem: &mut GuestMemory,
+        costs: &CanalAppCosts,
+    ) -> CallWait {
+        if std::mem::take(&mut self.kick_due) {
+            return CallWait::Step(TaskStep::DriverKick);
+        }
+        let Some(mut p) = self.pending else {
+            return CallWait::Idle;
+        };
+        let step = match lib.wait(mem, &mut p) {
+            Ok(WaitStep::Done(done)) => {
+                self.pending = None;
+                return CallWait::Done(done);
+            }
+            Ok(WaitStep::Spin) => {
+                self.polls += 1;
+                TaskStep::Compute(costs.canal.completion_poll)
+            }
+            // The ioctl into the helper driver; the next step re-checks
+            // before sleeping.
+            Ok(WaitStep::ArmInterrupt) => TaskStep::Compute(costs.syscall),
+            Ok(WaitStep::Sleep) => {
+                self.sleeps += 1;
+                TaskStep::WaitDriver
+            }
+            Err(_) => return CallWait::Step(TaskStep::Exit),
+        };
+        self.pending = Some(p);
+        CallWait::Step(step)
+    }
+
+    /// Encodes `call` as an INR and enqueues it, with no exit; without the
+    /// hybrid address space every call walks its pages afresh.
+    pub fn submit(
+        &mut self,
+        lib: &mut LibCanal,
+        mem: &mut GuestMemory,
+        call: Call<i32>,
+        walk: impl FnMut(u64) -> Option<u64>,
+        costs: &CanalAppCosts,
+    ) -> TaskStep {
+        if !costs.hybrid {
+            lib.cache.flush();
+        }
+        match lib.submit(mem, call, walk) {
+            Ok(s) => {
+                self.pending = Some(s.pending);
+                self.kick_due = costs.kick;
+                self.calls += 1;
+                self.misses += u64::from(s.misses);
+                TaskStep::Compute(costs.canal.submit(s.hits, s.misses))
+            }
+            // §7: a full ring or pool: the enqueuer spins and retries.
+            Err(SubmitError::RingFull) | Err(SubmitError::NoInr) => {
+                TaskStep::Compute(costs.canal.completion_poll)
+            }
+            Err(_) => TaskStep::Exit,
+        }
+    }
+
+    /// Zeroes the counts (end of the warm-up).
+    pub fn reset_counts(&mut self) {
+        *self = CanalCaller {
+            pending: self.pending,
+            kick_due: self.kick_due,
+            ..CanalCaller::default()
+        };
+    }
+}
+
 /// netperf's in-guest side over libCanal.
 pub struct CanalNetperf {
     lib: LibCanal,
@@ -87,9 +193,7 @@ pub struct CanalNetperf {
     costs: CanalAppCosts,
     fd: i32,
     next: Step,
-    pending: Option<Pending>,
-    /// The doorbell is still to ring for the call just enqueued.
-    kick_due: bool,
+    caller: CanalCaller,
     /// The UDP_RR client's request time.
     sent_at: Time,
     /// Where the server's reply goes (the requester).
@@ -97,10 +201,6 @@ pub struct CanalNetperf {
     rtt: LatencyHistogram,
     transactions: u64,
     bytes: u64,
-    calls: u64,
-    polls: u64,
-    sleeps: u64,
-    misses: u64,
     errors: u64,
 }
 
@@ -114,17 +214,12 @@ impl CanalNetperf {
             costs,
             fd: -1,
             next: Step::Socket,
-            pending: None,
-            kick_due: false,
+            caller: CanalCaller::default(),
             sent_at: 0,
             reply_to: PEER,
             rtt: LatencyHistogram::new(),
             transactions: 0,
             bytes: 0,
-            calls: 0,
-            polls: 0,
-            sleeps: 0,
-            misses: 0,
             errors: 0,
         }
     }
@@ -227,65 +322,24 @@ impl App for CanalNetperf {
             // No channel: AF_VSOCKET is not available.
             return TaskStep::Exit;
         };
-        let c = self.costs.canal;
-        if std::mem::take(&mut self.kick_due) {
-            return TaskStep::DriverKick;
-        }
-        if let Some(mut p) = self.pending {
-            match self.lib.wait(mem, &mut p) {
-                Ok(WaitStep::Done(done)) => {
-                    self.pending = None;
-                    self.done(done, now);
-                }
-                Ok(WaitStep::Spin) => {
-                    self.pending = Some(p);
-                    self.polls += 1;
-                    return TaskStep::Compute(c.completion_poll);
-                }
-                Ok(WaitStep::ArmInterrupt) => {
-                    // The ioctl into the helper driver; the next step
-                    // re-checks before sleeping.
-                    self.pending = Some(p);
-                    return TaskStep::Compute(self.costs.syscall);
-                }
-                Ok(WaitStep::Sleep) => {
-                    self.pending = Some(p);
-                    self.sleeps += 1;
-                    return TaskStep::WaitDriver;
-                }
-                Err(_) => return TaskStep::Exit,
-            }
+        match self.caller.wait(&mut self.lib, mem, &self.costs) {
+            CallWait::Done(done) => self.done(done, now),
+            CallWait::Step(step) => return step,
+            CallWait::Idle => {}
         }
         if self.next == Step::SendTo && self.test == CanalTest::UdpRrClient {
             self.sent_at = now;
         }
-        if !self.costs.hybrid {
-            self.lib.cache.flush();
-        }
-        match self.lib.submit(mem, self.call(), walk) {
-            Ok(s) => {
-                self.pending = Some(s.pending);
-                self.kick_due = self.costs.kick;
-                self.calls += 1;
-                self.misses += u64::from(s.misses);
-                TaskStep::Compute(c.submit(s.hits, s.misses))
-            }
-            // §7: a full ring or pool: the enqueuer spins and retries.
-            Err(SubmitError::RingFull) | Err(SubmitError::NoInr) => {
-                TaskStep::Compute(c.completion_poll)
-            }
-            Err(_) => TaskStep::Exit,
-        }
+        let call = self.call();
+        self.caller
+            .submit(&mut self.lib, mem, call, walk, &self.costs)
     }
 
     fn reset_metrics(&mut self) {
         self.rtt = LatencyHistogram::new();
         self.transactions = 0;
         self.bytes = 0;
-        self.calls = 0;
-        self.polls = 0;
-        self.sleeps = 0;
-        self.misses = 0;
+        self.caller.reset_counts();
         self.errors = 0;
     }
 
@@ -298,15 +352,15 @@ impl App for CanalNetperf {
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        out.insert("vcanal.calls".into(), self.calls as f64);
-        out.insert("vcanal.polls".into(), self.polls as f64);
-        out.insert("vcanal.sleeps".into(), self.sleeps as f64);
-        out.insert("vcanal.page_walks".into(), self.misses as f64);
+        out.insert("vcanal.calls".into(), self.caller.calls as f64);
+        out.insert("vcanal.polls".into(), self.caller.polls as f64);
+        out.insert("vcanal.sleeps".into(), self.caller.sleeps as f64);
+        out.insert("vcanal.page_walks".into(), self.caller.misses as f64);
         out.insert("vcanal.call_errors".into(), self.errors as f64);
         out.insert("vcanal.bytes_sent".into(), self.bytes as f64);
         match self.test {
             CanalTest::TcpStreamSend => {
-                out.insert("netperf.messages_sent".into(), self.calls as f64);
+                out.insert("netperf.messages_sent".into(), self.caller.calls as f64);
             }
             CanalTest::UdpRrClient => {
                 out.insert("udp_rr.transactions".into(), self.transactions as f64);

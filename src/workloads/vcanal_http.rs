@@ -20,11 +20,11 @@
 //! threads share one libCanal (one process: one dummy-fd table, one INR
 //! pool, one hybrid address space).
 
-use super::vcanal::{CanalAppCosts, BUF_GPA, BUF_GVA};
+use super::vcanal::{CallWait, CanalAppCosts, CanalCaller, BUF_GPA, BUF_GVA};
 use crate::engine::Time;
 use crate::guest::app::{App, Metrics, Sys, TaskStep};
 use crate::guest::libcanal::inr::{Buf, Call, Errno, SockAddr, SockType, EPOLL_EVENT_SIZE};
-use crate::guest::libcanal::{Completion, LibCanal, Pending, SubmitError, WaitStep};
+use crate::guest::libcanal::{Completion, LibCanal};
 use crate::hw::guest_memory::GuestMemory;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -114,8 +114,7 @@ pub struct CanalHttpThread {
     costs: CanalAppCosts,
     events_gpa: u64,
     next: Step,
-    pending: Option<Pending>,
-    kick_due: bool,
+    caller: CanalCaller,
     listen: i32,
     listen_index: u32,
     epfd: i32,
@@ -128,9 +127,6 @@ pub struct CanalHttpThread {
     fd_of: Vec<i32>,
     got: Vec<u32>,
     served: u64,
-    calls: u64,
-    sleeps: u64,
-    misses: u64,
     errors: u64,
     accepted: u64,
     waits: u64,
@@ -153,8 +149,7 @@ impl CanalHttpThread {
             costs,
             events_gpa,
             next: Step::Socket,
-            pending: None,
-            kick_due: false,
+            caller: CanalCaller::default(),
             listen: -1,
             listen_index: u32::MAX,
             epfd: -1,
@@ -164,9 +159,6 @@ impl CanalHttpThread {
             fd_of: vec![-1; MAX_INDEX],
             got: vec![0; MAX_INDEX],
             served: 0,
-            calls: 0,
-            sleeps: 0,
-            misses: 0,
             errors: 0,
             accepted: 0,
             waits: 0,
@@ -370,34 +362,18 @@ impl App for CanalHttpThread {
             return TaskStep::Exit;
         };
         let c = self.costs.canal;
-        if std::mem::take(&mut self.kick_due) {
-            return TaskStep::DriverKick;
-        }
-        if let Some(mut p) = self.pending {
-            let r = self.lib.borrow_mut().wait(mem, &mut p);
-            match r {
-                Ok(WaitStep::Done(done)) => {
-                    self.pending = None;
-                    let work = self.done(done, mem);
-                    if work > 0 {
-                        return TaskStep::Compute(work);
-                    }
+        let wait = self
+            .caller
+            .wait(&mut self.lib.borrow_mut(), mem, &self.costs);
+        match wait {
+            CallWait::Done(done) => {
+                let work = self.done(done, mem);
+                if work > 0 {
+                    return TaskStep::Compute(work);
                 }
-                Ok(WaitStep::Spin) => {
-                    self.pending = Some(p);
-                    return TaskStep::Compute(c.completion_poll);
-                }
-                Ok(WaitStep::ArmInterrupt) => {
-                    self.pending = Some(p);
-                    return TaskStep::Compute(self.costs.syscall);
-                }
-                Ok(WaitStep::Sleep) => {
-                    self.pending = Some(p);
-                    self.sleeps += 1;
-                    return TaskStep::WaitDriver;
-                }
-                Err(_) => return TaskStep::Exit,
             }
+            CallWait::Step(step) => return step,
+            CallWait::Idle => {}
         }
         if self.next == Step::Next {
             self.next = self.take_ready();
@@ -405,30 +381,14 @@ impl App for CanalHttpThread {
         let Some(call) = self.call() else {
             return TaskStep::Compute(c.completion_poll);
         };
-        let mut lib = self.lib.borrow_mut();
-        if !self.costs.hybrid {
-            lib.cache.flush();
-        }
-        match lib.submit(mem, call, walk(self.events_gpa)) {
-            Ok(s) => {
-                self.pending = Some(s.pending);
-                self.kick_due = self.costs.kick;
-                self.calls += 1;
-                self.misses += u64::from(s.misses);
-                TaskStep::Compute(c.submit(s.hits, s.misses))
-            }
-            Err(SubmitError::RingFull) | Err(SubmitError::NoInr) => {
-                TaskStep::Compute(c.completion_poll)
-            }
-            Err(_) => TaskStep::Exit,
-        }
+        let walk = walk(self.events_gpa);
+        self.caller
+            .submit(&mut self.lib.borrow_mut(), mem, call, walk, &self.costs)
     }
 
     fn reset_metrics(&mut self) {
         self.served = 0;
-        self.calls = 0;
-        self.sleeps = 0;
-        self.misses = 0;
+        self.caller.reset_counts();
         self.errors = 0;
         self.accepted = 0;
         self.waits = 0;
@@ -440,9 +400,9 @@ impl App for CanalHttpThread {
             self.served as f64,
         );
         let mut add = |k: &str, v: u64| *out.entry(k.into()).or_insert(0.0) += v as f64;
-        add("vcanal.calls", self.calls);
-        add("vcanal.sleeps", self.sleeps);
-        add("vcanal.page_walks", self.misses);
+        add("vcanal.calls", self.caller.calls);
+        add("vcanal.sleeps", self.caller.sleeps);
+        add("vcanal.page_walks", self.caller.misses);
         add("vcanal.call_errors", self.errors);
         add("vcanal.accepts", self.accepted);
         add("vcanal.epoll_waits", self.waits);

@@ -682,29 +682,10 @@ impl World {
         }
     }
 
-    /// Schedule-out of a runnable `vcpu` (the host scheduler gives its core
-    /// to another thread, or a scripted preemption): at once from guest
-    /// mode (the host's interrupt that preempts it is an IRQ exit, whose
-    /// work the model does not charge, as on x86), deferred to the end of
-    /// an exit in progress.
-    pub(super) fn el2_deschedule(&mut self, vcpu: usize) {
-        let core = self.hv.vcpus[vcpu].core;
-        match self.m.cores[core].mode {
-            CoreMode::Guest { vcpu: v } if v == vcpu => {
-                let now = self.q.now();
-                self.pause_guest(core);
-                self.account_guest_time(core, vcpu, now);
-                self.el2_put(core, vcpu);
-            }
-            CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
-            _ => {}
-        }
-    }
-
     /// kvm_arch_vcpu_put of a preempted (runnable) `vcpu` on `core`: the
     /// scheme saves its vgic and timer state and drops its vPE's
     /// residency; the core is the host's until the next schedule-in.
-    fn el2_put(&mut self, core: usize, vcpu: usize) {
+    pub(super) fn el2_put(&mut self, core: usize, vcpu: usize) {
         let now = self.q.now();
         self.m.cores[core].mode = CoreMode::Idle;
         self.hv.sched_out(vcpu);
@@ -733,32 +714,10 @@ impl World {
     /// vCPU whose thread moved is moved with it (`hv.move_vcpu`); the
     /// scheme's load follows it with the hardware (the vPE by VMOVP).
     pub(super) fn el2_reschedule(&mut self, vcpu: usize) {
-        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
+        let Some(core) = self.schedule_in_core(vcpu) else {
             return;
-        }
-        if self.hv.vcpus[vcpu].halted {
-            // A sleeping vCPU comes back when it is kicked, not before.
-            return;
-        }
-        let here = self.hv.vcpus[vcpu].core;
-        let core = match &self.sched {
-            Some(st) => {
-                let c = st.s.thread(vcpu).core;
-                if st.s.current(c) != Some(vcpu) {
-                    return;
-                }
-                c
-            }
-            None => here,
         };
-        if self.m.cores[core].mode != CoreMode::Idle {
-            return;
-        }
         let now = self.q.now();
-        if core != here {
-            self.hv.move_vcpu(vcpu, core);
-        }
-        self.hv.sched_in(vcpu);
         self.el2_check_core_left_clean(core, vcpu);
         let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
         self.m.cores[core].mode = CoreMode::Host { vcpu };

@@ -558,19 +558,20 @@ impl World {
         }
     }
 
-    /// Schedule-out: the host takes `vcpu`'s core (deferred to the end of an
-    /// exit in progress).
+    /// Schedule-out: the host takes `vcpu`'s core, at once from guest mode
+    /// (the host interrupt that preempts it is an exit whose work the model
+    /// does not charge), deferred to the end of an exit in progress.
     fn deschedule(&mut self, vcpu: usize) {
-        if self.arch == arch::Arch::ArmEl2 {
-            return self.el2_deschedule(vcpu);
-        }
         let core = self.hv.vcpus[vcpu].core;
         match self.m.cores[core].mode {
             CoreMode::Guest { vcpu: v } if v == vcpu => {
                 let now = self.q.now();
                 self.pause_guest(core);
                 self.account_guest_time(core, vcpu, now);
-                self.put(core, vcpu);
+                match self.arch {
+                    arch::Arch::ArmEl2 => self.el2_put(core, vcpu),
+                    arch::Arch::X86Vmx => self.put(core, vcpu),
+                }
             }
             CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
             _ => {}
@@ -633,41 +634,47 @@ impl World {
         cx.migrate_guest_timer(vcpu, from);
     }
 
-    /// Schedule-in: load `vcpu` and enter it.
-    fn reschedule(&mut self, vcpu: usize) {
-        if self.arch == arch::Arch::ArmEl2 {
-            return self.el2_reschedule(vcpu);
-        }
-        if std::mem::take(&mut self.deschedule_pending[vcpu]) {
-            return;
-        }
-        if self.hv.vcpus[vcpu].halted {
-            // A sleeping vCPU comes back when it is kicked, not before.
-            return;
+    /// The start of every architecture's schedule-in of `vcpu`: the core
+    /// the host scheduler runs its thread on, with the vCPU moved there if
+    /// its thread moved and `kvm_sched_in` (the preempt notifier) run.
+    /// None when the schedule-in is void: a deschedule came first, the
+    /// vCPU sleeps (it comes back when kicked), or the core was given to
+    /// another thread or is not idle since the schedule-in was decided.
+    pub(super) fn schedule_in_core(&mut self, vcpu: usize) -> Option<usize> {
+        if std::mem::take(&mut self.deschedule_pending[vcpu]) || self.hv.vcpus[vcpu].halted {
+            return None;
         }
         let here = self.hv.vcpus[vcpu].core;
         let core = match &self.sched {
-            // The core the host scheduler runs the thread on; it may have
-            // given that core to another thread since this schedule-in was
-            // decided.
             Some(st) => {
                 let c = st.s.thread(vcpu).core;
                 if st.s.current(c) != Some(vcpu) {
-                    return;
+                    return None;
                 }
                 c
             }
             None => here,
         };
         if self.m.cores[core].mode != CoreMode::Idle {
-            return;
+            return None;
         }
-        let now = self.q.now();
         if core != here {
             self.hv.move_vcpu(vcpu, core);
         }
-        // kvm_sched_in (the preempt notifier), then kvm_arch_vcpu_load.
         self.hv.sched_in(vcpu);
+        Some(core)
+    }
+
+    /// Schedule-in: load `vcpu` and enter it.
+    fn reschedule(&mut self, vcpu: usize) {
+        if self.arch == arch::Arch::ArmEl2 {
+            return self.el2_reschedule(vcpu);
+        }
+        let Some(core) = self.schedule_in_core(vcpu) else {
+            return;
+        };
+        let now = self.q.now();
+        // kvm_arch_vcpu_load follows kvm_sched_in.
         let migrate = self.hv.vcpus[vcpu].vmcs_core.filter(|&c| c != core);
         let load_work = {
             let (mut cx, scheme) = self.cx();

@@ -259,16 +259,7 @@ pub(in crate::world) fn build(
     });
     let floating = topo.allowed.iter().any(|a| a.count() > 1);
     if shared || floating || !s.host.burners.is_empty() {
-        let vcpus: Vec<sched::VcpuThread> = topo
-            .vcpus
-            .iter()
-            .zip(&topo.allowed)
-            .map(|(p, &allowed)| sched::VcpuThread {
-                vm: p.vm,
-                core: p.core,
-                allowed,
-            })
-            .collect();
+        let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
         w.sched = sched::SchedState::build(s, &vcpus, &[], tick).map(Box::new);
         w.sched_start();

@@ -252,16 +252,7 @@ pub(in crate::world) fn power_on(
     w.canal_start();
     if virtualized {
         let tick = w.hv.host.tick_period;
-        let vcpus: Vec<sched::VcpuThread> = topo
-            .vcpus
-            .iter()
-            .zip(&topo.allowed)
-            .map(|(p, &allowed)| sched::VcpuThread {
-                vm: p.vm,
-                core: p.core,
-                allowed,
-            })
-            .collect();
+        let vcpus = topo.vcpu_threads();
         let io_cores: Vec<usize> =
             w.pv.as_ref()
                 .map(|pv| pv.workers.iter().map(|k| k.core).collect())

@@ -37,6 +37,20 @@ pub(in crate::world) struct Topology<'s> {
 }
 
 impl<'s> Topology<'s> {
+    /// Each vCPU as a host thread for the scheduler: its VM, its first
+    /// core and the cores it may run on.
+    pub fn vcpu_threads(&self) -> Vec<crate::world::sched::VcpuThread> {
+        self.vcpus
+            .iter()
+            .zip(&self.allowed)
+            .map(|(p, &allowed)| crate::world::sched::VcpuThread {
+                vm: p.vm,
+                core: p.core,
+                allowed,
+            })
+            .collect()
+    }
+
     /// Lays out the scenario's VMs on its machine for `scheme`.
     pub fn plan(s: &'s Scenario, scheme: &dyn Scheme) -> Result<Self, BuildError> {
         let virtualized = scheme.virtualized();
