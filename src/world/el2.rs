@@ -734,6 +734,15 @@ impl World {
                 st.note_migration();
             }
         }
+        self.el2_enter_after_load(core, vcpu, now, charged);
+    }
+
+    /// The host half of KVM_RUN after `vcpu` was loaded on `core` (its
+    /// load cost `charged`): the entry half of a world-switch round trip
+    /// (eret to the guest with VHE; hvc to the lowvisor, then eret, in
+    /// split mode), run as the host-IRQ stage of an exit so pending work is
+    /// looked at before the guest runs.
+    fn el2_enter_after_load(&mut self, core: usize, vcpu: usize, now: Time, charged: Time) {
         let a = self.arm();
         let entry = Time::from(a.m.el2[core].world_switches_per_exit() / 2) * a.costs.world_switch;
         a.exits[core] = Some(El2Exit {
@@ -863,21 +872,7 @@ impl World {
             scheme.vcpu_load(&mut cx, vcpu);
             cx.charged
         };
-        // The entry half of a world switch round trip (KVM_RUN again:
-        // eret to the guest with VHE; hvc to the lowvisor, then eret, in
-        // split mode).
-        let a = self.arm();
-        let entry = Time::from(a.m.el2[core].world_switches_per_exit() / 2) * a.costs.world_switch;
-        let charged = charged + entry;
-        self.arm().exits[core] = Some(El2Exit {
-            vcpu,
-            exit: None,
-            start: now,
-            stage: El2Stage::HostIrq,
-            polled: false,
-        });
-        self.el2_kicks();
-        self.start_segment(core, charged.max(1));
+        self.el2_enter_after_load(core, vcpu, now, charged);
     }
 
     /// Something changed at `core`'s GIC: a guest looks again, a polling

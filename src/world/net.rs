@@ -216,25 +216,24 @@ impl World {
         let Some(pv) = &mut self.pv else { return };
         pv.threads[w].step_queued = false;
         let vqs = &mut self.m.virtio_net[..];
-        let done = pv.workers[w].finish(&mut pv.devs, vqs, &pv.costs);
-        if !pv.threads[w].on_cpu {
-            // Preempted: the unit in flight is done; the rest waits for
-            // the worker's next turn on the core.
-            self.vhost_completion(done, now);
-            return;
-        }
-        let next = pv.workers[w].resume(&mut pv.devs, vqs, &pv.costs);
+        let mut done = pv.workers[w].finish(&mut pv.devs, vqs, &pv.costs);
         // The frame it handed to the tap goes up the bridge (and, for a
         // process on this host, its stack) in this thread before the
         // worker goes on.
-        let mut done = done;
-        let stack = done.to_bridge.map_or(0, |(d, f)| {
-            let (bridge, rx) = self.host_stack_in_vhost(d, &f);
-            bridge + rx
-        });
-        done.extra += stack;
+        let (bridge, rx) = done
+            .to_bridge
+            .map_or((0, 0), |(d, f)| self.host_stack_in_vhost(d, &f));
         let Some(pv) = &mut self.pv else { return };
-        pv.workers[w].counters.busy += stack;
+        if !pv.threads[w].on_cpu {
+            // Preempted: the unit in flight is done; the rest waits for
+            // the worker's next turn on the core.
+            self.vhost_completion(done, now, rx);
+            return;
+        }
+        let vqs = &mut self.m.virtio_net[..];
+        let next = pv.workers[w].resume(&mut pv.devs, vqs, &pv.costs);
+        done.extra += bridge + rx;
+        pv.workers[w].counters.busy += bridge + rx;
         match next {
             Next::Unit(t) => {
                 pv.threads[w].step_queued = true;
@@ -265,7 +264,7 @@ impl World {
                 }
             }
         }
-        self.vhost_completion(done, now);
+        self.vhost_completion(done, now, rx);
     }
 
     /// ES2's 10 µs sleep of worker `w` ran out.
@@ -308,12 +307,11 @@ impl World {
     /// Carries out what a finished unit did: the frame goes to the bridge,
     /// the guest's interrupt is raised through the irqfd. A frame for a
     /// process on this host reaches its socket once the worker has run
-    /// the receive path for it.
-    fn vhost_completion(&mut self, done: Completion, now: Time) {
+    /// the receive path for it (`rx`, from [`Self::host_stack_in_vhost`]).
+    fn vhost_completion(&mut self, done: Completion, now: Time, rx: Time) {
         let Some(pv) = &self.pv else { return };
         if let Some((d, f)) = done.to_bridge {
             let vm = pv.devs[d as usize].vm;
-            let (_, rx) = self.host_stack_in_vhost(d, &f);
             self.frame_to_peer(f, Source::Tap(vm), now + rx);
         }
         let Some(pv) = &self.pv else { return };

@@ -388,16 +388,7 @@ pub(super) fn build(
                 vms.push(None);
                 continue;
             };
-            let mut mem = GuestMemory::new(GUEST_RAM, CHANNEL.base, CHANNEL.size() as usize)
-                .map_err(|e| e.to_string())?;
-            CHANNEL.init(&mut mem).map_err(|e| e.to_string())?;
-            let lib = LibCanal::new(
-                LibCanalParams {
-                    poll_budget: spec.effective_poll_budget(),
-                    ..LibCanalParams::default()
-                },
-                CHANNEL,
-            );
+            let (mem, lib) = channel(spec, CHANNEL.size())?;
             let test = match (n.test, n.direction) {
                 (NetperfTest::UdpRr, NetperfDirection::Send) => CanalTest::UdpRrClient,
                 (NetperfTest::UdpRr, NetperfDirection::Recv) => CanalTest::UdpRrServer,
@@ -536,6 +527,26 @@ fn events_gpa() -> u64 {
     (CHANNEL.base + CHANNEL.size()).div_ceil(4096) * 4096
 }
 
+/// A VM's guest memory backed from the channel's base for `backed` bytes,
+/// with the channel laid out in it (announced at boot), and the libCanal
+/// that uses it with the scenario's poll budget.
+fn channel(
+    spec: &crate::scenario::VcanalSpec,
+    backed: u64,
+) -> Result<(GuestMemory, LibCanal), String> {
+    let mut mem =
+        GuestMemory::new(GUEST_RAM, CHANNEL.base, backed as usize).map_err(|e| e.to_string())?;
+    CHANNEL.init(&mut mem).map_err(|e| e.to_string())?;
+    let lib = LibCanal::new(
+        LibCanalParams {
+            poll_budget: spec.effective_poll_budget(),
+            ..LibCanalParams::default()
+        },
+        CHANNEL,
+    );
+    Ok((mem, lib))
+}
+
 /// An HTTP server over vCanal in VM `vm` (vcanal.md §4, ApacheBench): its
 /// threads spawned in its kernel, the client host's ApacheBench with its
 /// connections, and the host ends of those connections, numbered from 0
@@ -562,16 +573,7 @@ fn build_http(
     }
     let events = events_gpa();
     let backed = events + (MAX_THREADS as u64) * 4096 - CHANNEL.base;
-    let mut mem =
-        GuestMemory::new(GUEST_RAM, CHANNEL.base, backed as usize).map_err(|e| e.to_string())?;
-    CHANNEL.init(&mut mem).map_err(|e| e.to_string())?;
-    let lib = LibCanal::new(
-        LibCanalParams {
-            poll_budget: spec.effective_poll_budget(),
-            ..LibCanalParams::default()
-        },
-        CHANNEL,
-    );
+    let (mem, lib) = channel(spec, backed)?;
     let lib = std::rc::Rc::new(std::cell::RefCell::new(lib));
     let app_costs = CanalAppCosts {
         canal: costs,

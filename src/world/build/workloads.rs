@@ -150,16 +150,20 @@ fn tcp_peer(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| BuildError::Scenario(e.to_string()))?;
     let host = PeerHost::new(conns, TCP_FLOW, app, costs, cpus);
-    let attach = if devs.net_dev[vm].is_some() {
-        match s.net.peer {
-            VirtioPeer::Host => net::Attach::Bridge { delay: bridge },
-            VirtioPeer::Remote => net::Attach::Uplink { delay: bridge },
-        }
-    } else {
-        // Each VM's load generator sends to its VF over the link.
-        net::Attach::Wire { vf: vm as u16 }
-    };
+    let attach = peer_attach(s, devs.net_dev[vm].is_some(), vm, bridge);
     Ok(net::PeerLink::new(host, attach, vm))
+}
+
+/// Where VM `vm`'s peer host attaches: with virtio-net (`bridged`), a
+/// process behind the bridge or (`net.peer = "remote"`) the load generator
+/// across the link through the host's NIC and the bridge; without, the
+/// load generator sending to the VM's VF over the link.
+fn peer_attach(s: &Scenario, bridged: bool, vm: usize, bridge: Time) -> net::Attach {
+    match (bridged, s.net.peer) {
+        (true, VirtioPeer::Host) => net::Attach::Bridge { delay: bridge },
+        (true, VirtioPeer::Remote) => net::Attach::Uplink { delay: bridge },
+        (false, _) => net::Attach::Wire { vf: vm as u16 },
+    }
 }
 
 /// SIPp's UAC on the load generator and its UAS on the VM's host (DID
@@ -244,11 +248,7 @@ pub(in crate::world) fn spawn(
             } else {
                 PeerHost::udp(d.flow, d.app, peer_costs)
             };
-            let attach = match (bridged, s.net.peer) {
-                (true, VirtioPeer::Host) => net::Attach::Bridge { delay: bridge },
-                (true, VirtioPeer::Remote) => net::Attach::Uplink { delay: bridge },
-                (false, _) => net::Attach::Wire { vf: vm as u16 },
-            };
+            let attach = peer_attach(s, bridged, vm, bridge);
             dgram_peers.push(net::PeerLink::new(host, attach, vm));
         }
         if let (Some(f), Some(_)) = (&w.fio, devs.blk_dev[vm]) {
