@@ -79,3 +79,33 @@ pub fn metric(r: &RunReport, name: &str) -> f64 {
         .get(name)
         .unwrap_or_else(|| panic!("metric {name} missing"))
 }
+
+/// `[[preemptions]]` tables for a randomized-preemption scenario: one of
+/// `len_us` every `every_us` from 1 ms on, each shifted by its entry of
+/// `offsets` (µs, the case's own randomness).
+pub fn preemptions_toml(every_us: f64, len_us: f64, offsets: &[f64]) -> String {
+    let mut t = String::new();
+    let mut at = 1000.0;
+    for o in offsets {
+        t += &format!(
+            "[[preemptions]]\nat_ms = {:.6}\nfor_ms = {:.6}\n",
+            (at + o) / 1000.0,
+            len_us / 1000.0
+        );
+        at += every_us;
+    }
+    t
+}
+
+/// A preempted run is clean: no invariant violation (the first three
+/// shown) and more than 50 interrupts delivered, so the run exercised
+/// the paths at all.
+pub fn check_preempted_run(r: &RunReport, what: &str) {
+    let first: Vec<_> = r.invariants.violations.iter().take(3).collect();
+    assert_eq!(r.violations(), 0, "{what}: {first:?}");
+    assert!(
+        r.invariants.delivered > 50,
+        "{what}: only {} interrupts",
+        r.invariants.delivered
+    );
+}

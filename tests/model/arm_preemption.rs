@@ -7,7 +7,6 @@
 
 use crate::common;
 use common::*;
-use exitless::report::RunReport;
 use proptest::prelude::*;
 
 /// Every ARM scheme, and KVM/ARM in split mode.
@@ -39,26 +38,8 @@ fn scenario(
          [[vm]]\nvcpus = 2\ncore = 1\n[vm.workload.ipi_latency]\ninterval_us = 60\n\
          [vm.workload.udp]\nrate_pps = 50000\n"
     );
-    let mut at = 1000.0;
-    for o in offsets {
-        t += &format!(
-            "[[preemptions]]\nat_ms = {:.6}\nfor_ms = {:.6}\n",
-            (at + o) / 1000.0,
-            len_us / 1000.0
-        );
-        at += every_us;
-    }
+    t += &preemptions_toml(every_us, len_us, offsets);
     t
-}
-
-fn check(r: &RunReport, what: &str) {
-    let first: Vec<_> = r.invariants.violations.iter().take(3).collect();
-    assert_eq!(r.violations(), 0, "{what}: {first:?}");
-    assert!(
-        r.invariants.delivered > 50,
-        "{what}: only {} interrupts",
-        r.invariants.delivered
-    );
 }
 
 proptest! {
@@ -83,7 +64,7 @@ proptest! {
         for (scheme, hyp) in SCHEMES {
             let text = scenario((scheme, hyp), seed, every_us, len_us, &offsets, ipi_per_s, halt);
             let r = run_text(&text, &[]);
-            check(&r, &format!("{scheme} ({hyp}) seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s, halt {halt}"));
+            check_preempted_run(&r, &format!("{scheme} ({hyp}) seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s, halt {halt}"));
         }
     }
 }
