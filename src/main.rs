@@ -88,6 +88,11 @@ enum Cmd {
         /// Print the rows as CSV instead of a table.
         #[arg(long)]
         csv: bool,
+        /// Print the published comparisons as a Markdown table (the rows
+        /// with a paper value, their notes and the count within tolerance),
+        /// as docs/results.md holds them.
+        #[arg(long, conflicts_with_all = ["json", "csv"])]
+        markdown: bool,
         /// Only experiments whose id contains this.
         #[arg(long)]
         only: Option<String>,
@@ -338,6 +343,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             paper,
             json,
             csv,
+            markdown,
             only,
             sets,
             threads,
@@ -365,6 +371,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 emit(&format!("{j}\n"))?;
             } else if csv {
                 emit(&cli::reproduce_csv(&rows)?)?;
+            } else if markdown {
+                emit(&validation::to_markdown(&paper, &rows))?;
             } else {
                 emit(&validation::to_text(&rows))?;
             }

@@ -54,36 +54,44 @@ impl RngStream {
     pub fn exponential(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.uniform()).ln()
     }
-
-    /// Two independent standard normal variates (Box-Muller).
-    #[inline]
-    pub fn normal_pair(&mut self) -> (f64, f64) {
-        let u1 = 1.0 - self.uniform();
-        let u2 = self.uniform();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
-        (r * cos, r * sin)
-    }
 }
 
 /// Seeded variance of per-operation costs: each cost charged is the
-/// calibrated mean times a lognormal factor of mean 1 and coefficient of
-/// variation `cv`. At `cv = 0` it draws nothing and returns the cost as
-/// given.
+/// calibrated mean times a factor of mean 1 and coefficient of variation
+/// `cv`, drawn from a lognormal. At `cv = 0` it draws nothing and returns
+/// the cost as given.
+///
+/// The factor is read from a table of the lognormal's quantiles at
+/// [`CostVariance::STRATA`] equally likely strata, indexed by ten bits of
+/// a random draw (one 64-bit draw serves six charges). A charge is then a
+/// shift, a load and an integer multiply: no logarithm, root, sine or
+/// exponential per charge, which made the variance cost ~10% of a
+/// guest-heavy run's instructions (docs/performance.md).
 pub struct CostVariance {
-    sigma: f64,
+    /// The factors, in units of 2^-[`FACTOR_SHIFT`]; empty when off.
+    table: Vec<u32>,
     rng: Option<RngStream>,
-    /// The second normal of the last Box-Muller pair, not yet used.
-    spare: Option<f64>,
+    /// Random bits not yet used, and how many indices they still hold.
+    bits: u64,
+    left: u32,
 }
 
+/// Fixed-point scale of the table's factors.
+const FACTOR_SHIFT: u32 = 24;
+/// Bits of a draw that index the table.
+const INDEX_BITS: u32 = 10;
+
 impl CostVariance {
+    /// Equally likely strata in the factor's table.
+    pub const STRATA: usize = 1 << INDEX_BITS;
+
     /// No variance.
     pub fn off() -> Self {
         CostVariance {
-            sigma: 0.0,
+            table: Vec::new(),
             rng: None,
-            spare: None,
+            bits: 0,
+            left: 0,
         }
     }
 
@@ -93,11 +101,11 @@ impl CostVariance {
         if cv <= 0.0 || !cv.is_finite() {
             return Self::off();
         }
-        // Lognormal: CV^2 = exp(sigma^2) - 1.
         CostVariance {
-            sigma: (1.0 + cv * cv).ln().sqrt(),
+            table: factor_table(cv),
             rng: Some(RngStream::new(seed, name)),
-            spare: None,
+            bits: 0,
+            left: 0,
         }
     }
 
@@ -111,20 +119,92 @@ impl CostVariance {
     pub fn vary(&mut self, cost: u64) -> u64 {
         match &mut self.rng {
             Some(r) if cost > 0 => {
-                let z = match self.spare.take() {
-                    Some(z) => z,
-                    None => {
-                        let (a, b) = r.normal_pair();
-                        self.spare = Some(b);
-                        a
-                    }
-                };
-                let s = self.sigma;
-                let f = (s * z - 0.5 * s * s).exp();
-                ((cost as f64 * f).round() as u64).max(1)
+                if self.left == 0 {
+                    self.bits = r.next_u64();
+                    self.left = 64 / INDEX_BITS;
+                }
+                let i = (self.bits & (Self::STRATA as u64 - 1)) as usize;
+                self.bits >>= INDEX_BITS;
+                self.left -= 1;
+                let f = self.table[i] as u128;
+                let half = 1u128 << (FACTOR_SHIFT - 1);
+                (((cost as u128 * f + half) >> FACTOR_SHIFT) as u64).max(1)
             }
             _ => cost,
         }
+    }
+}
+
+/// The lognormal factor's quantiles at the mid-points of
+/// [`CostVariance::STRATA`] equally likely strata, then stretched about 1
+/// so that the table's own mean is 1 and its own CV is `cv` exactly (the
+/// mid-points cut the tails, which alone would understate the CV by ~1%).
+fn factor_table(cv: f64) -> Vec<u32> {
+    let n = CostVariance::STRATA;
+    // Lognormal: CV^2 = exp(sigma^2) - 1.
+    let sigma = (1.0 + cv * cv).ln().sqrt();
+    let raw: Vec<f64> = (0..n)
+        .map(|i| (sigma * normal_quantile((i as f64 + 0.5) / n as f64)).exp())
+        .collect();
+    let mean = raw.iter().sum::<f64>() / n as f64;
+    let sd = (raw.iter().map(|x| (x / mean - 1.0).powi(2)).sum::<f64>() / n as f64).sqrt();
+    let stretch = cv / sd;
+    raw.iter()
+        .map(|x| {
+            let f = (1.0 + (x / mean - 1.0) * stretch).max(0.0);
+            (f * (1u64 << FACTOR_SHIFT) as f64).round() as u32
+        })
+        .collect()
+}
+
+/// The standard normal's quantile function (inverse CDF), by P. J.
+/// Acklam's rational approximations (relative error below 1.2e-9): a
+/// central rational function of q = p - 1/2 for 0.02425 <= p <= 0.97575,
+/// and one of sqrt(-2 ln p) in each tail.
+fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    const LOW: f64 = 0.02425;
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < LOW {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - LOW {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
     }
 }
 
@@ -156,6 +236,61 @@ mod tests {
                 "cv {cv}: {got}"
             );
         }
+    }
+
+    #[test]
+    fn normal_quantile_matches_known_values() {
+        // Phi^-1 at p, from standard tables.
+        for (p, z) in [
+            (0.5, 0.0),
+            (0.975, 1.959_963_984_540_054),
+            (0.841_344_746_068_542_9, 1.0),
+            (0.01, -2.326_347_874_040_841),
+            (0.001, -3.090_232_306_167_813),
+            (0.999, 3.090_232_306_167_813),
+        ] {
+            let got = normal_quantile(p);
+            assert!((got - z).abs() < 1e-8, "p {p}: {got} vs {z}");
+        }
+    }
+
+    #[test]
+    fn factor_table_has_mean_one_and_the_stated_cv() {
+        for cv in [0.05, 0.1, 0.3, 1.0] {
+            let t: Vec<f64> = factor_table(cv)
+                .iter()
+                .map(|&f| f as f64 / (1u64 << FACTOR_SHIFT) as f64)
+                .collect();
+            assert_eq!(t.len(), CostVariance::STRATA);
+            assert!(t.windows(2).all(|w| w[0] <= w[1]), "cv {cv}: not sorted");
+            assert!(t[0] > 0.0, "cv {cv}: a factor of 0");
+            let mean = t.iter().sum::<f64>() / t.len() as f64;
+            let sd = (t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64).sqrt();
+            assert!((mean - 1.0).abs() < 1e-6, "cv {cv}: mean {mean}");
+            assert!((sd - cv).abs() < 1e-5, "cv {cv}: sd {sd}");
+            // Right-skewed like the lognormal: the median is below the mean.
+            assert!(t[t.len() / 2] < 1.0, "cv {cv}");
+        }
+    }
+
+    #[test]
+    fn every_stratum_is_drawn_about_equally_often() {
+        let mut v = CostVariance::new(0.1, 3, "costs");
+        let table = v.table.clone();
+        let mut seen = vec![0u32; CostVariance::STRATA];
+        let cost = 1u64 << 20;
+        for _ in 0..CostVariance::STRATA * 200 {
+            let c = v.vary(cost);
+            let f = table
+                .partition_point(|&f| ((cost as u128 * f as u128 + (1 << 23)) >> 24) < c as u128);
+            seen[f] += 1;
+        }
+        // Neighbouring factors can round to the same charge; compare
+        // the two halves and the extremes instead of every stratum.
+        let low: u32 = seen[..CostVariance::STRATA / 2].iter().sum();
+        let n = (CostVariance::STRATA * 200) as f64;
+        assert!((low as f64 / n - 0.5).abs() < 0.01, "low half {low}");
+        assert!(seen[0] > 0, "the lowest stratum was never drawn");
     }
 
     #[test]

@@ -834,6 +834,98 @@ pub fn to_text(rows: &[Row]) -> String {
     o
 }
 
+/// The published comparisons of `paper` as Markdown: one table of the
+/// rows with a paper value (notes as numbered footnotes), and the counts.
+/// Rows with paper = null (withheld values, sensitivities) are left to
+/// the full outputs.
+pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let scored: Vec<&Row> = rows.iter().filter(|r| r.paper.is_some()).collect();
+    let ok = scored.iter().filter(|r| r.within == Some(true)).count();
+    let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
+    let mut o = String::new();
+    let _ = writeln!(o, "## `exitless reproduce {paper}`\n");
+    let _ = writeln!(
+        o,
+        "{ok} of {} published values within tolerance; max invariant violations in any run: {viol}. \
+         Rows without a published value (withheld by the paper, or beyond it): {}; \
+         `exitless reproduce {paper}` prints them all.\n",
+        scored.len(),
+        rows.len() - scored.len()
+    );
+    let cell = |s: &str| s.replace('|', "\\|");
+    let _ = writeln!(
+        o,
+        "| experiment | config | params | metric | model | paper | tolerance | within | note |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    let mut notes: Vec<&str> = Vec::new();
+    for r in &scored {
+        let params: Vec<String> = r
+            .params
+            .iter()
+            .map(|(k, v)| match v.as_str() {
+                Some(s) => format!("{k}={s}"),
+                None => format!("{k}={v}"),
+            })
+            .collect();
+        let tol = match r.tolerance {
+            Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
+            Some(Tolerance::Abs(x)) => format!("±{x}"),
+            Some(Tolerance::Max) => "≤ paper".into(),
+            Some(Tolerance::Min) => "≥ paper".into(),
+            None => String::new(),
+        };
+        let mark = match r.note.as_deref() {
+            Some(n) => {
+                let i = notes.iter().position(|x| *x == n).unwrap_or_else(|| {
+                    notes.push(n);
+                    notes.len() - 1
+                });
+                format!("[{}]", i + 1)
+            }
+            None => String::new(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} {} | {} | {} | {} | {mark} |",
+            cell(&r.experiment),
+            cell(&r.config),
+            cell(&params.join(", ")),
+            cell(&r.metric),
+            significant(r.model),
+            cell(&r.unit),
+            r.paper.map(significant).unwrap_or_default(),
+            tol,
+            match r.within {
+                Some(true) => "yes",
+                _ => "**no**",
+            }
+        );
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(o, "\nNotes (known causes of gaps to the paper):\n");
+        for (i, n) in notes.iter().enumerate() {
+            let _ = writeln!(o, "{}. {}", i + 1, cell(n));
+        }
+    }
+    o
+}
+
+/// `x` to four significant digits, without a trailing fraction of zeros.
+fn significant(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let digits = (3 - x.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{x:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 /// The experiments marked `table`, each as a matrix: its metrics down,
 /// its configs across (in run order), `model (paper)` in each cell.
 fn tables(rows: &[Row], o: &mut String) {
@@ -882,6 +974,71 @@ fn tables(rows: &[Row], o: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(metric: &str, model: f64, paper: Option<f64>, note: Option<&str>) -> Row {
+        Row {
+            experiment: "x.exp".into(),
+            config: "kvm".into(),
+            params: BTreeMap::new(),
+            metric: metric.into(),
+            unit: "1/s".into(),
+            model,
+            paper,
+            tolerance: paper.map(|_| Tolerance::Rel(0.25)),
+            within: paper.map(|p| within(model, p, Tolerance::Rel(0.25))),
+            violations: 0,
+            note: note.map(String::from),
+            table: false,
+        }
+    }
+
+    #[test]
+    fn markdown_lists_the_published_comparisons_and_counts_them() {
+        let rows = vec![
+            row("a", 100.0, Some(110.0), None),
+            row("b|c", 50.0, Some(200.0), Some("a known gap | with a pipe")),
+            row("unpublished_metric", 7.0, None, None),
+            row("d", 10.0, Some(100.0), Some("a known gap | with a pipe")),
+        ];
+        let md = to_markdown("did", &rows);
+        assert!(
+            md.contains("1 of 3 published values within tolerance"),
+            "{md}"
+        );
+        assert!(
+            md.contains("without a published value (withheld by the paper, or beyond it): 1;"),
+            "{md}"
+        );
+        assert!(
+            !md.contains("unpublished_metric"),
+            "a row without a paper value is listed: {md}"
+        );
+        // One line per compared row, pipes in cells escaped.
+        let body: Vec<&str> = md.lines().filter(|l| l.starts_with("| x.exp")).collect();
+        assert_eq!(body.len(), 3, "{md}");
+        assert!(body[1].contains("b\\|c"), "{md}");
+        assert!(body[0].contains("| yes |") && body[1].contains("| **no** |"));
+        // The shared note is listed once and both rows point at it.
+        assert!(
+            body[1].ends_with("| [1] |") && body[2].ends_with("| [1] |"),
+            "{md}"
+        );
+        assert_eq!(
+            md.matches("1. a known gap \\| with a pipe").count(),
+            1,
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn significant_keeps_four_digits_and_drops_trailing_zeros() {
+        assert_eq!(significant(199380.0), "199380");
+        assert_eq!(significant(71.8823853092), "71.88");
+        assert_eq!(significant(0.016199), "0.0162");
+        assert_eq!(significant(2.5), "2.5");
+        assert_eq!(significant(-1.43), "-1.43");
+        assert_eq!(significant(0.0), "0");
+    }
 
     #[test]
     fn longest_jobs_go_first_and_ties_keep_their_order() {

@@ -643,3 +643,39 @@ fn diff_compares_two_runs_metric_by_metric() {
     assert_eq!(e.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn reproduce_markdown_lists_the_published_rows_json_has() {
+    let args = [
+        "-q",
+        "reproduce",
+        "did",
+        "--only",
+        "cyclictest",
+        "--set",
+        "duration_s=0.05",
+    ];
+    let md = String::from_utf8(ok(&[&args[..], &["--markdown"]].concat()).stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&ok(&[&args[..], &["--json"]].concat()).stdout).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let published: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| !r["paper"].is_null()).collect();
+    let within = published
+        .iter()
+        .filter(|r| r["within"].as_bool() == Some(true))
+        .count();
+    assert!(!published.is_empty());
+    assert!(
+        md.contains(&format!(
+            "{within} of {} published values within tolerance",
+            published.len()
+        )),
+        "{md}"
+    );
+    let table_rows = md.lines().filter(|l| l.starts_with("| did.")).count();
+    assert_eq!(table_rows, published.len(), "{md}");
+    // One output format at a time.
+    let both = exitless(&[&args[..], &["--markdown", "--json"]].concat());
+    assert_eq!(both.status.code(), Some(2));
+}
