@@ -14,7 +14,9 @@ use super::World;
 use crate::engine::{Time, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
-use crate::hv::arm::intids::{GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI};
+use crate::hv::arm::intids::{
+    DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI,
+};
 use crate::hv::arm::{
     vtimer_write, ArmCosts, ArmCx, ArmExit, ArmExitReason, ArmScheme, ArmVcpu, EventClass,
     ExitAction,
@@ -93,6 +95,9 @@ pub(super) struct El2World {
     waking: Vec<bool>,
     /// Per vCPU: when its vPE's doorbell rang, until it next enters.
     doorbell_at: Vec<Option<Time>>,
+    /// Per vCPU: the guest event its last doorbell was rung for (a vLPI
+    /// is a device interrupt, a GICv4.1 vSGI an IPI).
+    doorbell_class: Vec<EventClass>,
     /// Per core: at the last scheduler tick, the core was idle while the
     /// host scheduler ran a vCPU thread there (the vCPU it names).
     idle_current: Vec<Option<usize>>,
@@ -128,6 +133,7 @@ impl El2World {
             poll_gen: 0,
             waking: vec![false; n],
             doorbell_at: vec![None; n],
+            doorbell_class: vec![EventClass::Device; n],
             idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
             timer_vector,
@@ -419,6 +425,13 @@ impl World {
                 match m.cpus[core].highest_pending(&m.dist, &m.redists[core]) {
                     Some(c) if c.intid == VTIMER_PPI => EventClass::TimerExpiry,
                     Some(c) if c.intid < 16 => a.sgi_class[core],
+                    Some(c) if (DOORBELL_LPI_BASE..DOORBELL_LPI_BASE + 1024).contains(&c.intid) => {
+                        let v = (c.intid - DOORBELL_LPI_BASE) as usize;
+                        a.doorbell_class
+                            .get(v)
+                            .copied()
+                            .unwrap_or(EventClass::Device)
+                    }
                     Some(c) if c.intid >= VF_VLPI => EventClass::Device,
                     _ => EventClass::Other,
                 }
@@ -910,32 +923,18 @@ impl World {
             Ev::ItsMsi { device, event } => {
                 let a = self.arm();
                 let (its, mut t) = a.m.its_targets();
-                match its.translate(u32::from(device), u32::from(event), &mut t) {
-                    MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
-                        self.el2_poke(core)
-                    }
-                    MsiOutcome::VlpiPending {
-                        core,
-                        vpeid,
-                        doorbell,
-                        ..
-                    } => {
-                        // A doorbell KVM left disabled (a preempted, runnable
-                        // vCPU's) signals nothing.
-                        let armed = doorbell.is_some_and(|d| {
-                            a.m.redists[core]
-                                .lpi_config(d.intid)
-                                .is_some_and(|(_, on)| on)
-                        });
-                        if armed {
-                            if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
-                                a.doorbell_at[v].get_or_insert(now);
-                            }
-                        }
-                        self.el2_poke(core)
-                    }
-                    MsiOutcome::Fault(_) => self.msi_faults += 1,
-                }
+                let out = its.translate(u32::from(device), u32::from(event), &mut t);
+                self.el2_its_outcome(out, EventClass::Device, now);
+            }
+            Ev::ItsSgir { value, class } => {
+                let a = self.arm();
+                let (its, mut t) = a.m.its_targets();
+                let out = its.write_sgir(value, &mut t);
+                let class = EventClass::ALL
+                    .get(class as usize)
+                    .copied()
+                    .unwrap_or(EventClass::Other);
+                self.el2_its_outcome(out, class, now);
             }
             Ev::ArmSgi { core, intid, class } => {
                 let core = core as usize;
@@ -967,6 +966,40 @@ impl World {
             }
             Ev::ArmWake { vcpu } => self.el2_wake(vcpu as usize),
             _ => {}
+        }
+    }
+
+    /// What the ITS did with an MSI or a vSGI sent for guest event `class`:
+    /// the core it reached looks again; a doorbell rung is remembered for
+    /// the checker and for the exit it may cause.
+    fn el2_its_outcome(&mut self, out: MsiOutcome, class: EventClass, now: Time) {
+        let a = self.arm();
+        match out {
+            MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
+                self.el2_poke(core)
+            }
+            MsiOutcome::VlpiPending {
+                core,
+                vpeid,
+                doorbell,
+                ..
+            } => {
+                // A doorbell KVM left disabled (a preempted, runnable
+                // vCPU's) signals nothing.
+                let armed = doorbell.is_some_and(|d| {
+                    a.m.redists[core]
+                        .lpi_config(d.intid)
+                        .is_some_and(|(_, on)| on)
+                });
+                if armed {
+                    if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
+                        a.doorbell_at[v].get_or_insert(now);
+                        a.doorbell_class[v] = class;
+                    }
+                }
+                self.el2_poke(core)
+            }
+            MsiOutcome::Fault(_) => self.msi_faults += 1,
         }
     }
 

@@ -152,6 +152,9 @@ pub struct ArmCosts {
     pub vgic_load_put: Time,
     /// A VMOVP (and its VSYNC) through the ITS command queue.
     pub its_vmovp: Time,
+    /// Making a GICv4.1 vSGI pending from KVM (vgic_v3_queue_sgi's `hw`
+    /// branch: irq_set_irqchip_state and the GITS_SGIR store).
+    pub vsgi_send: Time,
     /// A vPE residency change.
     pub vpe_residency: Time,
     /// The doorbell's handler.
