@@ -11,7 +11,7 @@
 use super::arch::{ArchExit, OpResult};
 use super::event::Ev;
 use super::World;
-use crate::engine::{Time, SEC};
+use crate::engine::{Summary, Time, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
 use crate::hv::arm::intids::{
@@ -71,7 +71,8 @@ enum El2Stage {
     Entering,
 }
 
-/// Per VM: exits by reason and their service time.
+/// Per VM: exits by reason and their service time (the `arm.exits.*`
+/// metrics: an exit counts when it begins, its time when it resumes).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ArmVmStats {
     exits: [u64; 4],
@@ -102,6 +103,10 @@ pub(super) struct El2World {
     /// host scheduler ran a vCPU thread there (the vCPU it names).
     idle_current: Vec<Option<usize>>,
     stats: Vec<ArmVmStats>,
+    /// Per vCPU: the service time of each completed exit that began in
+    /// the measured interval, by reason (the exit table, as x86's
+    /// `ExitStats` records at VM entry or at the block that ends a WFx).
+    exit_table: Vec<[Summary; 4]>,
     timer_vector: u8,
     vf_vector: u8,
     measuring: bool,
@@ -136,6 +141,7 @@ impl El2World {
             doorbell_class: vec![EventClass::Device; n],
             idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
+            exit_table: vec![[Summary::default(); 4]; n],
             timer_vector,
             vf_vector,
             measuring: false,
@@ -174,6 +180,9 @@ impl El2World {
     /// The end of the warm-up.
     pub(super) fn reset_stats(&mut self) {
         self.stats.iter_mut().for_each(|s| *s = Default::default());
+        self.exit_table
+            .iter_mut()
+            .for_each(|t| *t = Default::default());
         self.measuring = true;
     }
 
@@ -198,7 +207,49 @@ impl El2World {
     }
 }
 
+impl El2World {
+    /// The exit tables by arm64 exception class ([`ArmExitReason`]): per
+    /// VM the sum of its vCPUs', per vCPU its own (`vms[vm]` lists the
+    /// VM's vCPUs in index order).
+    pub(super) fn exit_tables(&self, vms: &[crate::hv::VmState]) -> crate::report::ExitTables {
+        let per_vcpu = |vm: &crate::hv::VmState| -> Vec<Vec<Summary>> {
+            vm.vcpus
+                .iter()
+                .map(|&v| self.exit_table[v].to_vec())
+                .collect()
+        };
+        let vcpus: Vec<Vec<Vec<Summary>>> = vms.iter().map(per_vcpu).collect();
+        let sum = |cs: &Vec<Vec<Summary>>| -> Vec<Summary> {
+            let mut t = vec![Summary::default(); ArmExitReason::ALL.len()];
+            for c in cs {
+                for (a, b) in t.iter_mut().zip(c) {
+                    a.merge(b);
+                }
+            }
+            t
+        };
+        crate::report::ExitTables {
+            names: ArmExitReason::ALL.iter().map(|r| r.name()).collect(),
+            vms: vcpus.iter().map(sum).collect(),
+            vcpus,
+        }
+    }
+}
+
 impl World {
+    /// An exit of `vcpu` that began at `start` with `exit` ended now: its
+    /// service time in the exit table if it began while measuring.
+    fn el2_exit_done(&mut self, vcpu: usize, exit: Option<ArmExit>, start: Time) {
+        let now = self.q.now();
+        let measure_start = self.measure_start;
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        if let Some(x) = exit {
+            if a.measuring && start >= measure_start {
+                a.exit_table[vcpu][x.reason() as usize].record(now - start);
+            }
+        }
+    }
+
     fn arm(&mut self) -> &mut El2World {
         self.el2.as_mut().expect("an ARM world")
     }
@@ -602,6 +653,7 @@ impl World {
                 a.stats[vm].exit_time[x.reason() as usize] += now - e.start;
             }
         }
+        self.el2_exit_done(vcpu, e.exit, e.start);
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             // The schedule-out waited for the exit to end.
             return self.el2_put(core, vcpu);
@@ -623,7 +675,10 @@ impl World {
         // A schedule-out asked for during the WFI exit is moot: the thread
         // blocks, and the kick that makes an interrupt pending wakes it.
         self.deschedule_pending[vcpu] = false;
-        self.arm().exits[core] = None;
+        // The WFx exit ends here: the thread blocks instead of entering.
+        if let Some(e) = self.arm().exits[core].take() {
+            self.el2_exit_done(e.vcpu, e.exit, e.start);
+        }
         self.arm().polling[vcpu] = None;
         {
             let (mut cx, scheme) = self.arm_cx();

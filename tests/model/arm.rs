@@ -260,6 +260,39 @@ fn kvm_arm_v4_on_a_gicv41_sends_sgis_as_vsgis_and_only_the_sender_traps() {
 }
 
 #[test]
+fn the_run_exit_table_lists_arm64_exception_classes() {
+    let r = run_text(IPI, &["scheme=kvm-arm"]);
+    let vm = &r.vms[0];
+    let reasons: Vec<&str> = vm.exits.iter().map(|e| e.reason).collect();
+    // The guest's IPIs trap (SYS64) and their kicks and timer ticks are
+    // IRQ exits; no x86 reason appears.
+    assert!(
+        reasons.contains(&"SYS64") && reasons.contains(&"IRQ"),
+        "{reasons:?}"
+    );
+    assert!(reasons
+        .iter()
+        .all(|r| ["IRQ", "FIQ", "WFx", "SYS64"].contains(r)));
+    let sys64 = vm.exits.iter().find(|e| e.reason == "SYS64").unwrap();
+    assert_eq!(sys64.samples as f64, metric(&r, "ipi.samples"));
+    assert_eq!(
+        vm.total_samples,
+        vm.exits.iter().map(|e| e.samples).sum::<u64>()
+    );
+    assert!((vm.exits_per_s - metric(&r, "arm.exits_per_s")).abs() / vm.exits_per_s < 0.01);
+    assert!(vm.eht_pct > 0.0 && vm.tig_pct > 90.0);
+    // Per vCPU (perf kvm stat --vcpu): the sender's SYS64 traps are vCPU 0's.
+    assert_eq!(vm.per_vcpu.len(), 2);
+    let per: u64 = vm.per_vcpu.iter().map(|v| v.total_samples).sum();
+    assert_eq!(per, vm.total_samples);
+    let text = r.to_text();
+    assert!(text.contains("SYS64"), "{text}");
+    // did-arm's table is empty: nothing exits.
+    let d = run_text(IPI, &["scheme=did-arm"]);
+    assert_eq!(d.vms[0].total_samples, 0);
+}
+
+#[test]
 fn a_gic_older_than_the_scheme_needs_is_refused_naming_arm_gic() {
     let s =
         Scenario::parse(IPI, &["scheme=kvm-arm-v4".into(), "arm.gic=v3".into()]).expect("parses");

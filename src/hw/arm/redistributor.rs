@@ -977,7 +977,7 @@ mod tests {
     fn lpi_config_enable_priority_and_setlpir() {
         let mut r = rd(0);
         let mut t = table();
-        let v = VlpiTables::for_params(&params());
+        let mut v = VlpiTables::for_params(&params());
         assert_eq!(
             r.mmio_write(regs::SETLPIR, 8192, &t, &mut v),
             Err(GicError::LpisDisabled)
@@ -1144,7 +1144,7 @@ mod tests {
     fn registers() {
         let mut r = rd(3);
         let t = table();
-        let v = VlpiTables::for_params(&params());
+        let mut v = VlpiTables::for_params(&params());
         let typer = r.mmio_read(regs::TYPER).unwrap();
         assert_eq!(typer >> 32, 3, "Aff0 = 3 in a cluster of 4");
         assert_eq!((typer >> 8) & 0xFFFF, 3);
