@@ -258,22 +258,21 @@ fn exit_rows(names: &[&'static str], by_reason: &[Summary], duration: Time) -> V
     let mut rows: Vec<ExitRow> = names
         .iter()
         .zip(by_reason)
-        .filter_map(|(&name, s)| {
-            (s.count > 0).then(|| ExitRow {
-                reason: name,
-                samples: s.count,
-                samples_pct: 100.0 * s.count as f64 / total.count as f64,
-                time_pct: 100.0 * s.total as f64 / total.total.max(1) as f64,
-                min_us: as_us(s.min),
-                max_us: as_us(s.max),
-                avg_us: as_us(s.mean()),
-                stddev_pct: if s.mean() > 0 {
-                    100.0 * s.stddev_ns() / (s.mean() as f64 / 1000.0)
-                } else {
-                    0.0
-                },
-                per_s: s.count as f64 / secs,
-            })
+        .filter(|(_, s)| s.count > 0)
+        .map(|(&name, s)| ExitRow {
+            reason: name,
+            samples: s.count,
+            samples_pct: 100.0 * s.count as f64 / total.count as f64,
+            time_pct: 100.0 * s.total as f64 / total.total.max(1) as f64,
+            min_us: as_us(s.min),
+            max_us: as_us(s.max),
+            avg_us: as_us(s.mean()),
+            stddev_pct: if s.mean() > 0 {
+                100.0 * s.stddev_ns() / (s.mean() as f64 / 1000.0)
+            } else {
+                0.0
+            },
+            per_s: s.count as f64 / secs,
         })
         .collect();
     rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.reason.cmp(b.reason)));
