@@ -210,6 +210,7 @@ pub struct ArmKvm {
     pub vgic_load_put_ns: Entry,
     pub vpe_residency_ns: Entry,
     pub doorbell_handler_ns: Entry,
+    pub vsgi_send_ns: Entry,
     pub vcpu_wakeup_us: Entry,
     pub halt_poll_us: Entry,
 }

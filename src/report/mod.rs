@@ -66,14 +66,58 @@ pub struct Snapshot<'a> {
     pub checker: &'a Checker,
     /// Exits guest timer expiries landed in.
     pub timer_exits: &'a [Summary; crate::hv::exits::ExitReason::COUNT],
+    /// Each VM's exits by its architecture's own reasons: what the exit
+    /// tables are built from.
+    pub exits: ExitTables,
     /// MSIs the IOMMU blocked.
     pub msi_faults: u64,
+}
+
+/// Exits by an architecture's own reason set, for the exit tables: the
+/// reason names (x86's VT-x basic exit reasons as `perf kvm stat` names
+/// them, or arm64's exception classes) and, per VM and per vCPU, a
+/// service-time summary for each. The platform fills it; the report only
+/// reads names and summaries, so a new architecture brings its reasons
+/// without a branch here.
+#[derive(Clone, Debug, Default)]
+pub struct ExitTables {
+    /// The reason names, in the architecture's order.
+    pub names: Vec<&'static str>,
+    /// Per VM: one summary per reason, indexed as `names`.
+    pub vms: Vec<Vec<Summary>>,
+    /// Per VM, per vCPU (its index in the VM): the same.
+    pub vcpus: Vec<Vec<Vec<Summary>>>,
+}
+
+impl ExitTables {
+    /// x86's tables: each VM's [`ExitStats`] by [`ExitReason`].
+    pub fn vmx(vms: &[VmState]) -> Self {
+        let of = |st: &ExitStats| st.by_reason.to_vec();
+        ExitTables {
+            names: ExitReason::ALL.iter().map(|r| r.name()).collect(),
+            vms: vms.iter().map(|vm| of(&vm.stats)).collect(),
+            vcpus: vms
+                .iter()
+                .map(|vm| vm.vcpu_stats.iter().map(of).collect())
+                .collect(),
+        }
+    }
+}
+
+/// The summary of every reason together.
+fn total_of(by_reason: &[Summary]) -> Summary {
+    let mut s = Summary::default();
+    for r in by_reason {
+        s.merge(r);
+    }
+    s
 }
 
 /// One row of the exit table.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExitRow {
-    /// KVM's reason name.
+    /// The architecture's reason name (KVM's for x86, the exception
+    /// class for arm64).
     pub reason: &'static str,
     /// Count.
     pub samples: u64,
@@ -206,54 +250,60 @@ pub fn tool_version() -> String {
     format!("exitless {}", env!("CARGO_PKG_VERSION"))
 }
 
-/// The `perf kvm stat report` rows of `stats` over `duration`, most
-/// frequent first.
-fn exit_rows(stats: &ExitStats, duration: Time) -> Vec<ExitRow> {
-    let total = stats.total();
+/// The `perf kvm stat report` rows of `by_reason` (named by `names`) over
+/// `duration`, most frequent first.
+fn exit_rows(names: &[&'static str], by_reason: &[Summary], duration: Time) -> Vec<ExitRow> {
+    let total = total_of(by_reason);
     let secs = as_s(duration).max(1e-12);
-    let mut rows: Vec<ExitRow> = ExitReason::ALL
+    let mut rows: Vec<ExitRow> = names
         .iter()
-        .filter_map(|r| {
-            let s = &stats.by_reason[r.index()];
-            (s.count > 0).then(|| ExitRow {
-                reason: r.name(),
-                samples: s.count,
-                samples_pct: 100.0 * s.count as f64 / total.count as f64,
-                time_pct: 100.0 * s.total as f64 / total.total.max(1) as f64,
-                min_us: as_us(s.min),
-                max_us: as_us(s.max),
-                avg_us: as_us(s.mean()),
-                stddev_pct: if s.mean() > 0 {
-                    100.0 * s.stddev_ns() / (s.mean() as f64 / 1000.0)
-                } else {
-                    0.0
-                },
-                per_s: s.count as f64 / secs,
-            })
+        .zip(by_reason)
+        .filter(|(_, s)| s.count > 0)
+        .map(|(&name, s)| ExitRow {
+            reason: name,
+            samples: s.count,
+            samples_pct: 100.0 * s.count as f64 / total.count as f64,
+            time_pct: 100.0 * s.total as f64 / total.total.max(1) as f64,
+            min_us: as_us(s.min),
+            max_us: as_us(s.max),
+            avg_us: as_us(s.mean()),
+            stddev_pct: if s.mean() > 0 {
+                100.0 * s.stddev_ns() / (s.mean() as f64 / 1000.0)
+            } else {
+                0.0
+            },
+            per_s: s.count as f64 / secs,
         })
         .collect();
     rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.reason.cmp(b.reason)));
     rows
 }
 
-fn vm_report(i: usize, vm: &VmState, duration: Time) -> VmReport {
-    let total = vm.stats.total();
+fn vm_report(i: usize, vm: &VmState, tables: &ExitTables, duration: Time) -> VmReport {
+    let none: &[Summary] = &[];
+    let mine = tables.vms.get(i).map_or(none, |v| v.as_slice());
+    let total = total_of(mine);
     let secs = as_s(duration).max(1e-12);
     let cpu_time = duration.saturating_mul(vm.vcpus.len().max(1) as Time);
-    let rows = exit_rows(&vm.stats, duration);
+    let rows = exit_rows(&tables.names, mine, duration);
     // One vCPU's table is the VM's: listed only for SMP guests.
     let per_vcpu = if vm.vcpu_stats.len() > 1 {
         vm.vcpu_stats
             .iter()
             .enumerate()
             .map(|(v, st)| {
-                let t = st.total();
+                let by_reason = tables
+                    .vcpus
+                    .get(i)
+                    .and_then(|c| c.get(v))
+                    .map_or(none, |c| c.as_slice());
+                let t = total_of(by_reason);
                 VcpuExits {
                     vcpu: v,
                     exits_per_s: t.count as f64 / secs,
                     tig_pct: 100.0 * st.guest_time as f64 / duration.max(1) as f64,
                     eht_pct: 100.0 * t.total as f64 / duration.max(1) as f64,
-                    exits: exit_rows(st, duration),
+                    exits: exit_rows(&tables.names, by_reason, duration),
                     total_samples: t.count,
                     total_time_us: as_us(t.total),
                 }
@@ -351,7 +401,7 @@ impl RunReport {
             .vms
             .iter()
             .enumerate()
-            .map(|(i, vm)| vm_report(i, vm, s.duration))
+            .map(|(i, vm)| vm_report(i, vm, &s.exits, s.duration))
             .collect();
         aggregate::add_aggregates(&mut metrics, &vms);
         RunReport {

@@ -31,12 +31,47 @@ pub enum HypModeSpec {
     Split,
 }
 
+/// The GIC architecture version of the platform (`[arm] gic`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize, schemars::JsonSchema,
+)]
+pub enum GicVersionSpec {
+    /// GICv3: distributor, redistributors, ITS with physical LPIs.
+    #[serde(rename = "v3")]
+    V3,
+    /// GICv4: GICv3 plus direct injection of vLPIs (vPE residency,
+    /// doorbells, VMAPP/VMAPTI/VMOVP).
+    #[serde(rename = "v4")]
+    V4,
+    /// GICv4.1: GICv4 plus per-vPE default doorbells managed by the
+    /// hardware and direct vSGIs (VSGI command, GITS_SGIR).
+    #[serde(rename = "v4.1")]
+    V41,
+}
+
+impl GicVersionSpec {
+    /// As the key spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GicVersionSpec::V3 => "v3",
+            GicVersionSpec::V4 => "v4",
+            GicVersionSpec::V41 => "v4.1",
+        }
+    }
+}
+
 /// `[arm]`: the ARM platform.
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ArmSpec {
     /// VHE or split-mode KVM.
     pub hyp_mode: HypModeSpec,
+    /// The GIC version ("v3", "v4", "v4.1"). Unset: the least the scheme
+    /// needs (v3 for kvm-arm and did-arm, v4 for kvm-arm-v4). kvm-arm-v4
+    /// on a "v4.1" GIC uses GICv4.1's doorbells and direct vSGIs, as KVM
+    /// does when the hardware has them (vgic_v3_probe: `has_gicv4_1`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gic: Option<GicVersionSpec>,
     /// List registers per virtual CPU interface (ICH_VTR_EL2.ListRegs + 1;
     /// did-arm.md §7.6 default 4). At least 2: with one, KVM's underflow
     /// maintenance interrupt (ICH_HCR_EL2.UIE: at most one valid LR) would
@@ -48,6 +83,7 @@ impl Default for ArmSpec {
     fn default() -> Self {
         ArmSpec {
             hyp_mode: HypModeSpec::Vhe,
+            gic: None,
             list_registers: 4,
         }
     }

@@ -16,7 +16,7 @@ pub mod overrides;
 pub mod vm;
 pub mod workloads;
 
-pub use arm::{ArchSpec, ArmSpec, HypModeSpec, ReportSpec};
+pub use arm::{ArchSpec, ArmSpec, GicVersionSpec, HypModeSpec, ReportSpec};
 pub use machine::*;
 pub use net::*;
 pub use overrides::apply_set;

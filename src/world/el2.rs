@@ -11,10 +11,12 @@
 use super::arch::{ArchExit, OpResult};
 use super::event::Ev;
 use super::World;
-use crate::engine::{Time, SEC};
+use crate::engine::{Summary, Time, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
-use crate::hv::arm::intids::{GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI};
+use crate::hv::arm::intids::{
+    DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI,
+};
 use crate::hv::arm::{
     vtimer_write, ArmCosts, ArmCx, ArmExit, ArmExitReason, ArmScheme, ArmVcpu, EventClass,
     ExitAction,
@@ -69,7 +71,8 @@ enum El2Stage {
     Entering,
 }
 
-/// Per VM: exits by reason and their service time.
+/// Per VM: exits by reason and their service time (the `arm.exits.*`
+/// metrics: an exit counts when it begins, its time when it resumes).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ArmVmStats {
     exits: [u64; 4],
@@ -93,10 +96,17 @@ pub(super) struct El2World {
     waking: Vec<bool>,
     /// Per vCPU: when its vPE's doorbell rang, until it next enters.
     doorbell_at: Vec<Option<Time>>,
+    /// Per vCPU: the guest event its last doorbell was rung for (a vLPI
+    /// is a device interrupt, a GICv4.1 vSGI an IPI).
+    doorbell_class: Vec<EventClass>,
     /// Per core: at the last scheduler tick, the core was idle while the
     /// host scheduler ran a vCPU thread there (the vCPU it names).
     idle_current: Vec<Option<usize>>,
     stats: Vec<ArmVmStats>,
+    /// Per vCPU: the service time of each completed exit that began in
+    /// the measured interval, by reason (the exit table, as x86's
+    /// `ExitStats` records at VM entry or at the block that ends a WFx).
+    exit_table: Vec<[Summary; 4]>,
     timer_vector: u8,
     vf_vector: u8,
     measuring: bool,
@@ -128,8 +138,10 @@ impl El2World {
             poll_gen: 0,
             waking: vec![false; n],
             doorbell_at: vec![None; n],
+            doorbell_class: vec![EventClass::Device; n],
             idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
+            exit_table: vec![[Summary::default(); 4]; n],
             timer_vector,
             vf_vector,
             measuring: false,
@@ -168,6 +180,9 @@ impl El2World {
     /// The end of the warm-up.
     pub(super) fn reset_stats(&mut self) {
         self.stats.iter_mut().for_each(|s| *s = Default::default());
+        self.exit_table
+            .iter_mut()
+            .for_each(|t| *t = Default::default());
         self.measuring = true;
     }
 
@@ -192,7 +207,49 @@ impl El2World {
     }
 }
 
+impl El2World {
+    /// The exit tables by arm64 exception class ([`ArmExitReason`]): per
+    /// VM the sum of its vCPUs', per vCPU its own (`vms[vm]` lists the
+    /// VM's vCPUs in index order).
+    pub(super) fn exit_tables(&self, vms: &[crate::hv::VmState]) -> crate::report::ExitTables {
+        let per_vcpu = |vm: &crate::hv::VmState| -> Vec<Vec<Summary>> {
+            vm.vcpus
+                .iter()
+                .map(|&v| self.exit_table[v].to_vec())
+                .collect()
+        };
+        let vcpus: Vec<Vec<Vec<Summary>>> = vms.iter().map(per_vcpu).collect();
+        let sum = |cs: &Vec<Vec<Summary>>| -> Vec<Summary> {
+            let mut t = vec![Summary::default(); ArmExitReason::ALL.len()];
+            for c in cs {
+                for (a, b) in t.iter_mut().zip(c) {
+                    a.merge(b);
+                }
+            }
+            t
+        };
+        crate::report::ExitTables {
+            names: ArmExitReason::ALL.iter().map(|r| r.name()).collect(),
+            vms: vcpus.iter().map(sum).collect(),
+            vcpus,
+        }
+    }
+}
+
 impl World {
+    /// An exit of `vcpu` that began at `start` with `exit` ended now: its
+    /// service time in the exit table if it began while measuring.
+    fn el2_exit_done(&mut self, vcpu: usize, exit: Option<ArmExit>, start: Time) {
+        let now = self.q.now();
+        let measure_start = self.measure_start;
+        let a = self.el2.as_deref_mut().expect("an ARM world");
+        if let Some(x) = exit {
+            if a.measuring && start >= measure_start {
+                a.exit_table[vcpu][x.reason() as usize].record(now - start);
+            }
+        }
+    }
+
     fn arm(&mut self) -> &mut El2World {
         self.el2.as_mut().expect("an ARM world")
     }
@@ -419,6 +476,13 @@ impl World {
                 match m.cpus[core].highest_pending(&m.dist, &m.redists[core]) {
                     Some(c) if c.intid == VTIMER_PPI => EventClass::TimerExpiry,
                     Some(c) if c.intid < 16 => a.sgi_class[core],
+                    Some(c) if (DOORBELL_LPI_BASE..DOORBELL_LPI_BASE + 1024).contains(&c.intid) => {
+                        let v = (c.intid - DOORBELL_LPI_BASE) as usize;
+                        a.doorbell_class
+                            .get(v)
+                            .copied()
+                            .unwrap_or(EventClass::Device)
+                    }
                     Some(c) if c.intid >= VF_VLPI => EventClass::Device,
                     _ => EventClass::Other,
                 }
@@ -589,6 +653,7 @@ impl World {
                 a.stats[vm].exit_time[x.reason() as usize] += now - e.start;
             }
         }
+        self.el2_exit_done(vcpu, e.exit, e.start);
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             // The schedule-out waited for the exit to end.
             return self.el2_put(core, vcpu);
@@ -610,7 +675,10 @@ impl World {
         // A schedule-out asked for during the WFI exit is moot: the thread
         // blocks, and the kick that makes an interrupt pending wakes it.
         self.deschedule_pending[vcpu] = false;
-        self.arm().exits[core] = None;
+        // The WFx exit ends here: the thread blocks instead of entering.
+        if let Some(e) = self.arm().exits[core].take() {
+            self.el2_exit_done(e.vcpu, e.exit, e.start);
+        }
         self.arm().polling[vcpu] = None;
         {
             let (mut cx, scheme) = self.arm_cx();
@@ -910,32 +978,18 @@ impl World {
             Ev::ItsMsi { device, event } => {
                 let a = self.arm();
                 let (its, mut t) = a.m.its_targets();
-                match its.translate(u32::from(device), u32::from(event), &mut t) {
-                    MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
-                        self.el2_poke(core)
-                    }
-                    MsiOutcome::VlpiPending {
-                        core,
-                        vpeid,
-                        doorbell,
-                        ..
-                    } => {
-                        // A doorbell KVM left disabled (a preempted, runnable
-                        // vCPU's) signals nothing.
-                        let armed = doorbell.is_some_and(|d| {
-                            a.m.redists[core]
-                                .lpi_config(d.intid)
-                                .is_some_and(|(_, on)| on)
-                        });
-                        if armed {
-                            if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
-                                a.doorbell_at[v].get_or_insert(now);
-                            }
-                        }
-                        self.el2_poke(core)
-                    }
-                    MsiOutcome::Fault(_) => self.msi_faults += 1,
-                }
+                let out = its.translate(u32::from(device), u32::from(event), &mut t);
+                self.el2_its_outcome(out, EventClass::Device, now);
+            }
+            Ev::ItsSgir { value, class } => {
+                let a = self.arm();
+                let (its, mut t) = a.m.its_targets();
+                let out = its.write_sgir(value, &mut t);
+                let class = EventClass::ALL
+                    .get(class as usize)
+                    .copied()
+                    .unwrap_or(EventClass::Other);
+                self.el2_its_outcome(out, class, now);
             }
             Ev::ArmSgi { core, intid, class } => {
                 let core = core as usize;
@@ -967,6 +1021,40 @@ impl World {
             }
             Ev::ArmWake { vcpu } => self.el2_wake(vcpu as usize),
             _ => {}
+        }
+    }
+
+    /// What the ITS did with an MSI or a vSGI sent for guest event `class`:
+    /// the core it reached looks again; a doorbell rung is remembered for
+    /// the checker and for the exit it may cause.
+    fn el2_its_outcome(&mut self, out: MsiOutcome, class: EventClass, now: Time) {
+        let a = self.arm();
+        match out {
+            MsiOutcome::Lpi { core, .. } | MsiOutcome::VlpiResident { core, .. } => {
+                self.el2_poke(core)
+            }
+            MsiOutcome::VlpiPending {
+                core,
+                vpeid,
+                doorbell,
+                ..
+            } => {
+                // A doorbell KVM left disabled (a preempted, runnable
+                // vCPU's) signals nothing.
+                let armed = doorbell.is_some_and(|d| {
+                    a.m.redists[core]
+                        .lpi_config(d.intid)
+                        .is_some_and(|(_, on)| on)
+                });
+                if armed {
+                    if let Some(v) = a.vcpus.iter().position(|v| v.vpeid == vpeid) {
+                        a.doorbell_at[v].get_or_insert(now);
+                        a.doorbell_class[v] = class;
+                    }
+                }
+                self.el2_poke(core)
+            }
+            MsiOutcome::Fault(_) => self.msi_faults += 1,
         }
     }
 

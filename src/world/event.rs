@@ -198,6 +198,15 @@ pub enum Ev {
         /// EventID.
         event: u16,
     },
+    /// ARM GICv4.1: a GITS_SGIR write reaches the ITS, which sends the
+    /// vSGI it names to its vPE where the vPE table says it is.
+    ItsSgir {
+        /// The value written (vPEID \[47:32\], vINTID \[3:0\]).
+        value: u64,
+        /// Why it was sent (`hv::arm::EventClass` index), for the
+        /// exits-per-event accounting of a doorbell it rings.
+        class: u8,
+    },
     /// ARM: a physical SGI reaches a core's redistributor.
     ArmSgi {
         /// Target core.

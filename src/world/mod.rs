@@ -546,6 +546,7 @@ impl World {
             Ev::Resched { core } => self.sched_switch(core as usize),
             Ev::VtimerFire { .. }
             | Ev::ItsMsi { .. }
+            | Ev::ItsSgir { .. }
             | Ev::ArmSgi { .. }
             | Ev::BgTimer { .. }
             | Ev::ArmPollEnd { .. }

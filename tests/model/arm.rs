@@ -227,6 +227,96 @@ fn reproduce_did_arm_tables_the_exits_per_event_of_each_scheme() {
         cell("did-arm.idle", "kvm-arm-split", "hrtimer.latency_p50_us")
             > cell("did-arm.idle", "kvm-arm", "hrtimer.latency_p50_us")
     );
+    // GICv4.1 vSGIs: the sender still traps, the receiver no longer exits,
+    // and a host's virtual SGI needs no exit either.
+    let ev = |config: &str, metric: &str| cell("did-arm.events", config, metric);
+    assert_eq!(ev("kvm-arm-v4", "exits_per_event.vcpu_ipi"), 2.0);
+    assert_eq!(ev("kvm-arm-v4.1", "exits_per_event.vcpu_ipi"), 1.0);
+    assert_eq!(ev("kvm-arm-v4.1", "exits_per_event.host_ipi"), 0.0);
+    assert!(ev("kvm-arm-v4.1", "ipi.latency_p50_us") < ev("kvm-arm-v4", "ipi.latency_p50_us"));
+    // ping (§4, paper withheld): KVM/ARM wakes the vCPU blocked in WFI
+    // for each echo request; did-arm's guest waits in WFI itself.
+    let ping = |config: &str| cell("did-arm.ping", config, "ping.rtt_mean_us");
+    assert!(ping("did-arm") + 2.0 < ping("kvm-arm"));
+    assert_eq!(
+        cell("did-arm.ping", "did-arm", "ping.received"),
+        cell("did-arm.ping", "kvm-arm", "ping.received")
+    );
+}
+
+#[test]
+fn kvm_arm_v4_on_a_gicv41_sends_sgis_as_vsgis_and_only_the_sender_traps() {
+    let v40 = run_text(IPI, &["scheme=kvm-arm-v4"]);
+    let v41 = run_text(IPI, &["scheme=kvm-arm-v4", "arm.gic=v4.1"]);
+    for r in [&v40, &v41] {
+        assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+        assert!(metric(r, "ipi.samples") > 500.0);
+    }
+    assert_eq!(xpe(&v40, "vcpu_ipi"), 2.0);
+    // The ICC_SGI1R_EL1 write still traps (SYS64): one exit per IPI; the
+    // vSGI reaches the running receiver's vPE with none.
+    assert_eq!(xpe(&v41, "vcpu_ipi"), 1.0);
+    assert_eq!(metric(&v41, "arm.exits.SYS64"), metric(&v41, "ipi.samples"));
+    // A receiver blocked in WFI: the GICv4.1 doorbell wakes it.
+    let halt = run_text(
+        IPI,
+        &["scheme=kvm-arm-v4", "arm.gic=v4.1", "guest.idle=halt"],
+    );
+    assert_eq!(halt.violations(), 0, "{:?}", halt.invariants.violations);
+    assert!(metric(&halt, "ipi.samples") > 500.0);
+    assert!(metric(&halt, "arm.exits.WFx") > 500.0);
+}
+
+#[test]
+fn the_run_exit_table_lists_arm64_exception_classes() {
+    let r = run_text(IPI, &["scheme=kvm-arm"]);
+    let vm = &r.vms[0];
+    let reasons: Vec<&str> = vm.exits.iter().map(|e| e.reason).collect();
+    // The guest's IPIs trap (SYS64) and their kicks and timer ticks are
+    // IRQ exits; no x86 reason appears.
+    assert!(
+        reasons.contains(&"SYS64") && reasons.contains(&"IRQ"),
+        "{reasons:?}"
+    );
+    assert!(reasons
+        .iter()
+        .all(|r| ["IRQ", "FIQ", "WFx", "SYS64"].contains(r)));
+    let sys64 = vm.exits.iter().find(|e| e.reason == "SYS64").unwrap();
+    assert_eq!(sys64.samples as f64, metric(&r, "ipi.samples"));
+    assert_eq!(
+        vm.total_samples,
+        vm.exits.iter().map(|e| e.samples).sum::<u64>()
+    );
+    assert!((vm.exits_per_s - metric(&r, "arm.exits_per_s")).abs() / vm.exits_per_s < 0.01);
+    assert!(vm.eht_pct > 0.0 && vm.tig_pct > 90.0);
+    // Per vCPU (perf kvm stat --vcpu): the sender's SYS64 traps are vCPU 0's.
+    assert_eq!(vm.per_vcpu.len(), 2);
+    let per: u64 = vm.per_vcpu.iter().map(|v| v.total_samples).sum();
+    assert_eq!(per, vm.total_samples);
+    let text = r.to_text();
+    assert!(text.contains("SYS64"), "{text}");
+    // did-arm's table is empty: nothing exits.
+    let d = run_text(IPI, &["scheme=did-arm"]);
+    assert_eq!(d.vms[0].total_samples, 0);
+}
+
+#[test]
+fn a_gic_older_than_the_scheme_needs_is_refused_naming_arm_gic() {
+    let s =
+        Scenario::parse(IPI, &["scheme=kvm-arm-v4".into(), "arm.gic=v3".into()]).expect("parses");
+    let cal = exitless::calibration::Calibration::default_host();
+    let e = exitless::world::World::build(&s, &cal)
+        .err()
+        .expect("a GICv3 has no vPEs");
+    assert!(e.to_string().contains("arm.gic"), "{e}");
+    assert!(e.to_string().contains("GICv4"), "{e}");
+    let e = Scenario::parse(IPI, &["arm.gic=v5".into()]).expect_err("no such GIC");
+    assert!(e.to_string().contains("arm.gic"), "{e}");
+    // kvm-arm and did-arm run on a newer GIC, using what they use.
+    for scheme in ["scheme=kvm-arm", "scheme=did-arm"] {
+        let r = run_text(IPI, &[scheme, "arm.gic=v4.1"]);
+        assert_eq!(r.violations(), 0, "{scheme}");
+    }
 }
 
 /// A design under study that breaks a rule, built on kvm-arm(-v4): it
@@ -332,6 +422,32 @@ fn the_checker_catches_a_doorbell_that_never_wakes_its_vcpu() {
         "{:?}",
         r.invariants
     );
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+}
+
+#[test]
+fn the_checker_catches_a_vsgi_doorbell_that_never_wakes_its_vcpu() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let sets = [
+        "scheme=kvm-arm-v4",
+        "arm.gic=v4.1",
+        "guest.idle=halt",
+        "guest.tick=off",
+    ];
+    let good = run_text(IPI, &sets);
+    assert_eq!(good.violations(), 0, "{:?}", good.invariants.violations);
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm_v4::kvm_arm_v4(HypMode::Vhe),
+        ignore_doorbell: true,
+        halt_on_irq: false,
+        skip_preempt_put: false,
+    };
+    let r = run_broken(IPI, &sets, b);
     assert!(
         r.invariants.counts[&ViolationKind::Lost] > 0,
         "{:?}",
@@ -529,20 +645,28 @@ fn the_checker_catches_a_vpe_and_timer_left_behind_at_schedule_out() {
 fn the_race_explorer_finds_nothing_under_arm_preemption_and_shared_cores() {
     let cal = exitless::calibration::Calibration::default_host();
     let cases = [
-        ("scenarios/explore/arm-preempt.toml", "kvm-arm"),
-        ("scenarios/explore/arm-preempt.toml", "kvm-arm-v4"),
-        ("scenarios/explore/arm-preempt.toml", "did-arm"),
-        ("scenarios/explore/arm-shared-cores.toml", "kvm-arm"),
-        ("scenarios/explore/arm-shared-cores.toml", "kvm-arm-v4"),
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm", ""),
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm-v4", ""),
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm-v4", "v4.1"),
+        ("scenarios/explore/arm-preempt.toml", "did-arm", ""),
+        ("scenarios/explore/arm-shared-cores.toml", "kvm-arm", ""),
+        ("scenarios/explore/arm-shared-cores.toml", "kvm-arm-v4", ""),
+        ("scenarios/explore/arm-vsgi.toml", "kvm-arm-v4", "v4.1"),
     ];
-    for (file, s) in cases {
-        let sc = load_scenario(file, &[&format!("scheme={s}")]);
+    for (file, s, gic) in cases {
+        let scheme = format!("scheme={s}");
+        let gic_set = format!("arm.gic={gic}");
+        let mut sets = vec![scheme.as_str()];
+        if !gic.is_empty() {
+            sets.push(&gic_set);
+        }
+        let sc = load_scenario(file, &sets);
         let x = exitless::explore::explore(&sc, &cal, explore_opts(12), |_, _| {}).unwrap();
         assert_eq!(x.runs, 12);
         assert_eq!(
             x.failing_runs,
             0,
-            "{file} {s}: {:?}",
+            "{file} {s} {gic}: {:?}",
             x.counterexample.map(|c| c.violations)
         );
     }

@@ -9,12 +9,14 @@ use crate::common;
 use common::*;
 use proptest::prelude::*;
 
-/// Every ARM scheme, and KVM/ARM in split mode.
-const SCHEMES: [(&str, &str); 4] = [
-    ("kvm-arm", "vhe"),
-    ("kvm-arm", "split"),
-    ("kvm-arm-v4", "vhe"),
-    ("did-arm", "vhe"),
+/// Every ARM scheme, KVM/ARM in split mode, and kvm-arm-v4 on a GICv4.1
+/// (its doorbells and direct vSGIs): (scheme, hyp mode, `[arm] gic`).
+const SCHEMES: [(&str, &str, &str); 5] = [
+    ("kvm-arm", "vhe", ""),
+    ("kvm-arm", "split", ""),
+    ("kvm-arm-v4", "vhe", ""),
+    ("kvm-arm-v4", "vhe", "v4.1"),
+    ("did-arm", "vhe", ""),
 ];
 
 /// A 2-vCPU guest on dedicated cores for 20 ms after a 5 ms warm-up: SGIs
@@ -22,7 +24,7 @@ const SCHEMES: [(&str, &str); 4] = [
 /// test, host virtual IPIs at `ipi_per_s`; vCPU 0 preempted for `len_us`
 /// every `every_us`, each shifted by one of `offsets`.
 fn scenario(
-    (scheme, hyp): (&str, &str),
+    (scheme, hyp, gic): (&str, &str, &str),
     seed: u64,
     every_us: f64,
     len_us: f64,
@@ -31,9 +33,14 @@ fn scenario(
     halt: bool,
 ) -> String {
     let idle = if halt { "halt" } else { "poll" };
+    let gic = if gic.is_empty() {
+        String::new()
+    } else {
+        format!("gic = \"{gic}\"\n")
+    };
     let mut t = format!(
         "name = \"arm-preemption\"\narch = \"arm64\"\nscheme = \"{scheme}\"\nseed = {seed}\n\
-         duration_s = 0.02\nwarmup_s = 0.005\n[arm]\nhyp_mode = \"{hyp}\"\n[machine]\ncores = 4\n\
+         duration_s = 0.02\nwarmup_s = 0.005\n[arm]\nhyp_mode = \"{hyp}\"\n{gic}[machine]\ncores = 4\n\
          [guest]\nhz = 1000\ntick = \"periodic\"\nidle = \"{idle}\"\n[host]\nipi_per_s = {ipi_per_s}\n\
          [[vm]]\nvcpus = 2\ncore = 1\n[vm.workload.ipi_latency]\ninterval_us = 60\n\
          [vm.workload.udp]\nrate_pps = 50000\n"
@@ -61,10 +68,10 @@ proptest! {
         halt in any::<bool>(),
     ) {
         let len_us = every_us * len_frac;
-        for (scheme, hyp) in SCHEMES {
-            let text = scenario((scheme, hyp), seed, every_us, len_us, &offsets, ipi_per_s, halt);
+        for (scheme, hyp, gic) in SCHEMES {
+            let text = scenario((scheme, hyp, gic), seed, every_us, len_us, &offsets, ipi_per_s, halt);
             let r = run_text(&text, &[]);
-            check_preempted_run(&r, &format!("{scheme} ({hyp}) seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s, halt {halt}"));
+            check_preempted_run(&r, &format!("{scheme} ({hyp}, gic {gic:?}) seed {seed} every {every_us:.1} us for {len_us:.1} us, {ipi_per_s:.0} host IPIs/s, halt {halt}"));
         }
     }
 }

@@ -12,7 +12,9 @@
 //!   virtual EOI deactivates the physical PPI. While the vCPU blocks, its
 //!   timer is a background hrtimer (`kvm_timer_blocking`).
 //! * SGIs: ICC_SGI1R_EL1 traps (IMO); `vgic_v3_dispatch_sgi` injects into
-//!   each target and kicks it (a running target exits on the kick SGI).
+//!   each target and kicks it (a running target exits on the kick SGI). On
+//!   a GICv4.1 with GICv4 enabled the write still traps, and KVM sends the
+//!   vSGI through GITS_SGIR instead (kvm_arm_v4.rs).
 //! * WFI traps (TWI): `kvm_vcpu_wfi` → `kvm_vcpu_halt` polls, then blocks.
 //! * The VF's MSIs are host LPIs (VFIO) aimed at the vCPU's core; the irqfd
 //!   injects the guest's vLPI in software (one exit per interrupt).
@@ -26,7 +28,7 @@ use crate::engine::Time;
 use crate::hw::arm::cpu_interface::{decode_sgi1r, IccReg};
 use crate::hw::arm::el2::{El2Controls, HypMode};
 use crate::hw::arm::intid::{MAINTENANCE_PPI, VTIMER_PPI};
-use crate::hw::arm::its::ItsCommand;
+use crate::hw::arm::its::{ItsCommand, TYPER_VMAPP};
 use crate::hw::arm::params::GicParams;
 use crate::hw::arm::timer::{CntReg, TimerChannel, CTL_ENABLE, CTL_IMASK};
 use crate::hw::arm::vcpu_interface::{IchHcr, ListRegister, LrState};
@@ -35,14 +37,22 @@ use crate::world::event::Ev;
 /// The `kvm-arm` scheme (and, with `gicv4`, `kvm-arm-v4`).
 pub struct KvmArm {
     hyp: HypMode,
-    /// GICv4 direct injection of the VF's MSIs (kvm_arm_v4.rs).
+    /// GICv4 direct injection of the VF's MSIs (kvm_arm_v4.rs): KVM with
+    /// `kvm-arm.vgic_v4_enable=1`.
     pub(super) gicv4: bool,
+    /// The GIC is GICv4.1 (read from GITS_TYPER.VMAPP at VM creation, as
+    /// vgic_v3_probe sets `has_gicv4_1`): v4.1 doorbells and direct vSGIs.
+    pub(super) gicv4_1: bool,
 }
 
 impl KvmArm {
     /// KVM/ARM on a `hyp` host with a GICv3.
     pub fn new(hyp: HypMode) -> Self {
-        KvmArm { hyp, gicv4: false }
+        KvmArm {
+            hyp,
+            gicv4: false,
+            gicv4_1: false,
+        }
     }
 }
 
@@ -169,8 +179,10 @@ pub(super) fn vgic_pending(cx: &ArmCx, vcpu: usize) -> bool {
 }
 
 /// `vgic_v3_dispatch_sgi`: the SGI1R value the guest on `vcpu` wrote,
-/// resolved against the VM's virtual affinities; each target gets the SGI.
-pub(super) fn dispatch_sgi(cx: &mut ArmCx, vcpu: usize, value: u64) {
+/// resolved against the VM's virtual affinities; each target gets the SGI
+/// (`vgic_v3_queue_sgi`): through its ap_list, or, when the VM's SGIs are
+/// GICv4.1 vSGIs (`vsgi`), written to GITS_SGIR for the target's vPE.
+pub(super) fn dispatch_sgi(cx: &mut ArmCx, vcpu: usize, value: u64, vsgi: bool) {
     let me = cx.vcpus[vcpu].vmpidr_core;
     let topo = cx.m.params.topology;
     let Ok(req) = decode_sgi1r(value, me, &topo) else {
@@ -180,6 +192,10 @@ pub(super) fn dispatch_sgi(cx: &mut ArmCx, vcpu: usize, value: u64) {
     for i in 0..cx.hv.vms[vm].vcpus.len() {
         let t = cx.hv.vms[vm].vcpus[i];
         if req.targets.contains(cx.vcpus[t].vmpidr_core) {
+            if vsgi {
+                super::kvm_arm_v4::queue_vsgi(cx, t, req.intid, EventClass::VcpuIpi);
+                continue;
+            }
             let irq = ApIrq {
                 vintid: req.intid,
                 hw: None,
@@ -239,8 +255,15 @@ pub(super) fn setup_vmpidr(cx: &mut ArmCx, vm: usize) {
     }
 }
 
-/// KVM/ARM's exit handling common to kvm-arm and kvm-arm-v4.
-pub(super) fn kvm_exit(cx: &mut ArmCx, vcpu: usize, exit: ArmExit, gicv4: bool) -> ExitAction {
+/// KVM/ARM's exit handling common to kvm-arm and kvm-arm-v4 (`gicv4_1`:
+/// a GICv4.1, whose vSGIs carry the VM's SGIs).
+pub(super) fn kvm_exit(
+    cx: &mut ArmCx,
+    vcpu: usize,
+    exit: ArmExit,
+    gicv4: bool,
+    gicv4_1: bool,
+) -> ExitAction {
     match exit {
         // The host takes the interrupt when it enables IRQs.
         ArmExit::Irq | ArmExit::Fiq => ExitAction::Resume,
@@ -248,7 +271,7 @@ pub(super) fn kvm_exit(cx: &mut ArmCx, vcpu: usize, exit: ArmExit, gicv4: bool) 
             reg: IccReg::Sgi1r,
             value,
         } => {
-            dispatch_sgi(cx, vcpu, value);
+            dispatch_sgi(cx, vcpu, value, gicv4_1);
             ExitAction::Resume
         }
         ArmExit::Sys64 { .. } => {
@@ -261,7 +284,7 @@ pub(super) fn kvm_exit(cx: &mut ArmCx, vcpu: usize, exit: ArmExit, gicv4: bool) 
             cx.charge(cx.costs.wfi_emulate);
             cx.vcpus[vcpu].in_wfi = true;
             if gicv4 {
-                super::kvm_arm_v4::vgic_v4_put(cx, vcpu, true);
+                super::kvm_arm_v4::vgic_v4_put(cx, vcpu, true, gicv4_1);
             }
             ExitAction::Halt
         }
@@ -316,6 +339,8 @@ impl ArmScheme for KvmArm {
     }
 
     fn gic(&self, cores: usize, vcpus: usize) -> GicParams {
+        // The least GIC the scheme needs; `[arm] gic` may give it a newer
+        // one (a GICv4.1 for kvm-arm-v4's vSGIs).
         if self.gicv4 {
             GicParams::gicv4(cores, vcpus.max(1) as u16)
         } else {
@@ -333,7 +358,11 @@ impl ArmScheme for KvmArm {
     fn setup_vm(&mut self, cx: &mut ArmCx, vm: usize) {
         setup_vmpidr(cx, vm);
         if self.gicv4 {
-            super::kvm_arm_v4::map_vf_to_vlpi(cx, vm);
+            self.gicv4_1 = cx.m.its.typer() & TYPER_VMAPP != 0;
+            super::kvm_arm_v4::map_vf_to_vlpi(cx, vm, self.gicv4_1);
+            if self.gicv4_1 {
+                super::kvm_arm_v4::configure_vsgis(cx, vm);
+            }
         } else {
             map_vf_to_host_lpi(cx, vm);
         }
@@ -346,7 +375,7 @@ impl ArmScheme for KvmArm {
         cx.charge(cx.costs.vgic_load_put);
         timer_load(cx, vcpu);
         if self.gicv4 {
-            super::kvm_arm_v4::vgic_v4_load(cx, vcpu);
+            super::kvm_arm_v4::vgic_v4_load(cx, vcpu, self.gicv4_1);
         }
     }
 
@@ -355,13 +384,13 @@ impl ArmScheme for KvmArm {
         cx.charge(cx.costs.vgic_load_put);
         timer_put(cx, vcpu, blocking);
         if self.gicv4 {
-            super::kvm_arm_v4::vgic_v4_put(cx, vcpu, blocking);
+            super::kvm_arm_v4::vgic_v4_put(cx, vcpu, blocking, self.gicv4_1);
         }
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
     fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction {
-        kvm_exit(cx, vcpu, exit, self.gicv4)
+        kvm_exit(cx, vcpu, exit, self.gicv4, self.gicv4_1)
     }
 
     fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) {
@@ -370,7 +399,7 @@ impl ArmScheme for KvmArm {
 
     fn flush(&mut self, cx: &mut ArmCx, vcpu: usize) {
         if std::mem::take(&mut cx.vcpus[vcpu].in_wfi) && self.gicv4 {
-            super::kvm_arm_v4::vgic_v4_load(cx, vcpu);
+            super::kvm_arm_v4::vgic_v4_load(cx, vcpu, self.gicv4_1);
         }
         vgic_flush(cx, vcpu);
     }
@@ -384,6 +413,12 @@ impl ArmScheme for KvmArm {
     }
 
     fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32) {
+        // A virtual SGI made pending by the host takes the same path as a
+        // guest's (vgic_v3_queue_sgi): with GICv4.1 vSGIs, GITS_SGIR.
+        if self.gicv4_1 && vintid < 16 {
+            super::kvm_arm_v4::queue_vsgi(cx, vcpu, vintid, EventClass::HostIpi);
+            return;
+        }
         let irq = ApIrq {
             vintid,
             hw: None,

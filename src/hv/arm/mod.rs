@@ -26,7 +26,7 @@ pub const ARM_SCHEMES: [&str; 3] = ["kvm-arm", "kvm-arm-v4", "did-arm"];
 /// One line each, in [`ARM_SCHEMES`] order.
 pub const ARM_SCHEME_SUMMARIES: [&str; 3] = [
     "KVM/ARM (Linux 5.x, GICv3): vgic software injection through list registers, virtual timer with the HW bit, trapped SGIs, WFI trap with halt polling ([arm] hyp_mode = vhe | split)",
-    "kvm-arm plus GICv4: the VF's MSIs are vLPIs (ITS VMAPTI), vPE residency follows vcpu load/put, a doorbell wakes a vCPU blocked in WFI",
+    "kvm-arm plus GICv4: the VF's MSIs are vLPIs (ITS VMAPTI), vPE residency follows vcpu load/put, a doorbell wakes a vCPU blocked in WFI; on a GICv4.1 ([arm] gic = \"v4.1\") SGIs are direct vSGIs (GITS_SGIR; the sender still traps)",
     "DID on ARM: dedicated cores whose guest owns the physical CPU interface (HCR_EL2.IMO = 0, FMO = 1, TWI = 0); timer, SGIs and the VF's LPIs reach the guest without exits; host traffic as Group-0 FIQs",
 ];
 
@@ -152,6 +152,9 @@ pub struct ArmCosts {
     pub vgic_load_put: Time,
     /// A VMOVP (and its VSYNC) through the ITS command queue.
     pub its_vmovp: Time,
+    /// Making a GICv4.1 vSGI pending from KVM (vgic_v3_queue_sgi's `hw`
+    /// branch: irq_set_irqchip_state and the GITS_SGIR store).
+    pub vsgi_send: Time,
     /// A vPE residency change.
     pub vpe_residency: Time,
     /// The doorbell's handler.

@@ -86,7 +86,14 @@ pub mod regs {
     pub const CWRITER: u64 = 0x0088;
     /// Command queue read pointer (byte offset).
     pub const CREADR: u64 = 0x0090;
+    /// GICv4.1 vSGI generation (64-bit, write-only), in the ITS's vSGI
+    /// frame at +128 KiB: vPEID in \[47:32\], vINTID in \[3:0\] (Linux's
+    /// `its_sgi_set_irqchip_state` writes it to make a vSGI pending).
+    pub const SGIR: u64 = 0x2_0020;
 }
+
+/// GITS_TYPER.VMAPP: the ITS is GICv4.1 (Linux's `is_v4_1()` reads it).
+pub const TYPER_VMAPP: u64 = 1 << 40;
 
 /// One ITS command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -838,6 +845,7 @@ impl Its {
             | (1 << 36)
             | ((cid_bits - 1) << 32)
             | (u64::from(self.gicv4) << 37)
+            | (u64::from(self.gicv4_1) * TYPER_VMAPP)
     }
 
     /// A 64-bit MMIO read of a GITS register.
@@ -864,8 +872,25 @@ impl Its {
                 value,
             }),
             regs::TYPER | regs::CREADR => Err(GicError::ReadOnly(offset)),
+            regs::SGIR => Err(GicError::Offset(offset)),
             o => Err(GicError::Offset(o)),
         }
+    }
+
+    /// A GITS_SGIR write (GICv4.1): the vSGI the value names for the vPE it
+    /// names, delivered as [`Self::send_vsgi`] does. Bits outside vPEID
+    /// \[47:32\] and vINTID \[3:0\] are RES0: a value using them faults.
+    pub fn write_sgir(&mut self, value: u64, t: &mut ItsTargets<'_>) -> MsiOutcome {
+        const FIELDS: u64 = (0xFFFF << 32) | 0xF;
+        if value & !FIELDS != 0 {
+            return MsiOutcome::Fault(ItsError::Unsupported("GITS_SGIR RES0 bits set"));
+        }
+        self.send_vsgi(field(value, 47, 32) as u16, field(value, 3, 0) as u32, t)
+    }
+
+    /// The GITS_SGIR value that asks for vSGI `sgi` of `vpeid`.
+    pub fn sgir_value(vpeid: u16, sgi: u32) -> u64 {
+        (u64::from(vpeid) << 32) | u64::from(sgi & 0xF)
     }
 
     /// The ITE of (device, event), if the device is mapped and the event is
@@ -1012,18 +1037,32 @@ impl Its {
         t: &mut ItsTargets<'_>,
     ) -> Result<MsiOutcome, ItsError> {
         let vpe = self.vpe(vpeid)?;
-        // GICv4.1 uses the vPE's default doorbell, GICv4.0 the ITE's.
-        let doorbell = if self.gicv4_1 {
-            vpe.default_doorbell
-        } else {
-            ite_doorbell
-        };
         let core = vpe.core;
         let r = t
             .redists
             .get_mut(core)
             .ok_or(ItsError::TargetOutOfRange(core))?;
-        Ok(match r.post_vlpi(vpeid, vintid, doorbell, t.vlpis)? {
+        // GICv4.1 uses the vPE's default doorbell, and only if its last
+        // deschedule asked for one (GICR_VPENDBASER.Doorbell; it rings
+        // once); GICv4.0 the ITE's, which KVM gates by enabling the
+        // doorbell LPI.
+        let v41_wanted =
+            self.gicv4_1 && r.resident() != Some(vpeid) && t.vlpis.doorbell_wanted(vpeid);
+        let doorbell = if self.gicv4_1 {
+            vpe.default_doorbell.filter(|_| v41_wanted)
+        } else {
+            ite_doorbell
+        };
+        let post = r.post_vlpi(vpeid, vintid, doorbell, t.vlpis)?;
+        if let VlpiPost::NotResident {
+            doorbell: Some(_), ..
+        } = post
+        {
+            if self.gicv4_1 {
+                t.vlpis.set_doorbell_wanted(vpeid, false);
+            }
+        }
+        Ok(match post {
             VlpiPost::Resident { newly_pending } => {
                 self.counters.vlpis_resident += 1;
                 MsiOutcome::VlpiResident {
@@ -1656,7 +1695,7 @@ mod tests {
         assert_eq!(r.ack(1), 8200, "the host takes the doorbell");
         assert!(r.vlpis.is_pending(4, 8300));
         // Scheduled in: what waited is visible to the vCPU interface.
-        assert_eq!(r.redists[1].make_resident(4, &r.vlpis), Ok(true));
+        assert_eq!(r.redists[1].make_resident(4, &mut r.vlpis), Ok(true));
         assert_eq!(
             r.redists[1]
                 .direct_vlpis(&mut r.vlpis)
@@ -1702,7 +1741,7 @@ mod tests {
             target: 2,
         })
         .unwrap();
-        r.redists[2].make_resident(4, &r.vlpis).unwrap();
+        r.redists[2].make_resident(4, &mut r.vlpis).unwrap();
         assert!(matches!(
             r.msi(5, 0),
             MsiOutcome::VlpiResident { core: 2, .. }
@@ -1788,9 +1827,80 @@ mod tests {
             }
             o => panic!("{o:?}"),
         }
-        r.redists[1].make_resident(4, &r.vlpis).unwrap();
+        r.redists[1].make_resident(4, &mut r.vlpis).unwrap();
         let d = r.redists[1].direct_vlpis(&mut r.vlpis).unwrap();
         assert_eq!(d.best().map(|c| (c.intid, c.priority)), Some((3, 0x50)));
+    }
+
+    /// GICv4.1 vSGIs through GITS_SGIR (what KVM's vgic_v3_queue_sgi does
+    /// for an SGI with `irq->hw`): a resident vPE gets it with no doorbell;
+    /// a vPE descheduled with GICR_VPENDBASER.Doorbell gets its default
+    /// doorbell once; one descheduled without (a preempted vCPU) none.
+    #[test]
+    fn gits_sgir_delivers_a_vsgi_or_rings_the_v41_doorbell_once() {
+        let mut r = vlpi_rig(GicParams::gicv4_1(4, 8));
+        assert_ne!(r.its.typer() & TYPER_VMAPP, 0, "a GICv4.1 ITS says so");
+        assert_eq!(Its::new(&v4()).typer() & TYPER_VMAPP, 0);
+        r.cmd(ItsCommand::Vsgi {
+            vpeid: 4,
+            sgi: 1,
+            priority: 0xA0,
+            group: Group::G1,
+            enable: true,
+            clear: false,
+        })
+        .unwrap();
+        let sgir = |r: &mut Rig, v: u64| {
+            let mut t = ItsTargets {
+                redists: &mut r.redists,
+                lpi_config: &r.config,
+                vlpis: &mut r.vlpis,
+            };
+            r.its.write_sgir(v, &mut t)
+        };
+        r.redists[1].make_resident(4, &mut r.vlpis).unwrap();
+        assert!(matches!(
+            sgir(&mut r, Its::sgir_value(4, 1)),
+            MsiOutcome::VlpiResident {
+                core: 1,
+                vintid: 1,
+                ..
+            }
+        ));
+        let mut d = r.redists[1].direct_vlpis(&mut r.vlpis).unwrap();
+        assert!(d.acknowledge(1));
+        // Blocked in WFI: Doorbell = 1 at the deschedule.
+        r.redists[1].make_non_resident(&mut r.vlpis, true).unwrap();
+        match sgir(&mut r, Its::sgir_value(4, 1)) {
+            MsiOutcome::VlpiPending { doorbell, .. } => {
+                assert_eq!(doorbell.map(|d| d.intid), Some(8250))
+            }
+            o => panic!("{o:?}"),
+        }
+        r.redists[1].clear_lpi_pending(8250).unwrap();
+        assert!(
+            matches!(
+                sgir(&mut r, Its::sgir_value(4, 1)),
+                MsiOutcome::VlpiPending { doorbell: None, .. }
+            ),
+            "the v4.1 doorbell rings once per deschedule"
+        );
+        // Preempted: Doorbell = 0.
+        r.redists[1].make_resident(4, &mut r.vlpis).unwrap();
+        r.redists[1].make_non_resident(&mut r.vlpis, false).unwrap();
+        assert!(matches!(
+            sgir(&mut r, Its::sgir_value(4, 1)),
+            MsiOutcome::VlpiPending { doorbell: None, .. }
+        ));
+        assert!(matches!(
+            sgir(&mut r, 1 << 20),
+            MsiOutcome::Fault(ItsError::Unsupported(_))
+        ));
+        let mut r4 = vlpi_rig(v4());
+        assert!(matches!(
+            sgir(&mut r4, Its::sgir_value(4, 1)),
+            MsiOutcome::Fault(ItsError::Unsupported(_))
+        ));
     }
 
     #[test]

@@ -163,6 +163,58 @@ mod tests {
         assert_eq!(cpu.read_iar1(&mut dist, &mut redist), SPURIOUS);
     }
 
+    /// kvm-unit-tests arm/timer.c (`test_timer_pending`, the GIC side):
+    /// the timer's output is a level into PPI 27 at the core's
+    /// redistributor. Expired but masked (IMASK): ISTATUS set, nothing
+    /// pending at the GIC; unmasked: pending; acknowledged: active and no
+    /// longer signalled; masked again: the line drops, pending stays clear,
+    /// and a deactivation leaves the PPI idle; moving CVAL into the future
+    /// drops it too.
+    #[test]
+    fn timer_interrupt_and_its_mask_at_the_gic() {
+        use super::timer::{CTL_IMASK, CTL_ISTATUS};
+        let p = GicParams::gicv3(1);
+        let mut dist = Distributor::new(&p);
+        let mut redist = Redistributor::new(0, &p);
+        redist.configure(VTIMER_PPI, 0xA0, Group::G1).unwrap();
+        let mut cpu = CpuInterface::new(0, &p).linux_host(true);
+        let mut timer = GenericTimer::new(&p.timer);
+        let now = 1_000_000; // 1 µs: count 100
+        timer.write(CntReg::VCval, 50, now).unwrap();
+        let u = timer
+            .write(CntReg::VCtl, CTL_ENABLE | CTL_IMASK, now)
+            .unwrap();
+        redist.set_ppi_line(VTIMER_PPI, u.level).unwrap();
+        assert_ne!(timer.read(CntReg::VCtl, now) & CTL_ISTATUS, 0);
+        assert!(!redist.bank().is_pending(VTIMER_PPI), "masked");
+        assert!(!cpu.irq_line(&dist, &redist));
+        let u = timer.write(CntReg::VCtl, CTL_ENABLE, now).unwrap();
+        assert!(redist.set_ppi_line(VTIMER_PPI, u.level).unwrap());
+        assert!(redist.bank().is_pending(VTIMER_PPI));
+        assert_eq!(cpu.read_iar1(&mut dist, &mut redist), VTIMER_PPI);
+        assert!(redist.bank().is_active(VTIMER_PPI));
+        assert!(!cpu.irq_line(&dist, &redist), "active: not signalled");
+        // The handler masks the timer (arch_timer_handler_virt), then EOIs.
+        let u = timer
+            .write(CntReg::VCtl, CTL_ENABLE | CTL_IMASK, now)
+            .unwrap();
+        redist.set_ppi_line(VTIMER_PPI, u.level).unwrap();
+        cpu.write_eoir1(VTIMER_PPI, &mut dist, &mut redist).unwrap();
+        cpu.write_dir(VTIMER_PPI, &mut dist, &mut redist).unwrap();
+        assert!(!redist.bank().is_pending(VTIMER_PPI));
+        assert!(!redist.bank().is_active(VTIMER_PPI));
+        assert_eq!(cpu.read_iar1(&mut dist, &mut redist), SPURIOUS);
+        // Unmasked again with CVAL in the future: nothing until it expires.
+        timer.write(CntReg::VCval, 1_000, now).unwrap();
+        let u = timer.write(CntReg::VCtl, CTL_ENABLE, now).unwrap();
+        redist.set_ppi_line(VTIMER_PPI, u.level).unwrap();
+        assert!(!redist.bank().is_pending(VTIMER_PPI));
+        let (at, gen) = u.arm.expect("armed");
+        let level = timer.expired(TimerChannel::Virtual, at, gen).unwrap();
+        assert!(redist.set_ppi_line(VTIMER_PPI, level).unwrap());
+        assert!(cpu.irq_line(&dist, &redist));
+    }
+
     #[test]
     fn msi_through_its_to_resident_vpe_or_doorbell() {
         let p = GicParams::gicv4(2, 4);

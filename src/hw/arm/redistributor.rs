@@ -67,6 +67,11 @@ pub const WAKER_PROCESSOR_SLEEP: u32 = 1 << 1;
 pub const WAKER_CHILDREN_ASLEEP: u32 = 1 << 2;
 /// GICR_VPENDBASER.Valid: a vPE is resident.
 pub const VPENDBASER_VALID: u64 = 1 << 63;
+/// GICR_VPENDBASER.Doorbell (GICv4.1): written with Valid = 0, asks for
+/// the vPE's default doorbell if an interrupt arrives for it while it is
+/// not resident (Linux's `GICR_VPENDBASER_4_1_DB`, set by
+/// `its_vpe_4_1_deschedule` only when KVM wants a doorbell: IN_WFI).
+pub const VPENDBASER_DOORBELL: u64 = 1 << 62;
 /// GICR_VPENDBASER.PendingLast: read after descheduling, the vPE had
 /// pending vLPIs (GICv4.1).
 pub const VPENDBASER_PENDING_LAST: u64 = 1 << 61;
@@ -150,7 +155,6 @@ fn best_lpi(pending: &Bitmap, enabled: &Bitmap, priority: &[u8]) -> Option<Candi
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct VsgiState {
     pending: u16,
-    active: u16,
     enabled: u16,
     group1: u16,
     priority: [u8; 16],
@@ -166,6 +170,10 @@ pub struct VlpiTables {
     enabled: Vec<Bitmap>,
     priority: Vec<Box<[u8]>>,
     vsgi: Vec<VsgiState>,
+    /// GICv4.1: the vPE's default doorbell is wanted (GICR_VPENDBASER.
+    /// Doorbell at its last deschedule; a vPE never scheduled wants it).
+    /// One-shot: cleared when the doorbell rings or the vPE is resident.
+    doorbell_wanted: Vec<bool>,
     mask: u8,
 }
 
@@ -179,6 +187,7 @@ impl VlpiTables {
             enabled: vec![Bitmap::new(vlpis); n],
             priority: vec![vec![0; vlpis as usize].into_boxed_slice(); n],
             vsgi: vec![VsgiState::default(); n],
+            doorbell_wanted: vec![true; n],
             mask: priority_mask(priority_bits),
         }
     }
@@ -257,7 +266,7 @@ impl VlpiTables {
         let v = usize::from(vpeid);
         let mut best = best_lpi(self.pending.get(v)?, &self.enabled[v], &self.priority[v]);
         let s = &self.vsgi[v];
-        let ready = s.pending & s.enabled & !s.active;
+        let ready = s.pending & s.enabled;
         for sgi in (0..16u32).filter(|k| ready & (1 << k) != 0) {
             best = pick(
                 best,
@@ -323,19 +332,39 @@ impl VlpiTables {
         Ok(!was)
     }
 
-    /// Whether vSGI `sgi` of `vpeid` is pending / active.
-    pub fn vsgi_state(&self, vpeid: u16, sgi: u32) -> (bool, bool) {
+    /// Whether vSGI `sgi` of `vpeid` is pending (GICR_VSGIPENDR as
+    /// `its_sgi_get_irqchip_state` reads it through GICR_VSGIR).
+    pub fn vsgi_pending(&self, vpeid: u16, sgi: u32) -> bool {
         match self.vsgi.get(usize::from(vpeid)) {
-            Some(s) if sgi < 16 => (s.pending & (1 << sgi) != 0, s.active & (1 << sgi) != 0),
-            _ => (false, false),
+            Some(s) if sgi < 16 => s.pending & (1 << sgi) != 0,
+            _ => false,
+        }
+    }
+
+    /// GICv4.1: whether `vpeid`'s default doorbell is wanted now.
+    pub fn doorbell_wanted(&self, vpeid: u16) -> bool {
+        self.doorbell_wanted
+            .get(usize::from(vpeid))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// GICv4.1: sets whether `vpeid`'s default doorbell is wanted (the
+    /// Doorbell bit of its deschedule; cleared once it rang).
+    pub fn set_doorbell_wanted(&mut self, vpeid: u16, on: bool) {
+        if let Some(w) = self.doorbell_wanted.get_mut(usize::from(vpeid)) {
+            *w = on;
         }
     }
 }
 
 /// The directly injected interrupts of the vPE resident on a core, as the
-/// virtual CPU interface sees them: its enabled pending vLPIs (no active
-/// state; acknowledging one clears it) and, with GICv4.1, its vSGIs (which
-/// do go active and are deactivated by the guest's EOI/DIR).
+/// virtual CPU interface sees them: its enabled pending vLPIs and, with
+/// GICv4.1, its vSGIs. Neither has an active state: acknowledging one
+/// clears its pending bit. A directly injected vSGI is an "SGI without
+/// active state", which is why KVM offers vSGIs only to a guest that sets
+/// GICD_CTLR.nASSGIreq (vgic_v4_configure_vsgis; the guest's GICv3 driver
+/// sets it when GICD_TYPER2.nASSGIcap says it may, gic_dist_init).
 pub struct DirectVlpis<'a> {
     vpeid: u16,
     tables: &'a mut VlpiTables,
@@ -353,7 +382,8 @@ impl DirectVlpis<'_> {
     }
 
     /// The guest acknowledges `vintid`: a vLPI leaves the pending table, a
-    /// vSGI goes pending -> active. False if it was not pending.
+    /// vSGI its pending state (no active state for either). False if it
+    /// was not pending.
     pub fn acknowledge(&mut self, vintid: u32) -> bool {
         if vintid < 16 {
             let Some(s) = self.tables.vsgi.get_mut(usize::from(self.vpeid)) else {
@@ -361,24 +391,11 @@ impl DirectVlpis<'_> {
             };
             let was = s.pending & (1 << vintid) != 0;
             s.pending &= !(1 << vintid);
-            s.active |= u16::from(was) << vintid;
             return was;
         }
         self.tables
             .clear_pending(self.vpeid, vintid)
             .unwrap_or(false)
-    }
-
-    /// Deactivates an active vSGI; false for anything else (vLPIs have no
-    /// active state).
-    pub fn deactivate(&mut self, vintid: u32) -> bool {
-        match self.tables.vsgi.get_mut(usize::from(self.vpeid)) {
-            Some(s) if vintid < 16 && s.active & (1 << vintid) != 0 => {
-                s.active &= !(1 << vintid);
-                true
-            }
-            _ => false,
-        }
     }
 }
 
@@ -719,7 +736,7 @@ impl Redistributor {
     /// Schedules `vpeid` in (GICR_VPENDBASER.Valid 0 -> 1). Returns whether
     /// it has pending vLPIs, which the virtual CPU interface now sees.
     /// Refused while another vPE is resident.
-    pub fn make_resident(&mut self, vpeid: u16, tables: &VlpiTables) -> Result<bool, GicError> {
+    pub fn make_resident(&mut self, vpeid: u16, tables: &mut VlpiTables) -> Result<bool, GicError> {
         self.vpe_check(vpeid)?;
         if self.resident.is_some() {
             return Err(GicError::Reserved {
@@ -728,15 +745,23 @@ impl Redistributor {
             });
         }
         self.resident = Some(vpeid);
+        tables.set_doorbell_wanted(vpeid, false);
         Ok(tables.any_pending(vpeid))
     }
 
-    /// Schedules the resident vPE out (Valid 1 -> 0). Returns it and
-    /// PendingLast: whether it still has pending interrupts (KVM's
-    /// `pending_last`).
-    pub fn make_non_resident(&mut self, tables: &VlpiTables) -> Option<(u16, bool)> {
+    /// Schedules the resident vPE out (Valid 1 -> 0), with GICv4.1's
+    /// Doorbell bit `doorbell` (whether its default doorbell should ring
+    /// for an interrupt that arrives while it is out; GICv4.0 ignores it).
+    /// Returns the vPE and PendingLast: whether it still has pending
+    /// interrupts (KVM's `pending_last`).
+    pub fn make_non_resident(
+        &mut self,
+        tables: &mut VlpiTables,
+        doorbell: bool,
+    ) -> Option<(u16, bool)> {
         let v = self.resident.take()?;
         self.pending_last = tables.any_pending(v);
+        tables.set_doorbell_wanted(v, doorbell);
         Some((v, self.pending_last))
     }
 
@@ -839,7 +864,7 @@ impl Redistributor {
         offset: u64,
         value: u64,
         table: &LpiConfigTable,
-        vtables: &VlpiTables,
+        vtables: &mut VlpiTables,
     ) -> Result<(), GicError> {
         if let Some(rel) = offset.checked_sub(regs::SGI_BASE) {
             if rel < regs::SGI_BASE && self.bank.mmio_write(rel, value as u32).is_some() {
@@ -887,7 +912,7 @@ impl Redistributor {
                     let vpeid = (value & VPENDBASER_VPEID) as u16;
                     self.make_resident(vpeid, vtables).map(drop)
                 } else {
-                    self.make_non_resident(vtables);
+                    self.make_non_resident(vtables, value & VPENDBASER_DOORBELL != 0);
                     Ok(())
                 }
             }
@@ -952,24 +977,24 @@ mod tests {
     fn lpi_config_enable_priority_and_setlpir() {
         let mut r = rd(0);
         let mut t = table();
-        let v = VlpiTables::for_params(&params());
+        let mut v = VlpiTables::for_params(&params());
         assert_eq!(
-            r.mmio_write(regs::SETLPIR, 8192, &t, &v),
+            r.mmio_write(regs::SETLPIR, 8192, &t, &mut v),
             Err(GicError::LpisDisabled)
         );
         t.set(8192, 0xA0, true).unwrap();
         t.set(8200, 0x40, false).unwrap();
-        r.mmio_write(regs::CTLR, 1, &t, &v).unwrap();
+        r.mmio_write(regs::CTLR, 1, &t, &mut v).unwrap();
         assert_eq!(r.lpi_config(8192), Some((0xA0, true)));
-        r.mmio_write(regs::SETLPIR, 8200, &t, &v).unwrap();
+        r.mmio_write(regs::SETLPIR, 8200, &t, &mut v).unwrap();
         assert_eq!(r.candidate(None), None, "LPI 8200 is disabled");
-        r.mmio_write(regs::SETLPIR, 8192, &t, &v).unwrap();
+        r.mmio_write(regs::SETLPIR, 8192, &t, &mut v).unwrap();
         let c = r.candidate(None).unwrap();
         assert_eq!((c.intid, c.priority, c.group), (8192, 0xA0, Group::G1));
         // Enabling 8200 at a higher priority: invisible until INVLPIR.
         t.set(8200, 0x40, true).unwrap();
         assert_eq!(r.candidate(None).unwrap().intid, 8192);
-        r.mmio_write(regs::INVLPIR, 8200, &t, &v).unwrap();
+        r.mmio_write(regs::INVLPIR, 8200, &t, &mut v).unwrap();
         assert_eq!(r.candidate(None).unwrap().intid, 8200);
         r.acknowledge(8200).unwrap();
         assert!(
@@ -977,13 +1002,13 @@ mod tests {
             "an acknowledged LPI is no longer pending"
         );
         assert_eq!(r.deactivate(8200), Ok(false), "LPIs have no active state");
-        r.mmio_write(regs::CLRLPIR, 8192, &t, &v).unwrap();
+        r.mmio_write(regs::CLRLPIR, 8192, &t, &mut v).unwrap();
         assert_eq!(r.candidate(None), None);
         assert_eq!(
-            r.mmio_write(regs::SETLPIR, 8192 + 8192, &t, &v),
+            r.mmio_write(regs::SETLPIR, 8192 + 8192, &t, &mut v),
             Err(GicError::Intid(16384))
         );
-        assert!(r.mmio_write(regs::SETLPIR, 1 << 40, &t, &v).is_err());
+        assert!(r.mmio_write(regs::SETLPIR, 1 << 40, &t, &mut v).is_err());
     }
 
     #[test]
@@ -1010,7 +1035,7 @@ mod tests {
     #[test]
     fn vlpi_to_resident_vpe_needs_no_doorbell() {
         let (mut r, _t, mut v) = doorbell_rig();
-        assert_eq!(r.make_resident(5, &v), Ok(false));
+        assert_eq!(r.make_resident(5, &mut v), Ok(false));
         assert_eq!(
             r.post_vlpi(5, 8500, Some(9000), &mut v),
             Ok(VlpiPost::Resident {
@@ -1060,7 +1085,7 @@ mod tests {
         );
         assert_eq!(r2.candidate(None), None);
         // Scheduling vPE 5 in delivers what waited.
-        assert_eq!(r.make_resident(5, &v), Ok(true));
+        assert_eq!(r.make_resident(5, &mut v), Ok(true));
         let d = r.direct_vlpis(&mut v).unwrap();
         assert_eq!(d.best().map(|c| c.intid), Some(8500));
     }
@@ -1090,27 +1115,27 @@ mod tests {
         let mut r = rd(0);
         let t = table();
         let mut v = VlpiTables::for_params(&params());
-        r.mmio_write(regs::VPENDBASER, VPENDBASER_VALID | 3, &t, &v)
+        r.mmio_write(regs::VPENDBASER, VPENDBASER_VALID | 3, &t, &mut v)
             .unwrap();
         assert_eq!(r.resident(), Some(3));
         assert_eq!(r.mmio_read(regs::VPENDBASER), Ok(VPENDBASER_VALID | 3));
         assert!(
-            r.mmio_write(regs::VPENDBASER, VPENDBASER_VALID | 4, &t, &v)
+            r.mmio_write(regs::VPENDBASER, VPENDBASER_VALID | 4, &t, &mut v)
                 .is_err(),
             "one vPE at a time"
         );
         v.set_pending(3, 8192).unwrap();
-        r.mmio_write(regs::VPENDBASER, 0, &t, &v).unwrap();
+        r.mmio_write(regs::VPENDBASER, 0, &t, &mut v).unwrap();
         assert_eq!(r.resident(), None);
         assert_eq!(r.mmio_read(regs::VPENDBASER), Ok(VPENDBASER_PENDING_LAST));
         assert_eq!(
-            r.make_resident(8, &v),
+            r.make_resident(8, &mut v),
             Err(GicError::Vpe(8)),
             "past the vPE table"
         );
         let mut v3 = Redistributor::new(0, &GicParams::gicv3(4));
         assert!(matches!(
-            v3.make_resident(0, &v),
+            v3.make_resident(0, &mut v),
             Err(GicError::Unsupported(_))
         ));
     }
@@ -1119,44 +1144,63 @@ mod tests {
     fn registers() {
         let mut r = rd(3);
         let t = table();
-        let v = VlpiTables::for_params(&params());
+        let mut v = VlpiTables::for_params(&params());
         let typer = r.mmio_read(regs::TYPER).unwrap();
         assert_eq!(typer >> 32, 3, "Aff0 = 3 in a cluster of 4");
         assert_eq!((typer >> 8) & 0xFFFF, 3);
         assert_ne!(typer & (1 << 4), 0, "last redistributor");
         assert_ne!(typer & 0b11, 0, "PLPIS and VLPIS");
-        r.mmio_write(regs::SGI_BASE + offsets::ISENABLER, 1 << 27, &t, &v)
+        r.mmio_write(regs::SGI_BASE + offsets::ISENABLER, 1 << 27, &t, &mut v)
             .unwrap();
         assert!(r.bank().is_enabled(27));
         assert_eq!(
             r.mmio_read(regs::SGI_BASE + offsets::ISENABLER),
             Ok(1 << 27)
         );
-        r.mmio_write(regs::WAKER, 0, &t, &v).unwrap();
+        r.mmio_write(regs::WAKER, 0, &t, &mut v).unwrap();
         assert_eq!(r.mmio_read(regs::WAKER), Ok(0));
         assert_eq!(
-            r.mmio_write(regs::TYPER, 0, &t, &v),
+            r.mmio_write(regs::TYPER, 0, &t, &mut v),
             Err(GicError::ReadOnly(regs::TYPER))
         );
         assert!(r.mmio_read(regs::SETLPIR).is_err(), "write-only");
-        assert!(r.mmio_write(regs::CTLR, 2, &t, &v).is_err());
+        assert!(r.mmio_write(regs::CTLR, 2, &t, &mut v).is_err());
     }
 
     #[test]
-    fn vsgis_go_active_and_deactivate() {
+    fn vsgis_have_no_active_state() {
         let mut v = VlpiTables::for_params(&GicParams::gicv4_1(2, 4));
         v.configure_vsgi(1, 2, 0x50, Group::G1, true, false)
             .unwrap();
         assert_eq!(v.raise_vsgi(1, 2), Ok(true));
         assert!(v.configure_vsgi(1, 16, 0, Group::G1, true, false).is_err());
         let mut r = Redistributor::new(0, &GicParams::gicv4_1(2, 4));
-        r.make_resident(1, &v).unwrap();
+        r.make_resident(1, &mut v).unwrap();
         let mut d = r.direct_vlpis(&mut v).unwrap();
         assert_eq!(d.best().map(|c| c.intid), Some(2));
         assert!(d.acknowledge(2));
-        assert_eq!(d.best(), None, "active, not offered again");
-        assert!(d.deactivate(2));
-        assert!(!d.deactivate(2));
-        assert_eq!(v.vsgi_state(1, 2), (false, false));
+        assert_eq!(d.best(), None, "acknowledged: no longer pending");
+        assert!(!v.vsgi_pending(1, 2));
+        // Without an active state a second vSGI of the same INTID is
+        // pending again at once (nASSGIreq semantics).
+        assert_eq!(v.raise_vsgi(1, 2), Ok(true));
+        assert!(v.vsgi_pending(1, 2));
+    }
+
+    #[test]
+    fn the_v41_doorbell_is_wanted_only_after_a_deschedule_that_asks_for_it() {
+        let p = GicParams::gicv4_1(2, 4);
+        let mut v = VlpiTables::for_params(&p);
+        let mut r = Redistributor::new(0, &p);
+        r.make_resident(1, &mut v).unwrap();
+        assert!(!v.doorbell_wanted(1), "resident: no doorbell");
+        r.make_non_resident(&mut v, false).unwrap();
+        assert!(!v.doorbell_wanted(1), "preempted: Doorbell = 0");
+        r.make_resident(1, &mut v).unwrap();
+        let t = LpiConfigTable::new(64);
+        r.mmio_write(regs::VPENDBASER, VPENDBASER_DOORBELL, &t, &mut v)
+            .unwrap();
+        assert_eq!(r.resident(), None);
+        assert!(v.doorbell_wanted(1), "blocked in WFI: Doorbell = 1");
     }
 }

@@ -388,8 +388,6 @@ pub struct VirtualEoi {
     /// The physical INTID that list register stood for (HW = 1): the
     /// physical GIC must deactivate it.
     pub hw_deactivate: Option<u32>,
-    /// A direct GICv4.1 vSGI was deactivated.
-    pub deactivated_direct: bool,
     /// No list register matched and EOIcount was incremented.
     pub eoicount_incremented: bool,
 }
@@ -730,13 +728,11 @@ impl VcpuInterface {
     }
 
     /// Deactivates `vintid` as an EOImode-0 EOIR or a DIR does: its active
-    /// LR, else a direct vSGI, else EOIcount.
-    fn deactivate_virtual(
-        &mut self,
-        vintid: u32,
-        direct: Option<&mut DirectVlpis<'_>>,
-        out: &mut VirtualEoi,
-    ) {
+    /// LR, else EOIcount. A directly injected vSGI has no active state and
+    /// no LR; with ICH_HCR_EL2.vSGIEOICount set its EOI does not count
+    /// (KVM sets the bit while no SGI of the vCPU is in its ap_list,
+    /// vgic_v3_configure_hcr).
+    fn deactivate_virtual(&mut self, vintid: u32, out: &mut VirtualEoi) {
         if let Some(i) = self.active_lr(vintid) {
             let l = &mut self.lrs[i];
             l.state = match l.state {
@@ -753,13 +749,10 @@ impl VcpuInterface {
             // A directly injected vLPI: nothing is active.
             return;
         }
-        if vintid < PPI_BASE && direct.is_some_and(|d| d.deactivate(vintid)) {
-            out.deactivated_direct = true;
-            if self.hcr.vsgi_eoicount {
-                return;
-            }
+        if vintid < PPI_BASE && self.hcr.vsgi_eoicount {
+            return;
         }
-        self.counters.lr_not_present += u64::from(!out.deactivated_direct);
+        self.counters.lr_not_present += 1;
         self.hcr.eoicount = (self.hcr.eoicount + 1).min(0x1F);
         out.eoicount_incremented = true;
     }
@@ -768,11 +761,12 @@ impl VcpuInterface {
     /// priority; with VEOIM = 0 (or for an LPI in a list register) also
     /// deactivates. A HW = 1 list register reports its pINTID for physical
     /// deactivation ([`Self::guest_eoir`] performs it). Special INTIDs are
-    /// ignored.
+    /// ignored. `_direct` is the resident vPE's interrupts: none of them
+    /// has an active state, so an EOI leaves them alone.
     pub fn write_eoir(
         &mut self,
         vintid: u32,
-        direct: Option<&mut DirectVlpis<'_>>,
+        _direct: Option<&mut DirectVlpis<'_>>,
     ) -> Result<VirtualEoi, GicError> {
         let mut out = VirtualEoi::default();
         match class(vintid) {
@@ -783,7 +777,7 @@ impl VcpuInterface {
         self.counters.eois += 1;
         out.dropped = self.prio.drop_priority().map(|(p, _)| p);
         if !self.prio.eoi_mode() || vintid >= LPI_BASE {
-            self.deactivate_virtual(vintid, direct, &mut out);
+            self.deactivate_virtual(vintid, &mut out);
         }
         Ok(out)
     }
@@ -793,7 +787,7 @@ impl VcpuInterface {
     pub fn write_dir(
         &mut self,
         vintid: u32,
-        direct: Option<&mut DirectVlpis<'_>>,
+        _direct: Option<&mut DirectVlpis<'_>>,
     ) -> Result<VirtualEoi, GicError> {
         let mut out = VirtualEoi::default();
         match class(vintid) {
@@ -802,7 +796,7 @@ impl VcpuInterface {
             _ => {}
         }
         if self.prio.eoi_mode() {
-            self.deactivate_virtual(vintid, direct, &mut out);
+            self.deactivate_virtual(vintid, &mut out);
         }
         Ok(out)
     }
@@ -1051,7 +1045,7 @@ mod tests {
         redist.set_lpis_enabled(true, &t);
         let mut vt = VlpiTables::for_params(&p);
         vt.set_config(2, 8300, 0x30, true).unwrap();
-        redist.make_resident(2, &vt).unwrap();
+        redist.make_resident(2, &mut vt).unwrap();
         redist.post_vlpi(2, 8300, Some(9000), &mut vt).unwrap();
         let mut v = vif();
         v.set_lr(0, ListRegister::pending(40, 0x50)).unwrap();

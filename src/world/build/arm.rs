@@ -15,9 +15,10 @@ use crate::hv::HvCx;
 use crate::hw::arm::el2::HypMode;
 use crate::hw::arm::intid::{MAINTENANCE_PPI, VTIMER_PPI};
 use crate::hw::arm::machine::ArmMachine;
+use crate::hw::arm::params::GicParams;
 use crate::hw::arm::priority::Group;
 use crate::hw::x86::core::CoreMode;
-use crate::scenario::{HypModeSpec, Scenario};
+use crate::scenario::{GicVersionSpec, HypModeSpec, Scenario};
 use crate::world::el2::{arch_timer_clockevent, El2World};
 use crate::world::event::Ev;
 use crate::world::{sched, BuildError, World};
@@ -47,6 +48,7 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
         timer_load_put: ns(&a.kvm.timer_load_put_ns),
         vgic_load_put: ns(&a.kvm.vgic_load_put_ns),
         its_vmovp: ns(&a.gic.its_vmovp_ns),
+        vsgi_send: ns(&a.kvm.vsgi_send_ns),
         vpe_residency: ns(&a.kvm.vpe_residency_ns),
         doorbell_handler: ns(&a.kvm.doorbell_handler_ns),
         vcpu_wakeup: us(&a.kvm.vcpu_wakeup_us),
@@ -106,6 +108,42 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(),
     Ok(())
 }
 
+/// The GIC the platform has: `[arm] gic` if set, else what the scheme
+/// needs (`needed`). A GIC older than the scheme needs is refused, naming
+/// the key.
+fn gic_params(
+    s: &Scenario,
+    scheme: &str,
+    needed: GicParams,
+    cores: usize,
+    vcpus: usize,
+) -> Result<GicParams, BuildError> {
+    let Some(v) = s.arm.gic else {
+        return Ok(needed);
+    };
+    let least = if needed.gicv4_1 {
+        GicVersionSpec::V41
+    } else if needed.gicv4 {
+        GicVersionSpec::V4
+    } else {
+        GicVersionSpec::V3
+    };
+    if v < least {
+        return Err(BuildError::Scenario(format!(
+            "`arm.gic = \"{}\"`: scheme {scheme} needs a GIC{} or newer (its vPEs and \
+             direct vLPI injection are GICv4 features)",
+            v.name(),
+            least.name()
+        )));
+    }
+    let vpes = vcpus.max(1) as u16;
+    Ok(match v {
+        GicVersionSpec::V3 => GicParams::gicv3(cores),
+        GicVersionSpec::V4 => GicParams::gicv4(cores, vpes),
+        GicVersionSpec::V41 => GicParams::gicv4_1(cores, vpes),
+    })
+}
+
 /// The host's KVM mode the scenario asks for.
 pub(super) fn hyp_mode(s: &Scenario) -> HypMode {
     match s.arm.hyp_mode {
@@ -136,7 +174,7 @@ pub(in crate::world) fn build(
     let nvcpu = topo.vcpus.len();
     let nvm = topo.vms();
     let cores = topo.cores;
-    let mut params = scheme.gic(cores, nvcpu);
+    let mut params = gic_params(s, scheme.name(), scheme.gic(cores, nvcpu), cores, nvcpu)?;
     params.vcpu_interface.list_registers = s.arm.list_registers;
     let clockevent = arch_timer_clockevent(params.timer.frequency_hz);
     let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, &host, clockevent);
