@@ -88,11 +88,7 @@ impl SchedState {
                     || io_cores.iter().enumerate().any(|(k, &o)| k != w && o == c)
             })
             .collect();
-        if s.host.burners.is_empty()
-            && !shared
-            && !halts
-            && io_shared.is_empty()
-            && canal.is_none()
+        if s.host.burners.is_empty() && !shared && !halts && io_shared.is_empty() && canal.is_none()
         {
             return None;
         }
@@ -194,7 +190,9 @@ impl World {
                 st.s.pick_next(core, 0);
             }
         }
-        let canal_on = st.canal.map(|t| st.s.current(st.s.thread(t).core) == Some(t));
+        let canal_on = st
+            .canal
+            .map(|t| st.s.current(st.s.thread(t).core) == Some(t));
         let cores = st.cores();
         let tick = st.tick;
         for c in 0..self.m.cores.len() {

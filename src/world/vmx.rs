@@ -615,7 +615,13 @@ impl World {
             }
             if took {
                 let charged = cx.charged;
-                let charged = (charged + if nic { self.canal_host_nic_irq(core) } else { 0 }).max(1);
+                let charged = (charged
+                    + if nic {
+                        self.canal_host_nic_irq(core)
+                    } else {
+                        0
+                    })
+                .max(1);
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
                 self.start_segment(core, charged);
