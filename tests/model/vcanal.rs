@@ -149,7 +149,7 @@ fn without_affinity_the_nic_interrupt_exits_on_the_vcpu_core() {
     for r in [&pinned, &floating, &idle_irq] {
         assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
         assert!(metric(r, "netperf.throughput_gbps") > 1.0);
-        assert!(metric(r, "vcanal.host_nic_irqs_per_s") > 1000.0);
+        assert!(metric(r, "vcanal.host_nic_irqs_per_s") > 100.0);
     }
     let ext = |r| rate(r, "EXTERNAL_INTERRUPT");
     let nic = metric(&floating, "vcanal.host_nic_irqs_per_s");
