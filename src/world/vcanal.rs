@@ -26,9 +26,17 @@
 //! between the service's work items (a NIC interrupt, NAPI and the
 //! protocol per frame).
 //!
+//! "vCanal w/o Affinity" (`workload.vcanal.affinity = false`, §3): the
+//! service's thread is a host-scheduler thread that may run on any core
+//! (its chain of work items stops while it is off a core), and the NIC's
+//! interrupt goes to `nic_irq_core` as a host vector, where the receive
+//! path runs in the interrupted context (a vCPU's external-interrupt
+//! exit, or an idle core).
+//!
 //! Simplifications (named, not hidden): the service core's polling
 //! thread, its pool threads and its NIC softirq share the core in arrival
-//! order, as one FIFO of work items, rather than under the host scheduler;
+//! order, as one FIFO of work items (without affinity: one floating
+//! thread), rather than as separate threads under the host scheduler;
 //! TCP has no handshake (connect() takes the connection already
 //! established, and the HTTP server's accept() takes one of ApacheBench's
 //! connections, established before the run, off its listener's queue: ab
