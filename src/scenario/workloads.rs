@@ -974,7 +974,7 @@ pub struct VcanalSpec {
     /// Default: the core of the VM's application vCPU (an unmanaged IRQ
     /// on Linux 3.5's flat APIC mode goes to one CPU of its all-CPUs
     /// mask; the paper's "external-interrupt exits remain" means a vCPU
-    /// core). Ignored with affinity.
+    /// core). Refused with affinity (the service core takes it there).
     #[serde(default)]
     pub nic_irq_core: Option<usize>,
 }
@@ -1002,6 +1002,11 @@ impl VcanalSpec {
         }
         if let Some(c) = self.nic_irq_core {
             within(at, "nic_irq_core", c, 0, 63)?;
+            if self.affinity {
+                // With affinity the NIC's interrupt goes to the service
+                // core (§2.1): a core named here would be ignored.
+                return bad(at, "nic_irq_core", "applies only with affinity = false");
+            }
         }
         Ok(())
     }

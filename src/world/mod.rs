@@ -875,8 +875,8 @@ impl World {
         }
         if nic {
             // The host's own NIC (vCanal w/o Affinity) on a core in host
-            // mode: its receive path runs at once (an idle core's time is
-            // not modelled).
+            // mode: its receive path runs there, after the one before
+            // (the path keeps the core's busy time itself).
             self.canal_host_nic_irq(core);
         }
     }

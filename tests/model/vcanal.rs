@@ -213,4 +213,10 @@ fn bad_affinity_keys_are_refused() {
         .expect("refused")
         .to_string();
     assert!(e.contains("affinity"), "{e}");
+    // A NIC interrupt core with affinity on would be ignored: refused.
+    let e = exitless::scenario::Scenario::parse(&stream("nic_irq_core = 1\n", ""), &[])
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("nic_irq_core"), "{e}");
 }
