@@ -215,8 +215,7 @@ fn bad_affinity_keys_are_refused() {
     assert!(e.contains("affinity"), "{e}");
     // A NIC interrupt core with affinity on would be ignored: refused.
     let e = exitless::scenario::Scenario::parse(&stream("nic_irq_core = 1\n", ""), &[])
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("nic_irq_core"), "{e}");
 }
