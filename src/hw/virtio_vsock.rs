@@ -18,7 +18,8 @@
 //! last advertised falls below [`MAX_PKT_BUF_SIZE`].
 //!
 //! Not yet wired into the world: no guest driver, back-end worker or
-//! workload uses it (docs/vcanal.md, "Not modelled").
+//! workload runs it (`guest::vsock` has the connection end on top of it;
+//! docs/vcanal.md, "Not modelled").
 
 use super::virtio::{VirtioError, Virtqueue};
 
