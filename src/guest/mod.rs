@@ -16,6 +16,7 @@ pub mod net;
 pub mod rps;
 pub mod tcp;
 mod testmod;
+pub mod vsock;
 
 use crate::engine::{Time, VcpuMask, NS};
 use crate::hw::wire::Frame as WireFrame;

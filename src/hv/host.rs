@@ -15,6 +15,10 @@ pub const CALL_FUNCTION_SINGLE_VECTOR: u8 = 0xFB;
 /// First host vector handed to assigned devices' MSI-X (one per VF).
 pub const HOST_DEVICE_VECTOR_BASE: u8 = 0x61;
 
+/// The host's own NIC queue vector (the vCanal service host's ixgbe):
+/// above the assigned devices' range, below the host's own vectors.
+pub const HOST_NIC_VECTOR: u8 = 0xE0;
+
 /// Host vectors for assigned devices: 0x61 up to 0xDF, below the host's
 /// own (0xEF and up). Further VFs share them round-robin.
 pub const HOST_DEVICE_VECTORS: usize = 0xE0 - HOST_DEVICE_VECTOR_BASE as usize;

@@ -7,5 +7,6 @@ pub mod guest_memory;
 pub mod virtio;
 pub mod virtio_blk;
 pub mod virtio_net;
+pub mod virtio_vsock;
 pub mod wire;
 pub mod x86;

@@ -868,9 +868,17 @@ impl World {
         if cx.m.lapics[core].take_nmi() {
             scheme.host_nmi(&mut cx, core);
         }
+        let mut nic = false;
         while let Some(v) = cx.m.lapics[core].ack() {
             scheme.host_interrupt(&mut cx, core, v);
             cx.m.lapics[core].eoi();
+            nic |= v == crate::hv::host::HOST_NIC_VECTOR;
+        }
+        if nic {
+            // The host's own NIC (vCanal w/o Affinity) on a core in host
+            // mode: its receive path runs there, after the one before
+            // (the path keeps the core's busy time itself).
+            self.canal_host_nic_irq(core);
         }
     }
 

@@ -47,6 +47,8 @@ pub struct SchedState {
     /// Threads from `io_base` on are vhost workers: the worker of each.
     io_base: Tid,
     io_workers: Vec<usize>,
+    /// The vCanal service's thread when it floats ("w/o Affinity").
+    canal: Option<Tid>,
     /// Per vCPU: reported as a lost wake-up.
     stalled: Vec<bool>,
     /// vCPU loads on a core other than the one their VMCS was on.
@@ -62,11 +64,14 @@ impl SchedState {
     /// Threads 0..vcpus are the vCPU threads (pinned to their cores), then
     /// the burners, then the vhost workers (of `io_cores`, one entry per
     /// worker) that share their core with another thread; a worker alone
-    /// on its core runs whenever it has work, outside the scheduler.
+    /// on its core runs whenever it has work, outside the scheduler. Last,
+    /// the vCanal service's thread when it is not pinned (`canal`: the
+    /// core it starts on); it may run on every core.
     pub fn build(
         s: &Scenario,
         vcpus: &[VcpuThread],
         io_cores: &[usize],
+        canal: Option<usize>,
         tick: Time,
     ) -> Option<SchedState> {
         let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
@@ -83,7 +88,8 @@ impl SchedState {
                     || io_cores.iter().enumerate().any(|(k, &o)| k != w && o == c)
             })
             .collect();
-        if s.host.burners.is_empty() && !shared && !halts && io_shared.is_empty() {
+        if s.host.burners.is_empty() && !shared && !halts && io_shared.is_empty() && canal.is_none()
+        {
             return None;
         }
         let mut sched = HostScheduler::new(s.machine.cores);
@@ -106,6 +112,7 @@ impl SchedState {
             let c = io_cores[w];
             sched.add_thread(0, crate::engine::CpuMask::single(c), c);
         }
+        let canal = canal.map(|c| sched.add_thread(0, crate::engine::CpuMask::EMPTY, c));
         Some(SchedState {
             s: sched,
             switch_to: vec![None; s.machine.cores],
@@ -120,6 +127,7 @@ impl SchedState {
             poll_success: 0,
             io_base,
             io_workers: io_shared,
+            canal,
         })
     }
 
@@ -132,6 +140,11 @@ impl SchedState {
     fn io_worker(&self, t: Tid) -> Option<usize> {
         t.checked_sub(self.io_base)
             .and_then(|i| self.io_workers.get(i).copied())
+    }
+
+    /// The floating vCanal service's thread, if any.
+    pub(super) fn canal_thread(&self) -> Option<Tid> {
+        self.canal
     }
 
     /// A vCPU was loaded on a core other than its VMCS's.
@@ -169,19 +182,26 @@ impl World {
                 self.q.schedule(0, Ev::Reschedule { vcpu: t as u16 });
             }
         }
-        for t in vcpus..st.io_base {
-            // Burners queue behind the vCPUs or run on idle cores; vhost
-            // workers sleep until work is queued.
+        for t in (vcpus..st.io_base).chain(st.canal) {
+            // Burners and the floating vCanal service queue behind the
+            // vCPUs or run on idle cores; vhost workers sleep until work
+            // is queued.
             if let Some(Wake::RunIdle { core }) = st.s.wake(t, 0) {
                 st.s.pick_next(core, 0);
             }
         }
+        let canal_on = st
+            .canal
+            .map(|t| st.s.current(st.s.thread(t).core) == Some(t));
         let cores = st.cores();
         let tick = st.tick;
         for c in 0..self.m.cores.len() {
             if cores.contains(c) {
                 self.q.schedule(tick, Ev::SchedTick { core: c as u16 });
             }
+        }
+        if let Some(on) = canal_on {
+            self.canal_thread_started(on);
         }
     }
 
@@ -240,8 +260,18 @@ impl World {
             prev.and_then(|p| st.io_worker(p)),
             next.and_then(|n| st.io_worker(n)),
         );
+        let (prev_canal, next_canal) = (
+            prev.is_some() && prev == st.canal,
+            next.is_some() && next == st.canal,
+        );
         if let Some(w) = prev_io {
             self.vhost_switched_out(w);
+        }
+        if prev_canal {
+            self.canal_switched_out();
+        }
+        if next_canal {
+            self.canal_switched_in(core, 0);
         }
         if let Some(p) = prev.filter(|&p| p < vcpus) {
             self.deschedule(p);
@@ -418,6 +448,9 @@ impl World {
             self.reschedule(n);
         } else if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(n)) {
             self.vhost_switched_in(w, 0);
+        } else if let Some(st) = self.sched.as_ref().filter(|st| st.canal == Some(n)) {
+            let core = st.s.thread(n).core;
+            self.canal_switched_in(core, 0);
         }
     }
 
@@ -452,6 +485,8 @@ impl World {
                         .schedule(now + lat, Ev::Reschedule { vcpu: tid as u16 });
                 } else if let Some(w) = st.io_worker(tid) {
                     self.vhost_switched_in(w, lat);
+                } else if st.canal == Some(tid) {
+                    self.canal_switched_in(core, lat);
                 }
             }
             Some(Wake::Preempt { core }) => {
@@ -481,8 +516,12 @@ impl World {
             return;
         }
         st.s.block(core, now);
+        let canal = st.canal == Some(tid);
         if let Some(w) = st.io_worker(tid) {
             self.vhost_switched_out(w);
+        }
+        if canal {
+            self.canal_switched_out();
         }
         let Some(st) = &mut self.sched else { return };
         let (_, next) = st.s.pick_next(core, now);

@@ -26,9 +26,17 @@
 //! between the service's work items (a NIC interrupt, NAPI and the
 //! protocol per frame).
 //!
+//! "vCanal w/o Affinity" (`workload.vcanal.affinity = false`, §3): the
+//! service's thread is a host-scheduler thread that may run on any core
+//! (its chain of work items stops while it is off a core), and the NIC's
+//! interrupt goes to `nic_irq_core` as a host vector, where the receive
+//! path runs in the interrupted context (a vCPU's external-interrupt
+//! exit, or an idle core).
+//!
 //! Simplifications (named, not hidden): the service core's polling
 //! thread, its pool threads and its NIC softirq share the core in arrival
-//! order, as one FIFO of work items, rather than under the host scheduler;
+//! order, as one FIFO of work items (without affinity: one floating
+//! thread), rather than as separate threads under the host scheduler;
 //! TCP has no handshake (connect() takes the connection already
 //! established, and the HTTP server's accept() takes one of ApacheBench's
 //! connections, established before the run, off its listener's queue: ab
@@ -247,6 +255,28 @@ pub(super) struct CanalPath {
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
     /// The host NIC's receive interrupt moderation.
     nic: NicItr,
+    /// "w/o Affinity" (§3): the service's thread is a host-scheduler
+    /// thread that may run on any core ([`Self::floating`]); the NIC's
+    /// interrupt goes to `irq_core` and its receive path runs there.
+    /// None: pinned to `core`, with the NIC's interrupts (the default).
+    irq_core: Option<usize>,
+    /// The floating service thread is on a core now.
+    on_cpu: bool,
+    /// A `CanalStep` is queued (the floating thread's chain of work items
+    /// stops while it is off its core).
+    step_queued: bool,
+    /// A host thread switch (the floating thread switched in after another
+    /// thread on its core).
+    switch: Time,
+    /// The floating thread's (migrations, switches in, run-queue wait) at
+    /// the end of the warm-up.
+    sched_base: (u64, u64, Time),
+    /// Without affinity: when the receive path last taken on `irq_core`
+    /// ends (an interrupt taken on an idle core, whose time the world does
+    /// not model, waits for the one before), and its time in the measured
+    /// interval.
+    irq_busy_until: Time,
+    irq_busy: Time,
 }
 
 /// The service host NIC's receive interrupt throttle (82599/X520 EITR, as
@@ -454,6 +484,30 @@ pub(super) fn build(
         .max()
         .unwrap_or(8);
     let nvm = vms.len();
+    // "w/o Affinity": the first vCanal VM's setting for the machine's one
+    // service (every vCanal VM shares it).
+    let irq_core = match views
+        .iter()
+        .find_map(|v| v.workload.vcanal.as_ref().map(|c| (v, c)))
+    {
+        Some((v, c)) if !c.affinity => {
+            let key = format!("{}.vcanal", v.workload_key);
+            if c.kick {
+                return Err(format!(
+                    "{key}.affinity: false with kick = true (a sleeping service thread that floats) is not modelled"
+                ));
+            }
+            let irq = c.nic_irq_core.unwrap_or(v.cores[v.app_vcpu]);
+            if irq >= s.machine.cores {
+                return Err(format!(
+                    "{key}.nic_irq_core: {irq} must be a core of the machine (0..{})",
+                    s.machine.cores
+                ));
+            }
+            Some(irq)
+        }
+        _ => None,
+    };
     Ok(Some(CanalPath {
         service: Service::new(nvm, ServiceParams::default()),
         costs,
@@ -518,6 +572,13 @@ pub(super) fn build(
         asleep: false,
         idle_run: 0,
         wakeup: t_us(&cal.vhost.wakeup_us),
+        irq_core,
+        on_cpu: true,
+        step_queued: true,
+        switch: t_ns(&g.context_switch_ns),
+        sched_base: (0, 0, 0),
+        irq_busy_until: 0,
+        irq_busy: 0,
     }))
 }
 
@@ -640,6 +701,12 @@ impl CanalPath {
         self.vms.get_mut(vm)?.as_mut().map(|v| &mut v.mem)
     }
 
+    /// The service's thread floats under the host scheduler ("w/o
+    /// Affinity").
+    pub(super) fn floating(&self) -> bool {
+        self.irq_core.is_some()
+    }
+
     /// Wire time of a frame (a GSO packet: its train of MSS frames).
     fn wire_time(&self, f: &Frame) -> Time {
         let n = f.gso_segs();
@@ -690,6 +757,7 @@ impl World {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
+        c.step_queued = false;
         // The host stack's TCP timers (the sender's retransmission).
         for s in 0..c.socks.len() {
             if let Some(tcp) = &mut c.socks[s].tcp {
@@ -761,9 +829,12 @@ impl World {
             // Every channel came up empty: the service thread sleeps
             // until a doorbell or the NIC wakes it.
             c.asleep = true;
-        } else {
+        } else if c.on_cpu {
             self.q.schedule(now + work, Ev::CanalStep);
+            c.step_queued = true;
         }
+        // Off its core (a floating thread preempted while the item ran):
+        // the next item waits for its next turn on a core.
         self.canal_schedule();
         for vm in irq.into_iter().chain(turn_irq) {
             if let Some(c) = &mut self.canal {
@@ -819,6 +890,9 @@ impl World {
         if let Some((_, vm, f)) = c.to_host.pop_front() {
             c.rx.push_back((vm, f));
         }
+        if c.irq_core.is_some() && !c.nic.moderated() {
+            return self.canal_raise_nic_irq();
+        }
         if c.nic.moderated() {
             if c.nic.armed.is_none() && !c.nic.fired {
                 let now = self.q.now();
@@ -843,7 +917,78 @@ impl World {
         }
         c.nic.armed = None;
         c.nic.fired = true;
+        if c.irq_core.is_some() {
+            return self.canal_raise_nic_irq();
+        }
         self.canal_wake();
+    }
+
+    /// "w/o Affinity": the NIC's MSI-X goes to its core as a host vector;
+    /// on a vCPU's core it costs that vCPU an external-interrupt exit.
+    fn canal_raise_nic_irq(&mut self) {
+        let Some(core) = self.canal.as_ref().and_then(|c| c.irq_core) else {
+            return;
+        };
+        self.q.schedule_in(
+            0,
+            Ev::ApicArrive {
+                core: core as u16,
+                vector: crate::hv::host::HOST_NIC_VECTOR,
+                mode: crate::hw::x86::lapic::DeliveryMode::Fixed,
+            },
+        );
+    }
+
+    /// Host code on `core` took the host NIC's interrupt ("w/o Affinity";
+    /// in an exit, between exit steps or on an idle core): ixgbe's handler
+    /// and its NAPI poll run the frames up the host stack there, as the
+    /// softirq runs where the interrupt came in. Returns the time charged.
+    pub(super) fn canal_host_nic_irq(&mut self, _core: usize) -> Time {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return 0;
+        };
+        if c.irq_core.is_none() {
+            return 0;
+        }
+        let start = now.max(c.irq_busy_until);
+        let t = c.receive(start);
+        c.irq_busy_until = start + t;
+        if now >= self.measure_start {
+            c.irq_busy += t;
+        }
+        // Pool threads it made ready run on the service's thread.
+        self.canal_schedule();
+        start + t - now
+    }
+
+    /// The floating service thread was switched in on `core`, `lat`
+    /// after now (a wake-up), or after a thread switch.
+    pub(super) fn canal_switched_in(&mut self, _core: usize, lat: Time) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        c.on_cpu = true;
+        if !c.step_queued && !c.asleep {
+            c.step_queued = true;
+            let at = self.q.now() + lat.max(c.switch);
+            self.q.schedule(at, Ev::CanalStep);
+        }
+    }
+
+    /// The floating service thread was switched out.
+    pub(super) fn canal_switched_out(&mut self) {
+        if let Some(c) = self.canal.as_deref_mut() {
+            c.on_cpu = false;
+        }
+    }
+
+    /// The scheduler started: the floating service thread is on a core
+    /// (`on`) or waits in a run queue.
+    pub(super) fn canal_thread_started(&mut self, on: bool) {
+        if let Some(c) = self.canal.as_deref_mut() {
+            c.on_cpu = on;
+        }
     }
 
     /// A doorbell of a VM's helper driver (its ioeventfd).
@@ -863,6 +1008,7 @@ impl World {
         };
         if std::mem::take(&mut c.asleep) {
             c.idle_run = 0;
+            c.step_queued = true;
             let at = self.q.now() + c.wakeup;
             self.q.schedule(at, Ev::CanalStep);
         }
@@ -946,11 +1092,50 @@ impl World {
         out.insert("vcanal.host_rx_frames_per_s".into(), k.rx_frames as f64 / s);
         out.insert("vcanal.host_tx_frames_per_s".into(), k.tx_frames as f64 / s);
         out.insert("vcanal.host_nic_irqs_per_s".into(), k.nic_irqs as f64 / s);
+        if c.irq_core.is_some() {
+            out.insert(
+                "vcanal.nic_irq_core_busy_pct".into(),
+                100.0 * c.irq_busy as f64 / (s * crate::engine::SEC as f64),
+            );
+        }
+        // The floating service thread under the host scheduler.
+        if let Some((st, t)) = self
+            .sched
+            .as_ref()
+            .and_then(|st| st.canal_thread().map(|t| (st, t)))
+        {
+            let th = st.s.thread(t);
+            let (m0, s0, w0) = c.sched_base;
+            let waited = st.s.waited(t, self.q.now()).saturating_sub(w0) as f64;
+            out.insert(
+                "vcanal.service_migrations_per_s".into(),
+                th.migrations.saturating_sub(m0) as f64 / s,
+            );
+            out.insert(
+                "vcanal.service_switches_in_per_s".into(),
+                th.switches_in.saturating_sub(s0) as f64 / s,
+            );
+            out.insert(
+                "vcanal.service_runqueue_wait_pct".into(),
+                100.0 * waited / (s * crate::engine::SEC as f64),
+            );
+        }
     }
 
     /// The end of the warm-up.
     pub(super) fn canal_reset(&mut self) {
+        let now = self.q.now();
+        let base = self.sched.as_ref().and_then(|st| {
+            st.canal_thread().map(|t| {
+                let th = st.s.thread(t);
+                (th.migrations, th.switches_in, st.s.waited(t, now))
+            })
+        });
         if let Some(c) = &mut self.canal {
+            if let Some(b) = base {
+                c.sched_base = b;
+            }
+            c.irq_busy = 0;
             c.counters = Counters::default();
             for vm in 0..c.vms.len() {
                 c.stats_base[vm] = c.service.stats(vm);
@@ -1067,7 +1252,8 @@ impl CanalPath {
     /// Frames wait and the NIC's interrupt for them is up (at once when
     /// it is not moderated).
     fn rx_due(&self) -> bool {
-        !self.rx.is_empty() && (self.nic.fired || !self.nic.moderated())
+        // Without affinity the NIC's interrupt is taken on its own core.
+        self.irq_core.is_none() && !self.rx.is_empty() && (self.nic.fired || !self.nic.moderated())
     }
 
     /// Pool threads blocked on `vm`'s calls try again.

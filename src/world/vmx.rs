@@ -583,6 +583,15 @@ impl World {
             let vm = self.hv.vcpus[vcpu].vm;
             self.canal_hypercall(vm, nr, arg);
         }
+        let charged = charged
+            + match info {
+                // The host's own NIC (vCanal w/o Affinity): its driver's
+                // interrupt and NAPI poll run in this exit.
+                ExitInfo::ExternalInterrupt {
+                    vector: Some(crate::hv::host::HOST_NIC_VECTOR),
+                } => self.canal_host_nic_irq(core),
+                _ => 0,
+            };
         self.start_segment(core, base + charged);
     }
 
@@ -594,6 +603,7 @@ impl World {
             // Host interrupts are enabled between handler steps.
             let (mut cx, scheme) = self.cx();
             let mut took = false;
+            let mut nic = false;
             if cx.m.lapics[core].take_nmi() {
                 scheme.host_nmi(&mut cx, core);
                 took = true;
@@ -601,9 +611,17 @@ impl World {
                 scheme.host_interrupt(&mut cx, core, v);
                 cx.m.lapics[core].eoi();
                 took = true;
+                nic = v == crate::hv::host::HOST_NIC_VECTOR;
             }
             if took {
-                let charged = cx.charged.max(1);
+                let charged = cx.charged;
+                let charged = (charged
+                    + if nic {
+                        self.canal_host_nic_irq(core)
+                    } else {
+                        0
+                    })
+                .max(1);
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
                 self.start_segment(core, charged);

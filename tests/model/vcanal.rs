@@ -124,3 +124,98 @@ fn the_host_nic_interrupt_is_moderated() {
     // interval (about 10 µs) is shorter than a round trip: as off.
     assert!(served(&adaptive) > 0.95 * served(&off));
 }
+
+/// A 1-vCPU VM (core 1) streaming TCP over vCanal with the service on
+/// core 3; `extra`: more `[workload.vcanal]` keys, `host`: host tables.
+fn stream(extra: &str, host: &str) -> String {
+    format!(
+        "scheme = \"kvm\"\nseed = 3\nduration_s = 0.02\nwarmup_s = 0.005\n\
+         [machine]\ncores = 4\n[guest]\ntick = \"periodic\"\ngso = false\ngro = false\n\
+         [net]\ndevice = \"vf\"\npeer_gso = false\n\
+         [workload.netperf]\ntest = \"tcp-stream\"\ndirection = \"send\"\nmsg_bytes = 16384\n\
+         {host}\n[workload.vcanal]\nservice_core = 3\n{extra}"
+    )
+}
+
+/// "vCanal w/o Affinity" (vcanal.md §3, §6): the host NIC's interrupt on
+/// the vCPU's core costs that vCPU external-interrupt exits (the paper:
+/// "without affinity external-interrupt exits remain"); steered to an
+/// idle core instead, it costs the vCPU nothing.
+#[test]
+fn without_affinity_the_nic_interrupt_exits_on_the_vcpu_core() {
+    let pinned = run_text(&stream("", ""), &[]);
+    let floating = run_text(&stream("affinity = false\n", ""), &[]);
+    let idle_irq = run_text(&stream("affinity = false\nnic_irq_core = 2\n", ""), &[]);
+    for r in [&pinned, &floating, &idle_irq] {
+        assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+        assert!(metric(r, "netperf.throughput_gbps") > 1.0);
+        assert!(metric(r, "vcanal.host_nic_irqs_per_s") > 100.0);
+    }
+    let ext = |r| rate(r, "EXTERNAL_INTERRUPT");
+    let nic = metric(&floating, "vcanal.host_nic_irqs_per_s");
+    // Some NIC interrupts find the vCPU halted (no exit), most do not.
+    assert!(
+        ext(&floating) > ext(&pinned) + 0.3 * nic,
+        "{} vs {} (+{nic} NIC irqs)",
+        ext(&floating),
+        ext(&pinned)
+    );
+    assert!(floating.vms[0].tig_pct < pinned.vms[0].tig_pct);
+    assert!(
+        ext(&idle_irq) < ext(&pinned) + 0.1 * nic,
+        "{} vs {}",
+        ext(&idle_irq),
+        ext(&pinned)
+    );
+    // Alone on its idle core, the floating thread is never moved.
+    assert_eq!(metric(&floating, "vcanal.service_migrations_per_s"), 0.0);
+}
+
+/// Without affinity the service's thread is a thread of the host
+/// scheduler: a CPU burner on its core makes CFS share that core or move
+/// the thread, so it waits in run queues, where the pinned service core
+/// never does.
+#[test]
+fn a_floating_service_thread_competes_under_cfs() {
+    // Every core but the vCPU's has a burner: the thread must share one.
+    let burn = "[[host.burners]]\ncores = [0]\n[[host.burners]]\ncores = [2]\n\
+                [[host.burners]]\ncores = [3]\n";
+    let r = run_text(&stream("affinity = false\n", burn), &[]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert!(metric(&r, "netperf.throughput_gbps") > 0.5);
+    let waited = metric(&r, "vcanal.service_runqueue_wait_pct");
+    let moved = metric(&r, "vcanal.service_migrations_per_s");
+    assert!(
+        waited > 0.0 || moved > 0.0,
+        "wait {waited}% moves {moved}/s"
+    );
+    assert!(metric(&r, "vcanal.service_switches_in_per_s") > 0.0);
+}
+
+/// Bad "w/o Affinity" input is refused with the key named.
+#[test]
+fn bad_affinity_keys_are_refused() {
+    let s = exitless::scenario::Scenario::parse(
+        &stream("affinity = false\nnic_irq_core = 9\n", ""),
+        &[],
+    )
+    .expect("parses");
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("nic_irq_core"), "{e}");
+    let s =
+        exitless::scenario::Scenario::parse(&stream("affinity = false\nkick = true\n", ""), &[])
+            .expect("parses");
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("affinity"), "{e}");
+    // A NIC interrupt core with affinity on would be ignored: refused.
+    let e = exitless::scenario::Scenario::parse(&stream("nic_irq_core = 1\n", ""), &[])
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("nic_irq_core"), "{e}");
+}
