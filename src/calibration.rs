@@ -98,7 +98,10 @@ section!(Guest {
     nginx_request_ns,
     apache_request_ns,
     blk_submit_ns,
+    blk_elv_insert_ns,
+    blk_dispatch_ns,
     blk_complete_ns,
+    fio_io_ns,
     cyclictest_loop_ns,
     whileloop_cycles_per_iter,
     cost_cv,
@@ -140,6 +143,8 @@ section!(Blk {
     complete_us,
     copy_per_kib_ns,
     thread_create_us,
+    paio_lock_ns,
+    display_refresh_us,
 });
 section!(Vcanal {
     inr_build_ns,

@@ -265,6 +265,9 @@ pub(in crate::world) fn spawn(
                 f.block_bytes,
                 f.read_pct / 100.0,
                 f.disk_bytes,
+                // fio's default engine (sync) seeks before each random
+                // read/write (fio_syncio_prep's lseek), before the stamp.
+                t_ns(&g.fio_io_ns) + t_ns(&g.syscall_ns),
                 t_ns(&g.syscall_ns),
             );
             let t = kernel.spawn_on(v.app_vcpu, Box::new(job), 0, false);
