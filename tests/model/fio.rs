@@ -26,10 +26,16 @@ fn fio_requests_complete_through_each_scheme() {
         assert_eq!(metric(r, "blk.out_of_range"), 0.0);
         // qemu-kvm 1.0, aio=threads: the kick and the completion pipe each
         // wake the sleeping main loop, the submission wakes the sleeping
-        // pool thread.
+        // pool thread; except while a display refresh keeps the loop
+        // awake (50 us: the kicks and pipes of two or three requests find
+        // it busy).
+        let wakeups = metric(r, "blk.main_wakeups");
+        let refreshes = metric(r, "blk.display_refreshes");
+        assert!((1.0..=3.0).contains(&refreshes), "{n}: {refreshes}");
+        let missing = 2.0 * reqs - wakeups;
         assert!(
-            (metric(r, "blk.main_wakeups") - 2.0 * reqs).abs() <= 4.0,
-            "{n}"
+            (-4.0..=4.0 + 6.0 * refreshes).contains(&missing),
+            "{n}: {wakeups} wake-ups for {reqs} requests"
         );
         assert!((metric(r, "blk.worker_wakeups") - reqs).abs() <= 2.0, "{n}");
     }
