@@ -1,11 +1,25 @@
-//! The guest's virtio-blk driver (Linux 3.6 `virtio_blk.c` in spirit) and
-//! the block queue tasks submit to. A request goes into the virtqueue and
-//! the driver kicks (a PIO write to the notify port, an ioeventfd exit)
-//! when the device asked; the completion interrupt's handler (`blk_done`)
-//! drains the used ring with callbacks off, re-enables them, and wakes the
-//! waiting task. Each submission arms the application's guard hrtimer and
-//! each completion cancels it (DID §5.6: "Fio arms a guard timer per
-//! request"), which moves the clockevent when that timer is the next one.
+//! The guest's block path for a virtio-blk disk (Linux 3.6, single-queue
+//! block layer with CFQ, `virtio_blk.c`) and the block queue tasks submit
+//! to. A direct-I/O read or write runs, in the task's context:
+//!
+//! 1. `__blockdev_direct_IO` under a plug (`blk_start_plug`): the bio is
+//!    built and `blk_queue_bio` turns it into a request on the task's plug
+//!    list (`blk.submit_ns` each);
+//! 2. `blk_finish_plug` → `blk_flush_plug_list`: each plugged request is
+//!    inserted into the elevator, CFQ's sort tree (`cfq_insert_request`,
+//!    `blk.elv_insert_ns` each);
+//! 3. `__blk_run_queue` → `do_virtblk_request`: CFQ dispatches each request
+//!    (`cfq_dispatch_requests`), `blk_start_request`, and `do_req` adds it
+//!    to the virtqueue (`blk.dispatch_ns` each);
+//! 4. one `virtqueue_kick` when requests were issued: a PIO write to the
+//!    notify port (an ioeventfd exit) when the device asked.
+//!
+//! The completion interrupt's handler (`blk_done`) ends each request in
+//! the hard interrupt (`__blk_end_request_all` under the queue lock: 3.6's
+//! driver raises no BLOCK_SOFTIRQ) and wakes the waiting task. Each
+//! submission arms the application's guard hrtimer and each completion
+//! cancels it (DID §5.6: "Fio arms a guard timer per request"), which moves
+//! the clockevent when that timer is the next one.
 
 use super::{Action, FrameKind, HrKind, Kernel, KernelOp};
 use crate::engine::Time;
@@ -30,6 +44,18 @@ pub struct BlkQueue {
     pub submit: VecDeque<BlkRequest>,
     /// Completed: the request and when its completion reached the task.
     pub done: VecDeque<(BlkRequest, Time)>,
+}
+
+/// The kernel's side of the disk's request queue: the submitting task's
+/// plug list and the elevator's queue.
+#[derive(Debug, Default)]
+pub(super) struct RequestQueue {
+    /// Requests on the task's plug list (`blk_queue_bio` with a plug).
+    plugged: VecDeque<BlkRequest>,
+    /// Requests inserted into CFQ, not yet dispatched to the driver.
+    elevator: VecDeque<BlkRequest>,
+    /// Requests issued to the driver since the queue was last run.
+    issued: u32,
 }
 
 impl Kernel {
@@ -69,8 +95,9 @@ impl Kernel {
         self.cfg.costs.blk_complete * n as Time
     }
 
-    /// One step of the submission frame (`virtblk_request` for each queued
-    /// request, then the kick decision).
+    /// One step of the submission frame: stage 0 plugs each submitted
+    /// request, stage 1 flushes the plug into the elevator, stage 2
+    /// dispatches each request to the virtqueue, stage 3 kicks.
     pub(super) fn blk_submit_step(
         &mut self,
         top: usize,
@@ -80,40 +107,64 @@ impl Kernel {
     ) -> Option<Action> {
         let (Some(cfg), Some(dev)) = (self.cfg.virtio_blk, dev) else {
             self.blk.submit.clear();
+            self.rq = RequestQueue::default();
             self.pop();
             return None;
         };
+        let c = &self.cfg.costs;
         match stage {
-            0 => {
-                let Some(r) = self.blk.submit.pop_front() else {
-                    self.pop();
+            // submit_bio → blk_queue_bio: onto the plug list.
+            0 => match self.blk.submit.pop_front() {
+                Some(r) => {
+                    self.rq.plugged.push_back(r);
+                    self.set_stage(top, 0, c.blk_submit);
+                }
+                None if self.rq.plugged.is_empty() => self.pop(),
+                None => self.set_stage(top, 1, 0),
+            },
+            // blk_finish_plug: every plugged request into CFQ.
+            1 => {
+                let n = self.rq.plugged.len() as Time;
+                self.rq.elevator.extend(self.rq.plugged.drain(..));
+                self.set_stage(top, 2, n * c.blk_elv_insert);
+            }
+            // __blk_run_queue → do_virtblk_request, one request a step.
+            2 => {
+                let Some(r) = self.rq.elevator.pop_front() else {
+                    self.set_stage(top, 3, 0);
                     return None;
                 };
                 if !dev.add(r) {
-                    // Queue full: the request waits (iodepth above the ring).
-                    self.blk.submit.push_front(r);
-                    self.pop();
+                    // Ring full: blk_stop_queue; the rest stay in the
+                    // elevator and go with the next run of the queue (the
+                    // restart from blk_done is not modelled: the model's
+                    // Fio keeps one request in flight).
+                    self.rq.elevator.push_front(r);
+                    self.set_stage(top, 3, 0);
                     return None;
                 }
+                self.rq.issued += 1;
                 if cfg.guard > 0 {
                     self.cpus[self.on]
                         .hrtimers
                         .push((now + cfg.guard, HrKind::Guard));
                 }
-                self.set_stage(top, 1, self.cfg.costs.blk_submit);
-                None
+                self.set_stage(top, 2, c.blk_dispatch);
             }
+            // virtqueue_kick if anything was issued, then look again for
+            // requests submitted meanwhile (or pop when there are none).
             _ => {
+                let issued = std::mem::take(&mut self.rq.issued);
                 self.set_stage(top, 0, 0);
-                if dev.kick_prepare() {
+                if issued > 0 && dev.kick_prepare() {
                     return Some(Action::Op(KernelOp::QueueNotify {
                         port: cfg.notify_port,
                         value: 0,
                     }));
                 }
-                None
             }
         }
+        None
     }
 
     /// Pushes the submission frame if a task queued requests: on the

@@ -65,7 +65,12 @@ pub struct GuestCosts {
     pub udp_tx_datagram: Time,
     pub virtio_xmit: Time,
     pub vf_xmit: Time,
+    /// Direct I/O down to the plug list, per request.
     pub blk_submit: Time,
+    /// CFQ's insert at unplug, per request.
+    pub blk_elv_insert: Time,
+    /// CFQ's dispatch and virtio-blk's `do_req`, per request.
+    pub blk_dispatch: Time,
     pub blk_complete: Time,
     /// icmp_rcv → icmp_echo → icmp_reply → ip_push_pending_frames, per
     /// echo request answered (ping).
@@ -538,6 +543,7 @@ pub struct Kernel {
     tx_dirty: Vec<usize>,
     tx_dirty_seen: Vec<bool>,
     blk: blk::BlkQueue,
+    rq: blk::RequestQueue,
     blk_task: Option<usize>,
     tx_pending: bool,
     tx_backlog: VecDeque<WireFrame>,
@@ -596,6 +602,7 @@ impl Kernel {
             tx_dirty: Vec::new(),
             tx_dirty_seen: Vec::new(),
             blk: blk::BlkQueue::default(),
+            rq: blk::RequestQueue::default(),
             blk_task: None,
             tx_pending: false,
             tx_backlog: VecDeque::with_capacity(256),
@@ -1657,6 +1664,8 @@ pub(crate) fn test_config() -> GuestConfig {
             virtio_xmit: z,
             vf_xmit: z,
             blk_submit: z,
+            blk_elv_insert: z,
+            blk_dispatch: z,
             blk_complete: z,
             icmp_echo: z,
             rx_protocol: z,

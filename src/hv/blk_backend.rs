@@ -20,8 +20,28 @@
 //! `select` returns at once, a worker takes the next queued request without
 //! waiting). QEMU 1.0's virtio-blk never turns guest notifications off: the
 //! avail-event index simply follows its pops.
+//!
+//! Three things the main loop shares with the rest of QEMU (docs/
+//! calibration-sources.md §6):
+//!
+//! * **The global mutex** (`qemu_mutex_lock_iothread`): `main_loop_wait`
+//!   drops it only around `select`, so a whole pass (fd handlers, timers,
+//!   bottom halves) runs holding it. A vCPU thread takes it when `KVM_RUN`
+//!   returns to user space (`kvm_cpu_exec`), i.e. for every exit QEMU
+//!   emulates (an I/O port with no ioeventfd), and drops it before
+//!   re-entering. The two serialise: a vCPU exit that finds the main loop
+//!   in a pass waits for its end, and a main loop woken while a vCPU holds
+//!   the mutex waits for the vCPU.
+//! * **The display refresh** (`gui_update`, re-armed every
+//!   `GUI_REFRESH_INTERVAL` = 30 ms of `rt_clock` while a display such as
+//!   SDL is open): a main-loop timer, run after the fd handlers of its pass.
+//! * **posix-aio-compat's completion walk** (`posix_aio_process_queue`):
+//!   the main loop walks its list of outstanding requests (newest first),
+//!   reading each one's status under the pool's mutex (`qemu_paio_error`,
+//!   and `qemu_paio_return` for a finished one), completes the first
+//!   finished one it finds and starts the walk again from the head.
 
-use crate::engine::{Time, SEC};
+use crate::engine::{Time, MS, SEC};
 use crate::hw::virtio_blk::{BlkRequest, VirtioBlkDev};
 use std::collections::{BTreeSet, VecDeque};
 
@@ -30,6 +50,8 @@ pub const MAX_WORKERS: usize = 64;
 /// A worker that waited this long for a request exits (posix-aio-compat's
 /// `cond_timedwait` with a 10 s deadline).
 pub const WORKER_IDLE_EXIT: Time = 10 * SEC;
+/// QEMU 1.0's display refresh period (`GUI_REFRESH_INTERVAL`, console.h).
+pub const GUI_REFRESH_INTERVAL: Time = 30 * MS;
 
 /// Costs of the back end (from the calibration file).
 #[derive(Clone, Copy, Debug, Default)]
@@ -51,6 +73,12 @@ pub struct BlkCosts {
     pub signal: Time,
     /// Creating a pool thread (`pthread_create`, on the main loop).
     pub thread_create: Time,
+    /// One uncontended lock and unlock of the pool's mutex (each request
+    /// status read in the completion walk).
+    pub paio_lock: Time,
+    /// One display refresh (`gui_update`: `vga_hw_update` and the
+    /// display's refresh), on the main loop under the global mutex.
+    pub display_refresh: Time,
 }
 
 /// Counters of the back end.
@@ -66,6 +94,16 @@ pub struct BlkCounters {
     pub threads_created: u64,
     pub requests: u64,
     pub signals: u64,
+    /// Display refreshes run.
+    pub refreshes: u64,
+    /// Status reads of the completion walk (pool-mutex lock/unlock pairs).
+    pub walk_reads: u64,
+    /// vCPU exits that found the main loop holding the global mutex, and
+    /// their total wait.
+    pub vcpu_mutex_waits: u64,
+    pub vcpu_mutex_wait: Time,
+    /// Main-loop passes that found a vCPU holding the global mutex.
+    pub main_mutex_waits: u64,
 }
 
 /// What the main loop is doing.
@@ -86,8 +124,11 @@ enum Unit {
     Pop,
     /// Submitting popped request `head` to the pool.
     Submit(u16, BlkRequest),
-    /// Completing request `head` (from the pipe's queue).
-    Complete(u16),
+    /// Completing request `head` (from the pipe's queue), after `reads`
+    /// status reads of the walk that found it.
+    Complete(u16, u32),
+    /// The display refresh timer's callback.
+    Refresh,
     /// The MSI into KVM after a completion.
     Signal,
     /// Creating a pool thread (the new-thread bottom half).
@@ -116,6 +157,8 @@ enum Due {
     WorkerRuns(usize),
     /// Worker `w` finished its request.
     WorkerDone(usize),
+    /// The display refresh timer expires.
+    Refresh,
 }
 
 /// What a step of the back end asks of the platform.
@@ -149,6 +192,17 @@ pub struct RamDiskBackend {
     request_list: VecDeque<(u16, BlkRequest)>,
     /// Requests a worker finished, for the main loop.
     finished: VecDeque<u16>,
+    /// posix-aio-compat's `first_aio`: requests submitted and not yet
+    /// completed, newest first.
+    first_aio: VecDeque<u16>,
+    /// When the running unit ends.
+    current_end: Time,
+    /// The display refresh timer has expired; its callback runs in the
+    /// next pass.
+    refresh_due: bool,
+    /// A vCPU holds the global mutex until then (or waits for it and then
+    /// holds it).
+    vcpu_until: Time,
     /// Pool threads that are being created.
     spawning: usize,
     workers: Vec<Worker>,
@@ -162,9 +216,11 @@ pub struct RamDiskBackend {
 }
 
 impl RamDiskBackend {
-    /// A back end for `vm` over a RAM disk of `capacity` bytes.
-    pub fn new(vm: usize, kick_fd: u16, vector: u8, capacity: u64) -> Self {
-        RamDiskBackend {
+    /// A back end for `vm` over a RAM disk of `capacity` bytes; `display`:
+    /// QEMU has a display open whose refresh timer runs on the main loop
+    /// (first at time 0, as `gui_update` is armed at start-up).
+    pub fn new(vm: usize, kick_fd: u16, vector: u8, capacity: u64, display: bool) -> Self {
+        let mut b = RamDiskBackend {
             vm,
             kick_fd,
             vector,
@@ -176,13 +232,21 @@ impl RamDiskBackend {
             pipe_ready: false,
             request_list: VecDeque::new(),
             finished: VecDeque::new(),
+            first_aio: VecDeque::new(),
+            current_end: 0,
+            refresh_due: false,
+            vcpu_until: 0,
             spawning: 0,
             workers: Vec::new(),
             agenda: BTreeSet::new(),
             seq: 0,
             out_of_range: 0,
             counters: BlkCounters::default(),
+        };
+        if display {
+            b.at(0, Due::Refresh);
         }
+        b
     }
 
     /// The earliest time something is due (for the platform's timer).
@@ -223,6 +287,45 @@ impl RamDiskBackend {
         true
     }
 
+    /// A vCPU thread of this VM returns to user space at `now` for an exit
+    /// QEMU emulates, which holds the global mutex for `hold`: returns how
+    /// long it waits for the mutex first. A main loop in a pass keeps the
+    /// mutex to the pass's end (its running unit and those queued; work
+    /// the pass adds later is not waited for).
+    pub fn vcpu_lock(&mut self, now: Time, hold: Time, c: &BlkCosts) -> Time {
+        let free_at = match self.main {
+            Main::Busy => {
+                let queued: Time = self.units.iter().map(|&u| Self::unit_cost(u, c)).sum();
+                self.current_end + queued
+            }
+            // A woken main loop that has not taken the mutex yet, or one
+            // asleep in select: the vCPU takes it (after another vCPU's
+            // hold, with one vCPU thread per VM in the model never).
+            Main::Waking | Main::Asleep => now,
+        }
+        .max(self.vcpu_until)
+        .max(now);
+        let wait = free_at - now;
+        if wait > 0 {
+            self.counters.vcpu_mutex_waits += 1;
+            self.counters.vcpu_mutex_wait += wait;
+        }
+        self.vcpu_until = free_at + hold;
+        wait
+    }
+
+    /// The main loop's cost for unit `u`.
+    fn unit_cost(u: Unit, c: &BlkCosts) -> Time {
+        match u {
+            Unit::Pop => 0,
+            Unit::Submit(..) => c.submit,
+            Unit::Complete(_, reads) => c.complete + Time::from(reads) * c.paio_lock,
+            Unit::Signal => c.signal,
+            Unit::Spawn => c.thread_create,
+            Unit::Refresh => c.display_refresh,
+        }
+    }
+
     /// Runs everything due up to `now`.
     pub fn step(&mut self, now: Time, dev: &mut VirtioBlkDev, c: &BlkCosts) -> StepOut {
         let mut out = StepOut::default();
@@ -232,11 +335,27 @@ impl RamDiskBackend {
             }
             self.agenda.remove(&(t, s, d));
             match d {
+                Due::Main if self.main == Main::Waking && t < self.vcpu_until => {
+                    // Back from select, blocked on the global mutex a vCPU
+                    // holds: woken again when it drops it.
+                    self.counters.main_mutex_waits += 1;
+                    self.at(self.vcpu_until + c.wakeup, Due::Main);
+                }
                 Due::Main => {
                     if let Some(u) = self.current.take() {
                         self.unit_done(u, t, dev, c, &mut out);
                     }
                     self.main_next(t, dev, c);
+                }
+                Due::Refresh => {
+                    // The timer runs in the main loop's next pass, after
+                    // its fd handlers (`qemu_run_all_timers`); a sleeping
+                    // loop's select times out (a wake-up like any other).
+                    self.refresh_due = true;
+                    if self.main == Main::Asleep {
+                        self.main = Main::Waking;
+                        self.at(t + c.wakeup, Due::Main);
+                    }
                 }
                 Due::WorkerRuns(w) => self.worker_next(w, t, c),
                 Due::WorkerDone(w) => {
@@ -265,7 +384,12 @@ impl RamDiskBackend {
         match u {
             Unit::Pop => {}
             Unit::Submit(head, r) => self.paio_submit(head, r, now, c),
-            Unit::Complete(head) => {
+            Unit::Refresh => {
+                // gui_update re-arms its timer an interval after it ran.
+                self.counters.refreshes += 1;
+                self.at(now + GUI_REFRESH_INTERVAL, Due::Refresh);
+            }
+            Unit::Complete(head, _) => {
                 dev.complete(head);
                 if dev.need_signal() {
                     self.units.push_front(Unit::Signal);
@@ -318,26 +442,39 @@ impl RamDiskBackend {
                         }
                         continue;
                     }
-                    Unit::Submit(..) => c.submit,
-                    Unit::Complete(_) => c.complete,
-                    Unit::Signal => c.signal,
-                    Unit::Spawn => c.thread_create,
+                    u => Self::unit_cost(u, c),
                 };
                 self.current = Some(u);
                 self.main = Main::Busy;
+                self.current_end = now + cost;
                 self.at(now + cost, Due::Main);
                 return;
             }
-            // `select` returns at once for what is already readable.
+            // The pass is over: the mutex is dropped around select. A vCPU
+            // waiting for it (or holding it) goes first; select returns at
+            // once for what is already readable, and the loop then blocks
+            // on the mutex until the vCPU drops it.
+            if self.vcpu_until > now {
+                self.main = if self.pipe_ready || self.kick_ready || self.refresh_due {
+                    self.counters.main_mutex_waits += 1;
+                    self.at(self.vcpu_until + c.wakeup, Due::Main);
+                    Main::Waking
+                } else {
+                    Main::Asleep
+                };
+                return;
+            }
             if self.pipe_ready {
                 self.pipe_ready = false;
-                while let Some(h) = self.finished.pop_front() {
-                    self.units.push_back(Unit::Complete(h));
-                }
+                self.completion_walk();
             }
             if self.kick_ready {
                 self.kick_ready = false;
                 self.units.push_back(Unit::Pop);
+            }
+            if self.refresh_due {
+                self.refresh_due = false;
+                self.units.push_back(Unit::Refresh);
             }
             if self.units.is_empty() {
                 self.main = Main::Asleep;
@@ -346,9 +483,48 @@ impl RamDiskBackend {
         }
     }
 
+    /// `posix_aio_process_queue` after the pipe was read: walk the
+    /// outstanding requests from the newest, one status read each (two for
+    /// a finished one: `qemu_paio_error` then `qemu_paio_return`); complete
+    /// the first finished one and walk again from the head; a last walk
+    /// finds none. The reads are charged to the completions they found
+    /// (the last walk's to the last one).
+    fn completion_walk(&mut self) {
+        let first = self.units.len();
+        while !self.finished.is_empty() {
+            let mut reads = 0u32;
+            let found = self.first_aio.iter().position(|h| {
+                reads += 1;
+                self.finished.contains(h)
+            });
+            let Some(i) = found else {
+                // Finished but not on the list (cannot happen): dropped.
+                self.finished.clear();
+                break;
+            };
+            let head = self.first_aio.remove(i).unwrap_or_default();
+            self.finished.retain(|&h| h != head);
+            self.units.push_back(Unit::Complete(head, reads + 1));
+        }
+        let last_walk = self.first_aio.len() as u32;
+        self.counters.walk_reads +=
+            self.units
+                .iter()
+                .skip(first)
+                .fold(u64::from(last_walk), |n, u| match u {
+                    Unit::Complete(_, r) => n + u64::from(*r),
+                    _ => n,
+                });
+        if let Some(Unit::Complete(_, r)) = self.units.back_mut() {
+            *r += last_walk;
+        }
+    }
+
     /// `paio_submit`: a new thread if none is idle, the request on the
     /// list, one waiter signalled.
     fn paio_submit(&mut self, head: u16, r: BlkRequest, now: Time, c: &BlkCosts) {
+        // The AIOCB goes on the head of `first_aio`.
+        self.first_aio.push_front(head);
         // Threads whose timed wait ran out have exited.
         for w in &mut self.workers {
             if matches!(*w, Worker::Idle(since) if now >= since + WORKER_IDLE_EXIT) {
@@ -406,6 +582,8 @@ mod tests {
             complete: from_us(1.0),
             signal: from_us(0.3),
             thread_create: from_us(30.0),
+            paio_lock: 0,
+            display_refresh: from_us(50.0),
         }
     }
 
@@ -448,7 +626,7 @@ mod tests {
     #[test]
     fn each_request_crosses_three_thread_hand_offs() {
         let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
-        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30);
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
         let done = serve(&mut b, &mut dev, 20);
         assert_eq!(done.len(), 20);
         // One pool thread, created for the first request only.
@@ -465,7 +643,7 @@ mod tests {
     #[test]
     fn service_time_is_three_wakeups_plus_the_threads_work() {
         let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
-        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30);
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
         let c = costs();
         // Warm the pool (the first request creates the thread).
         serve(&mut b, &mut dev, 1);
@@ -494,7 +672,7 @@ mod tests {
         // The worker finishes while the main loop still runs (a long
         // submit): the pipe is read on the loop's next pass, no wake-up.
         let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
-        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30);
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
         serve(&mut b, &mut dev, 1);
         let mut c = costs();
         c.io = 0;
@@ -528,11 +706,106 @@ mod tests {
         while dev.get_done().is_some() {}
     }
 
+    /// Runs the back end from `t0` until it signals; returns that time.
+    fn until_signal(b: &mut RamDiskBackend, dev: &mut VirtioBlkDev, c: &BlkCosts) -> Time {
+        loop {
+            let t = b.next_due().expect("the request is under way");
+            if b.step(t, dev, c).signal {
+                while dev.get_done().is_some() {}
+                dev.enable_cb();
+                return t;
+            }
+        }
+    }
+
+    fn one_request(dev: &mut VirtioBlkDev, at: Time) {
+        assert!(dev.add(BlkRequest {
+            write: false,
+            sector: 0,
+            len: 4096,
+            issued: at,
+        }));
+        assert!(dev.kick_prepare());
+    }
+
+    #[test]
+    fn the_completion_walk_reads_every_outstanding_request() {
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
+        // Newest first: 3, 2, 1, 0; requests 1 and 3 have finished.
+        b.first_aio.extend([3, 2, 1, 0]);
+        b.finished.extend([1, 3]);
+        b.completion_walk();
+        // Walk 1 reads 3 (finished, read twice); walk 2 reads 2, then 1
+        // (twice); the last walk reads 2 and 0 and finds nothing.
+        let done: Vec<Unit> = b.units.iter().copied().collect();
+        assert_eq!(done, [Unit::Complete(3, 2), Unit::Complete(1, 3 + 2)]);
+        assert_eq!(b.counters.walk_reads, 7);
+        assert_eq!(b.first_aio, [2, 0]);
+        assert!(b.finished.is_empty());
+    }
+
+    #[test]
+    fn a_display_refresh_holds_the_main_loop_off_a_kick() {
+        let c = costs();
+        let kick_at = from_us(10.0);
+        let served = |display: bool| {
+            let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
+            let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, display);
+            // A pool thread already waits (as after the first request).
+            b.workers.push(Worker::Idle(0));
+            // The refresh timer fires at 0: the loop wakes and runs it.
+            while b.next_due().is_some_and(|t| t < kick_at) {
+                b.step(b.next_due().unwrap(), &mut dev, &c);
+            }
+            one_request(&mut dev, kick_at);
+            b.kick(7, kick_at, &c);
+            let t = until_signal(&mut b, &mut dev, &c);
+            (t, b)
+        };
+        let (with, b) = served(true);
+        let (without, _) = served(false);
+        // The kick came 7 us into the 50 us refresh (woken at 3 us): the
+        // request waits for its end instead of paying a wake-up.
+        let refresh_end = c.wakeup + c.display_refresh;
+        assert_eq!(with - without, refresh_end - kick_at - c.wakeup);
+        assert_eq!(b.counters.refreshes, 1);
+        // The timer is re-armed 30 ms after the refresh ran.
+        assert_eq!(b.next_due(), Some(refresh_end + GUI_REFRESH_INTERVAL));
+    }
+
+    #[test]
+    fn a_vcpu_exit_and_the_main_loop_serialise_on_the_global_mutex() {
+        let c = costs();
+        let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
+        serve(&mut b, &mut dev, 1);
+        let t0 = SEC;
+        one_request(&mut dev, t0);
+        b.kick(7, t0, &c);
+        // The main loop wakes (3 us) and submits (1.5 us).
+        b.step(t0 + c.wakeup, &mut dev, &c);
+        assert_eq!(b.main, Main::Busy);
+        // A vCPU exits to user space 1 us into the submit: it waits for
+        // the rest of the pass, then holds the mutex 8 us.
+        let exit_at = t0 + c.wakeup + from_us(1.0);
+        let wait = b.vcpu_lock(exit_at, from_us(8.0), &c);
+        assert_eq!(wait, c.submit - from_us(1.0));
+        assert_eq!(b.counters.vcpu_mutex_waits, 1);
+        // The worker's completion (pipe) wakes the loop while the vCPU
+        // holds the mutex: it blocks, and is woken again when it is free.
+        let t = until_signal(&mut b, &mut dev, &c);
+        assert_eq!(b.counters.main_mutex_waits, 1);
+        let vcpu_done = exit_at + wait + from_us(8.0);
+        assert_eq!(t, vcpu_done + c.wakeup + c.complete + c.signal);
+        // A main loop asleep lets the vCPU in at once.
+        assert_eq!(b.vcpu_lock(t + SEC, from_us(8.0), &c), 0);
+    }
+
     #[test]
     fn the_pool_grows_when_no_thread_is_idle_and_idle_threads_exit() {
         let c = costs();
         let mut dev = VirtioBlkDev::new(128, true, 0).unwrap();
-        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30);
+        let mut b = RamDiskBackend::new(0, 7, 0x53, 1 << 30, false);
         for i in 0..4u64 {
             dev.add(BlkRequest {
                 write: true,

@@ -224,6 +224,25 @@ pub struct HostSpec {
     /// 0 (default): every thread starts level, and cores that hold the
     /// same threads rotate in step.
     pub vcpu_start_skew_ms: f64,
+    /// QEMU's display: with one open (SDL, QEMU 1.0's default when neither
+    /// `-nographic` nor `-vnc` is given) its refresh timer runs on the
+    /// main loop every 30 ms. Only the modelled main loop (the virtio-blk
+    /// back end's) sees it.
+    pub qemu_display: QemuDisplay,
+}
+
+/// QEMU's display front end, as far as the main loop sees it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum QemuDisplay {
+    /// An SDL window: `gui_update` refreshes it every
+    /// `GUI_REFRESH_INTERVAL` (30 ms).
+    #[default]
+    Sdl,
+    /// `-display none`: no refresh timer.
+    None,
 }
 
 /// A CPU-bound host thread (a background burner).

@@ -520,6 +520,25 @@ pub struct SipSpec {
     /// Calls to place (the paper: 10,000).
     #[serde(default = "sip_calls")]
     pub calls: u32,
+    /// Where the B2BUA's RADIUS server runs: Sippy authenticates each
+    /// credentialed INVITE through a radiusclient process and a RADIUS
+    /// server (docs/calibration-sources.md §14).
+    #[serde(default)]
+    pub radius: SipRadius,
+}
+
+/// Where the SIP B2BUA's RADIUS server is.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SipRadius {
+    /// On the load generator, beside the UAC: each Access-Request crosses
+    /// the VM's NIC and the link both ways.
+    #[default]
+    LoadGenerator,
+    /// No RADIUS: the B2BUA checks the digest itself.
+    Off,
 }
 
 fn sip_rate() -> f64 {

@@ -61,10 +61,14 @@ pub enum Msg {
     ProxyAuth,
     /// 200 OK to the BYE.
     ByeOk,
+    /// RADIUS Access-Request (RFC 2865) from the B2BUA's radiusclient.
+    AccessRequest,
+    /// RADIUS Access-Accept.
+    AccessAccept,
 }
 
 impl Msg {
-    const ALL: [Msg; 9] = [
+    const ALL: [Msg; 11] = [
         Msg::Invite,
         Msg::InviteAuth,
         Msg::Ack,
@@ -74,6 +78,8 @@ impl Msg {
         Msg::Ok,
         Msg::ProxyAuth,
         Msg::ByeOk,
+        Msg::AccessRequest,
+        Msg::AccessAccept,
     ];
 
     /// UDP payload bytes: SIPp's built-in uac/uas messages (headers, and
@@ -90,6 +96,10 @@ impl Msg {
             Msg::Ok => 600,
             Msg::ProxyAuth => 450,
             Msg::ByeOk => 300,
+            // User-Name, the digest attributes (RFC 5090), NAS address,
+            // Calling/Called-Station-Id, Cisco AV pairs, the header.
+            Msg::AccessRequest => 400,
+            Msg::AccessAccept => 60,
         }
     }
 
@@ -184,10 +194,20 @@ impl TimerHeap {
 pub struct B2buaCosts {
     /// Parse, transaction/dialog lookup and response building, per message.
     pub message: Time,
-    /// Digest authentication check of a credentialed INVITE.
+    /// Building the authentication request of a credentialed INVITE (the
+    /// digest attributes from its Proxy-Authorization header).
     pub auth: Time,
     /// A `recvfrom`/`sendto` system call.
     pub syscall: Time,
+    /// Handing an authentication to a radiusclient process and its sending
+    /// the Access-Request (Sippy's `External_command`: the reactor queues
+    /// the work item and notifies a worker thread, which writes the
+    /// attributes to the process's stdin; the process builds the packet).
+    pub radius_request: Time,
+    /// The answer's way back: the radiusclient process woken by the
+    /// Access-Accept decodes it and writes the result to its stdout, the
+    /// worker thread reads it and wakes the reactor (`callFromThread`).
+    pub radius_reply: Time,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -197,6 +217,9 @@ enum Leg {
     Idle,
     /// 407 sent to the UAC.
     Challenged,
+    /// Credentials handed to a radiusclient process; waiting for the
+    /// RADIUS server's answer.
+    Authorizing,
     /// 100 sent to the UAC, INVITE sent to the UAS.
     Proceeding,
     /// 180 relayed.
@@ -225,6 +248,9 @@ pub struct SipB2bua {
     uac_flow: u16,
     /// Flow to and from the UAS.
     uas_flow: u16,
+    /// Flow to and from the RADIUS server, when authentication goes
+    /// through RADIUS (Sippy with `radiusclient`).
+    radius_flow: Option<u16>,
     costs: B2buaCosts,
     calls: Vec<B2bCall>,
     timers: TimerHeap,
@@ -234,6 +260,10 @@ pub struct SipB2bua {
     failed: u64,
     send_drops: u64,
     unexpected: u64,
+    radius_requests: u64,
+    /// Access-Requests not yet answered, and the most at once.
+    radius_outstanding: u64,
+    radius_outstanding_peak: u64,
 }
 
 impl SipB2bua {
@@ -243,6 +273,7 @@ impl SipB2bua {
         SipB2bua {
             uac_flow,
             uas_flow,
+            radius_flow: None,
             costs,
             calls: vec![B2bCall::default(); n],
             timers: TimerHeap::with_capacity(n.min(1 << 16)),
@@ -252,7 +283,17 @@ impl SipB2bua {
             failed: 0,
             send_drops: 0,
             unexpected: 0,
+            radius_requests: 0,
+            radius_outstanding: 0,
+            radius_outstanding_peak: 0,
         }
+    }
+
+    /// Authenticates credentialed INVITEs through a RADIUS server on
+    /// `flow` (Sippy's `RadiusAuthorisation`) instead of locally.
+    pub fn with_radius(mut self, flow: u16) -> Self {
+        self.radius_flow = Some(flow);
+        self
     }
 
     fn send_uac(&mut self, m: Msg, call: u32) {
@@ -287,13 +328,28 @@ impl SipB2bua {
             (true, Msg::Ack, Leg::Challenged) => {}
             (true, Msg::InviteAuth, Leg::Challenged) => {
                 extra = self.costs.auth;
-                self.send_uac(Msg::Trying, call);
-                self.send_uas(Msg::Invite, call);
-                let t = InviteTimer::start(now);
-                self.calls[call as usize].invite = t;
-                if let Some(at) = t.next {
-                    self.timers.push(at, call);
+                match self.radius_flow {
+                    Some(flow) => {
+                        extra += self.costs.radius_request;
+                        self.out.push(Msg::AccessRequest.datagram(call, flow));
+                        self.radius_requests += 1;
+                        self.radius_outstanding += 1;
+                        self.radius_outstanding_peak =
+                            self.radius_outstanding_peak.max(self.radius_outstanding);
+                        leg = Leg::Authorizing;
+                    }
+                    None => {
+                        self.forward_invite(call, now);
+                        leg = Leg::Proceeding;
+                    }
                 }
+            }
+            // A retransmission while the RADIUS answer is awaited: the
+            // server transaction has sent nothing yet, so nothing to repeat.
+            (true, Msg::InviteAuth, Leg::Authorizing) => {}
+            (false, Msg::AccessAccept, Leg::Authorizing) if Some(d.flow) == self.radius_flow => {
+                self.radius_outstanding = self.radius_outstanding.saturating_sub(1);
+                self.forward_invite(call, now);
                 leg = Leg::Proceeding;
             }
             // A retransmitted INVITE gets the latest response again.
@@ -327,6 +383,18 @@ impl SipB2bua {
         }
         self.calls[call as usize].leg = leg;
         extra
+    }
+
+    /// The caller is authorised: 100 Trying to the UAC, the INVITE to the
+    /// UAS with its client transaction's Timer A.
+    fn forward_invite(&mut self, call: u32, now: Time) {
+        self.send_uac(Msg::Trying, call);
+        self.send_uas(Msg::Invite, call);
+        let t = InviteTimer::start(now);
+        self.calls[call as usize].invite = t;
+        if let Some(at) = t.next {
+            self.timers.push(at, call);
+        }
     }
 
     /// Runs one due Timer A of the outgoing leg, if any; returns whether
@@ -372,9 +440,16 @@ impl App for SipB2bua {
             return TaskStep::Compute(self.costs.message);
         }
         if let Some(d) = sys.recv() {
-            self.messages += 1;
+            // A RADIUS answer reaches the reactor through the radiusclient
+            // process and the worker thread's pipe, not as a SIP message.
+            let base = if Some(d.flow) == self.radius_flow {
+                self.costs.radius_reply
+            } else {
+                self.messages += 1;
+                self.costs.message
+            };
             let extra = self.handle(d, now);
-            return TaskStep::Compute(self.costs.syscall + self.costs.message + extra);
+            return TaskStep::Compute(self.costs.syscall + base + extra);
         }
         match self.timers.peek() {
             Some(t) => TaskStep::WaitUntil(t),
@@ -387,6 +462,8 @@ impl App for SipB2bua {
         self.invite_retrans = 0;
         self.send_drops = 0;
         self.unexpected = 0;
+        self.radius_requests = 0;
+        self.radius_outstanding_peak = self.radius_outstanding;
     }
 
     fn metrics(&self, out: &mut Metrics) {
@@ -398,6 +475,11 @@ impl App for SipB2bua {
         out.insert("sip.b2bua_failed".into(), self.failed as f64);
         out.insert("sip.b2bua_send_drops".into(), self.send_drops as f64);
         out.insert("sip.b2bua_unexpected".into(), self.unexpected as f64);
+        out.insert("sip.radius_requests".into(), self.radius_requests as f64);
+        out.insert(
+            "sip.radius_outstanding_peak".into(),
+            self.radius_outstanding_peak as f64,
+        );
     }
 }
 
@@ -792,6 +874,48 @@ impl PeerApp for SipUas {
     }
 }
 
+// --------------------------------------------------------------- RADIUS --
+
+/// A RADIUS server (FreeRADIUS-like) on the load generator: answers each
+/// Access-Request with an Access-Accept after checking the digest
+/// credentials (RFC 5090); each request costs `request_cost` of its CPU.
+pub struct RadiusServer {
+    request_cost: Time,
+    requests: u64,
+}
+
+impl RadiusServer {
+    /// A server spending `request_cost` per request.
+    pub fn new(request_cost: Time) -> Self {
+        RadiusServer {
+            request_cost,
+            requests: 0,
+        }
+    }
+}
+
+impl PeerApp for RadiusServer {
+    fn poll(&mut self, io: &mut PeerIo, _now: Time) -> (Time, Option<Time>) {
+        let mut handled = 0u64;
+        while let Some(d) = io.udp_rx.pop_front() {
+            if let Some((call, Msg::AccessRequest)) = Msg::decode(d.seq) {
+                handled += 1;
+                io.udp_tx.push(Msg::AccessAccept.datagram(call, d.flow));
+            }
+        }
+        self.requests += handled;
+        (handled * self.request_cost, None)
+    }
+
+    fn reset_metrics(&mut self) {
+        self.requests = 0;
+    }
+
+    fn metrics(&self, out: &mut Metrics) {
+        out.insert("sip.radius_server_requests".into(), self.requests as f64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,7 +982,55 @@ mod tests {
             message: 10,
             auth: 5,
             syscall: 1,
+            radius_request: 7,
+            radius_reply: 3,
         }
+    }
+
+    #[test]
+    fn b2bua_waits_for_the_radius_answer_before_forwarding() {
+        let (a, b, r) = (1, 2, 3);
+        let mut s = SipB2bua::new(a, b, 4, costs()).with_radius(r);
+        let d = |m: Msg, flow| m.datagram(2, flow);
+        b2b(&mut s, d(Msg::Invite, a), 0);
+        b2b(&mut s, d(Msg::Ack, a), 0);
+        // The credentials go to the RADIUS server, nothing to the UAS yet;
+        // the request path is charged on top of the local part.
+        assert_eq!(s.handle(d(Msg::InviteAuth, a), 0), 5 + 7);
+        let out: Vec<_> = s.out.drain(..).map(|o| (o.flow, o.seq)).collect();
+        assert_eq!(out, [(r, Msg::AccessRequest.encode(2))]);
+        // A retransmitted INVITE meanwhile is absorbed; no timer runs.
+        assert_eq!(b2b(&mut s, d(Msg::InviteAuth, a), 10), []);
+        assert!(!s.run_timer(10 * T1));
+        // The Access-Accept releases the call: 100 to the UAC, INVITE on.
+        assert_eq!(
+            b2b(&mut s, d(Msg::AccessAccept, r), 20),
+            [(a, 2, Msg::Trying), (b, 2, Msg::Invite)]
+        );
+        assert_eq!(s.radius_requests, 1);
+        assert_eq!(s.radius_outstanding, 0);
+        assert_eq!(s.radius_outstanding_peak, 1);
+        // An Access-Accept on a SIP flow is not one.
+        assert_eq!(b2b(&mut s, d(Msg::AccessAccept, a), 30), []);
+        assert_eq!(s.unexpected, 1);
+    }
+
+    #[test]
+    fn radius_server_accepts_each_request() {
+        let mut srv = RadiusServer::new(4);
+        let out = run(
+            &mut srv,
+            &[
+                Msg::AccessRequest.datagram(5, 3),
+                Msg::Invite.datagram(6, 3),
+                Msg::AccessRequest.datagram(7, 3),
+            ],
+            0,
+        );
+        assert_eq!(msgs(&out), [(5, Msg::AccessAccept), (7, Msg::AccessAccept)]);
+        let mut m = Metrics::new();
+        srv.metrics(&mut m);
+        assert_eq!(m["sip.radius_server_requests"], 2.0);
     }
 
     #[test]

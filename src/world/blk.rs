@@ -28,10 +28,11 @@ impl BlkPath {
         kick_fd: u16,
         vector: u8,
         disk_bytes: u64,
+        display: bool,
     ) -> BlkPath {
         let (b, us, ns) = (&cal.blk, super::t_us, super::t_ns);
         BlkPath {
-            backend: RamDiskBackend::new(vm, kick_fd, vector, disk_bytes),
+            backend: RamDiskBackend::new(vm, kick_fd, vector, disk_bytes, display),
             costs: BlkCosts {
                 wakeup: us(&b.wakeup_us),
                 submit: us(&b.submit_us),
@@ -40,6 +41,8 @@ impl BlkPath {
                 complete: us(&b.complete_us),
                 signal: ns(&cal.vhost.signal_ns),
                 thread_create: us(&b.thread_create_us),
+                paio_lock: ns(&b.paio_lock_ns),
+                display_refresh: us(&b.display_refresh_us),
             },
             armed: BTreeSet::new(),
         }
@@ -59,13 +62,36 @@ impl BlkPath {
             ("blk.main_wakeups", c.main_wakeups),
             ("blk.worker_wakeups", c.worker_wakeups),
             ("blk.threads_created", c.threads_created),
+            ("blk.display_refreshes", c.refreshes),
+            ("blk.walk_reads", c.walk_reads),
+            ("blk.vcpu_mutex_waits", c.vcpu_mutex_waits),
+            ("blk.main_mutex_waits", c.main_mutex_waits),
         ] {
             m.insert(format!("{prefix}{k}"), v as f64);
         }
+        m.insert(
+            format!("{prefix}blk.vcpu_mutex_wait_us"),
+            crate::engine::as_us(c.vcpu_mutex_wait),
+        );
     }
 }
 
 impl World {
+    /// A vCPU of `vm` exits to QEMU in user space for `hold` (an exit
+    /// QEMU emulates): how long it first waits for the global mutex its
+    /// VM's main loop may hold (0 when the VM has no modelled main loop).
+    pub(super) fn blk_vcpu_lock(&mut self, vm: usize, hold: Time) -> Time {
+        let now = self.q.now();
+        let Some(d) = self.blk.iter().position(|b| b.backend.vm == vm) else {
+            return 0;
+        };
+        let b = &mut self.blk[d];
+        let wait = b.backend.vcpu_lock(now, hold, &b.costs);
+        // A main loop woken meanwhile now waits for the vCPU.
+        self.blk_arm(d);
+        wait
+    }
+
     /// Queues a `BlkStep` for back end `d`'s next due time.
     fn blk_arm(&mut self, d: usize) {
         let Some(b) = self.blk.get_mut(d) else { return };

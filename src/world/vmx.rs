@@ -479,7 +479,13 @@ impl World {
             ExitInfo::MsrWrite { msr, .. } => c.apic_register_write(msr),
             ExitInfo::IoInstruction { port } => match self.hv.ioeventfd(vm, port) {
                 Some(_) => c.io_instruction_ioeventfd,
-                None => sample(self.costs.io_instruction_mean),
+                None => {
+                    // QEMU emulates the port in user space, holding the
+                    // global mutex (kvm_cpu_exec) after waiting for it.
+                    let h = sample(self.costs.io_instruction_mean);
+                    let rt = self.costs.roundtrip;
+                    h + self.blk_vcpu_lock(vm, h.saturating_sub(rt))
+                }
             },
             ExitInfo::EptViolation => sample(self.costs.ept_violation_mean),
             ExitInfo::PendingInterrupt | ExitInfo::PreemptionTimer => c.pending_interrupt,

@@ -35,6 +35,10 @@ fn every_call_completes_in_every_configuration() {
         assert_eq!(metric(&r, "sip.b2bua_messages"), 2400.0, "{what}");
         assert_eq!(metric(&r, "sip.uas_invites"), 300.0, "{what}");
         assert_eq!(metric(&r, "sip.b2bua_unexpected"), 0.0, "{what}");
+        // One RADIUS authentication per call, answered by the server on
+        // the load generator.
+        assert_eq!(metric(&r, "sip.radius_requests"), 300.0, "{what}");
+        assert_eq!(metric(&r, "sip.radius_server_requests"), 300.0, "{what}");
         assert_eq!(metric(&r, "sip.invite_retrans"), 0.0, "{what}");
         assert_eq!(metric(&r, "sip.setup_lt_10ms"), 100.0, "{what}");
         // SIPp paces calls: 100/s.
@@ -51,6 +55,33 @@ fn every_call_completes_in_every_configuration() {
             assert!(rate(&r, "EXTERNAL_INTERRUPT") > 500.0, "{what}");
         }
     }
+}
+
+#[test]
+fn the_radius_round_trip_lengthens_every_setup() {
+    let run = |radius: &str| {
+        let r = run_file(
+            "sip.toml",
+            &[
+                "scheme=kvm",
+                &format!("workload.sip.radius={radius}"),
+                "workload.sip.calls=200",
+                "workload.sip.call_duration_s=0.5",
+                "duration_s=3",
+            ],
+        );
+        assert_eq!(r.violations(), 0);
+        assert_eq!(metric(&r, "sip.calls_completed"), 200.0, "{radius}");
+        r
+    };
+    let (on, off) = (run("load-generator"), run("off"));
+    assert_eq!(metric(&off, "sip.radius_requests"), 0.0);
+    // At least the server's own work (50 us) and two crossings of the
+    // link and the VF, on every call's set-up.
+    let added = metric(&on, "sip.setup_mean_us") - metric(&off, "sip.setup_mean_us");
+    assert!((60.0..500.0).contains(&added), "{added} us");
+    // Two more datagrams per call through the VF: more interrupt exits.
+    assert!(rate(&on, "EXTERNAL_INTERRUPT") > rate(&off, "EXTERNAL_INTERRUPT"));
 }
 
 #[test]

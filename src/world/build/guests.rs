@@ -37,6 +37,8 @@ fn guest_costs(cal: &Calibration) -> GuestCosts {
         virtio_xmit: t_ns(&g.virtio_xmit_ns),
         vf_xmit: t_ns(&g.vf_xmit_ns),
         blk_submit: t_ns(&g.blk_submit_ns),
+        blk_elv_insert: t_ns(&g.blk_elv_insert_ns),
+        blk_dispatch: t_ns(&g.blk_dispatch_ns),
         blk_complete: t_ns(&g.blk_complete_ns),
         icmp_echo: t_ns(&g.icmp_echo_ns),
         rx_protocol: t_ns(&g.rx_protocol_ns),

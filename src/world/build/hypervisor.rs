@@ -203,10 +203,12 @@ pub(in crate::world) fn vhost(
 /// Each VM's QEMU block path (its own main loop and thread pool), for
 /// each virtio-blk device in device order.
 pub(in crate::world) fn blk_paths(
+    s: &Scenario,
     cal: &Calibration,
     topo: &Topology,
     devs: &DeviceMap,
 ) -> Vec<blk::BlkPath> {
+    let display = s.host.qemu_display == crate::scenario::QemuDisplay::Sdl;
     let mut paths = Vec::new();
     for (vm, v) in topo.views.iter().enumerate() {
         if let (Some(f), Some(d)) = (&v.workload.fio, devs.blk_dev[vm]) {
@@ -217,6 +219,7 @@ pub(in crate::world) fn blk_paths(
                 blk_kick_fd(d),
                 VIRTIO_BLK_VECTOR,
                 f.disk_bytes,
+                display,
             ));
         }
     }

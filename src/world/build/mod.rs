@@ -116,7 +116,7 @@ impl World {
         let hv = hypervisor::state(s, cal, &topo, &devs);
         let costs = hypervisor::costs(cal, devs.apic_timer_period);
         let pv = hypervisor::vhost(s, cal, &topo, &devs);
-        let blk = hypervisor::blk_paths(cal, &topo, &devs);
+        let blk = hypervisor::blk_paths(s, cal, &topo, &devs);
         let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
         let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;

@@ -52,6 +52,8 @@ pub(super) const TCP_FLOW: u16 = 1;
 /// The SIP B2BUA's flows to the client (UAC) and to the server (UAS).
 pub(super) const SIP_UAC_FLOW: u16 = 1;
 pub(super) const SIP_UAS_FLOW: u16 = 2;
+/// The B2BUA's radiusclient's flow to its RADIUS server.
+pub(super) const SIP_RADIUS_FLOW: u16 = 3;
 
 /// A TCP workload: the guest's programs (each serving the connections
 /// whose index is its own modulo their number), the peer host's program,

@@ -8,7 +8,7 @@
 use super::devices::DeviceMap;
 use super::es2;
 use super::rng_stream;
-use super::tcp::{self, Gso, PeerSide, SIP_UAC_FLOW, SIP_UAS_FLOW, TCP_FLOW};
+use super::tcp::{self, Gso, PeerSide, SIP_RADIUS_FLOW, SIP_UAC_FLOW, SIP_UAS_FLOW, TCP_FLOW};
 use super::topology::Topology;
 use super::BuildError;
 use crate::calibration::Calibration;
@@ -21,7 +21,7 @@ use crate::workloads::burn::Burn;
 use crate::workloads::cyclictest::Cyclictest;
 use crate::workloads::fio::Fio;
 use crate::workloads::peer::{PeerCosts, PeerHost};
-use crate::workloads::sip::{B2buaCosts, CallPattern, SipB2bua, SipUac, SipUas};
+use crate::workloads::sip::{B2buaCosts, CallPattern, RadiusServer, SipB2bua, SipUac, SipUas};
 use crate::workloads::udp::{UdpReceiver, UdpSender};
 use crate::workloads::whileloop::WhileLoop;
 use crate::world::{net, t_ns, t_us};
@@ -167,7 +167,8 @@ fn peer_attach(s: &Scenario, bridged: bool, vm: usize, bridge: Time) -> net::Att
 }
 
 /// SIPp's UAC on the load generator and its UAS on the VM's host (DID
-/// §5.8), each a single-threaded process.
+/// §5.8), each a single-threaded process, and the B2BUA's RADIUS server
+/// where the scenario puts it.
 fn sip_peers(
     sp: &crate::scenario::SipSpec,
     cal: &Calibration,
@@ -175,7 +176,7 @@ fn sip_peers(
     bridged: bool,
     costs: PeerCosts,
     bridge: Time,
-) -> [net::PeerLink; 2] {
+) -> Vec<net::PeerLink> {
     let msg = t_ns(&cal.peer.sipp_message_ns);
     let pattern = CallPattern {
         rate_cps: sp.rate_cps,
@@ -195,10 +196,17 @@ fn sip_peers(
         let delay = t_us(&cal.nic.veb_loopback_us);
         (net::Attach::Wire { vf }, net::Attach::Veb { vf, delay })
     };
-    [
+    let mut peers = vec![
         net::PeerLink::new(uac, uac_at, vm),
         net::PeerLink::new(uas, uas_at, vm),
-    ]
+    ];
+    if sp.radius == crate::scenario::SipRadius::LoadGenerator {
+        // Beside the UAC: attached as it is.
+        let server = RadiusServer::new(t_ns(&cal.peer.radius_request_ns));
+        let server = PeerHost::udp(SIP_RADIUS_FLOW, Box::new(server), costs);
+        peers.push(net::PeerLink::new(server, uac_at, vm));
+    }
+    peers
 }
 
 /// Spawns every VM's programs in its kernel and builds the hosts on the
@@ -257,22 +265,34 @@ pub(in crate::world) fn spawn(
                 f.block_bytes,
                 f.read_pct / 100.0,
                 f.disk_bytes,
+                // fio's default engine (sync) seeks before each random
+                // read/write (fio_syncio_prep's lseek), before the stamp.
+                t_ns(&g.fio_io_ns) + t_ns(&g.syscall_ns),
                 t_ns(&g.syscall_ns),
             );
             let t = kernel.spawn_on(v.app_vcpu, Box::new(job), 0, false);
             kernel.attach_blk(t);
         }
         if let Some(sp) = &w.sip {
+            // Sippy's External_command: a worker thread and a
+            // radiusclient process per authentication, each woken through
+            // a pipe (two switches out to the process, three back to the
+            // reactor), plus the process's own work each way.
+            let switch = t_ns(&g.context_switch_ns);
+            let client = t_ns(&g.radiusclient_ns);
             let costs = B2buaCosts {
                 message: t_ns(&g.sip_message_ns),
                 auth: t_ns(&g.sip_auth_ns),
                 syscall: t_ns(&g.syscall_ns),
+                radius_request: 2 * switch + client,
+                radius_reply: 3 * switch + client,
             };
-            kernel.spawn(
-                Box::new(SipB2bua::new(SIP_UAC_FLOW, SIP_UAS_FLOW, sp.calls, costs)),
-                0,
-                true,
-            );
+            let b2bua = SipB2bua::new(SIP_UAC_FLOW, SIP_UAS_FLOW, sp.calls, costs);
+            let b2bua = match sp.radius {
+                crate::scenario::SipRadius::LoadGenerator => b2bua.with_radius(SIP_RADIUS_FLOW),
+                crate::scenario::SipRadius::Off => b2bua,
+            };
+            kernel.spawn(Box::new(b2bua), 0, true);
             sip.extend(sip_peers(sp, cal, vm, bridged, peer_costs, bridge));
         }
         if w.udp.is_some() {
