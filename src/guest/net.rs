@@ -202,7 +202,10 @@ impl Kernel {
             };
             // skb_gro_receive: the IP datagram stays below 64 KiB.
             let fits = h.len + seg.len + IP_TCP_HEADERS < GSO_MAX_SIZE;
+            // tcp_gro_receive flushes on SYN or FIN.
             if seg.len > 0
+                && !seg.syn
+                && !seg.fin
                 && seg.len <= size
                 && h.seq + u64::from(h.len) == seg.seq
                 && h.ack == seg.ack
@@ -221,7 +224,12 @@ impl Kernel {
             let p = self.cpus[self.on].gro.remove(i);
             cost += self.gro_up(p, now);
         }
-        if seg.len > 0 && !seg.psh && self.cpus[self.on].gro.len() < MAX_GRO_SKBS {
+        if seg.len > 0
+            && !seg.psh
+            && !seg.fin
+            && !seg.syn
+            && self.cpus[self.on].gro.len() < MAX_GRO_SKBS
+        {
             // The packet's receive above the driver is paid when it goes
             // up (here, or on its RPS CPU).
             self.cpus[self.on].gro.push(f);
@@ -719,6 +727,7 @@ mod tests {
             ack: 0,
             wnd: 65_535,
             psh,
+            ..Default::default()
         };
         Frame::tcp(1, seg, 0)
     }
@@ -792,6 +801,8 @@ mod tests {
             ack: 0,
             wnd: 65_535,
             psh: false,
+            syn: false,
+            fin: false,
         };
         let p = Frame::tcp_gso(1, seg, 1448, 0);
         assert_eq!(k.gro_receive(p, 0), TCP + RX + TCP);

@@ -1655,6 +1655,8 @@ mod tests {
                     ack: 0,
                     wnd: 65535,
                     psh: true,
+                    syn: false,
+                    fin: false,
                 },
                 0,
             );
