@@ -612,6 +612,7 @@ fn build_http(
     let http = HttpShape {
         request: n.request_bytes,
         response: n.header_bytes + n.page_bytes,
+        keep_alive: n.keep_alive,
     };
     let names = ClientNames {
         prefix: "nginx",
