@@ -204,13 +204,6 @@ impl WorkloadSpec {
         }
         if let Some(n) = &self.nginx {
             n.validate(&table("nginx"))?;
-            if self.vcanal.is_some() && !n.keep_alive {
-                return bad(
-                    &table("nginx"),
-                    "keep_alive",
-                    "must be true over vcanal: the HTTP server over libCanal keeps its connections (connection set-up over the host stack is not modelled there yet)",
-                );
-            }
         }
         if let Some(a) = &self.apache {
             a.validate(&table("apache"))?;
