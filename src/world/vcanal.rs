@@ -1598,8 +1598,10 @@ mod tests {
         assert!(e.contains("`workload.vcanal`"), "{e}");
     }
 
+    /// ab with keep-alive: its connections wait on the listeners from
+    /// the start.
     const HTTP: &str = "[workload.nginx]\nworkers = 2\nab_processes = 2\nconcurrency = 2\n\
-                        [workload.vcanal]\n";
+                        keep_alive = true\n[workload.vcanal]\n";
 
     /// Runs `call` on the host as a pool thread would, naming host socket
     /// `socket` (of `kind`) and `target`: the outcome, or None when the

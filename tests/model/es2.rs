@@ -290,6 +290,7 @@ direction = "recv"
 [[vm]]
 core = 2
 [vm.workload.nginx]
+keep_alive = true
 [[vm]]
 core = 3
 [vm.workload.ping]

@@ -41,9 +41,8 @@ fn ab_without_keep_alive_over_vcanal_accepts_a_connection_per_request() {
     assert_eq!(metric(&r, "guest.tx_frames"), 0.0);
     // More calls per request than over kept-alive connections.
     let ka = run_text(&http(""), &[]);
-    let per = |r: &exitless::report::RunReport| {
-        metric(r, "vcanal.calls") / metric(r, "nginx.completed")
-    };
+    let per =
+        |r: &exitless::report::RunReport| metric(r, "vcanal.calls") / metric(r, "nginx.completed");
     assert!(per(&r) > per(&ka) + 2.0, "{} vs {}", per(&r), per(&ka));
 }
 
