@@ -83,6 +83,12 @@ pub struct GuestCosts {
     pub rps_enqueue: Time,
     /// The CALL_FUNCTION_SINGLE IPI's handler body.
     pub call_function_ipi: Time,
+    /// A SYN on a listening socket past the segment's receive
+    /// (`tcp_v4_conn_request`).
+    pub tcp_conn_request: Time,
+    /// The handshake's final ACK past the segment's receive
+    /// (`tcp_v4_syn_recv_sock`, the child socket queued for accept).
+    pub tcp_syn_recv_sock: Time,
 }
 
 /// The guest's idle loop.
@@ -1671,6 +1677,8 @@ pub(crate) fn test_config() -> GuestConfig {
             rx_protocol: z,
             rps_enqueue: z,
             call_function_ipi: z,
+            tcp_conn_request: z,
+            tcp_syn_recv_sock: z,
         },
     }
 }

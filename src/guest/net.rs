@@ -16,7 +16,7 @@
 //! context after a receive or a TCP timer.
 
 use super::app::Metrics;
-use super::tcp::{Tcp, TcpConfig};
+use super::tcp::{Tcp, TcpConfig, TcpState};
 use super::{Action, FrameKind, HrKind, Kernel, KernelOp};
 use crate::engine::Time;
 use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
@@ -124,12 +124,30 @@ impl Kernel {
 
     /// Opens connected sockets for flows `flows`, owned by task `task`,
     /// which serves them all (an epoll loop) through `Sys::conns`.
-    pub fn tcp_open_many(&mut self, flows: impl Iterator<Item = u16>, cfg: TcpConfig, task: usize) {
+    /// Returns their socket indices.
+    pub fn tcp_open_many(
+        &mut self,
+        flows: impl Iterator<Item = u16>,
+        cfg: TcpConfig,
+        task: usize,
+    ) -> std::ops::Range<usize> {
+        let first = self.tcp_socks.len();
         for f in flows {
             let s = self.tcp_open(f, cfg, None);
             self.tcp_socks[s].task = Some(task);
         }
         self.tasks[task].multi_tcp = true;
+        first..self.tcp_socks.len()
+    }
+
+    /// Makes socket `s` a passive endpoint (`listen`): a client's SYN
+    /// opens its connection, which the program then accepts. The flow
+    /// stands for the listener's connections from one client slot.
+    pub fn tcp_listen(&mut self, s: usize) {
+        let cfg = *self.tcp_socks[s].tcp.config();
+        if let Ok(t) = Tcp::listen(cfg) {
+            self.tcp_socks[s].tcp = t;
+        }
     }
 
     /// TCP metrics of every socket.
@@ -202,7 +220,10 @@ impl Kernel {
             };
             // skb_gro_receive: the IP datagram stays below 64 KiB.
             let fits = h.len + seg.len + IP_TCP_HEADERS < GSO_MAX_SIZE;
+            // tcp_gro_receive flushes on SYN or FIN.
             if seg.len > 0
+                && !seg.syn
+                && !seg.fin
                 && seg.len <= size
                 && h.seq + u64::from(h.len) == seg.seq
                 && h.ack == seg.ack
@@ -221,7 +242,12 @@ impl Kernel {
             let p = self.cpus[self.on].gro.remove(i);
             cost += self.gro_up(p, now);
         }
-        if seg.len > 0 && !seg.psh && self.cpus[self.on].gro.len() < MAX_GRO_SKBS {
+        if seg.len > 0
+            && !seg.psh
+            && !seg.fin
+            && !seg.syn
+            && self.cpus[self.on].gro.len() < MAX_GRO_SKBS
+        {
             // The packet's receive above the driver is paid when it goes
             // up (here, or on its RPS CPU).
             self.cpus[self.on].gro.push(f);
@@ -258,9 +284,24 @@ impl Kernel {
                     self.net.unknown_flow += 1;
                     return 0;
                 };
+                let before = self.tcp_socks[s].tcp.state();
                 self.tcp_socks[s].tcp.on_segment(seg, now);
                 self.tcp_timer_sync(s, now);
                 self.tx_mark(s);
+                let tcp = &self.tcp_socks[s].tcp;
+                let mut cost = self.cfg.costs.tcp_rx_segment;
+                let after = tcp.state();
+                if after == TcpState::SynReceived && before != after {
+                    cost += self.cfg.costs.tcp_conn_request;
+                } else if before == TcpState::SynReceived && after != before {
+                    cost += self.cfg.costs.tcp_syn_recv_sock;
+                }
+                // A closed socket has no reader, and a half-open one is
+                // not yet in the accept queue: neither wakes the program.
+                let quiet = tcp.is_closed_by_app() || after == TcpState::SynReceived;
+                if quiet {
+                    return cost;
+                }
                 if let Some(t) = self.tcp_socks[s].task {
                     if self.tasks[t].multi_tcp && !self.tcp_socks[s].ready {
                         self.tcp_socks[s].ready = true;
@@ -268,7 +309,7 @@ impl Kernel {
                     }
                     self.wake(t);
                 }
-                self.cfg.costs.tcp_rx_segment
+                cost
             }
         }
     }
@@ -719,6 +760,7 @@ mod tests {
             ack: 0,
             wnd: 65_535,
             psh,
+            ..Default::default()
         };
         Frame::tcp(1, seg, 0)
     }
@@ -792,6 +834,8 @@ mod tests {
             ack: 0,
             wnd: 65_535,
             psh: false,
+            syn: false,
+            fin: false,
         };
         let p = Frame::tcp_gso(1, seg, 1448, 0);
         assert_eq!(k.gro_receive(p, 0), TCP + RX + TCP);

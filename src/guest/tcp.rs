@@ -26,7 +26,29 @@
 //!   §4.2.3.3): the advertised right edge never moves left and moves right
 //!   only in steps of at least min(rcvbuf/2, MSS).
 //!
-//! Simplifications: no handshake or teardown, no SACK, no reassembly queue
+//! - Connection set-up and teardown (RFC 793 §3.4, §3.5; Linux
+//!   `tcp_v4_connect`, `tcp_rcv_synsent_state_process`,
+//!   `tcp_v4_conn_request`/`tcp_check_req`, `tcp_fin`, `tcp_close`): an
+//!   endpoint made by [`Tcp::connect`] sends a SYN and is connected when
+//!   the SYN-ACK comes (its ACK goes at once); one made by [`Tcp::listen`]
+//!   answers a SYN with a SYN-ACK and is established, and waiting for
+//!   `accept`, when the final ACK (or data) comes. [`Tcp::close`] queues a
+//!   FIN after the written data (on the last data segment when it is
+//!   still unsent, as `tcp_send_fin` does). A FIN received in ESTABLISHED
+//!   is ACKed with the delayed-ACK timer (Linux sets ping-pong mode there,
+//!   hoping the application's own FIN carries the ACK); in FIN_WAIT the
+//!   ACK goes at once. SYN and SYN-ACK are retransmitted on the RTO (1 s
+//!   initially, `TCP_TIMEOUT_INIT`).
+//!
+//! Simplifications: an endpoint from [`Tcp::new`] or [`Tcp::pair`] is
+//! ESTABLISHED from the start (no handshake); the SYN takes no sequence
+//! space (data starts at 0 on both ends) while the FIN takes one; MSS and
+//! window come from the configuration, not from the SYN's options (the
+//! SYN's 20 option bytes are on the wire all the same); TIME_WAIT has no
+//! timer, because nothing reads it: the closing client never reuses its
+//! port, and a SYN on a passive endpoint in any closing state opens a new
+//! connection there (a new client port, in reality a new socket). No RST,
+//! no SACK, no reassembly queue
 //! (so a loss is repaired by going back to the first unacknowledged byte,
 //! which with a receiver that drops out-of-order data is what is needed
 //! anyway), no window scaling limits (windows are plain `u32` bytes), no
@@ -46,6 +68,34 @@ pub const RTO_INITIAL: Time = SEC;
 /// Persist (zero-window probe) backoff stops doubling after this many probes;
 /// the interval is capped at [`RTO_MAX`] anyway.
 const MAX_BACKOFF: u32 = 16;
+
+/// Connection state (RFC 793 §3.2; LISTEN is a passive endpoint waiting
+/// for a SYN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcpState {
+    /// Waiting for a SYN (a passive endpoint before its first connection).
+    Listen,
+    /// SYN sent, waiting for the SYN-ACK.
+    SynSent,
+    /// SYN received and SYN-ACK sent, waiting for the final ACK.
+    SynReceived,
+    /// Connected.
+    Established,
+    /// Closed by this end, its FIN not yet ACKed.
+    FinWait1,
+    /// Closed by this end and its FIN ACKed; waiting for the peer's FIN.
+    FinWait2,
+    /// The peer closed; this end may still send.
+    CloseWait,
+    /// Both closed at once; waiting for the ACK of this end's FIN.
+    Closing,
+    /// Closed after the peer; waiting for the ACK of this end's FIN.
+    LastAck,
+    /// Closed first, both FINs ACKed (no timer: see the module notes).
+    TimeWait,
+    /// No connection.
+    Closed,
+}
 
 /// Static parameters of one endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,10 +362,134 @@ pub struct Tcp {
     rcv_rtt_seq: u64,
     rcv_rtt_time: Option<u64>,
 
+    // ---- connection ----
+    state: TcpState,
+    /// Opened by [`Tcp::listen`]: a SYN may open it again after a close.
+    passive: bool,
+    /// A SYN (active) or SYN-ACK (passive) is due.
+    syn_due: bool,
+    /// When the SYN or SYN-ACK first went out (Karn: `None` after a
+    /// retransmission), for the handshake's RTT sample.
+    syn_sent_at: Option<Time>,
+    /// Connections opened passively on this endpoint, and those the
+    /// application accepted.
+    opened: u32,
+    accepted: u32,
+    /// The application closed: a FIN follows the written data.
+    fin_queued: bool,
+    /// The FIN is sent and not yet ACKed nor due again.
+    fin_out: bool,
+    fin_acked: bool,
+    /// The peer's FIN arrived in order.
+    fin_rcvd: bool,
+    /// ... and is not yet ACKed.
+    fin_unacked: bool,
+
     counters: TcpCounters,
 }
 
 impl Tcp {
+    /// An active open (`connect`, Linux `tcp_v4_connect`): the endpoint
+    /// sends a SYN on its first [`Tcp::poll_output`] and is connected when
+    /// the SYN-ACK arrives.
+    pub fn connect(cfg: TcpConfig) -> Result<Tcp, TcpError> {
+        Self::validate(&cfg)?;
+        let mut t = Self::build(cfg, cfg.rcvbuf);
+        t.state = TcpState::SynSent;
+        t.syn_due = true;
+        Ok(t)
+    }
+
+    /// A passive endpoint (`listen`): the first SYN opens a connection on
+    /// it; so does a SYN after that connection closed.
+    pub fn listen(cfg: TcpConfig) -> Result<Tcp, TcpError> {
+        Self::validate(&cfg)?;
+        let mut t = Self::build(cfg, cfg.rcvbuf);
+        t.state = TcpState::Listen;
+        t.passive = true;
+        Ok(t)
+    }
+
+    /// A SYN on a passive endpoint (`tcp_v4_conn_request`): a fresh
+    /// connection in SYN_RECEIVED whose send window is the SYN's.
+    fn passive_open(&mut self, seg: &Segment) {
+        let (opened, accepted, counters) = (self.opened + 1, self.accepted, self.counters);
+        *self = Self::build(self.cfg, seg.wnd);
+        self.state = TcpState::SynReceived;
+        self.passive = true;
+        self.syn_due = true;
+        self.opened = opened;
+        self.accepted = accepted;
+        self.counters = counters;
+    }
+
+    /// The connection state.
+    pub fn state(&self) -> TcpState {
+        self.state
+    }
+
+    /// Whether the handshake is done and the application has not closed
+    /// (it may read and write).
+    pub fn is_connected(&self) -> bool {
+        matches!(self.state, TcpState::Established | TcpState::CloseWait)
+    }
+
+    /// Whether the application closed this end (its socket is gone: it
+    /// reads nothing more and wakes nobody).
+    pub fn is_closed_by_app(&self) -> bool {
+        self.fin_queued || (self.state == TcpState::Closed && !self.passive)
+    }
+
+    /// The peer's FIN arrived and every byte before it was read: a read
+    /// returns 0.
+    pub fn at_eof(&self) -> bool {
+        self.fin_rcvd && self.readable() == 0
+    }
+
+    /// A passively opened connection is established and not yet accepted
+    /// (it sits in the listener's accept queue).
+    pub fn accept_pending(&self) -> bool {
+        self.passive
+            && self.opened > self.accepted
+            && !matches!(self.state, TcpState::Listen | TcpState::SynReceived)
+    }
+
+    /// `accept`: takes the pending connection; `false` if there is none.
+    pub fn accept(&mut self) -> bool {
+        let ok = self.accept_pending();
+        if ok {
+            self.accepted = self.opened;
+        }
+        ok
+    }
+
+    /// Passive opens so far.
+    pub fn connections_opened(&self) -> u32 {
+        self.opened
+    }
+
+    /// `close` (Linux `tcp_close`): from ESTABLISHED or SYN_RECEIVED to
+    /// FIN_WAIT_1, from CLOSE_WAIT to LAST_ACK, with a FIN after the
+    /// written data; a listener or an unanswered SYN just closes.
+    pub fn close(&mut self) {
+        match self.state {
+            TcpState::Listen | TcpState::SynSent => {
+                self.state = TcpState::Closed;
+                self.syn_due = false;
+                self.rto_deadline = None;
+            }
+            TcpState::SynReceived | TcpState::Established => {
+                self.state = TcpState::FinWait1;
+                self.fin_queued = true;
+            }
+            TcpState::CloseWait => {
+                self.state = TcpState::LastAck;
+                self.fin_queued = true;
+            }
+            _ => {}
+        }
+    }
+
     /// An endpoint whose handshake is done. The peer is assumed to use the
     /// same configuration, so its initial window is taken to be this end's
     /// `rcvbuf`; use [`Tcp::pair`] for two different configurations.
@@ -416,6 +590,17 @@ impl Tcp {
             rcv_rtt8: 0,
             rcv_rtt_seq: 0,
             rcv_rtt_time: None,
+            state: TcpState::Established,
+            passive: false,
+            syn_due: false,
+            syn_sent_at: None,
+            opened: 0,
+            accepted: 0,
+            fin_queued: false,
+            fin_out: false,
+            fin_acked: false,
+            fin_rcvd: false,
+            fin_unacked: false,
             counters: TcpCounters::default(),
             cfg,
         }
@@ -579,6 +764,11 @@ impl Tcp {
     /// window; a pure ACK is produced only when an ACK is due and no data
     /// can go.
     pub fn poll_output(&mut self, now: Time) -> Option<Segment> {
+        match self.state {
+            TcpState::SynSent | TcpState::SynReceived => return self.output_syn(now),
+            TcpState::Listen | TcpState::Closed => return None,
+            _ => {}
+        }
         if std::mem::take(&mut self.read_pending) {
             // tcp_recvmsg runs tcp_rcv_space_adjust after the copy and
             // before tcp_cleanup_rbuf's window-update decision.
@@ -587,6 +777,14 @@ impl Tcp {
             }
         }
         if let Some(seg) = self.output_data(now) {
+            return Some(seg);
+        }
+        if self.fin_queued && !self.fin_out && !self.fin_acked && self.snd_nxt == self.write_end {
+            // A FIN alone: the data went before close() (tcp_send_fin).
+            let mut seg = self.stamp(self.write_end, 0, false);
+            seg.fin = true;
+            self.fin_out = true;
+            self.rto_deadline.get_or_insert(now + self.rto);
             return Some(seg);
         }
         if self.ack_now {
@@ -671,7 +869,40 @@ impl Tcp {
         {
             self.pingpong = true;
         }
-        Some(self.stamp(seq, len as u32, end == self.write_end))
+        let mut seg = self.stamp(seq, len as u32, end == self.write_end);
+        if self.fin_queued && end == self.write_end && !self.fin_acked {
+            // tcp_send_fin sets FIN on the tail segment still unsent.
+            seg.fin = true;
+            self.fin_out = true;
+        }
+        Some(seg)
+    }
+
+    /// The SYN or SYN-ACK, when due; its retransmission timer runs.
+    fn output_syn(&mut self, now: Time) -> Option<Segment> {
+        if !std::mem::take(&mut self.syn_due) {
+            return None;
+        }
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rto);
+        }
+        if self.rto_backoff == 0 {
+            self.syn_sent_at = Some(now);
+        }
+        let mut seg = self.stamp(0, 0, false);
+        seg.syn = true;
+        Some(seg)
+    }
+
+    /// The handshake's last segment arrived: connected, the SYN timer
+    /// stops, and the SYN's round trip is an RTT sample unless it was
+    /// resent (Karn).
+    fn establish(&mut self, now: Time) {
+        self.state = TcpState::Established;
+        self.rto_deadline = None;
+        if let Some(t) = self.syn_sent_at.take() {
+            self.rtt_sample(now.saturating_sub(t));
+        }
     }
 
     /// `tcp_xmit_size_goal`: the largest GSO packet's payload, a multiple
@@ -718,13 +949,17 @@ impl Tcp {
         self.ack_now = false;
         self.delack_deadline = None;
         self.pushed = false;
+        self.fin_unacked = false;
         self.counters.segments_out += 1;
         Segment {
             seq,
             len,
-            ack: self.rcv_nxt,
+            // A received FIN takes one sequence number.
+            ack: self.rcv_nxt + u64::from(self.fin_rcvd),
             wnd,
             psh,
+            syn: false,
+            fin: false,
         }
     }
 
@@ -743,10 +978,85 @@ impl Tcp {
     }
 
     /// A segment from the peer arrived at `now`.
-    pub fn on_segment(&mut self, seg: Segment, now: Time) {
+    pub fn on_segment(&mut self, mut seg: Segment, now: Time) {
+        match self.state {
+            TcpState::Established | TcpState::CloseWait => {}
+            TcpState::Listen => {
+                if seg.syn {
+                    self.passive_open(&seg);
+                }
+                return;
+            }
+            TcpState::SynSent => {
+                // tcp_rcv_synsent_state_process: the SYN-ACK connects, and
+                // its ACK is due at once.
+                if seg.syn {
+                    self.establish(now);
+                    self.snd_wnd = seg.wnd;
+                    self.max_snd_wnd = seg.wnd;
+                    self.peer_edge = u64::from(seg.wnd);
+                    self.ack_now = true;
+                }
+                return;
+            }
+            TcpState::SynReceived => {
+                if seg.syn {
+                    // The SYN again: the SYN-ACK was lost.
+                    self.syn_due = true;
+                    return;
+                }
+                // tcp_check_req: the final ACK (perhaps with data).
+                self.establish(now);
+            }
+            _ if self.passive && seg.syn => {
+                // A new connection from a new client port.
+                self.passive_open(&seg);
+                return;
+            }
+            TcpState::Closed => return,
+            _ => {}
+        }
+        let fin_ack = self.write_end + 1;
+        if self.fin_out && seg.ack == fin_ack {
+            self.fin_out = false;
+            self.fin_acked = true;
+            seg.ack = self.write_end;
+            self.state = match self.state {
+                TcpState::FinWait1 => TcpState::FinWait2,
+                TcpState::Closing => TcpState::TimeWait,
+                TcpState::LastAck => TcpState::Closed,
+                s => s,
+            };
+        }
         self.process_ack(&seg, now);
+        if self.fin_acked && self.snd_nxt == self.snd_una {
+            self.rto_deadline = None;
+        }
         if seg.len > 0 {
             self.process_data(&seg, now);
+        }
+        if seg.fin && !self.fin_rcvd && seg.seq + u64::from(seg.len) == self.rcv_nxt {
+            self.fin_rcvd = true;
+            self.fin_unacked = true;
+            match self.state {
+                TcpState::Established => {
+                    // tcp_fin: CLOSE_WAIT, the ACK delayed for the
+                    // application's FIN to carry it.
+                    self.state = TcpState::CloseWait;
+                    if !self.ack_now && self.delack_deadline.is_none() {
+                        self.delack_deadline = Some(now + self.cfg.delack_timeout);
+                    }
+                }
+                TcpState::FinWait1 => {
+                    self.state = TcpState::Closing;
+                    self.ack_now = true;
+                }
+                TcpState::FinWait2 => {
+                    self.state = TcpState::TimeWait;
+                    self.ack_now = true;
+                }
+                _ => self.ack_now = true,
+            }
         }
     }
 
@@ -774,7 +1084,8 @@ impl Tcp {
             self.grow_cwnd(acked, prior_flight);
             // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged,
             // restart it when new data is acknowledged.
-            self.rto_deadline = (self.snd_nxt > self.snd_una).then(|| now + self.rto);
+            self.rto_deadline =
+                (self.snd_nxt > self.snd_una || self.fin_out).then(|| now + self.rto);
         } else if seg.len == 0 && !wnd_changed && self.snd_nxt > self.snd_una {
             // RFC 5681 §2: a duplicate ACK carries no data, does not move
             // the ACK or the window, and arrives while data is outstanding.
@@ -836,6 +1147,8 @@ impl Tcp {
     }
 
     fn go_back(&mut self) {
+        // An unACKed FIN goes again after the data.
+        self.fin_out = false;
         self.episode_una = self.snd_una;
         self.episode_flight = self.snd_max - self.snd_una;
         self.episode_dups = 0;
@@ -970,7 +1283,7 @@ impl Tcp {
     pub fn on_timer(&mut self, now: Time) {
         if self.delack_deadline.is_some_and(|d| d <= now) {
             self.delack_deadline = None;
-            if self.rcv_nxt > self.rcv_acked {
+            if self.rcv_nxt > self.rcv_acked || self.fin_unacked {
                 self.ack_now = true;
             }
             self.pingpong = false;
@@ -986,7 +1299,17 @@ impl Tcp {
     }
 
     fn retransmit_timeout(&mut self) {
-        if self.snd_max <= self.snd_una {
+        if matches!(self.state, TcpState::SynSent | TcpState::SynReceived) {
+            // The SYN or SYN-ACK again, the timer doubled (Karn: no
+            // sample from it).
+            self.syn_due = true;
+            self.syn_sent_at = None;
+            self.rto = self.rto.saturating_mul(2).min(RTO_MAX);
+            self.rto_backoff += 1;
+            self.counters.rto_timeouts += 1;
+            return;
+        }
+        if self.snd_max <= self.snd_una && !self.fin_out {
             return;
         }
         let mss = self.cfg.mss as u64;
@@ -1968,5 +2291,165 @@ mod tests {
                 gso,
             })?;
         }
+    }
+
+    /// Moves segments between `a` and `b` at `now` until both are quiet;
+    /// returns every segment with its sender (0 = `a`).
+    fn shuttle(a: &mut Tcp, b: &mut Tcp, now: Time) -> Vec<(usize, Segment)> {
+        let mut seen = vec![];
+        loop {
+            let mut moved = false;
+            while let Some(s) = a.poll_output(now) {
+                seen.push((0, s));
+                b.on_segment(s, now);
+                moved = true;
+            }
+            while let Some(s) = b.poll_output(now) {
+                seen.push((1, s));
+                a.on_segment(s, now);
+                moved = true;
+            }
+            if !moved {
+                return seen;
+            }
+        }
+    }
+
+    fn lifecycle_cfg() -> TcpConfig {
+        TcpConfig {
+            nagle: false,
+            ..TcpConfig::default()
+        }
+    }
+
+    /// SYN, SYN-ACK, ACK; the server is established only after the last,
+    /// and its connection waits in the accept queue until accepted.
+    #[test]
+    fn three_way_handshake_connects_then_accept_takes_it() {
+        let (mut c, mut s) = (
+            Tcp::connect(lifecycle_cfg()).unwrap(),
+            Tcp::listen(lifecycle_cfg()).unwrap(),
+        );
+        assert_eq!(c.state(), TcpState::SynSent);
+        assert!(!c.is_connected());
+        let syn = c.poll_output(0).unwrap();
+        assert!(syn.syn && syn.len == 0);
+        assert_eq!(c.poll_output(0), None, "one SYN");
+        s.on_segment(syn, 10 * US);
+        assert_eq!(s.state(), TcpState::SynReceived);
+        assert!(!s.accept_pending(), "not before the final ACK");
+        let synack = s.poll_output(10 * US).unwrap();
+        assert!(synack.syn);
+        c.on_segment(synack, 20 * US);
+        assert!(c.is_connected(), "connect() returns on the SYN-ACK");
+        assert_eq!(c.srtt(), Some(20 * US), "the handshake's RTT sample");
+        let ack = c.poll_output(20 * US).unwrap();
+        assert!(!ack.syn && ack.len == 0);
+        s.on_segment(ack, 30 * US);
+        assert_eq!(s.state(), TcpState::Established);
+        assert!(s.accept_pending());
+        assert!(s.accept());
+        assert!(!s.accept_pending() && !s.accept());
+        assert_eq!(s.connections_opened(), 1);
+        assert_eq!(c.next_timer(), None);
+        assert_eq!(s.next_timer(), None);
+    }
+
+    /// A lost SYN is sent again at the initial RTO, and the SYN's
+    /// retransmission gives no RTT sample (Karn).
+    #[test]
+    fn a_lost_syn_is_resent_at_the_rto() {
+        let mut c = Tcp::connect(lifecycle_cfg()).unwrap();
+        let _lost = c.poll_output(0).unwrap();
+        assert_eq!(c.next_timer(), Some(RTO_INITIAL));
+        c.on_timer(RTO_INITIAL);
+        let again = c.poll_output(RTO_INITIAL).unwrap();
+        assert!(again.syn);
+        assert_eq!(c.next_timer(), Some(3 * RTO_INITIAL), "doubled");
+        let mut s = Tcp::listen(lifecycle_cfg()).unwrap();
+        s.on_segment(again, RTO_INITIAL);
+        shuttle(&mut c, &mut s, RTO_INITIAL + US);
+        assert!(c.is_connected() && s.accept_pending());
+        assert_eq!(c.srtt(), None);
+    }
+
+    /// HTTP/1.0 without keep-alive: the server writes the response and
+    /// closes (its FIN rides on the response), the client reads to EOF and
+    /// closes; the server ends in TIME_WAIT, the client CLOSED, and a new
+    /// SYN opens the server's endpoint again.
+    #[test]
+    fn server_closes_first_and_a_new_syn_reopens_it() {
+        let (mut c, mut s) = (
+            Tcp::connect(lifecycle_cfg()).unwrap(),
+            Tcp::listen(lifecycle_cfg()).unwrap(),
+        );
+        shuttle(&mut c, &mut s, 0);
+        assert!(s.accept());
+        c.send(100);
+        shuttle(&mut c, &mut s, US);
+        assert_eq!(s.recv(100), 100);
+        s.send(850);
+        s.close();
+        assert!(s.is_closed_by_app());
+        let seen = shuttle(&mut c, &mut s, 2 * US);
+        let (_, resp) = seen[0];
+        assert!(resp.fin && resp.len == 850, "FIN on the response: {seen:?}");
+        assert_eq!(c.state(), TcpState::CloseWait);
+        // Quick-ACK mode at the connection's start ACKs data and FIN at once.
+        assert_eq!(s.state(), TcpState::FinWait2);
+        assert_eq!(c.recv(1000), 850);
+        assert!(c.at_eof());
+        c.close();
+        let seen = shuttle(&mut c, &mut s, 3 * US);
+        assert!(seen[0].1.fin && seen[0].1.ack == 851, "FIN+ACK: {seen:?}");
+        assert_eq!(s.state(), TcpState::TimeWait);
+        assert_eq!(c.state(), TcpState::Closed);
+        assert_eq!((c.next_timer(), s.next_timer()), (None, None));
+        // The next connection, from a new port.
+        let mut c2 = Tcp::connect(lifecycle_cfg()).unwrap();
+        shuttle(&mut c2, &mut s, 4 * US);
+        assert!(s.accept_pending());
+        assert_eq!(s.connections_opened(), 2);
+        assert!(!s.at_eof() && !s.is_closed_by_app());
+    }
+
+    /// A FIN whose data was all sent before close() goes alone; an
+    /// unanswered FIN is resent at the RTO.
+    #[test]
+    fn a_lone_fin_is_retransmitted_until_acked() {
+        let (mut a, mut b) = Tcp::pair(lifecycle_cfg(), lifecycle_cfg()).unwrap();
+        a.send(10);
+        shuttle(&mut a, &mut b, 0);
+        a.close();
+        let fin = a.poll_output(US).unwrap();
+        assert!(fin.fin && fin.len == 0 && fin.seq == 10);
+        let t = a.next_timer().unwrap();
+        a.on_timer(t);
+        let again = a.poll_output(t).unwrap();
+        assert!(again.fin && again.seq == 10);
+        b.on_segment(again, t);
+        assert_eq!(b.state(), TcpState::CloseWait);
+        // CLOSE_WAIT delays the ACK; the timer sends it.
+        assert_eq!(b.poll_output(t), None);
+        let d = b.next_timer().unwrap();
+        b.on_timer(d);
+        let ack = b.poll_output(d).unwrap();
+        assert_eq!(ack.ack, 11);
+        a.on_segment(ack, d);
+        assert_eq!(a.state(), TcpState::FinWait2);
+        assert_eq!(a.next_timer(), None);
+    }
+
+    /// SYN and SYN-ACK carry 20 option bytes, 8 more than a data segment's
+    /// timestamps option.
+    #[test]
+    fn syn_frames_carry_their_options() {
+        use crate::hw::wire::{Frame, TCP_HEADERS};
+        let mut c = Tcp::connect(lifecycle_cfg()).unwrap();
+        let syn = c.poll_output(0).unwrap();
+        assert_eq!(Frame::tcp(1, syn, 0).len(), TCP_HEADERS + 8);
+        let mut plain = syn;
+        plain.syn = false;
+        assert_eq!(Frame::tcp(1, plain, 0).len(), TCP_HEADERS);
     }
 }

@@ -28,7 +28,20 @@ pub struct TcpSegment {
     pub wnd: u32,
     /// PSH flag.
     pub psh: bool,
+    /// SYN flag: a connection request (SYN) or its answer (SYN-ACK). It
+    /// carries the SYN options ([`SYN_OPTIONS_EXTRA`]) and, in this model,
+    /// no sequence space (see `guest::tcp`).
+    pub syn: bool,
+    /// FIN flag: the sender has no more data. It takes one sequence
+    /// number after the data (RFC 793), acknowledged by `ack = seq + len + 1`.
+    pub fin: bool,
 }
+
+/// What a SYN or SYN-ACK's options add to a segment's timestamps option
+/// (12 bytes, in [`TCP_HEADERS`]): Linux sends MSS (4), SACK-permitted
+/// (2), timestamps (10), NOP (1) and window scale (3), 20 bytes, so the
+/// header is 8 bytes longer (`tcp_syn_options`, `tcp_synack_options`).
+pub const SYN_OPTIONS_EXTRA: u32 = 8;
 
 /// The transport header of a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +179,7 @@ impl Frame {
     pub fn len(&self) -> u32 {
         match self.transport {
             Transport::Udp { len, .. } => len + UDP_HEADERS,
+            Transport::Tcp(s) if s.syn => s.len + TCP_HEADERS + SYN_OPTIONS_EXTRA,
             Transport::Tcp(s) => s.len + TCP_HEADERS,
             Transport::Icmp { len, .. } => len + ICMP_HEADERS,
         }
@@ -228,6 +242,8 @@ mod tests {
             ack: 77,
             wnd: 5000,
             psh: true,
+            syn: false,
+            fin: false,
         };
         let p = Frame::tcp_gso(4, seg, 1448, 9);
         assert_eq!(p.gso_size, 1448);

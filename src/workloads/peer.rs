@@ -340,6 +340,8 @@ impl PeerHost {
                     < u64::from(crate::hw::wire::GSO_MAX_SIZE - crate::hw::wire::IP_TCP_HEADERS);
                 if !*closed
                     && seg.len > 0
+                    && !seg.fin
+                    && !seg.syn
                     && seg.seq == hs.seq + u64::from(hs.len)
                     && seg.ack == hs.ack
                     && fsize <= hsize
@@ -359,7 +361,7 @@ impl PeerHost {
                 let (_, hf, n, _) = self.gro_held.remove(k);
                 self.ingest(hf, n - 1, now, out);
             }
-            if seg.len > 0 && !seg.psh {
+            if seg.len > 0 && !seg.psh && !seg.fin && !seg.syn {
                 let n = f.gso_segs();
                 let last = seg.len - (n - 1) * size(&f, &seg);
                 let closed = last < size(&f, &seg);
@@ -629,6 +631,7 @@ mod tests {
                 ack: 0,
                 wnd: 1 << 20,
                 psh: false,
+                ..Default::default()
             };
             p.receive(Frame::tcp(1, seg, now), now, &mut out);
             while let Some(t) = p.next_timer().filter(|&t| t <= now) {

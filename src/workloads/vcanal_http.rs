@@ -11,6 +11,10 @@
 //! `accept` + `epoll_ctl(ADD, new)`, or a non-blocking `recv` and, for
 //! each whole request, the server's work and a `send` of the response
 //! (repeated while the host's send buffer takes only part of it).
+//! Without keep-alive (ab's default) the response is followed by `close`
+//! (HTTP/1.0: the server closes first), which frees the socket-array
+//! index and takes the connection off the epoll set; the next request
+//! comes on a new connection, accepted again.
 //!
 //! Every call is an INR through the VM's channel (no exit); `accept`,
 //! `epoll_wait` and a blocking `send` wait on the host's stack in a
@@ -86,6 +90,12 @@ pub struct CanalHttpShape {
     /// The server's own work per request (parse, lookup, header build,
     /// logging): the calibration's, as for the kernel-socket server.
     pub work: Time,
+    /// Connections carry request after request (ab -k); otherwise the
+    /// server closes each after its response.
+    pub keep_alive: bool,
+    /// The server's own work per connection without keep-alive (set-up
+    /// at accept, tear-down at close).
+    pub connection: Time,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +114,8 @@ enum Step {
     Recv(i32),
     /// The response's bytes still to send on this fd.
     Send(i32, u32),
+    /// Close the connection (fd, its socket-array index).
+    Close(i32, usize),
 }
 
 /// One server thread.
@@ -224,6 +236,7 @@ impl CanalHttpThread {
                 buf: data(left),
                 flags: 0,
             },
+            Step::Close(fd, _) => Call::Close { fd },
             Step::Next => return None,
         })
     }
@@ -265,7 +278,11 @@ impl CanalHttpThread {
                 // again while it has data).
                 if matches!(
                     self.next,
-                    Step::Recv(_) | Step::Send(..) | Step::Accept | Step::AddConn(_)
+                    Step::Recv(_)
+                        | Step::Send(..)
+                        | Step::Accept
+                        | Step::AddConn(_)
+                        | Step::Close(..)
                 ) {
                     self.next = Step::Next;
                 }
@@ -300,6 +317,9 @@ impl CanalHttpThread {
                     self.got[i] = 0;
                 }
                 self.accepted += 1;
+                if !self.shape.keep_alive {
+                    work += self.shape.connection;
+                }
                 Step::AddConn(fd)
             }
             Step::Recv(fd) => match self.index_of(fd) {
@@ -316,10 +336,17 @@ impl CanalHttpThread {
                 } else {
                     self.served += 1;
                     match self.index_of(fd) {
+                        Some(i) if !self.shape.keep_alive => Step::Close(fd, i),
                         Some(i) => self.respond(i, fd, &mut work),
                         None => Step::Next,
                     }
                 }
+            }
+            Step::Close(_, i) => {
+                // libCanal unmapped the dummy fd; the index is free.
+                self.fd_of[i] = -1;
+                self.got[i] = 0;
+                Step::Next
             }
             Step::Next => Step::Next,
         };

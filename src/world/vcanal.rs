@@ -37,10 +37,14 @@
 //! thread, its pool threads and its NIC softirq share the core in arrival
 //! order, as one FIFO of work items (without affinity: one floating
 //! thread), rather than as separate threads under the host scheduler;
-//! TCP has no handshake (connect() takes the connection already
-//! established, and the HTTP server's accept() takes one of ApacheBench's
-//! connections, established before the run, off its listener's queue: ab
-//! keeps them alive, as every TCP workload of the model does).
+//! netperf's connect() takes a connection already established. The HTTP
+//! server's connections either are established before the run and queued
+//! on its listener (ab -k), or, without keep-alive (ab's default), each of
+//! ab's requests opens one: the host stack answers the SYN on the flow's
+//! passive socket, queues the connection on the listener after the final
+//! ACK, and the guest's accept(), recv(), send() and close() are INRs run
+//! by the pool (close sends the FIN and takes the socket off every epoll
+//! interest list, as Linux's close of the last reference does).
 
 use super::event::Ev;
 use super::World;
@@ -49,7 +53,7 @@ use crate::engine::Time;
 use crate::guest::app::{Datagram, Metrics};
 use crate::guest::libcanal::inr::{Call, Errno, SockAddr, SockType};
 use crate::guest::libcanal::{LibCanal, LibCanalParams};
-use crate::guest::tcp::{Tcp, TcpConfig};
+use crate::guest::tcp::{Tcp, TcpConfig, TcpState};
 use crate::guest::Kernel;
 use crate::hv::vcanal::channel::ChannelLayout;
 use crate::hv::vcanal::service::{Dispatch, HostSocket, Outcome, Service, ServiceParams, SlotKind};
@@ -120,6 +124,11 @@ struct HostStack {
     pool_dispatch: Time,
     accept: Time,
     epoll_event: Time,
+    /// A SYN on a passive socket, the final ACK, and close() past the
+    /// system call (the host runs Linux as the guests do).
+    conn_request: Time,
+    syn_recv_sock: Time,
+    close: Time,
 }
 
 impl HostStack {
@@ -143,6 +152,9 @@ struct HostSock {
     /// An established connection in the accept queue of the VM's listener
     /// on this guest port (taken off it by accept()).
     queued_for: Option<u16>,
+    /// A passive socket for one of ab's connection slots (no keep-alive):
+    /// each connection it opens is queued for this guest port.
+    accept_port: Option<u16>,
     /// An epoll instance's interest list: (the guest's socket-array index,
     /// the host socket), a bounded list.
     interest: Vec<(u32, HostSocket)>,
@@ -159,6 +171,7 @@ impl HostSock {
             guest_port: None,
             listening: false,
             queued_for: None,
+            accept_port: None,
             interest: Vec::new(),
         }
     }
@@ -524,6 +537,9 @@ pub(super) fn build(
             pool_dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
             accept: t_ns(&cal.vcanal.host_accept_ns),
             epoll_event: t_ns(&cal.vcanal.host_epoll_event_ns),
+            conn_request: t_ns(&g.tcp_conn_request_ns),
+            syn_recv_sock: t_ns(&g.tcp_syn_recv_sock_ns),
+            close: t_ns(&g.tcp_close_ns),
         },
         core,
         vms,
@@ -646,6 +662,8 @@ fn build_http(
         request: n.request_bytes,
         response: n.header_bytes + n.page_bytes,
         work: t_ns(&cal.guest.nginx_request_ns),
+        keep_alive: n.keep_alive,
+        connection: t_ns(&cal.guest.http_connection_ns),
     };
     let cpus = kernel.cpus();
     for j in 0..workers {
@@ -663,22 +681,33 @@ fn build_http(
     let mut far = Vec::with_capacity(conns);
     let mut socks = Vec::with_capacity(conns);
     for i in 0..conns {
-        let (host, client) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
-        far.push(client);
+        let port = HTTP_PORT + (ab_process_of(i, ab) % workers) as u16;
         let mut h = HostSock::new(vm, SlotKind::Stream, FLOW + i as u16);
-        h.tcp = Some(host);
-        h.queued_for = Some(HTTP_PORT + (ab_process_of(i, ab) % workers) as u16);
+        if n.keep_alive {
+            let (host, client) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
+            far.push(client);
+            h.tcp = Some(host);
+            h.queued_for = Some(port);
+        } else {
+            // ab connects per request: the slot's host socket answers
+            // each SYN; ab replaces its end at its first poll.
+            far.push(Tcp::new(tcp).map_err(|e| e.to_string())?);
+            h.tcp = Some(Tcp::listen(tcp).map_err(|e| e.to_string())?);
+            h.accept_port = Some(port);
+        }
         socks.push(h);
     }
     let http = HttpShape {
         request: n.request_bytes,
         response: n.header_bytes + n.page_bytes,
+        keep_alive: n.keep_alive,
     };
     let names = ClientNames {
         prefix: "nginx",
         percentiles: "latency",
     };
-    let client = AbClient::new(http, conns, t_ns(&cal.peer.ab_request_ns), names);
+    let client = AbClient::new(http, conns, t_ns(&cal.peer.ab_request_ns), names)
+        .connection_costs(t_ns(&cal.peer.tcp_connect_ns), t_ns(&cal.peer.tcp_close_ns));
     let peer = PeerHost::new(far, FLOW, Box::new(client), peer_costs, ab);
     Ok((
         CanalVm {
@@ -1225,8 +1254,19 @@ impl CanalPath {
             match f.transport {
                 Transport::Tcp(seg) => {
                     t += self.stack.tcp_rx_segment;
-                    if let Some(tcp) = &mut self.socks[s].tcp {
+                    let sock = &mut self.socks[s];
+                    if let Some(tcp) = &mut sock.tcp {
+                        let before = tcp.state();
                         tcp.on_segment(seg, t);
+                        let after = tcp.state();
+                        if after == TcpState::SynReceived && before != after {
+                            t += self.stack.conn_request;
+                        } else if before == TcpState::SynReceived && after != before {
+                            // tcp_v4_syn_recv_sock: onto the listener's
+                            // accept queue.
+                            t += self.stack.syn_recv_sock;
+                            sock.queued_for = sock.accept_port;
+                        }
                     }
                     t += self.flush(s, t);
                 }
@@ -1320,6 +1360,9 @@ impl CanalPath {
                             Some(c) => {
                                 // Off the accept queue: a socket of its own.
                                 self.socks[c].queued_for = None;
+                                if let Some(tcp) = &mut self.socks[c].tcp {
+                                    tcp.accept();
+                                }
                                 cost += st.accept;
                                 let from = SockAddr {
                                     ip: PEER.ip,
@@ -1467,6 +1510,23 @@ impl CanalPath {
                     None => Some((Outcome::Failed(Errno::Ebadf), None)),
                 }
             }
+            Call::Close { .. } => {
+                let s = d.socket.unwrap_or(0) as usize;
+                let vm = d.vm;
+                if let Some(tcp) = self.socks.get_mut(s).and_then(|x| x.tcp.as_mut()) {
+                    // tcp_close: the FIN after what is queued.
+                    tcp.close();
+                    cost += st.close;
+                    cost += self.flush(s, at + cost);
+                    // The last reference is gone: off every interest list.
+                    for e in &mut self.socks {
+                        if e.vm == vm && e.kind == SlotKind::Epoll {
+                            e.interest.retain(|&(_, h)| h as usize != s);
+                        }
+                    }
+                }
+                Some((Outcome::Value(0), None))
+            }
             _ => Some((Outcome::Value(0), None)),
         };
         self.counters.calls += 1;
@@ -1512,7 +1572,10 @@ impl CanalPath {
                     .iter()
                     .any(|c| c.vm == vm && c.queued_for.is_some() && c.queued_for == port)
             } else {
-                t.tcp.as_ref().is_some_and(|c| c.readable() > 0) || !t.udp_rx.is_empty()
+                t.tcp
+                    .as_ref()
+                    .is_some_and(|c| c.readable() > 0 && !c.is_closed_by_app())
+                    || !t.udp_rx.is_empty()
             };
             if !ready {
                 continue;
@@ -1721,8 +1784,10 @@ mod tests {
         assert!(e.contains("`workload.vcanal`"), "{e}");
     }
 
+    /// ab with keep-alive: its connections wait on the listeners from
+    /// the start.
     const HTTP: &str = "[workload.nginx]\nworkers = 2\nab_processes = 2\nconcurrency = 2\n\
-                        [workload.vcanal]\n";
+                        keep_alive = true\n[workload.vcanal]\n";
 
     /// Runs `call` on the host as a pool thread would, naming host socket
     /// `socket` (of `kind`) and `target`: the outcome, or None when the
@@ -1841,6 +1906,8 @@ mod tests {
                     ack: 0,
                     wnd: 65535,
                     psh: true,
+                    syn: false,
+                    fin: false,
                 },
                 0,
             );

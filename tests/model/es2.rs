@@ -187,6 +187,34 @@ fn nginx_serves_every_ab_connection_closed_loop() {
     }
 }
 
+/// ab's default (no -k): every request is a connection of its own. The
+/// guest sends at least the SYN-ACK, the response (its FIN on it) and the
+/// ACK of ab's FIN per request, where a kept-alive connection sends the
+/// response alone or with one ACK; the handshake's round trip and the
+/// accept and close work cost requests per second.
+#[test]
+fn nginx_without_keep_alive_opens_a_connection_per_request() {
+    let per_request = |r: &RunReport| metric(r, "guest.tx_frames") / metric(r, "nginx.completed");
+    let new = es2("nginx.toml", &[]);
+    let kept = es2("nginx.toml", &["workload.nginx.keep_alive=true"]);
+    assert_eq!(new.violations(), 0);
+    assert_eq!(kept.violations(), 0);
+    assert!(per_request(&new) >= 2.9, "{}", per_request(&new));
+    assert!(per_request(&kept) <= 2.1, "{}", per_request(&kept));
+    assert!(
+        metric(&new, "nginx.rps") < metric(&kept, "nginx.rps"),
+        "{} vs {}",
+        metric(&new, "nginx.rps"),
+        metric(&kept, "nginx.rps")
+    );
+    // Every request served was accepted first: served = completed, give
+    // or take the four in flight.
+    let served: f64 = (0..4)
+        .map(|j| metric(&new, &format!("nginx.served.worker{j}")))
+        .sum();
+    assert!((served - metric(&new, "nginx.completed")).abs() <= 4.0);
+}
+
 #[test]
 fn apache_served_time_with_sixteen_connections() {
     for dev in DEVICES {
@@ -262,6 +290,7 @@ direction = "recv"
 [[vm]]
 core = 2
 [vm.workload.nginx]
+keep_alive = true
 [[vm]]
 core = 3
 [vm.workload.ping]
@@ -322,6 +351,8 @@ fn bad_es2_keys_are_errors_that_name_the_key() {
             "workload.nginx.concurrency",
         ),
         ("[workload.apache]\nrequest_bytes = 3\n", "workload.apache.request_bytes"),
+        ("[workload.nginx]\nkeep_alive = 1\n", "keep_alive"),
+        ("[workload.apache]\nkeep_alive = \"yes\"\n", "keep_alive"),
         ("[workload.ping]\ninterval_s = 0\n", "workload.ping.interval_s"),
         ("[workload.ping]\npayload_bytes = 9000\n", "workload.ping.payload_bytes"),
         (

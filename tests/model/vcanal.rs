@@ -5,14 +5,45 @@
 use crate::common;
 use common::*;
 
-/// A 1-vCPU VM running a 2-thread HTTP server; `extra`: more keys.
+/// A 1-vCPU VM running a 2-thread HTTP server, ab with keep-alive;
+/// `extra`: more keys.
 fn http(extra: &str) -> String {
+    http_ka(true, extra)
+}
+
+/// The same, with ab's keep-alive as given.
+fn http_ka(keep_alive: bool, extra: &str) -> String {
     format!(
         "scheme = \"kvm\"\nseed = 2\nduration_s = 0.03\nwarmup_s = 0.0\n\
          [machine]\ncores = 4\n[guest]\ntick = \"periodic\"\n[net]\ndevice = \"vf\"\n\
          [workload.nginx]\nworkers = 2\nab_processes = 2\nconcurrency = 4\npage_bytes = 4096\n\
-         [workload.vcanal]\n{extra}"
+         keep_alive = {keep_alive}\n[workload.vcanal]\n{extra}"
     )
+}
+
+/// Without keep-alive (ab's default) every request is a connection of its
+/// own: the host stack answers each SYN, the server accepts each
+/// connection once, serves its one request and closes it (the close an
+/// INR too), and every call succeeds; the guest's own stack still moves
+/// nothing.
+#[test]
+fn ab_without_keep_alive_over_vcanal_accepts_a_connection_per_request() {
+    let r = run_text(&http_ka(false, ""), &[]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    assert_eq!(metric(&r, "vcanal.call_errors"), 0.0);
+    let done = metric(&r, "nginx.completed");
+    assert!(done > 100.0, "{done}");
+    let served = metric(&r, "nginx.served.worker0") + metric(&r, "nginx.served.worker1");
+    let accepts = metric(&r, "vcanal.accepts");
+    // One accept per request served, give or take the 8 in flight.
+    assert!((accepts - served).abs() <= 8.0, "{accepts} vs {served}");
+    assert!((served - done).abs() <= 8.0, "{served} vs {done}");
+    assert_eq!(metric(&r, "guest.tx_frames"), 0.0);
+    // More calls per request than over kept-alive connections.
+    let ka = run_text(&http(""), &[]);
+    let per =
+        |r: &exitless::report::RunReport| metric(r, "vcanal.calls") / metric(r, "nginx.completed");
+    assert!(per(&r) > per(&ka) + 2.0, "{} vs {}", per(&r), per(&ka));
 }
 
 /// Every ab connection is accepted once (by the thread whose port it

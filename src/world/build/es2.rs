@@ -118,9 +118,11 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             owner: Vec::new(),
             spread: true,
             fair: true,
+            listen: false,
         });
     }
     let ab_cost = t_ns(&cal.peer.ab_request_ns);
+    let (ab_connect, ab_close) = (t_ns(&cal.peer.tcp_connect_ns), t_ns(&cal.peer.tcp_close_ns));
     // nginx sets tcp_nodelay for keep-alive connections; the model's one
     // socket configuration serves both ends.
     let tcp = TcpConfig {
@@ -132,11 +134,16 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
         let shape = HttpShape {
             request: n.request_bytes,
             response: n.header_bytes + n.page_bytes,
+            keep_alive: n.keep_alive,
         };
         let costs = ServerCosts {
             request: t_ns(&g.nginx_request_ns),
             syscall,
             copy_per_kib,
+            // accept4, then epoll_ctl(ADD) of the new connection.
+            accept: 2 * syscall + t_ns(&g.tcp_accept_ns),
+            close: syscall + t_ns(&g.tcp_close_ns),
+            connection: t_ns(&g.http_connection_ns),
         };
         let (ab, workers) = (n.ab_processes as usize, n.workers as usize);
         let conns = ab * n.concurrency as usize;
@@ -159,7 +166,9 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
                     )) as Box<dyn App>
                 })
                 .collect(),
-            peer: Box::new(AbClient::new(shape, conns, ab_cost, names)),
+            peer: Box::new(
+                AbClient::new(shape, conns, ab_cost, names).connection_costs(ab_connect, ab_close),
+            ),
             tcp,
             conns,
             peer_cpus: ab,
@@ -167,17 +176,22 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             owner,
             spread: true,
             fair: true,
+            listen: !n.keep_alive,
         });
     }
     if let Some(a) = &w.apache {
         let shape = HttpShape {
             request: a.request_bytes,
             response: a.header_bytes + a.page_bytes,
+            keep_alive: a.keep_alive,
         };
         let costs = ServerCosts {
             request: t_ns(&g.apache_request_ns),
             syscall,
             copy_per_kib,
+            accept: syscall + t_ns(&g.tcp_accept_ns),
+            close: syscall + t_ns(&g.tcp_close_ns),
+            connection: t_ns(&g.http_connection_ns),
         };
         let ab = a.ab_processes as usize;
         let conns = ab * a.concurrency as usize;
@@ -190,7 +204,9 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             guest: (0..conns)
                 .map(|_| Box::new(HttpThread::new(shape, costs, "apache")) as Box<dyn App>)
                 .collect(),
-            peer: Box::new(AbClient::new(shape, conns, ab_cost, names)),
+            peer: Box::new(
+                AbClient::new(shape, conns, ab_cost, names).connection_costs(ab_connect, ab_close),
+            ),
             tcp,
             conns,
             peer_cpus: ab,
@@ -198,6 +214,7 @@ pub(super) fn tcp_workload(w: &WorkloadSpec, cal: &Calibration) -> Option<TcpWor
             owner: Vec::new(),
             spread: true,
             fair: true,
+            listen: !a.keep_alive,
         });
     }
     None

@@ -44,6 +44,8 @@ fn guest_costs(cal: &Calibration) -> GuestCosts {
         rx_protocol: t_ns(&g.rx_protocol_ns),
         rps_enqueue: t_ns(&g.rps_enqueue_ns),
         call_function_ipi: t_ns(&g.call_function_ipi_ns),
+        tcp_conn_request: t_ns(&g.tcp_conn_request_ns),
+        tcp_syn_recv_sock: t_ns(&g.tcp_syn_recv_sock_ns),
     }
 }
 

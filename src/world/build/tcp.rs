@@ -76,6 +76,9 @@ pub(super) struct TcpWorkload {
     pub(super) spread: bool,
     /// Its equal programs share their CPU fairly (`Kernel::set_fair_share`).
     pub(super) fair: bool,
+    /// The guest's sockets listen: the client opens a connection per
+    /// request (ApacheBench without keep-alive).
+    pub(super) listen: bool,
 }
 
 /// A VM's TCP workload.
@@ -102,6 +105,7 @@ pub(super) fn tcp_workload(
             owner: Vec::new(),
             spread: false,
             fair: false,
+            listen: false,
         });
     }
     if let Some(i) = &w.iperf {
@@ -122,6 +126,7 @@ pub(super) fn tcp_workload(
             owner: Vec::new(),
             spread: false,
             fair: false,
+            listen: false,
         });
     }
     if let Some(m) = &w.memcached {
@@ -155,6 +160,7 @@ pub(super) fn tcp_workload(
             // memcached -t N: its worker threads spread over the vCPUs.
             spread: true,
             fair: m.client == crate::scenario::MemcachedClientKind::Memaslap,
+            listen: false,
         });
     }
     es2::tcp_workload(w, cal)
@@ -206,7 +212,10 @@ pub(super) fn spawn_tcp(
         // One socket each: program j's is flow TCP_FLOW + j.
         for (j, app) in w.guest.into_iter().enumerate() {
             let t = kernel.spawn_on(cpu(j), app, 0, false);
-            kernel.tcp_open(TCP_FLOW + j as u16, guest_tcp, Some(t));
+            let s = kernel.tcp_open(TCP_FLOW + j as u16, guest_tcp, Some(t));
+            if w.listen {
+                kernel.tcp_listen(s);
+            }
         }
     } else {
         for (j, app) in w.guest.into_iter().enumerate() {
@@ -215,7 +224,11 @@ pub(super) fn spawn_tcp(
             let flows = (0..w.conns)
                 .filter(|&i| owner.get(i).map_or(i % threads == j, |&o| o == j))
                 .map(|i| TCP_FLOW + i as u16);
-            kernel.tcp_open_many(flows, guest_tcp, t);
+            for s in kernel.tcp_open_many(flows, guest_tcp, t) {
+                if w.listen {
+                    kernel.tcp_listen(s);
+                }
+            }
         }
     }
     (w.peer, peer_tcp, w.conns, w.peer_cpus)
