@@ -200,6 +200,12 @@ pub struct Calibration {
     pub peer: Peer,
     pub blk: Blk,
     pub vcanal: Vcanal,
+    /// The ARM host's calibration (its own file,
+    /// `calibration/arm-kvm-host.toml`), which ARM worlds use. It is not
+    /// part of the x86 file: an overlay reaches its entries by the same
+    /// dotted keys (`kvm.halt_poll_us`; see `calibration_overlay`).
+    #[serde(skip, default = "ArmCalibration::default_arm")]
+    pub arm: ArmCalibration,
 }
 
 /// ARM section `el2`: the exit path's hardware costs.
@@ -449,7 +455,11 @@ impl Calibration {
         let ghz = self.cpu.ghz.value;
         let mut v = toml::Value::try_from(self).expect("a calibration serialises");
         rescale(&mut v, ghz);
-        v.try_into().expect("a rescaled calibration deserialises")
+        let mut out: Calibration = v.try_into().expect("a rescaled calibration deserialises");
+        // The ARM entries are not clock-tagged (the ARM host's file gives
+        // costs at its own core): carried over as they are.
+        out.arm = self.arm.clone();
+        out
     }
 
     /// The shipped calibration.
@@ -471,7 +481,23 @@ impl Calibration {
     pub fn changes_from_shipped(&self) -> std::collections::BTreeMap<String, Entry> {
         static SHIPPED: std::sync::OnceLock<std::collections::BTreeMap<String, u64>> =
             std::sync::OnceLock::new();
-        self.changes_against(SHIPPED.get_or_init(|| entry_values(&Calibration::default_host())))
+        let mut out = self
+            .changes_against(SHIPPED.get_or_init(|| entry_values(&Calibration::default_host())));
+        // The ARM entries an overlay changed, by the same dotted keys.
+        static SHIPPED_ARM: std::sync::OnceLock<std::collections::BTreeMap<String, u64>> =
+            std::sync::OnceLock::new();
+        let shipped = SHIPPED_ARM.get_or_init(|| entry_values(&ArmCalibration::default_arm()));
+        if let Ok(v) = toml::Value::try_from(&self.arm) {
+            let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
+                if let Ok(e) = toml::Value::Table(t.clone()).try_into::<Entry>() {
+                    if shipped.get(path) != Some(&e.value.to_bits()) {
+                        out.insert(path.to_string(), e);
+                    }
+                }
+                Ok(())
+            });
+        }
+        out
     }
 
     fn changes_against(
@@ -496,7 +522,7 @@ impl Calibration {
 }
 
 /// Every entry's value of `c` (bit patterns), by dotted key.
-fn entry_values(c: &Calibration) -> std::collections::BTreeMap<String, u64> {
+fn entry_values<T: Serialize>(c: &T) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
     if let Ok(v) = toml::Value::try_from(c) {
         let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {

@@ -8,8 +8,14 @@
 //! names the file. A key the calibration does not have is an error naming
 //! it; the layered result is range-checked as a whole file is
 //! ([`crate::calibration::range_of`]).
+//!
+//! The ARM host's calibration (`calibration/arm-kvm-host.toml`, carried
+//! as [`Calibration::arm`]) is reached by the same dotted keys and rules:
+//! a key goes to the x86 file if that has it, else to the ARM file
+//! (`kvm.halt_poll_us`, `gic.its_translate_ns`, `guest.virtual_eoi_ns`).
+//! The two files share only the `[guest]` section's name, and no key.
 
-use crate::calibration::{Calibration, DEFAULT_TOML};
+use crate::calibration::{ArmCalibration, Calibration, ARM_DEFAULT_TOML, DEFAULT_TOML};
 
 /// One overlaid entry: dotted key, value, source.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,11 +45,23 @@ fn default_table() -> toml::Table {
     toml::from_str(DEFAULT_TOML).unwrap_or_default()
 }
 
-/// Every dotted key of the shipped calibration, in file order of sections
-/// and sorted within them.
+fn default_arm_table() -> toml::Table {
+    // The shipped ARM file parses (a unit test of `calibration` says so).
+    toml::from_str(ARM_DEFAULT_TOML).unwrap_or_default()
+}
+
+/// Which calibration file an overlaid key belongs to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Target {
+    X86,
+    Arm,
+}
+
+/// Every dotted key of the shipped calibrations (x86, then ARM), in file
+/// order of sections and sorted within them.
 pub fn known_keys() -> Vec<String> {
     let mut v = Vec::new();
-    for (sec, t) in default_table() {
+    for (sec, t) in default_table().into_iter().chain(default_arm_table()) {
         if let Some(t) = t.as_table() {
             v.extend(t.keys().map(|k| format!("{sec}.{k}")));
         }
@@ -51,27 +69,52 @@ pub fn known_keys() -> Vec<String> {
     v
 }
 
-/// Checks that `key` (dotted) is a calibration entry; the error names it
-/// and what the section holds.
-fn check_key(base: &toml::Table, key: &str, origin: &str) -> Result<(), String> {
+/// Checks that `key` (dotted) is an entry of the x86 calibration `base`
+/// or, failing that, of the ARM one `arm`, and says which; the error names
+/// the key and what the section holds (or the sections of both files).
+fn check_key(
+    base: &toml::Table,
+    arm: &toml::Table,
+    key: &str,
+    origin: &str,
+) -> Result<Target, String> {
     let (sec, name) = key.split_once('.').ok_or_else(|| {
-        format!("{origin}: `{key}` is not a calibration key (expected section.name, e.g. exit.msr_write_eoi_us)")
+        format!("{origin}: `{key}` is not a calibration key (expected section.name, e.g. exit.msr_write_eoi_us or kvm.halt_poll_us)")
     })?;
-    let Some(section) = base.get(sec).and_then(|t| t.as_table()) else {
-        let secs: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
-        return Err(format!(
-            "{origin}: unknown calibration key `{key}`: no section `[{sec}]` (sections: {})",
-            secs.join(", ")
-        ));
-    };
-    if !section.contains_key(name) {
-        let names: Vec<&str> = section.keys().map(|s| s.as_str()).collect();
-        return Err(format!(
-            "{origin}: unknown calibration key `{key}` ([{sec}] has {})",
-            names.join(", ")
-        ));
+    let section = |t: &toml::Table| t.get(sec).and_then(|t| t.as_table()).cloned();
+    match (section(base), section(arm)) {
+        (Some(s), _) if s.contains_key(name) => Ok(Target::X86),
+        (_, Some(s)) if s.contains_key(name) => Ok(Target::Arm),
+        (None, None) => Err(format!(
+            "{origin}: unknown calibration key `{key}`: no section `[{sec}]` ({})",
+            sections(base, arm)
+        )),
+        (x, a) => {
+            // Marked ARM where both files have the section ([guest]).
+            let both = x.is_some() && a.is_some();
+            let mut names: Vec<String> = Vec::new();
+            if let Some(x) = x {
+                names.extend(x.keys().cloned());
+            }
+            if let Some(a) = a {
+                names.extend(a.keys().map(|k| match both {
+                    true => format!("{k} (ARM)"),
+                    false => k.clone(),
+                }));
+            }
+            Err(format!(
+                "{origin}: unknown calibration key `{key}` ([{sec}] has {})",
+                names.join(", ")
+            ))
+        }
     }
-    Ok(())
+}
+
+/// The sections of both files, in words, for an error.
+fn sections(base: &toml::Table, arm: &toml::Table) -> String {
+    let x: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
+    let a: Vec<&str> = arm.keys().map(|s| s.as_str()).collect();
+    format!("sections: {}; ARM sections: {}", x.join(", "), a.join(", "))
 }
 
 fn number(v: &toml::Value) -> Option<f64> {
@@ -82,6 +125,7 @@ fn number(v: &toml::Value) -> Option<f64> {
 /// every message and is the source of entries that give none.
 pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, String> {
     let base = default_table();
+    let arm = default_arm_table();
     let t: toml::Table = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
     let mut out = Vec::new();
     for (sec, entries) in &t {
@@ -90,16 +134,15 @@ pub fn parse_overlay(text: &str, origin: &str) -> Result<Vec<OverlayEntry>, Stri
                 "{origin}: `{sec}` must be a table of entries (`[{sec}]`), not a value"
             ));
         };
-        if !base.contains_key(sec) {
-            let secs: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
+        if !base.contains_key(sec) && !arm.contains_key(sec) {
             return Err(format!(
-                "{origin}: unknown calibration section `[{sec}]` (sections: {})",
-                secs.join(", ")
+                "{origin}: unknown calibration section `[{sec}]` ({})",
+                sections(&base, &arm)
             ));
         }
         for (name, e) in entries {
             let key = format!("{sec}.{name}");
-            check_key(&base, &key, origin)?;
+            check_key(&base, &arm, &key, origin)?;
             let mut clock = None;
             let (value, source) = match e {
                 toml::Value::Table(et) => {
@@ -154,7 +197,12 @@ pub fn parse_set(kv: &str) -> Result<OverlayEntry, String> {
         )
     })?;
     let key = k.trim().to_string();
-    check_key(&default_table(), &key, "--calibration-set")?;
+    check_key(
+        &default_table(),
+        &default_arm_table(),
+        &key,
+        "--calibration-set",
+    )?;
     let value: f64 = v
         .trim()
         .parse()
@@ -170,24 +218,32 @@ pub fn parse_set(kv: &str) -> Result<OverlayEntry, String> {
 /// The shipped calibration with `entries` applied in order (a later one
 /// wins), range-checked.
 pub fn apply(entries: &[OverlayEntry]) -> Result<Calibration, String> {
-    apply_table(default_table(), entries)
+    apply_table(default_table(), default_arm_table(), entries)
 }
 
 /// `cal` with `entries` applied in order, range-checked: a paper's
 /// testbed overlay over whatever calibration the command line gave.
 pub fn apply_to(cal: &Calibration, entries: &[OverlayEntry]) -> Result<Calibration, String> {
     let base = toml::Table::try_from(cal).map_err(|e| e.to_string())?;
-    apply_table(base, entries)
+    let arm = toml::Table::try_from(&cal.arm).map_err(|e| e.to_string())?;
+    apply_table(base, arm, entries)
 }
 
-fn apply_table(mut base: toml::Table, entries: &[OverlayEntry]) -> Result<Calibration, String> {
+fn apply_table(
+    mut base: toml::Table,
+    mut arm: toml::Table,
+    entries: &[OverlayEntry],
+) -> Result<Calibration, String> {
     for e in entries {
-        check_key(&base, &e.key, "calibration overlay")?;
+        let file = match check_key(&base, &arm, &e.key, "calibration overlay")? {
+            Target::X86 => &mut base,
+            Target::Arm => &mut arm,
+        };
         let (sec, name) = e.key.split_once('.').unwrap_or(("", ""));
         let mut entry = toml::Table::new();
         entry.insert("value".into(), toml::Value::Float(e.value));
         entry.insert("source".into(), toml::Value::String(e.source.clone()));
-        if let Some(s) = base.get_mut(sec).and_then(|t| t.as_table_mut()) {
+        if let Some(s) = file.get_mut(sec).and_then(|t| t.as_table_mut()) {
             // The clock tag: the overlay's, else the entry's it replaces.
             let old = s.get(name).and_then(|o| o.as_table());
             match e.clock {
@@ -209,7 +265,10 @@ fn apply_table(mut base: toml::Table, entries: &[OverlayEntry]) -> Result<Calibr
         }
     }
     let text = toml::to_string(&base).map_err(|e| e.to_string())?;
-    Calibration::from_toml(&text).map_err(|e| e.to_string())
+    let mut cal = Calibration::from_toml(&text).map_err(|e| e.to_string())?;
+    let text = toml::to_string(&arm).map_err(|e| e.to_string())?;
+    cal.arm = ArmCalibration::from_toml(&text).map_err(|e| format!("ARM {e}"))?;
+    Ok(cal)
 }
 
 /// The calibration the command line asks for: the shipped one, then the
@@ -330,6 +389,44 @@ mod tests {
             ("hlt_us=1", "hlt_us"),
             ("exit.hlt_us=nan", "exit.hlt_us"),
             ("exit.hlt_us=1e9", "out of range"),
+        ] {
+            let e = layered(None, &[set.into()]).map(|_| ()).unwrap_err();
+            assert!(e.contains(needle), "{set}: {e}");
+        }
+    }
+
+    #[test]
+    fn arm_keys_go_to_the_arm_calibration_and_x86_keys_stay_x86() {
+        let c = layered(
+            Some((
+                "ov.toml",
+                "[kvm]\nhalt_poll_us = 0\n[guest]\nvirtual_eoi_ns = 7\n",
+            )),
+            &["gic.its_translate_ns=300".into(), "exit.hlt_us=2".into()],
+        )
+        .unwrap();
+        assert_eq!(c.arm.kvm.halt_poll_us.value, 0.0);
+        assert_eq!(c.arm.guest.virtual_eoi_ns.value, 7.0);
+        assert_eq!(c.arm.gic.its_translate_ns.value, 300.0);
+        assert_eq!(c.exit.hlt_us.value, 2.0);
+        let shipped = ArmCalibration::default_arm();
+        assert_eq!(
+            c.arm.el2.world_switch_ns.value,
+            shipped.el2.world_switch_ns.value
+        );
+        // Carried through a testbed overlay and the clock scaling.
+        let c2 = apply_to(&c, &[parse_set("cpu.ghz=2.0").unwrap()]).unwrap();
+        assert_eq!(c2.at_cpu_clock().arm.kvm.halt_poll_us.value, 0.0);
+        let changed = c2.changes_from_shipped();
+        assert!(changed.contains_key("kvm.halt_poll_us"), "{changed:?}");
+        // The whole shipped ARM file is an overlay that changes nothing.
+        let all = layered(Some(("arm.toml", ARM_DEFAULT_TOML)), &[]).unwrap();
+        assert!(all.changes_from_shipped().is_empty());
+        for (set, needle) in [
+            ("kvm.nope_ns=1", "[kvm] has"),
+            ("guest.nope_ns=1", "virtual_eoi_ns (ARM)"),
+            ("gicd.x=1", "ARM sections: el2"),
+            ("kvm.halt_poll_us=-1", "kvm.halt_poll_us"),
         ] {
             let e = layered(None, &[set.into()]).map(|_| ()).unwrap_err();
             assert!(e.contains(needle), "{set}: {e}");

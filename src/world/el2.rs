@@ -110,6 +110,12 @@ pub(super) struct El2World {
     timer_vector: u8,
     vf_vector: u8,
     measuring: bool,
+    /// Per vCPU: since when its guest has been idle in guest mode (a WFI
+    /// that did not trap, on did-arm's dedicated cores, or the idle=poll
+    /// loop): guest time to the host, idle time to the guest.
+    idle_since: Vec<Option<Time>>,
+    /// Per vCPU: that guest-mode idle time in the measured interval.
+    idle_time: Vec<Time>,
 }
 
 impl El2World {
@@ -145,6 +151,8 @@ impl El2World {
             timer_vector,
             vf_vector,
             measuring: false,
+            idle_since: vec![None; n],
+            idle_time: vec![0; n],
         }
     }
 
@@ -183,14 +191,32 @@ impl El2World {
         self.exit_table
             .iter_mut()
             .for_each(|t| *t = Default::default());
+        self.idle_time.fill(0);
         self.measuring = true;
+    }
+
+    /// `vcpu`'s guest idles in guest mode from `now` (an untrapped WFI,
+    /// or the idle=poll loop), unless it already does.
+    pub(super) fn guest_idle_start(&mut self, vcpu: usize, now: Time) {
+        self.idle_since[vcpu].get_or_insert(now);
+    }
+
+    /// `vcpu`'s guest-mode idle (if any) ends at `until`: its part in the
+    /// measured interval (from `measure_start`) counts as guest idle.
+    pub(super) fn guest_idle_end(&mut self, vcpu: usize, until: Time, measure_start: Time) {
+        if let Some(since) = self.idle_since[vcpu].take() {
+            self.idle_time[vcpu] += until.saturating_sub(since.max(measure_start));
+        }
     }
 
     /// Each VM's ARM exits by reason (VM 0's by their plain names), as
     /// `perf kvm stat` on arm64 names them, and their mean service time.
-    pub(super) fn metrics(&self, out: &mut Metrics, dur: f64) {
+    pub(super) fn metrics(&self, out: &mut Metrics, dur: f64, vms: &[crate::hv::VmState]) {
         for (vm, s) in self.stats.iter().enumerate() {
             let p = crate::report::vm_prefix(vm);
+            if let Some(v) = vms.get(vm) {
+                self.cpu_metrics(&p, v, out, dur);
+            }
             let total: u64 = s.exits.iter().sum();
             out.insert(format!("{p}arm.exits_per_s"), total as f64 / dur);
             for r in ArmExitReason::ALL {
@@ -208,6 +234,41 @@ impl El2World {
 }
 
 impl El2World {
+    /// A VM's CPU time as `mpstat -P <its vCPUs' cores>` would split it,
+    /// averaged over its vCPUs: the host's view (`%guest`: guest mode,
+    /// which includes a WFI that does not trap; `%sys` + `%irq`: the
+    /// exits' service at EL2 and in the host kernel, from the exit table,
+    /// so a WFx exit counts up to its block; the rest idle or another
+    /// thread's) and the guest's own (busy = guest mode outside its idle
+    /// task: an untrapped WFI or the idle=poll loop).
+    /// mpstat reads these from /proc/stat's per-CPU guest, system, irq and
+    /// idle counters (Linux `account_guest_time`, `vtime_account_*`).
+    fn cpu_metrics(&self, p: &str, vm: &crate::hv::VmState, out: &mut Metrics, dur: f64) {
+        let cpu_time = vm.vcpus.len() as f64 * dur * crate::engine::SEC as f64;
+        if cpu_time <= 0.0 {
+            return;
+        }
+        let pct = |t: Time| 100.0 * t as f64 / cpu_time;
+        let exits: Time = vm
+            .vcpus
+            .iter()
+            .flat_map(|&v| self.exit_table[v].iter())
+            .map(|s| s.total)
+            .sum();
+        let idle: Time = vm.vcpus.iter().map(|&v| self.idle_time[v]).sum();
+        let guest = vm.stats.guest_time;
+        let (g, h) = (pct(guest), pct(exits));
+        out.insert(format!("{p}cpu.guest_pct"), g);
+        out.insert(format!("{p}cpu.host_pct"), h);
+        // In whole nanoseconds, so that a fully busy core shows 0 exactly.
+        let rest = (cpu_time as Time).saturating_sub(guest + exits);
+        out.insert(format!("{p}cpu.idle_pct"), pct(rest));
+        out.insert(
+            format!("{p}cpu.guest_busy_pct"),
+            pct(guest.saturating_sub(idle)),
+        );
+    }
+
     /// The exit tables by arm64 exception class ([`ArmExitReason`]): per
     /// VM the sum of its vCPUs', per vCPU its own (`vms[vm]` lists the
     /// VM's vCPUs in index order).
@@ -443,6 +504,7 @@ impl World {
                     OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
                 } else {
                     // WFI in the guest: the core waits for its IRQ.
+                    a.guest_idle_start(vcpu, now);
                     OpResult::Wait
                 }
             }

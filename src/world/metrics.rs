@@ -214,7 +214,7 @@ impl World {
         self.canal_metrics(&mut metrics, dur);
         self.scheme.metrics(&mut metrics);
         if let Some(a) = &self.el2 {
-            a.metrics(&mut metrics, dur);
+            a.metrics(&mut metrics, dur, &self.hv.vms);
         }
         if let Some(e) = &self.event_exits {
             e.metrics(&mut metrics);

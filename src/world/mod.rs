@@ -720,6 +720,10 @@ impl World {
         let since = self.m.cores[core].guest_since.max(self.measure_start);
         let index = self.hv.vcpus[vcpu].index;
         let guest = until.saturating_sub(since);
+        let start = self.measure_start;
+        if let Some(a) = self.el2.as_deref_mut() {
+            a.guest_idle_end(vcpu, until, start);
+        }
         self.hv.vms[vm].stats.guest_time += guest;
         self.hv.vms[vm].vcpu_stats[index].guest_time += guest;
     }
@@ -934,6 +938,11 @@ impl World {
             let vcpu = self.kernel_of(core);
             let (k, c) = self.kcpu(vcpu);
             let now = self.q.now();
+            // The guest runs again: the idle it waited in (if any) is over.
+            let start = self.measure_start;
+            if let Some(a) = self.el2.as_deref_mut() {
+                a.guest_idle_end(vcpu, now, start);
+            }
             let mut dev = Devices {
                 nic: &mut self.m.nic,
                 virtio_net: match self.net_dev_of_vm[k] {
@@ -962,7 +971,14 @@ impl World {
                     self.start_segment(core, d.min(MAX_SEGMENT));
                     return;
                 }
-                Action::Spin => return,
+                Action::Spin => {
+                    // The idle=poll loop: guest time to the host, idle to
+                    // the guest (the ARM CPU split, `cpu.*`).
+                    if let Some(a) = self.el2.as_deref_mut() {
+                        a.guest_idle_start(vcpu, now);
+                    }
+                    return;
+                }
                 Action::InterruptsEnabled => {}
                 Action::Returned(v) => {
                     self.checker.handler_returned(vcpu, v);

@@ -485,6 +485,74 @@ fn calibration_overlays_layer_over_the_shipped_values() {
 }
 
 #[test]
+fn calibration_overlays_reach_the_arm_calibration() {
+    let d = scratch("armcal");
+    let ov = d.join("arm-ov.toml");
+    // The hrtimer test under kvm-arm: every expiry is a physical timer
+    // IRQ exit and a WFI wake-up, so the ARM host's costs are on its path.
+    let p50 = |extra: &[&str]| {
+        let mut args = vec![
+            "-q",
+            "run",
+            "validation/did-arm/idle.toml",
+            "--set",
+            "duration_s=0.05",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let j: serde_json::Value = serde_json::from_slice(&ok(&args).stdout).unwrap();
+        let changed: Vec<String> = j["provenance"]["calibration_changes"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        (
+            j["metrics"]["hrtimer.latency_p50_us"].as_f64().unwrap(),
+            changed,
+        )
+    };
+    let (base, changed) = p50(&[]);
+    assert!(changed.is_empty(), "{changed:?}");
+    // --calibration-set with an ARM key: 2 world switches per exit.
+    let (slow, changed) = p50(&["--calibration-set", "el2.world_switch_ns=1153"]);
+    assert_eq!(changed, ["el2.world_switch_ns"]);
+    assert!(slow > base + 0.8, "{base} -> {slow}");
+    // --calibration FILE with an ARM section, then a set over it.
+    std::fs::write(&ov, "[kvm]\nvcpu_wakeup_us = 5\n").unwrap();
+    let (file, changed) = p50(&["--calibration", s(&ov)]);
+    assert_eq!(changed, ["kvm.vcpu_wakeup_us"]);
+    assert!(file > base + 1.5, "{base} -> {file}");
+    let (both, _) = p50(&[
+        "--calibration",
+        s(&ov),
+        "--calibration-set",
+        "kvm.vcpu_wakeup_us=3",
+    ]);
+    assert_eq!(both, base);
+    // Unknown ARM keys and ranges are errors naming the key and sections.
+    for (set, needles) in [
+        ("kvm.bogus_ns=1", &["kvm.bogus_ns", "halt_poll_us"][..]),
+        ("armz.x_ns=1", &["armz.x_ns", "ARM sections: el2"][..]),
+        (
+            "kvm.halt_poll_us=-5",
+            &["kvm.halt_poll_us", "out of range"][..],
+        ),
+    ] {
+        let o = exitless(&[
+            "--calibration-set",
+            set,
+            "run",
+            "validation/did-arm/idle.toml",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{set}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(needles.iter().all(|n| e.contains(n)), "{set}: {e}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
 fn calibrate_reads_a_perf_kvm_stat_report_into_an_overlay() {
     let d = scratch("calibrate");
     // `run` prints perf kvm stat's table: use it as the input, plus a

@@ -671,3 +671,40 @@ fn the_race_explorer_finds_nothing_under_arm_preemption_and_shared_cores() {
         );
     }
 }
+
+/// The `cpu.*` split (mpstat's view) follows from where each scheme
+/// spends the vCPU's core: kvm-arm traps WFI, so an idle guest's core is
+/// host time (the exit, halt polling) then idle; did-arm's untrapped WFI
+/// stays guest mode, which the host counts as %guest and the guest as
+/// idle. The host's three shares cover the whole core.
+#[test]
+fn the_cpu_split_is_guest_host_and_idle_as_mpstat_counts_them() {
+    let shares = |r: &exitless::report::RunReport| {
+        let g = metric(r, "cpu.guest_pct");
+        let h = metric(r, "cpu.host_pct");
+        let i = metric(r, "cpu.idle_pct");
+        let b = metric(r, "cpu.guest_busy_pct");
+        assert!((g + h + i - 100.0).abs() < 0.5, "{g} + {h} + {i}");
+        assert!(b <= g + 1e-9, "busy {b} > guest {g}");
+        (g, h, i, b)
+    };
+    let kvm = run_text(HRTIMER, &["scheme=kvm-arm"]);
+    assert_eq!(kvm.violations(), 0);
+    let (g, h, i, b) = shares(&kvm);
+    // Trapped WFI: the guest's time in guest mode is only its work.
+    assert!((g - b).abs() < 1e-9, "{g} {b}");
+    assert!(h > 1.0 && i > 1.0 && g < 10.0, "{g} {h} {i}");
+    let did = run_text(HRTIMER, &["scheme=did-arm"]);
+    assert_eq!(did.violations(), 0);
+    let (g, h, _, b) = shares(&did);
+    assert!(g > 99.0 && h < 1.0, "{g} {h}");
+    // The guest's own busy share is about the same work as under kvm-arm.
+    assert!(
+        b < 10.0 && (b - metric(&kvm, "cpu.guest_busy_pct")).abs() < 1.0,
+        "{b}"
+    );
+    // idle = "poll": the idle loop is guest mode too, and guest idle.
+    let poll = run_text(UDP, &["scheme=kvm-arm"]);
+    let (g, _, _, b) = shares(&poll);
+    assert!(g > 90.0 && b < g - 10.0, "{g} {b}");
+}

@@ -164,7 +164,7 @@ pub(in crate::world) fn build(
     // Cycle-bound costs at the experiment's core clock (`cpu.ghz`), for
     // the built-in ARM schemes and a caller's alike.
     let cal = &cal.at_cpu_clock();
-    let acal = ArmCalibration::default_arm();
+    let acal = cal.arm.clone();
     let host = ArmHost;
     let topo = Topology::plan(s, &host)?;
     refuse_unsupported(s, &topo, scheme.name())?;
