@@ -756,6 +756,45 @@ pub fn reproduce(
     Ok(rows)
 }
 
+/// A row's parameters as `key=value` joined by `sep` (strings unquoted).
+fn params_text(r: &Row, sep: &str) -> String {
+    let params: Vec<String> = r
+        .params
+        .iter()
+        .map(|(k, v)| match v.as_str() {
+            Some(s) => format!("{k}={s}"),
+            None => format!("{k}={v}"),
+        })
+        .collect();
+    params.join(sep)
+}
+
+/// A tolerance as the tables print it; `paper` names the bound of the
+/// one-sided ones.
+fn tolerance_text(t: Option<Tolerance>, paper: &str) -> String {
+    match t {
+        Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
+        Some(Tolerance::Abs(x)) => format!("±{x}"),
+        Some(Tolerance::Max) => format!("≤{paper}"),
+        Some(Tolerance::Min) => format!("≥{paper}"),
+        None => String::new(),
+    }
+}
+
+/// The 1-based number of `note` in `notes` (each distinct note once, in
+/// order of first use), adding it if new.
+fn note_number<'a>(notes: &mut Vec<&'a str>, note: Option<&'a str>) -> Option<usize> {
+    let n = note?;
+    let i = match notes.iter().position(|x| *x == n) {
+        Some(i) => i,
+        None => {
+            notes.push(n);
+            notes.len() - 1
+        }
+    };
+    Some(i + 1)
+}
+
 /// Text table of rows.
 pub fn to_text(rows: &[Row]) -> String {
     use std::fmt::Write;
@@ -768,40 +807,17 @@ pub fn to_text(rows: &[Row]) -> String {
     // Each distinct note once, numbered in order of first use.
     let mut notes: Vec<&str> = Vec::new();
     for r in rows {
-        let params: Vec<String> = r
-            .params
-            .iter()
-            .map(|(k, v)| match v.as_str() {
-                Some(s) => format!("{k}={s}"),
-                None => format!("{k}={v}"),
-            })
-            .collect();
-        let tol = match r.tolerance {
-            Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
-            Some(Tolerance::Abs(x)) => format!("±{x}"),
-            Some(Tolerance::Max) => "≤paper".into(),
-            Some(Tolerance::Min) => "≥paper".into(),
-            None => "".into(),
-        };
-        let mark = match r.note.as_deref() {
-            Some(n) => {
-                let i = match notes.iter().position(|x| *x == n) {
-                    Some(i) => i,
-                    None => {
-                        notes.push(n);
-                        notes.len() - 1
-                    }
-                };
-                format!(" [{}]", i + 1)
-            }
-            None => String::new(),
-        };
+        let params = params_text(r, ",");
+        let tol = tolerance_text(r.tolerance, "paper");
+        let mark = note_number(&mut notes, r.note.as_deref())
+            .map(|i| format!(" [{i}]"))
+            .unwrap_or_default();
         let _ = writeln!(
             o,
             "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}{mark}",
             r.experiment,
             r.config,
-            params.join(","),
+            params,
             r.metric,
             r.unit,
             r.model,
@@ -861,37 +877,17 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
     );
     let mut notes: Vec<&str> = Vec::new();
     for r in &scored {
-        let params: Vec<String> = r
-            .params
-            .iter()
-            .map(|(k, v)| match v.as_str() {
-                Some(s) => format!("{k}={s}"),
-                None => format!("{k}={v}"),
-            })
-            .collect();
-        let tol = match r.tolerance {
-            Some(Tolerance::Rel(x)) => format!("±{:.0}%", x * 100.0),
-            Some(Tolerance::Abs(x)) => format!("±{x}"),
-            Some(Tolerance::Max) => "≤ paper".into(),
-            Some(Tolerance::Min) => "≥ paper".into(),
-            None => String::new(),
-        };
-        let mark = match r.note.as_deref() {
-            Some(n) => {
-                let i = notes.iter().position(|x| *x == n).unwrap_or_else(|| {
-                    notes.push(n);
-                    notes.len() - 1
-                });
-                format!("[{}]", i + 1)
-            }
-            None => String::new(),
-        };
+        let params = params_text(r, ", ");
+        let tol = tolerance_text(r.tolerance, " paper");
+        let mark = note_number(&mut notes, r.note.as_deref())
+            .map(|i| format!("[{i}]"))
+            .unwrap_or_default();
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} {} | {} | {} | {} | {mark} |",
             cell(&r.experiment),
             cell(&r.config),
-            cell(&params.join(", ")),
+            cell(&params),
             cell(&r.metric),
             significant(r.model),
             cell(&r.unit),
