@@ -541,6 +541,18 @@ mod tests {
         assert_eq!(c.readable(), 1700);
     }
 
+    /// One poll of `ab` over the connections `c`, `ready` the ones with news.
+    fn poll(ab: &mut AbClient, c: &mut [Tcp], ready: &[usize], now: Time) -> (Time, Option<Time>) {
+        let (mut touched, mut seen) = (vec![], vec![false; c.len()]);
+        let (mut rx, mut tx) = (VecDeque::new(), vec![]);
+        let mut io = PeerIo {
+            conns: Conns::new(c, &mut touched, &mut seen).with_ready(ready),
+            udp_rx: &mut rx,
+            udp_tx: &mut tx,
+        };
+        ab.poll(&mut io, now)
+    }
+
     #[test]
     fn ab_keeps_one_request_in_flight_per_connection_and_times_it() {
         let names = ClientNames {
@@ -550,16 +562,6 @@ mod tests {
         let mut ab = AbClient::new(shape(), 2, US, names);
         let (c0, mut s0) = pair();
         let (c1, mut s1) = pair();
-        let poll = |ab: &mut AbClient, c: &mut [Tcp], ready: &[usize], now| {
-            let (mut touched, mut seen) = (vec![], vec![false; c.len()]);
-            let (mut rx, mut tx) = (VecDeque::new(), vec![]);
-            let mut io = PeerIo {
-                conns: Conns::new(c, &mut touched, &mut seen).with_ready(ready),
-                udp_rx: &mut rx,
-                udp_tx: &mut tx,
-            };
-            ab.poll(&mut io, now)
-        };
         let mut cs = [c0, c1];
         // Start: one request on each connection, nothing more.
         poll(&mut ab, &mut cs, &[], 0);
@@ -603,16 +605,6 @@ mod tests {
         };
         let mut c = [Tcp::new(cfg).unwrap()];
         let mut s = Tcp::listen(cfg).unwrap();
-        let poll = |ab: &mut AbClient, c: &mut [Tcp], ready: &[usize], now| {
-            let (mut touched, mut seen) = (vec![], vec![false; c.len()]);
-            let (mut rx, mut tx) = (VecDeque::new(), vec![]);
-            let mut io = PeerIo {
-                conns: Conns::new(c, &mut touched, &mut seen).with_ready(ready),
-                udp_rx: &mut rx,
-                udp_tx: &mut tx,
-            };
-            ab.poll(&mut io, now)
-        };
         let (cost, wake) = poll(&mut ab, &mut c, &[], 0);
         assert_eq!((cost, wake), (4 * US, None), "connect");
         assert_eq!(c[0].state(), TcpState::SynSent);
