@@ -184,6 +184,17 @@ impl VhostVsock {
 
     /// One turn of the TX handler.
     pub fn handle_tx(&mut self, dev: &mut VirtioVsockDev, c: &VsockCosts) -> Turn {
+        self.handle_tx_seen(dev, c, |_| {})
+    }
+
+    /// [`Self::handle_tx`], showing `seen` each packet as the host's socket
+    /// layer receives it (a packet trace, for tests and metrics).
+    pub fn handle_tx_seen(
+        &mut self,
+        dev: &mut VirtioVsockDev,
+        c: &VsockCosts,
+        mut seen: impl FnMut(&Hdr),
+    ) -> Turn {
         let mut t = Turn::default();
         let mut bytes = 0u64;
         dev.tx.disable_notify();
@@ -203,6 +214,7 @@ impl VhostVsock {
             self.counters.tx_bytes += u64::from(h.len);
             t.cost += c.tx_per_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
             self.deliver(&h);
+            seen(&h);
             if t.pkts >= VHOST_VSOCK_PKT_WEIGHT || bytes >= VHOST_VSOCK_WEIGHT {
                 // `vhost_exceeds_weight`: requeue, kicks stay off.
                 self.counters.requeues += 1;
@@ -414,7 +426,11 @@ mod tests {
         dev.post_rx_buffer();
         dev.rx.kick_prepare();
         let t = b.handle_rx(&mut dev, &costs());
-        assert_eq!((t.pkts, t.rx_pending), (0, true), "3 buffers needed, 2 posted");
+        assert_eq!(
+            (t.pkts, t.rx_pending),
+            (0, true),
+            "3 buffers needed, 2 posted"
+        );
         assert_eq!(b.send_pkt.front().unwrap().len, 1808, "the rest waits");
         assert_eq!(b.counters.rx_no_buffer, 1);
         dev.post_rx_buffer();

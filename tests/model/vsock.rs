@@ -98,7 +98,14 @@ struct Outcome {
 /// The guest writes `total` bytes in writes of `write` bytes; per round it
 /// queues at most `burst` packets and the relay makes `reads` reads of
 /// `relay_buf` bytes.
-fn stream(event_idx: bool, total: u64, write: u32, burst: u32, reads: u32, relay_buf: u32) -> Outcome {
+fn stream(
+    event_idx: bool,
+    total: u64,
+    write: u32,
+    burst: u32,
+    reads: u32,
+    relay_buf: u32,
+) -> Outcome {
     let c = costs();
     let rc = RelayCosts {
         syscall: 200 * NS,
@@ -160,7 +167,11 @@ fn stream(event_idx: bool, total: u64, write: u32, burst: u32, reads: u32, relay
                 // Credit, against the host's real state.
                 let host = b.conn.as_ref().unwrap().credit;
                 let in_flight = g.credit.tx_cnt.wrapping_sub(host.fwd_cnt);
-                assert!(in_flight <= host.buf_alloc, "{in_flight} > {}", host.buf_alloc);
+                assert!(
+                    in_flight <= host.buf_alloc,
+                    "{in_flight} > {}",
+                    host.buf_alloc
+                );
                 out.max_in_flight = out.max_in_flight.max(in_flight);
                 assert!(dev.send(h));
                 sent.push_back(h.len);
@@ -211,7 +222,11 @@ fn stream(event_idx: bool, total: u64, write: u32, burst: u32, reads: u32, relay
             rx_work = t.requeue;
         }
     }
-    assert!(sent.is_empty(), "{} packets never reached the host", sent.len());
+    assert!(
+        sent.is_empty(),
+        "{} packets never reached the host",
+        sent.len()
+    );
     assert_eq!(relay.bytes, total, "every byte once");
     let host = b.conn.as_ref().unwrap().credit;
     assert_eq!(u64::from(host.fwd_cnt), total);
@@ -228,7 +243,10 @@ fn a_guest_stream_reaches_the_relay_in_order_within_credit() {
     let o = stream(true, 8 << 20, 16 * 1024, 32, 2, 8192);
     assert!(o.credit_stalls > 0, "{o:?}");
     assert!(o.updates > 0, "stalls end by credit updates: {o:?}");
-    assert_eq!(o.max_in_flight, DEFAULT_BUF_SIZE, "the window is used fully");
+    assert_eq!(
+        o.max_in_flight, DEFAULT_BUF_SIZE,
+        "the window is used fully"
+    );
 }
 
 #[test]
@@ -238,7 +256,10 @@ fn event_idx_kicks_and_signals_less_than_flags_alone() {
     assert_eq!(with.bytes, without.bytes);
     // Without EVENT_IDX the driver's TX interrupts stay on, so every turn
     // signals; with it the guest's used_event moves only as it reclaims.
-    assert!(without.tx_signals >= with.tx_signals, "{with:?} {without:?}");
+    assert!(
+        without.tx_signals >= with.tx_signals,
+        "{with:?} {without:?}"
+    );
     assert!(with.tx_kicks <= with.packets && without.tx_kicks <= without.packets);
 }
 
