@@ -249,18 +249,22 @@ fn a_guest_stream_reaches_the_relay_in_order_within_credit() {
     );
 }
 
+/// Both notification modes run the same stream, every kick and signal
+/// checked against its rule inside `stream`. One kick per batch of 8
+/// packets at most: the guest publishes a batch and kicks once. In these
+/// lock-step rounds the worker never runs while the guest adds, so
+/// EVENT_IDX and the flags decide alike here; the difference needs the
+/// timed world (docs/vcanal.md, "virtio-vsock").
 #[test]
-fn event_idx_kicks_and_signals_less_than_flags_alone() {
+fn kicks_and_signals_follow_the_ring_with_and_without_event_idx() {
     let with = stream(true, 2 << 20, 16 * 1024, 8, 16, 64 * 1024);
     let without = stream(false, 2 << 20, 16 * 1024, 8, 16, 64 * 1024);
     assert_eq!(with.bytes, without.bytes);
-    // Without EVENT_IDX the driver's TX interrupts stay on, so every turn
-    // signals; with it the guest's used_event moves only as it reclaims.
-    assert!(
-        without.tx_signals >= with.tx_signals,
-        "{with:?} {without:?}"
-    );
-    assert!(with.tx_kicks <= with.packets && without.tx_kicks <= without.packets);
+    for o in [&with, &without] {
+        assert!(o.tx_kicks * 8 >= o.packets, "{o:?}");
+        assert!(o.tx_kicks < o.packets, "batches kick once: {o:?}");
+        assert!(o.tx_signals <= o.tx_kicks, "{o:?}");
+    }
 }
 
 #[test]
