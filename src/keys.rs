@@ -227,7 +227,10 @@ mod tests {
         assert!(get("duration_s").required);
         assert_eq!(get("machine.cores").default.as_deref(), Some("2"));
         assert!(get("guest.tick").ty.contains("\"nohz-idle\""));
-        assert_eq!(get("net.device").ty, "\"vf\" | \"virtio\"");
+        assert_eq!(
+            get("net.device").ty,
+            "\"vf\" | \"virtio\" | \"virtio-vsock\""
+        );
         assert!(get("workload.udp.rate_pps").required);
         assert_eq!(
             get("workload.udp.payload_bytes").default.as_deref(),

@@ -13,6 +13,7 @@ pub mod sched;
 pub mod scheme;
 pub mod vcanal;
 pub mod vhost;
+pub mod vhost_vsock;
 pub mod x86;
 
 // The x86 schemes keep their paths (`hv::did`, ...).

@@ -286,6 +286,12 @@ impl Virtqueue {
 
     // ---- device ----
 
+    /// How many buffers the driver made available that the device has not
+    /// taken (vhost-vsock counts them before splitting a packet).
+    pub fn num_avail(&self) -> u16 {
+        self.ring.avail_idx.wrapping_sub(self.device.last_avail_idx)
+    }
+
     /// Whether the driver has made buffers available the device has not
     /// taken.
     pub fn has_avail(&self) -> bool {

@@ -523,6 +523,7 @@ impl Scenario {
         self.nic.validate()?;
         let peers = self.vms.iter().any(|v| v.workload.peers());
         self.net.validate(&self.scheme, peers)?;
+        self.validate_vsock()?;
         self.host.validate(self.machine.cores)?;
         self.validate_vms()?;
         let smp = self.vms.iter().any(|v| v.vcpus > 1);

@@ -31,4 +31,5 @@ mod sip;
 mod smp;
 mod vcanal;
 mod vectors;
+mod vsock;
 mod whileloop;
