@@ -281,8 +281,10 @@ mod tests {
         let cost = 1u64 << 20;
         for _ in 0..CostVariance::STRATA * 200 {
             let c = v.vary(cost);
-            let f = table
-                .partition_point(|&f| ((cost as u128 * f as u128 + (1 << 23)) >> 24) < c as u128);
+            // The first stratum whose charge reaches `c`, by vary's rounding.
+            let charge =
+                |f: u32| (cost as u128 * f as u128 + (1 << (FACTOR_SHIFT - 1))) >> FACTOR_SHIFT;
+            let f = table.partition_point(|&f| charge(f) < c as u128);
             seen[f] += 1;
         }
         // Neighbouring factors can round to the same charge; compare
