@@ -102,6 +102,15 @@ enum Cmd {
         /// Simulations in parallel, 1 to 1024 (default: available cores).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
         threads: Option<u64>,
+        /// Run every job with N seeds (BASE..BASE+N-1) and report each
+        /// row's mean, judged against its tolerance, with its spread (std,
+        /// 95% CI, min, max, seeds within tolerance).
+        #[arg(long, default_value_t = 1,
+              value_parser = clap::value_parser!(u64).range(1..=1000))]
+        seeds: u64,
+        /// First seed for every job (default: each scenario's `seed`).
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// List the delivery schemes.
     Schemes,
@@ -347,6 +356,8 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             only,
             sets,
             threads,
+            seeds,
+            seed,
         } => {
             let threads = threads.map(|t| t as usize).unwrap_or_else(|| {
                 std::thread::available_parallelism()
@@ -354,11 +365,22 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                     .unwrap_or(1)
             });
             let quiet = cli.quiet;
-            let rows = validation::reproduce(&paper, only.as_deref(), &sets, &cal, threads, &|m| {
-                if !quiet {
-                    note!("  {m}\n");
-                }
-            })
+            let rows = validation::reproduce(
+                &paper,
+                only.as_deref(),
+                &sets,
+                validation::Seeds {
+                    n: seeds,
+                    base: seed,
+                },
+                &cal,
+                threads,
+                &|m| {
+                    if !quiet {
+                        note!("  {m}\n");
+                    }
+                },
+            )
             .map_err(|e| e.to_string())?;
             if json {
                 let out = exitless::report::ReproduceOutput {

@@ -171,6 +171,9 @@ pub fn run_csv(rep: &RunReport) -> Result<String, Failure> {
 /// relative fraction or absolute amount, empty for max/min), empty cells
 /// for absent values.
 pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failure> {
+    // With `--seeds N`, the spread's columns after the others.
+    const SPREAD_COLUMNS: [&str; 6] = ["seeds", "std", "ci_half", "min", "max", "within_seeds"];
+    let seeded = rows.iter().any(|r| r.spread.is_some());
     let mut w = csv_writer();
     csv_record(
         &mut w,
@@ -188,7 +191,15 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
             "violations",
             "note",
         ]
-        .map(String::from),
+        .map(String::from)
+        .into_iter()
+        .chain(
+            SPREAD_COLUMNS
+                .iter()
+                .filter(|_| seeded)
+                .map(|c| c.to_string()),
+        )
+        .collect::<Vec<_>>(),
     )?;
     for r in rows {
         let params: Vec<String> = r
@@ -207,6 +218,18 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
             Some(Tolerance::Min) => ("min", String::new()),
             None => ("", String::new()),
         };
+        let spread: Vec<String> = match (&r.spread, seeded) {
+            (Some(sp), _) => vec![
+                sp.seeds.to_string(),
+                sp.std.to_string(),
+                sp.ci_half.to_string(),
+                sp.min.to_string(),
+                sp.max.to_string(),
+                sp.within_seeds.map(|k| k.to_string()).unwrap_or_default(),
+            ],
+            (None, true) => vec![String::new(); SPREAD_COLUMNS.len()],
+            (None, false) => Vec::new(),
+        };
         csv_record(
             &mut w,
             &[
@@ -222,7 +245,10 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
                 r.within.map(|b| b.to_string()).unwrap_or_default(),
                 r.violations.to_string(),
                 r.note.clone().unwrap_or_default(),
-            ],
+            ]
+            .into_iter()
+            .chain(spread)
+            .collect::<Vec<_>>(),
         )?;
     }
     csv_text(w)

@@ -240,6 +240,49 @@ pub struct Row {
     /// Shown again in the experiment's table (text report only).
     #[serde(skip)]
     pub table: bool,
+    /// With `--seeds N` (N ≥ 2): `model` is the mean over the seeds and
+    /// this is its spread. Absent for one seed, so a one-seed output is
+    /// what it always was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+}
+
+/// A row's value over several seeds: a row whose value sits near a
+/// threshold (a queue that overflows or not, a bimodal latency) can cross
+/// its tolerance with the draws alone, and only several seeds say so.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Spread {
+    /// Seeds run.
+    pub seeds: usize,
+    /// Sample standard deviation.
+    pub std: f64,
+    /// Half-width of the mean's 95% Student-t interval.
+    pub ci_half: f64,
+    /// Smallest value of one seed.
+    pub min: f64,
+    /// Largest value of one seed.
+    pub max: f64,
+    /// Seeds whose own value is within tolerance (absent without a
+    /// published value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub within_seeds: Option<usize>,
+}
+
+/// Which seeds `reproduce` runs each job with: `n` seeds from `base`, or
+/// from each scenario's own seed when `base` is `None` (so one seed
+/// without a base is the scenarios as written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seeds {
+    /// Seeds per job, at least 1.
+    pub n: u64,
+    /// The first seed, for every job.
+    pub base: Option<u64>,
+}
+
+impl Default for Seeds {
+    fn default() -> Self {
+        Seeds { n: 1, base: None }
+    }
 }
 
 /// Errors of `reproduce`.
@@ -368,8 +411,12 @@ type Variant = (ParamPoint, PathBuf, Vec<String>, Vec<String>);
 /// A job's report, and the peak a search found.
 type Outcome = (RunReport, Option<f64>);
 
+#[derive(Clone)]
 struct Job {
     exp: usize,
+    /// The seed set on the run (`--seeds`/`--seed`); `None`: the
+    /// scenario's own.
+    seed: Option<u64>,
     config: String,
     param: ParamPoint,
     scenario: PathBuf,
@@ -464,6 +511,7 @@ pub fn reproduce(
     paper: &str,
     filter: Option<&str>,
     extra_sets: &[String],
+    seeds: Seeds,
     cal: &Calibration,
     threads: usize,
     progress: &(dyn Fn(&str) + Sync),
@@ -563,6 +611,7 @@ pub fn reproduce(
                 let (sets, job_cal) = split_calibration_sets(sets, cal)?;
                 jobs.push(Job {
                     exp: ei,
+                    seed: None,
                     config: c.clone(),
                     param: param.clone(),
                     scenario: scenario.clone(),
@@ -573,8 +622,13 @@ pub fn reproduce(
         }
     }
     // Parse all scenarios up front so a bad file fails before any run.
-    let mut scenarios: Vec<Scenario> = Vec::new();
+    // With several seeds every job runs once per seed, seed-major, so run
+    // `k * jobs.len() + j` is job `j` under its `k`-th seed.
+    if seeds.n == 0 {
+        return Err(ReproduceError::Bad("--seeds must be at least 1".into()));
+    }
     let mut warned = std::collections::BTreeSet::new();
+    let mut firsts: Vec<Scenario> = Vec::new();
     for j in &jobs {
         let s =
             Scenario::load(&j.scenario, &j.sets).map_err(|e| ReproduceError::Bad(e.to_string()))?;
@@ -583,24 +637,49 @@ pub fn reproduce(
                 progress(&format!("warning: {}: {w}", j.scenario.display()));
             }
         }
-        scenarios.push(s);
+        firsts.push(s);
     }
-    let results: Vec<Mutex<Option<Outcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let mut runs: Vec<Job> = Vec::new();
+    let mut scenarios: Vec<Scenario> = Vec::new();
+    for k in 0..seeds.n {
+        for (j, first) in jobs.iter().zip(&firsts) {
+            let mut run = j.clone();
+            if k == 0 && seeds.base.is_none() {
+                scenarios.push(first.clone());
+            } else {
+                let seed = seeds
+                    .base
+                    .unwrap_or(first.seed)
+                    .checked_add(k)
+                    .ok_or_else(|| {
+                        ReproduceError::Bad("--seed + --seeds overflows a u64".into())
+                    })?;
+                run.sets.push(format!("seed={seed}"));
+                run.seed = Some(seed);
+                scenarios.push(
+                    Scenario::load(&run.scenario, &run.sets)
+                        .map_err(|e| ReproduceError::Bad(e.to_string()))?,
+                );
+            }
+            runs.push(run);
+        }
+    }
+    let results: Vec<Mutex<Option<Outcome>>> = runs.iter().map(|_| Mutex::new(None)).collect();
     // Longest first, so the last job to finish is a short one instead of a
     // WhileLoop run started when the others are done. Rows keep the jobs'
     // order: only the order the threads take them in changes.
-    let order = longest_first(&jobs, &scenarios, &exps, cal);
+    let order = longest_first(&runs, &scenarios, &exps, cal);
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {
         // No more threads than jobs, however many were asked for.
-        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+        for _ in 0..threads.clamp(1, runs.len().max(1)) {
             sc.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&i) = order.get(k) else {
                     break;
                 };
-                let cal = jobs[i].cal.as_ref().unwrap_or(cal);
+                let cal = runs[i].cal.as_ref().unwrap_or(cal);
                 let run = |s: &Scenario| match World::build(s, cal) {
                     Ok(mut w) => {
                         w.run(|_| {});
@@ -608,34 +687,52 @@ pub fn reproduce(
                     }
                     Err(_) => None,
                 };
-                let rep = match &exps[jobs[i].exp].search {
+                let rep = match &exps[runs[i].exp].search {
                     None => run(&scenarios[i]).map(|r| (r, None)),
-                    Some(se) => search(se, &jobs[i].scenario, &jobs[i].sets, &run),
+                    Some(se) => search(se, &runs[i].scenario, &runs[i].sets, &run),
                 };
                 if let Ok(mut slot) = results[i].lock() {
                     *slot = rep;
                 }
                 let d = done.fetch_add(1, Ordering::SeqCst) + 1;
-                let j = &jobs[i];
+                let j = &runs[i];
                 progress(&format!(
-                    "[{d}/{}] {} {} {}",
-                    jobs.len(),
+                    "[{d}/{}] {} {} {}{}",
+                    runs.len(),
                     exps[j.exp].id,
                     j.config,
                     j.param
                         .iter()
                         .map(|(k, v)| format!("{k}={}", set_value(v)))
                         .collect::<Vec<_>>()
-                        .join(" ")
+                        .join(" "),
+                    j.seed.map(|s| format!(" seed={s}")).unwrap_or_default()
                 ));
             });
         }
     });
+    let outcomes: Vec<Option<Outcome>> = results
+        .into_iter()
+        .map(|m| m.into_inner().ok().flatten())
+        .collect();
+    let per_seed = outcomes
+        .chunks(jobs.len().max(1))
+        .map(|o| rows_of(&exps, &jobs, o))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(combine_seeds(per_seed))
+}
+
+/// The rows of one seed's runs (`outcomes[j]` is job `j`'s): each metric
+/// of each run, then the published differences between configs.
+fn rows_of(
+    exps: &[&Experiment],
+    jobs: &[Job],
+    outcomes: &[Option<Outcome>],
+) -> Result<Vec<Row>, ReproduceError> {
     let mut rows = Vec::new();
     for (i, j) in jobs.iter().enumerate() {
         let e = exps[j.exp];
-        let rep = results[i].lock().ok().and_then(|mut g| g.take());
-        let Some((rep, peak)) = rep else {
+        let Some((rep, peak)) = &outcomes[i] else {
             return Err(ReproduceError::Bad(format!(
                 "{} {}: run failed to build",
                 e.id, j.config
@@ -662,8 +759,8 @@ pub fn reproduce(
             }
             let search_name = e.search.as_ref().map(|s| s.name.as_str());
             let model = match peak {
-                Some(p) if search_name == Some(m.name.as_str()) => p,
-                _ => metric_value(&rep, &m.name),
+                Some(p) if search_name == Some(m.name.as_str()) => *p,
+                _ => metric_value(rep, &m.name),
             };
             let exp = e.expected.iter().find(|x| {
                 x.config == j.config
@@ -685,10 +782,11 @@ pub fn reproduce(
                 violations: rep.violations(),
                 note: exp.and_then(|x| x.note.clone()),
                 table: e.table,
+                spread: None,
             });
         }
     }
-    for e in &exps {
+    for e in exps {
         for d in &e.differences {
             let (other, percent) = match (&d.minus, &d.percent_of) {
                 (Some(m), None) => (m, false),
@@ -748,12 +846,48 @@ pub fn reproduce(
                     violations: a.violations.max(b.violations),
                     note: d.note.clone(),
                     table: false,
+                    spread: None,
                 });
             }
             rows.extend(extra);
         }
     }
     Ok(rows)
+}
+
+/// One seed's rows as they are, or several seeds' rows (the same rows in
+/// the same order) as one: the mean as `model`, judged against the
+/// tolerance, with its spread.
+fn combine_seeds(mut per_seed: Vec<Vec<Row>>) -> Vec<Row> {
+    if per_seed.len() < 2 {
+        return per_seed.pop().unwrap_or_default();
+    }
+    let mut rows = per_seed[0].clone();
+    for (i, r) in rows.iter_mut().enumerate() {
+        let xs: Vec<f64> = per_seed.iter().map(|rs| rs[i].model).collect();
+        let (n, mean, std, half) = crate::sweep::student_t(&xs, 0.95);
+        r.model = mean.unwrap_or(r.model);
+        r.violations = per_seed
+            .iter()
+            .map(|rs| rs[i].violations)
+            .max()
+            .unwrap_or(0);
+        if let (Some(p), Some(t)) = (r.paper, r.tolerance) {
+            r.within = Some(within(r.model, p, t));
+        }
+        r.spread = Some(Spread {
+            seeds: n,
+            std: std.unwrap_or(0.0),
+            ci_half: half.unwrap_or(0.0),
+            min: xs.iter().copied().fold(f64::INFINITY, f64::min),
+            max: xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            within_seeds: r
+                .paper
+                .zip(r.tolerance)
+                .map(|(p, t)| xs.iter().filter(|&&x| within(x, p, t)).count()),
+        });
+    }
+    rows
 }
 
 /// A row's parameters as `key=value` joined by `sep` (strings unquoted).
@@ -799,10 +933,26 @@ fn note_number<'a>(notes: &mut Vec<&'a str>, note: Option<&'a str>) -> Option<us
 pub fn to_text(rows: &[Row]) -> String {
     use std::fmt::Write;
     let mut o = String::new();
+    // With several seeds: the mean's 95% interval and how many seeds'
+    // own values are within tolerance, after `within`.
+    let seeded = rows.iter().any(|r| r.spread.is_some());
     let _ = writeln!(
         o,
-        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7} note",
-        "experiment", "config", "params", "metric", "unit", "model", "paper", "tolerance", "within"
+        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7}{} note",
+        "experiment",
+        "config",
+        "params",
+        "metric",
+        "unit",
+        if seeded { "mean" } else { "model" },
+        "paper",
+        "tolerance",
+        "within",
+        if seeded {
+            format!(" {:>12} {:>8}", "±ci95", "in/seeds")
+        } else {
+            String::new()
+        }
     );
     // Each distinct note once, numbered in order of first use.
     let mut notes: Vec<&str> = Vec::new();
@@ -812,9 +962,20 @@ pub fn to_text(rows: &[Row]) -> String {
         let mark = note_number(&mut notes, r.note.as_deref())
             .map(|i| format!(" [{i}]"))
             .unwrap_or_default();
+        let spread = match (&r.spread, seeded) {
+            (Some(sp), _) => format!(
+                " {:>12.3} {:>8}",
+                sp.ci_half,
+                sp.within_seeds
+                    .map(|k| format!("{k}/{}", sp.seeds))
+                    .unwrap_or_default()
+            ),
+            (None, true) => format!(" {:>12} {:>8}", "", ""),
+            (None, false) => String::new(),
+        };
         let _ = writeln!(
             o,
-            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}{mark}",
+            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}{spread}{mark}",
             r.experiment,
             r.config,
             params,
@@ -870,10 +1031,24 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
         rows.len() - scored.len()
     );
     let cell = |s: &str| s.replace('|', "\\|");
+    let seeded = rows.iter().any(|r| r.spread.is_some());
+    if let Some(sp) = rows.iter().find_map(|r| r.spread.as_ref()) {
+        let _ = writeln!(
+            o,
+            "Each model value is the mean of {} seeds ± the half-width of its 95% interval; \
+             `within` judges the mean, with the seeds whose own value is within in brackets.\n",
+            sp.seeds
+        );
+    }
     let _ = writeln!(
         o,
-        "| experiment | config | params | metric | model | paper | tolerance | within | note |\n\
-         |---|---|---|---|---|---|---|---|---|"
+        "| experiment | config | params | metric | {} | paper | tolerance | within | note |\n\
+         |---|---|---|---|---|---|---|---|---|",
+        if seeded {
+            "model (mean ± ci95)"
+        } else {
+            "model"
+        }
     );
     let mut notes: Vec<&str> = Vec::new();
     for r in &scored {
@@ -889,13 +1064,23 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
             cell(&r.config),
             cell(&params),
             cell(&r.metric),
-            significant(r.model),
+            match &r.spread {
+                Some(sp) => format!("{} ± {}", significant(r.model), significant(sp.ci_half)),
+                None => significant(r.model),
+            },
             cell(&r.unit),
             r.paper.map(significant).unwrap_or_default(),
             tol,
-            match r.within {
-                Some(true) => "yes",
-                _ => "**no**",
+            match (
+                r.within,
+                r.spread
+                    .as_ref()
+                    .and_then(|sp| sp.within_seeds.zip(Some(sp.seeds)))
+            ) {
+                (Some(true), None) => "yes".to_string(),
+                (_, None) => "**no**".to_string(),
+                (Some(true), Some((k, n))) => format!("yes ({k}/{n})"),
+                (_, Some((k, n))) => format!("**no** ({k}/{n})"),
             }
         );
     }
@@ -985,7 +1170,41 @@ mod tests {
             violations: 0,
             note: note.map(String::from),
             table: false,
+            spread: None,
         }
+    }
+
+    #[test]
+    fn several_seeds_give_the_mean_judged_against_the_tolerance_and_its_spread() {
+        // Paper 100 ± 25%: seeds at 70, 80 and 130 are in for one seed of
+        // three, but their mean (93.3) is within.
+        let seeds: Vec<Vec<Row>> = [70.0, 80.0, 130.0]
+            .iter()
+            .map(|&m| {
+                vec![
+                    row("a", m, Some(100.0), None),
+                    row("b", m * 2.0, None, None),
+                ]
+            })
+            .collect();
+        let rows = combine_seeds(seeds);
+        assert_eq!(rows.len(), 2);
+        let a = &rows[0];
+        assert!((a.model - 280.0 / 3.0).abs() < 1e-9, "{}", a.model);
+        assert_eq!(a.within, Some(true));
+        let sp = a.spread.as_ref().unwrap();
+        assert_eq!((sp.seeds, sp.min, sp.max), (3, 70.0, 130.0));
+        assert_eq!(sp.within_seeds, Some(1));
+        // Sample std of 70, 80, 130 is sqrt(1033.3); t(0.975, 2) = 4.303.
+        assert!((sp.std - 1033.333_f64.sqrt()).abs() < 1e-3, "{}", sp.std);
+        assert!((sp.ci_half - 4.303 * sp.std / 3f64.sqrt()).abs() < 0.01);
+        // Without a published value there is nothing to count.
+        assert_eq!(rows[1].spread.as_ref().unwrap().within_seeds, None);
+        assert_eq!(rows[1].within, None);
+        // One seed: the rows as they were, without a spread.
+        let one = combine_seeds(vec![vec![row("a", 70.0, Some(100.0), None)]]);
+        assert_eq!((one[0].model, one[0].within), (70.0, Some(false)));
+        assert!(one[0].spread.is_none());
     }
 
     #[test]
@@ -1061,6 +1280,7 @@ mod tests {
         let jobs: Vec<Job> = (0..scenarios.len())
             .map(|_| Job {
                 exp: 0,
+                seed: None,
                 config: String::new(),
                 param: vec![],
                 scenario: PathBuf::new(),

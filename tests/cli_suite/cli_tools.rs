@@ -747,3 +747,58 @@ fn reproduce_markdown_lists_the_published_rows_json_has() {
     let both = exitless(&[&args[..], &["--markdown", "--json"]].concat());
     assert_eq!(both.status.code(), Some(2));
 }
+
+#[test]
+fn reproduce_with_several_seeds_reports_the_mean_and_its_spread() {
+    let args = [
+        "-q",
+        "reproduce",
+        "eli",
+        "--only",
+        "netperf",
+        "--set",
+        "duration_s=0.02",
+        "--json",
+    ];
+    let rows = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = ok(&[&args[..], extra].concat());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["rows"].as_array().unwrap().clone()
+    };
+    let plain = ok(&args).stdout;
+    // One seed is the output as it always was, with no spread field.
+    assert_eq!(ok(&[&args[..], &["--seeds", "1"]].concat()).stdout, plain);
+    let one = rows(&[]);
+    assert!(one.iter().all(|r| r.get("spread").is_none()));
+    // Seeds 1 and 2 (the scenario's seed is 1): the second seed is the
+    // run `--seed 2` gives, so each mean lies between the two runs.
+    let second = rows(&["--seed", "2"]);
+    let both = rows(&["--seeds", "2"]);
+    assert_eq!(both.len(), one.len());
+    let mut moved = 0;
+    for ((r, a), b) in both.iter().zip(&one).zip(&second) {
+        let sp = &r["spread"];
+        assert_eq!(sp["seeds"], 2);
+        let (x, y) = (a["model"].as_f64().unwrap(), b["model"].as_f64().unwrap());
+        let mean = r["model"].as_f64().unwrap();
+        assert!(
+            (mean - (x + y) / 2.0).abs() <= 1e-9 * mean.abs().max(1.0),
+            "{r}"
+        );
+        assert_eq!(sp["min"].as_f64().unwrap(), x.min(y));
+        assert_eq!(sp["max"].as_f64().unwrap(), x.max(y));
+        if x != y {
+            moved += 1;
+        }
+        if !r["paper"].is_null() {
+            let k = [&a["within"], &b["within"]]
+                .iter()
+                .filter(|w| w.as_bool() == Some(true))
+                .count();
+            assert_eq!(sp["within_seeds"].as_u64(), Some(k as u64), "{r}");
+        }
+    }
+    assert!(moved > 0, "a second seed changed nothing");
+    let zero = exitless(&[&args[..], &["--seeds", "0"]].concat());
+    assert_eq!(zero.status.code(), Some(2));
+}

@@ -129,6 +129,7 @@ fn reproduce_eli_reports_percent_of_bare_metal() {
         "eli",
         None,
         &["duration_s=0.03".into()],
+        exitless::validation::Seeds::default(),
         &Calibration::default_host(),
         2,
         &|_| {},
