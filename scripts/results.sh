@@ -2,6 +2,8 @@
 # Regenerates docs/results.md: every paper's published values against the
 # model (`exitless reproduce P --markdown`), seed 1 as shipped. Run it after
 # any change that moves an output; it takes a few minutes on 2 cores.
+# SEEDS=N runs every job with N seeds from its scenario's and tables each row's mean and
+# spread (`reproduce --seeds N`): N times the time.
 set -eu
 cd "$(dirname "$0")/.."
 # EXITLESS_BIN names an already built binary (any profile gives the same
@@ -10,6 +12,7 @@ if [ -z "${EXITLESS_BIN:-}" ]; then
     cargo build --release --quiet
 fi
 bin=${EXITLESS_BIN:-target/release/exitless}
+seeds=${SEEDS:-1}
 out=docs/results.md
 tmp=$(mktemp)
 {
@@ -24,7 +27,7 @@ tmp=$(mktemp)
     echo "output: \`exitless reproduce P\` (or \`--json\`, \`--csv\`)."
     for p in did eli es2 vcanal did-arm; do
         echo
-        "$bin" -q reproduce "$p" --markdown
+        "$bin" -q reproduce "$p" --markdown --seeds "$seeds"
     done
 } > "$tmp"
 mv "$tmp" "$out"
