@@ -104,10 +104,10 @@ enum Cmd {
         threads: Option<u64>,
         /// Run every job with N seeds (BASE..BASE+N-1) and report each
         /// row's mean, judged against its tolerance, with its spread (std,
-        /// 95% CI, min, max, seeds within tolerance).
-        #[arg(long, default_value_t = 1,
-              value_parser = clap::value_parser!(u64).range(1..=1000))]
-        seeds: u64,
+        /// 95% CI, min, max, seeds within tolerance). Default: each
+        /// experiment's `seeds` (1 unless its file says more).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        seeds: Option<u64>,
         /// First seed for every job (default: each scenario's `seed`).
         #[arg(long)]
         seed: Option<u64>,

@@ -68,6 +68,13 @@ pub struct Experiment {
     /// metric, one column per config (did-arm.md §3's exits per event).
     #[serde(default)]
     pub table: bool,
+    /// Run every job under this many seeds (from each scenario's own) and
+    /// report each row's mean with its spread, unless `reproduce --seeds`
+    /// says otherwise: for experiments whose outcome has regimes that the
+    /// seed picks (several VMs' vCPU threads in a CFS rotation whose phase
+    /// the start skew sets), where one seed is a sample, not a result.
+    #[serde(default)]
+    pub seeds: Option<u64>,
 }
 
 /// One value of an experiment's `workload` parameter.
@@ -250,6 +257,8 @@ pub struct Row {
 /// A row's value over several seeds: a row whose value sits near a
 /// threshold (a queue that overflows or not, a bimodal latency) can cross
 /// its tolerance with the draws alone, and only several seeds say so.
+/// A difference row's model is taken between the two configurations'
+/// means; its spread is that of the seeds' own differences.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Spread {
     /// Seeds run.
@@ -270,19 +279,14 @@ pub struct Spread {
 
 /// Which seeds `reproduce` runs each job with: `n` seeds from `base`, or
 /// from each scenario's own seed when `base` is `None` (so one seed
-/// without a base is the scenarios as written).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// without a base is the scenarios as written). `n` = `None`: each
+/// experiment's own `seeds` (1 when it has none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seeds {
-    /// Seeds per job, at least 1.
-    pub n: u64,
+    /// Seeds per job, at least 1, for every experiment.
+    pub n: Option<u64>,
     /// The first seed, for every job.
     pub base: Option<u64>,
-}
-
-impl Default for Seeds {
-    fn default() -> Self {
-        Seeds { n: 1, base: None }
-    }
 }
 
 /// Errors of `reproduce`.
@@ -621,12 +625,19 @@ pub fn reproduce(
             }
         }
     }
-    // Parse all scenarios up front so a bad file fails before any run.
-    // With several seeds every job runs once per seed, seed-major, so run
-    // `k * jobs.len() + j` is job `j` under its `k`-th seed.
-    if seeds.n == 0 {
-        return Err(ReproduceError::Bad("--seeds must be at least 1".into()));
+    // Seeds per experiment: `--seeds`, else the experiment's own.
+    let mut n_seeds: Vec<u64> = Vec::new();
+    for e in &exps {
+        let n = seeds.n.or(e.seeds).unwrap_or(1);
+        if n == 0 {
+            return Err(ReproduceError::Bad(match seeds.n {
+                Some(_) => "--seeds must be at least 1".into(),
+                None => format!("{}: `seeds` must be at least 1", e.id),
+            }));
+        }
+        n_seeds.push(n);
     }
+    // Parse all scenarios up front so a bad file fails before any run.
     let mut warned = std::collections::BTreeSet::new();
     let mut firsts: Vec<Scenario> = Vec::new();
     for j in &jobs {
@@ -639,10 +650,14 @@ pub fn reproduce(
         }
         firsts.push(s);
     }
+    // Each job once per seed of its experiment; `run_of[j][k]` is job `j`
+    // under its `k`-th seed.
     let mut runs: Vec<Job> = Vec::new();
     let mut scenarios: Vec<Scenario> = Vec::new();
-    for k in 0..seeds.n {
-        for (j, first) in jobs.iter().zip(&firsts) {
+    let mut run_of: Vec<Vec<usize>> = Vec::new();
+    for (j, first) in jobs.iter().zip(&firsts) {
+        let mut of_job = Vec::new();
+        for k in 0..n_seeds[j.exp] {
             let mut run = j.clone();
             if k == 0 && seeds.base.is_none() {
                 scenarios.push(first.clone());
@@ -661,8 +676,10 @@ pub fn reproduce(
                         .map_err(|e| ReproduceError::Bad(e.to_string()))?,
                 );
             }
+            of_job.push(runs.len());
             runs.push(run);
         }
+        run_of.push(of_job);
     }
     let results: Vec<Mutex<Option<Outcome>>> = runs.iter().map(|_| Mutex::new(None)).collect();
     // Longest first, so the last job to finish is a short one instead of a
@@ -711,20 +728,53 @@ pub fn reproduce(
             });
         }
     });
-    let outcomes: Vec<Option<Outcome>> = results
+    let mut outcomes: Vec<Option<Outcome>> = results
         .into_iter()
         .map(|m| m.into_inner().ok().flatten())
         .collect();
-    let per_seed = outcomes
-        .chunks(jobs.len().max(1))
-        .map(|o| rows_of(&exps, &jobs, o))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(combine_seeds(per_seed))
+    // Per experiment (its jobs are contiguous), the rows of each seed, then
+    // the seeds' rows as one; every metric row first, then every
+    // difference, in the experiments' order.
+    let (mut all_metric_rows, mut difference_rows) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < jobs.len() {
+        let ei = jobs[start].exp;
+        let end = start + jobs[start..].iter().take_while(|j| j.exp == ei).count();
+        let (mut m, mut d) = (Vec::new(), Vec::new());
+        for k in 0..n_seeds[ei] as usize {
+            let o: Vec<Option<Outcome>> = (start..end)
+                .map(|j| outcomes[run_of[j][k]].take())
+                .collect();
+            let rows = metric_rows(&exps, &jobs[start..end], &o)?;
+            let mut all = rows.clone();
+            add_differences(&exps, &mut all)?;
+            d.push(all.split_off(rows.len()));
+            m.push(rows);
+        }
+        // A difference of means is the mean of the differences, but a
+        // percentage of means is not the mean of the percentages (one
+        // seed whose denominator collapses would dominate it): the
+        // differences are taken between the means, and carry the spread
+        // of the seeds' own differences.
+        let means = combine_seeds(m);
+        let mut all = means.clone();
+        add_differences(&exps, &mut all)?;
+        let mut diffs = all.split_off(means.len());
+        for (x, s) in diffs.iter_mut().zip(combine_seeds(d)) {
+            x.spread = s.spread;
+            x.violations = s.violations;
+        }
+        all_metric_rows.extend(means);
+        difference_rows.extend(diffs);
+        start = end;
+    }
+    all_metric_rows.extend(difference_rows);
+    Ok(all_metric_rows)
 }
 
-/// The rows of one seed's runs (`outcomes[j]` is job `j`'s): each metric
-/// of each run, then the published differences between configs.
-fn rows_of(
+/// The rows of one seed's runs of some experiments' jobs (`outcomes[j]`
+/// is job `j`'s): each metric of each run.
+fn metric_rows(
     exps: &[&Experiment],
     jobs: &[Job],
     outcomes: &[Option<Outcome>],
@@ -786,6 +836,13 @@ fn rows_of(
             });
         }
     }
+    Ok(rows)
+}
+
+/// Appends to `rows` the published differences between configs that
+/// their metric rows allow (a percentage is of the two rows' values, so
+/// of their means when the rows are means).
+fn add_differences(exps: &[&Experiment], rows: &mut Vec<Row>) -> Result<(), ReproduceError> {
     for e in exps {
         for d in &e.differences {
             let (other, percent) = match (&d.minus, &d.percent_of) {
@@ -852,7 +909,7 @@ fn rows_of(
             rows.extend(extra);
         }
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// One seed's rows as they are, or several seeds' rows (the same rows in
