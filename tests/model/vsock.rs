@@ -110,6 +110,7 @@ fn stream(
     let rc = RelayCosts {
         syscall: 200 * NS,
         copy_per_kib: 50 * NS,
+        select: 0,
     };
     let mut dev = VirtioVsockDev::new(128, event_idx, GUEST.0).unwrap();
     let mut b = VhostVsock::new(0, [10, 11], PORT);
