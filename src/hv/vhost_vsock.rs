@@ -71,6 +71,9 @@ pub struct VsockCounters {
     pub requeues: u64,
     /// Packets for a port nobody listens on, answered with RST.
     pub resets: u64,
+    /// RW packets the host socket dropped for want of buffer (a sender
+    /// past its credit; never with a correct transport).
+    pub dropped: u64,
 }
 
 /// What one handler turn did, for the platform to carry out.
@@ -135,7 +138,13 @@ impl VhostVsock {
                 && c.local == (h.dst_cid, h.dst_port)
         };
         let reply = match &mut self.conn {
-            Some(c) if ours(c) => c.on_packet(h).0,
+            Some(c) if ours(c) => {
+                let (reply, ok) = c.on_packet(h);
+                if !ok && h.op == Op::Rw {
+                    self.counters.dropped += 1;
+                }
+                reply
+            }
             _ if h.op == Op::Request && h.dst_port == self.listen_port => {
                 VsockConn::accept(h).map(|(c, resp)| {
                     self.conn = Some(c);

@@ -334,6 +334,16 @@ impl VirtioVsockDev {
         self.rx_hdrs[head as usize].take()
     }
 
+    /// Payload bytes of the packets the driver queued on TX that the
+    /// device has not taken yet.
+    pub fn tx_bytes_queued(&self) -> u64 {
+        self.tx_hdrs
+            .iter()
+            .flatten()
+            .map(|h| u64::from(h.len))
+            .sum()
+    }
+
     // ---- device side (vhost-vsock) ----
 
     /// `vhost_vsock_handle_tx_kick`: the next packet the guest sent.

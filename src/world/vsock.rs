@@ -179,6 +179,9 @@ pub(super) struct VsockPath {
     counters: Counters,
     /// The back end's counters at the end of the warm-up.
     back_base: VsockCounters,
+    /// The most bytes the host socket held unread (at most its
+    /// `buf_alloc` when the guest keeps to its credit).
+    queued_max: u32,
 }
 
 /// Builds the vsock path: the device, the guest driver and program
@@ -293,6 +296,7 @@ pub(super) fn build(
         mss: tcp.mss,
         counters: Counters::default(),
         back_base: VsockCounters::default(),
+        queued_max: 0,
     }))
 }
 
@@ -424,6 +428,8 @@ impl World {
                 v.counters.tx_turns += 1;
                 let turn = v.back.handle_tx(&mut v.dev, &v.vc);
                 v.tx_work = turn.requeue;
+                let queued = v.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
+                v.queued_max = v.queued_max.max(queued);
                 // Replies (RESPONSE, RST) on send_pkt_list:
                 // vhost_transport_send_pkt queues the RX handler.
                 v.rx_work |= turn.rx_pending;
@@ -609,6 +615,27 @@ impl World {
             (b.signals_suppressed - b0.signals_suppressed) as f64 / s,
         );
         out.insert("vsock.resets".into(), (b.resets - b0.resets) as f64);
+        out.insert("vsock.dropped".into(), (b.dropped - b0.dropped) as f64);
+        // The stream's bytes at each hand-over, since the warm-up: what
+        // the worker took off the TX ring, what the relay moved, what the
+        // host socket and the ring still hold, what the client host's TCP
+        // acknowledged (tests check that they add up).
+        out.insert(
+            "vsock.host_rx_bytes".into(),
+            (b.tx_bytes - b0.tx_bytes) as f64,
+        );
+        out.insert("vsock.relay_bytes".into(), k.relay_bytes as f64);
+        let queued = v.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
+        out.insert("vsock.host_queued_bytes".into(), f64::from(queued));
+        out.insert(
+            "vsock.host_queued_max_bytes".into(),
+            f64::from(v.queued_max),
+        );
+        out.insert("vsock.tx_ring_bytes".into(), v.dev.tx_bytes_queued() as f64);
+        out.insert(
+            "vsock.relay_tcp_acked_bytes".into(),
+            v.tcp.bytes_acked() as f64,
+        );
         out.insert(
             "vsock.rx_no_buffer".into(),
             (b.rx_no_buffer - b0.rx_no_buffer) as f64,
