@@ -17,9 +17,10 @@
 //! flight. A receiver sends an explicit CREDIT_UPDATE when the space it
 //! last advertised falls below [`MAX_PKT_BUF_SIZE`].
 //!
-//! Not yet wired into the world: no guest driver, back-end worker or
-//! workload runs it (`guest::vsock` has the connection end on top of it;
-//! docs/vcanal.md, "Not modelled").
+//! The guest's driver and connection end on top of it are in
+//! `guest::vsock`, the back end in `hv::vhost_vsock`; the world runs them
+//! for `net.device = "virtio-vsock"` (`world::vsock`, docs/vcanal.md
+//! "virtio-vsock").
 
 use super::virtio::{VirtioError, Virtqueue};
 

@@ -90,9 +90,9 @@ pub enum NetDevice {
     Virtio,
     /// virtio-vsock with vhost-vsock: the VM's stream sockets are
     /// `AF_VSOCK`, a host relay copies them to the host's TCP stack
-    /// (docs/vcanal.md, "virtio-vsock"). Its device, back end and relay
-    /// exist (`hw::virtio_vsock`, `hv::vhost_vsock`), the world does not
-    /// run them yet: every scenario that names it is refused.
+    /// (docs/vcanal.md, "virtio-vsock"). The world runs netperf
+    /// TCP_STREAM with the VM as the sender over it (`world::vsock`);
+    /// datagram workloads are refused (the transport has none).
     VirtioVsock,
 }
 

@@ -616,10 +616,11 @@ impl World {
         );
         out.insert("vsock.resets".into(), (b.resets - b0.resets) as f64);
         out.insert("vsock.dropped".into(), (b.dropped - b0.dropped) as f64);
-        // The stream's bytes at each hand-over, since the warm-up: what
-        // the worker took off the TX ring, what the relay moved, what the
-        // host socket and the ring still hold, what the client host's TCP
-        // acknowledged (tests check that they add up).
+        // The stream's bytes at each hand-over: what the worker took off
+        // the TX ring and what the relay moved since the warm-up, what the
+        // host socket and the ring hold now, what the client host's TCP
+        // acknowledged since the connection opened (with no warm-up, tests
+        // check that they add up).
         out.insert(
             "vsock.host_rx_bytes".into(),
             (b.tx_bytes - b0.tx_bytes) as f64,
