@@ -29,8 +29,11 @@
 //! work items, as vCanal's service core runs its poller, pool and softirq
 //! (a switch between the worker and the relay costs a thread switch);
 //! the host NIC takes an interrupt per batch of frames that wait (no
-//! moderation, as `workload.vcanal.host_nic_itr = "off"`); the
-//! connection to the client host is established before the run.
+//! moderation, as `workload.vcanal.host_nic_itr = "off"`); a handler
+//! turn takes what the ring holds when it starts and its time is charged
+//! after (packets added during it wait for the next turn, and the ring's
+//! notifications are off only at its start); the connection to the client
+//! host is established before the run.
 
 use super::event::Ev;
 use super::World;
