@@ -172,6 +172,8 @@ pub enum Ev {
     VsockToHost,
     /// The vsock client host's timer.
     VsockPeerTimer,
+    /// A deadline of the vsock relay's TCP socket came.
+    VsockTcpTimer,
     /// The head frame from the host NIC reaches the client host (vCanal).
     CanalToPeer,
     /// The head frame from the client host reaches the host NIC (vCanal).

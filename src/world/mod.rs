@@ -560,6 +560,7 @@ impl World {
             Ev::VsockToPeer => self.vsock_to_peer(),
             Ev::VsockToHost => self.vsock_to_host(),
             Ev::VsockPeerTimer => self.vsock_peer_timer(),
+            Ev::VsockTcpTimer => self.vsock_tcp_timer(),
             Ev::CanalToPeer => self.canal_to_peer(),
             Ev::CanalToHost => self.canal_to_host(),
             Ev::CanalNicIrq => self.canal_nic_irq(),

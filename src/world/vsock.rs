@@ -475,6 +475,12 @@ impl World {
             // interrupt).
             v.asleep = true;
             v.last = Thread::None;
+            // The relay socket's TCP timer (retransmission, persist) wakes
+            // the core when it is due.
+            if let Some(t) = v.tcp.next_timer() {
+                self.q
+                    .schedule(t.max(now + crate::engine::NS), Ev::VsockTcpTimer);
+            }
         }
         if !v.asleep {
             self.q.schedule(now + work.max(1), Ev::VsockStep);
@@ -506,6 +512,18 @@ impl World {
             self.q.schedule(v.to_host[i].0, Ev::VsockToHost);
         }
         v.unsched_host = 0;
+    }
+
+    /// A deadline of the relay socket's TCP: it wakes the sleeping core
+    /// (a running one looks at its timers at every item).
+    pub(super) fn vsock_tcp_timer(&mut self) {
+        let Some(v) = self.vsock.as_deref_mut() else {
+            return;
+        };
+        let due = v.tcp.next_timer().is_some_and(|t| t <= self.q.now());
+        if due && std::mem::take(&mut v.asleep) {
+            self.q.schedule_in(0, Ev::VsockStep);
+        }
     }
 
     /// The head frame towards the client host arrives there.
