@@ -167,6 +167,18 @@ section!(Vcanal {
     host_accept_ns,
     host_epoll_event_ns,
 });
+section!(Vsock {
+    guest_tx_pkt_ns,
+    guest_rx_pkt_ns,
+    irq_handler_ns,
+    tx_pkt_ns,
+    rx_pkt_ns,
+    copy_per_kib_ns,
+    signal_ns,
+    relay_syscall_ns,
+    relay_select_ns,
+    relay_copy_per_kib_ns,
+});
 section!(Peer {
     rx_segment_ns,
     tx_segment_ns,
@@ -200,6 +212,7 @@ pub struct Calibration {
     pub peer: Peer,
     pub blk: Blk,
     pub vcanal: Vcanal,
+    pub vsock: Vsock,
     /// The ARM host's calibration (its own file,
     /// `calibration/arm-kvm-host.toml`), which ARM worlds use. It is not
     /// part of the x86 file: an overlay reaches its entries by the same

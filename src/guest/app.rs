@@ -19,6 +19,16 @@ pub enum TaskStep {
     /// port: vCanal's request notification without polling, vcanal.md
     /// §3 "w/o Polling"), then go on.
     DriverKick,
+    /// The kernel's driver, inside the task's system call, notifies a
+    /// device queue: a write of `value` to the queue's notify `port`
+    /// (virtio's QUEUE_NOTIFY, as `virtqueue_notify` does), then the task
+    /// goes on (virtio-vsock's send path, `virtio_transport_send_pkt_work`).
+    Notify {
+        /// The notify port.
+        port: u16,
+        /// The value written (the queue index).
+        value: u32,
+    },
     /// `clock_nanosleep(TIMER_ABSTIME)` until this time.
     SleepUntil(Time),
     /// `epoll_wait` with a timeout: block until data arrives on the task's
@@ -92,6 +102,9 @@ pub struct Sys<'a> {
     /// Guest memory the process shares with a host service (vCanal's
     /// channel pages, mapped by libCanal; vcanal.md §2.1), if any.
     pub shared: Option<&'a mut crate::hw::guest_memory::GuestMemory>,
+    /// The VM's virtio-vsock device as its kernel driver sees it (the
+    /// rings), for a task whose socket is `AF_VSOCK`, if any.
+    pub vsock: Option<&'a mut crate::hw::virtio_vsock::VirtioVsockDev>,
 }
 
 impl Sys<'_> {

@@ -1510,6 +1510,7 @@ impl Kernel {
             blk: (self.blk_task == Some(t)).then_some(&mut self.blk),
             udp_tx: has_socket.then_some(&mut self.udp_tx),
             shared: dev.shared.as_deref_mut(),
+            vsock: dev.vsock.as_deref_mut(),
         };
         match (task.tcp, task.multi_tcp) {
             (Some(s), _) => sys.tcp = Some(&mut self.tcp_socks[s].tcp),
@@ -1584,6 +1585,9 @@ impl Kernel {
                 let port = self.cfg.wait_driver.and_then(|d| d.doorbell)?;
                 self.tasks[t].compute = self.vary(self.cfg.costs.syscall);
                 Some(Action::Op(KernelOp::QueueNotify { port, value: 0 }))
+            }
+            TaskStep::Notify { port, value } => {
+                Some(Action::Op(KernelOp::QueueNotify { port, value }))
             }
             TaskStep::WaitDriver => {
                 // The waiter re-checked its condition in this step

@@ -81,6 +81,8 @@ pub struct Devices<'a> {
     /// Guest memory a host service shares with the VM's processes
     /// (vCanal's channel), if any.
     pub shared: Option<&'a mut crate::hw::guest_memory::GuestMemory>,
+    /// The virtio-vsock device, if the VM has one.
+    pub vsock: Option<&'a mut crate::hw::virtio_vsock::VirtioVsockDev>,
 }
 
 impl Kernel {

@@ -5,9 +5,14 @@
 //! updates, shutdown and reset. It produces and consumes packet headers
 //! (`hw::virtio_vsock::Hdr`); the queues they cross are the device's.
 //!
-//! Not yet wired into the world (docs/vcanal.md, "Not modelled").
+//! [`VsockDriver`] is the guest's virtio-vsock driver around one
+//! connection end (`net/vmw_vsock/virtio_transport.c`): the RX ring's
+//! fill and refill, the send path into the TX ring with its kick, and the
+//! RX and TX completion work. The world runs it for `net.device =
+//! "virtio-vsock"` (docs/vcanal.md, "virtio-vsock").
 
-use crate::hw::virtio_vsock::{Credit, Hdr, Op, DEFAULT_BUF_SIZE, TYPE_STREAM};
+use crate::engine::Time;
+use crate::hw::virtio_vsock::{Credit, Hdr, Op, VirtioVsockDev, DEFAULT_BUF_SIZE, TYPE_STREAM};
 
 /// `VIRTIO_VSOCK_SHUTDOWN_RCV`.
 pub const SHUTDOWN_RCV: u32 = 1;
@@ -163,6 +168,185 @@ impl VsockConn {
             }
             _ => (None, false),
         }
+    }
+}
+
+/// The guest driver's costs (calibration `[vsock]`, `[guest]`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VsockDriverCosts {
+    /// Per packet sent: `virtio_transport_send_pkt_info` (allocation,
+    /// header, `send_pkt_list`) and `virtio_transport_send_pkt_work`'s
+    /// `virtqueue_add_sgs`, with the buffer's free on TX completion.
+    pub tx_pkt: Time,
+    /// Per RX buffer taken: `virtio_transport_rx_work`'s
+    /// `virtqueue_get_buf` and `virtio_transport_recv_pkt` (socket lookup,
+    /// lock, credit, queue or wake-up), with its refill.
+    pub rx_pkt: Time,
+    /// `memcpy_from_msg` per KiB of payload.
+    pub copy_per_kib: Time,
+}
+
+/// Counters of the guest driver.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct VsockDriverCounters {
+    pub pkts_sent: u64,
+    pub bytes_sent: u64,
+    pub rx_bufs: u64,
+    pub tx_reclaimed: u64,
+    pub kicks_tx: u64,
+    pub kicks_rx: u64,
+    /// send() found no credit (the sender sleeps until an update).
+    pub credit_stalls: u64,
+    /// send() found the TX ring full.
+    pub ring_full: u64,
+}
+
+/// What one pass of the send path did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendPass {
+    /// Payload bytes queued.
+    pub bytes: u32,
+    /// Guest CPU time it took.
+    pub cost: Time,
+    /// The TX queue wants a notification (`virtqueue_kick_prepare`).
+    pub kick: bool,
+    /// It stopped for want of credit or ring space: the sender sleeps.
+    pub blocked: bool,
+}
+
+/// The guest's virtio-vsock driver with one stream connection (the
+/// program's socket). The device's rings are passed in on every call: they
+/// are the world's (`Devices::vsock`).
+#[derive(Clone, Debug)]
+pub struct VsockDriver {
+    /// The connection end.
+    pub conn: VsockConn,
+    /// Costs.
+    pub costs: VsockDriverCosts,
+    /// RX buffers posted and not yet taken back (`rx_buf_nr`).
+    pub rx_buf_nr: u16,
+    /// The ring's capacity (`rx_buf_max_nr`).
+    pub rx_buf_max_nr: u16,
+    /// Counters.
+    pub counters: VsockDriverCounters,
+}
+
+impl VsockDriver {
+    /// `virtio_vsock_probe`: the RX ring filled and published (the device
+    /// is not running yet, so the probe's notify is not delivered); the
+    /// connection of `local` to `peer`, not yet requested.
+    pub fn probe(
+        dev: &mut VirtioVsockDev,
+        local: (u64, u32),
+        peer: (u64, u32),
+        costs: VsockDriverCosts,
+    ) -> (Self, Hdr) {
+        let mut n = 0;
+        while dev.post_rx_buffer() {
+            n += 1;
+        }
+        let _ = dev.rx.kick_prepare();
+        let (conn, req) = VsockConn::connect(local, peer);
+        let d = VsockDriver {
+            conn,
+            costs,
+            rx_buf_nr: n,
+            rx_buf_max_nr: n,
+            counters: VsockDriverCounters::default(),
+        };
+        (d, req)
+    }
+
+    /// Queues a control packet (REQUEST, CREDIT_UPDATE, RST) on TX:
+    /// whether the TX queue wants a kick. False if the ring is full (the
+    /// packet waits in `send_pkt_list` in Linux; here it is dropped, which
+    /// the tests would see as a stalled stream).
+    pub fn queue_control(&mut self, dev: &mut VirtioVsockDev, h: Hdr) -> bool {
+        if !dev.send(h) {
+            self.counters.ring_full += 1;
+            return false;
+        }
+        self.counters.pkts_sent += 1;
+        let kick = dev.tx.kick_prepare();
+        self.counters.kicks_tx += u64::from(kick);
+        kick
+    }
+
+    /// `virtio_transport_rx_work` then `virtio_transport_tx_work`: every
+    /// used RX buffer goes to the transport (replies are queued on TX),
+    /// the ring is refilled once fewer than half its buffers are posted
+    /// (`rx_buf_nr < rx_buf_max_nr / 2`), and sent buffers are reclaimed;
+    /// both queues' callbacks end enabled, so a buffer used after this
+    /// interrupts. Returns (CPU time, RX kick, TX kick).
+    pub fn completion_work(&mut self, dev: &mut VirtioVsockDev) -> (Time, bool, bool) {
+        let c = self.costs;
+        let mut cost = 0;
+        let mut tx_kick = false;
+        loop {
+            dev.rx.disable_cb();
+            while let Some(h) = dev.recv() {
+                self.rx_buf_nr = self.rx_buf_nr.saturating_sub(1);
+                self.counters.rx_bufs += 1;
+                cost += c.rx_pkt;
+                let (reply, _) = self.conn.on_packet(&h);
+                if let Some(r) = reply {
+                    cost += c.tx_pkt;
+                    tx_kick |= self.queue_control(dev, r);
+                }
+            }
+            if dev.rx.enable_cb() {
+                break;
+            }
+        }
+        let mut rx_kick = false;
+        if self.rx_buf_nr < self.rx_buf_max_nr / 2 {
+            // virtio_vsock_rx_fill, then virtqueue_kick.
+            while dev.post_rx_buffer() {
+                self.rx_buf_nr += 1;
+            }
+            rx_kick = dev.rx.kick_prepare();
+            self.counters.kicks_rx += u64::from(rx_kick);
+        }
+        loop {
+            dev.tx.disable_cb();
+            while dev.tx.get_used().is_some() {
+                self.counters.tx_reclaimed += 1;
+            }
+            if dev.tx.enable_cb() {
+                break;
+            }
+        }
+        (cost, rx_kick, tx_kick)
+    }
+
+    /// The send path of `send()` for up to `bytes`: one RW packet per
+    /// credit grant (at most 64 KiB each), each copied and added to the TX
+    /// ring; then the kick decision for what was added.
+    pub fn send(&mut self, dev: &mut VirtioVsockDev, bytes: u32) -> SendPass {
+        let c = self.costs;
+        let mut p = SendPass::default();
+        while p.bytes < bytes {
+            if dev.tx.num_free() == 0 {
+                self.counters.ring_full += 1;
+                p.blocked = true;
+                break;
+            }
+            let Some(h) = self.conn.send(bytes - p.bytes) else {
+                self.counters.credit_stalls += 1;
+                p.blocked = true;
+                break;
+            };
+            let ok = dev.send(h);
+            debug_assert!(ok, "a descriptor was free");
+            p.bytes += h.len;
+            p.cost += c.tx_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
+            self.counters.pkts_sent += 1;
+            self.counters.bytes_sent += u64::from(h.len);
+        }
+        p.kick = dev.tx.kick_prepare();
+        self.counters.kicks_tx += u64::from(p.kick);
+        p
     }
 }
 

@@ -18,10 +18,8 @@
 //!   ([`rx_buffers_for`]); out of buffers, the packet stays queued and the
 //!   handler waits for the guest's refill kick.
 //!
-//! What the world must add to run it (not done yet, see docs/vcanal.md
-//! "virtio-vsock"): a guest driver task around [`VsockConn`], the worker
-//! as a host thread beside the vhost-net workers, and the relay's
-//! connection on the host TCP model.
+//! The world runs it for `net.device = "virtio-vsock"` (`world::vsock`,
+//! docs/vcanal.md "virtio-vsock").
 
 use crate::engine::Time;
 use crate::guest::vsock::{State, VsockConn};
@@ -73,6 +71,9 @@ pub struct VsockCounters {
     pub requeues: u64,
     /// Packets for a port nobody listens on, answered with RST.
     pub resets: u64,
+    /// RW packets the host socket dropped for want of buffer (a sender
+    /// past its credit; never with a correct transport).
+    pub dropped: u64,
 }
 
 /// What one handler turn did, for the platform to carry out.
@@ -137,7 +138,13 @@ impl VhostVsock {
                 && c.local == (h.dst_cid, h.dst_port)
         };
         let reply = match &mut self.conn {
-            Some(c) if ours(c) => c.on_packet(h).0,
+            Some(c) if ours(c) => {
+                let (reply, ok) = c.on_packet(h);
+                if !ok && h.op == Op::Rw {
+                    self.counters.dropped += 1;
+                }
+                reply
+            }
             _ if h.op == Op::Request && h.dst_port == self.listen_port => {
                 VsockConn::accept(h).map(|(c, resp)| {
                     self.conn = Some(c);
@@ -291,6 +298,8 @@ pub struct RelayCosts {
     /// Copy per KiB out of the vsock socket into the relay's buffer (the
     /// copy into the TCP socket is the host stack's).
     pub copy_per_kib: Time,
+    /// socat's `select()` on its two descriptors before each transfer.
+    pub select: Time,
 }
 
 /// The host-side relay: reads the guest's stream from the accepted vsock
@@ -321,16 +330,23 @@ impl Relay {
     /// time, and whether the read made the host send a CREDIT_UPDATE
     /// (queued on the back end; the caller queues its RX handler).
     pub fn step(&mut self, b: &mut VhostVsock, c: &RelayCosts) -> (u32, Time, bool) {
+        self.step_max(b, c, u32::MAX)
+    }
+
+    /// [`Self::step`] moving at most `max` bytes (the room in the socket
+    /// it writes to: socat reads only once `select()` says both ends are
+    /// ready, and then at most its buffer).
+    pub fn step_max(&mut self, b: &mut VhostVsock, c: &RelayCosts, max: u32) -> (u32, Time, bool) {
         let Some(conn) = b.conn.as_mut() else {
             return (0, 0, false);
         };
-        let (n, update) = conn.recv(self.buf);
+        let (n, update) = conn.recv(self.buf.min(max));
         if n == 0 {
             return (0, 0, false);
         }
         self.bytes += u64::from(n);
         self.calls += 2;
-        let cost = c.syscall * 2 + c.copy_per_kib * u64::from(n) / 1024;
+        let cost = c.select + c.syscall * 2 + c.copy_per_kib * u64::from(n) / 1024;
         let sent = update.is_some();
         if let Some(u) = update {
             b.queue_for_guest(u);
@@ -448,6 +464,7 @@ mod tests {
         let rc = RelayCosts {
             syscall: 200 * NS,
             copy_per_kib: 50 * NS,
+            select: 0,
         };
         // Fill the host's buffer: 4 packets of 64 KiB.
         for _ in 0..4 {

@@ -17,9 +17,10 @@
 //! flight. A receiver sends an explicit CREDIT_UPDATE when the space it
 //! last advertised falls below [`MAX_PKT_BUF_SIZE`].
 //!
-//! Not yet wired into the world: no guest driver, back-end worker or
-//! workload runs it (`guest::vsock` has the connection end on top of it;
-//! docs/vcanal.md, "Not modelled").
+//! The guest's driver and connection end on top of it are in
+//! `guest::vsock`, the back end in `hv::vhost_vsock`; the world runs them
+//! for `net.device = "virtio-vsock"` (`world::vsock`, docs/vcanal.md
+//! "virtio-vsock").
 
 use super::virtio::{VirtioError, Virtqueue};
 
@@ -332,6 +333,16 @@ impl VirtioVsockDev {
     pub fn recv(&mut self) -> Option<Hdr> {
         let (head, _) = self.rx.get_used()?;
         self.rx_hdrs[head as usize].take()
+    }
+
+    /// Payload bytes of the packets the driver queued on TX that the
+    /// device has not taken yet.
+    pub fn tx_bytes_queued(&self) -> u64 {
+        self.tx_hdrs
+            .iter()
+            .flatten()
+            .map(|h| u64::from(h.len))
+            .sum()
     }
 
     // ---- device side (vhost-vsock) ----

@@ -90,9 +90,9 @@ pub enum NetDevice {
     Virtio,
     /// virtio-vsock with vhost-vsock: the VM's stream sockets are
     /// `AF_VSOCK`, a host relay copies them to the host's TCP stack
-    /// (docs/vcanal.md, "virtio-vsock"). Its device, back end and relay
-    /// exist (`hw::virtio_vsock`, `hv::vhost_vsock`), the world does not
-    /// run them yet: every scenario that names it is refused.
+    /// (docs/vcanal.md, "virtio-vsock"). The world runs netperf
+    /// TCP_STREAM with the VM as the sender over it (`world::vsock`);
+    /// datagram workloads are refused (the transport has none).
     VirtioVsock,
 }
 
@@ -124,6 +124,9 @@ pub struct NetSpec {
     /// or `off` (an interrupt per frame). Each interrupt's poll GRO-merges
     /// what it takes.
     pub peer_itr: PeerItr,
+    /// `device = "virtio-vsock"`: the host relay's buffer, the most one
+    /// read and one write move (socat's `-b`, 8192 by default), in bytes.
+    pub vsock_relay_buf_bytes: u32,
 }
 
 /// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
@@ -163,6 +166,7 @@ impl Default for NetSpec {
             peer: VirtioPeer::Host,
             peer_gso: true,
             peer_itr: PeerItr::Adaptive,
+            vsock_relay_buf_bytes: 8192,
         }
     }
 }
@@ -182,6 +186,13 @@ impl NetSpec {
     /// Checks the `net` keys under `scheme`; `peers`: some VM runs a
     /// workload that talks to peer hosts (only then is the device used).
     pub fn validate(&self, scheme: &str, peers: bool) -> Result<(), ScenarioError> {
+        within(
+            "net",
+            "vsock_relay_buf_bytes",
+            self.vsock_relay_buf_bytes,
+            1,
+            1 << 24,
+        )?;
         if peers && scheme == "bare-metal" && self.device == NetDevice::Virtio {
             return bad(
                 "net",
@@ -222,9 +233,9 @@ mod tests {
     use super::super::tests::{err, ok, BASE};
 
     /// virtio-vsock: UDP workloads and vCanal are refused by name; a TCP
-    /// stream is refused because the world does not run the path yet.
+    /// stream with the VM as the sender runs, given the worker's core.
     #[test]
-    fn virtio_vsock_refuses_datagrams_and_says_what_is_missing() {
+    fn virtio_vsock_refuses_datagrams_and_runs_a_stream_sender() {
         let e = err(BASE, &["net.device=virtio-vsock"]);
         assert!(
             e.contains("net.device") && e.contains("no datagrams"),
@@ -236,12 +247,18 @@ scheme = "kvm"
 duration_s = 0.1
 [workload.netperf]
 test = "tcp-stream"
+direction = "send"
 "#;
         let e = err(tcp, &["net.device=virtio-vsock"]);
-        assert!(
-            e.contains("net.device") && e.contains("not runnable yet"),
-            "{e}"
-        );
+        assert!(e.contains("host.io_cores"), "{e}");
+        let vs = ["net.device=virtio-vsock", "host.io_cores=[1]"];
+        ok(tcp, &vs);
+        let e = err(tcp, &[vs[0], vs[1], "workload.netperf.direction=recv"]);
+        assert!(e.contains("workload.netperf.direction"), "{e}");
+        let e = err(tcp, &[vs[0], vs[1], "scheme=bare-metal"]);
+        assert!(e.contains("net.device") && e.contains("bare metal"), "{e}");
+        let e = err(tcp, &[vs[0], vs[1], "net.vsock_relay_buf_bytes=0"]);
+        assert!(e.contains("net.vsock_relay_buf_bytes"), "{e}");
         let e = err(
             tcp,
             &["net.device=virtio-vsock", "workload.netperf.test=udp-rr"],

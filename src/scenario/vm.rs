@@ -332,14 +332,51 @@ impl Scenario {
                 );
             }
         }
-        bad(
-            "net",
-            "device",
-            "virtio-vsock is not runnable yet: the device, the vhost-vsock back end \
-             and the host relay exist (hw::virtio_vsock, hv::vhost_vsock, tested in \
-             tests/model/vsock.rs), but no guest driver task, worker thread or relay \
-             connection is built into the world (docs/vcanal.md, \"virtio-vsock\")",
-        )
+        // What the world runs over it: netperf TCP_STREAM with the VM as
+        // the sender, on a virtualized scheme, with the worker's core.
+        for (i, v) in self.vms.iter().enumerate() {
+            let w = &v.workload;
+            let key = if self.vms.len() == 1 && i == 0 {
+                "workload".to_string()
+            } else {
+                format!("vm[{i}].workload")
+            };
+            match &w.netperf {
+                Some(n) if n.direction == super::workloads::NetperfDirection::Send => {}
+                Some(_) => {
+                    return bad(
+                        &format!("{key}.netperf"),
+                        "direction",
+                        "over virtio-vsock the model runs the VM as the sender only (\"send\")",
+                    )
+                }
+                None if w.peers() => {
+                    return bad(
+                        "net",
+                        "device",
+                        format!(
+                            "over virtio-vsock the model runs netperf TCP_STREAM only; {key} has another network workload"
+                        ),
+                    )
+                }
+                None => {}
+            }
+        }
+        if self.scheme == "bare-metal" {
+            return bad(
+                "net",
+                "device",
+                "virtio-vsock needs a hypervisor: bare metal has no vhost-vsock",
+            );
+        }
+        if self.host.io_cores.is_empty() {
+            return bad(
+                "host",
+                "io_cores",
+                "virtio-vsock needs a core for the vhost-vsock worker and the relay (host.io_cores = [c])",
+            );
+        }
+        Ok(())
     }
 
     pub(super) fn validate_vms(&self) -> Result<(), ScenarioError> {

@@ -103,6 +103,7 @@ mod tests {
             blk: None,
             udp_tx: None,
             shared: None,
+            vsock: None,
         };
         assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(1000 * US));
         sys.now = 1000 * US + 1_500_000; // woken 1.5 µs late

@@ -316,6 +316,7 @@ mod tests {
             blk: None,
             udp_tx: Some(tx),
             shared: None,
+            vsock: None,
         }
     }
 

@@ -164,6 +164,16 @@ pub enum Ev {
     },
     /// The vCanal service core finished a work item.
     CanalStep,
+    /// The vhost-vsock worker's core finished a work item (virtio-vsock).
+    VsockStep,
+    /// The head frame from the relay's host reaches the client host.
+    VsockToPeer,
+    /// The head frame from the client host reaches the relay's host NIC.
+    VsockToHost,
+    /// The vsock client host's timer.
+    VsockPeerTimer,
+    /// A deadline of the vsock relay's TCP socket came.
+    VsockTcpTimer,
     /// The head frame from the host NIC reaches the client host (vCanal).
     CanalToPeer,
     /// The head frame from the client host reaches the host NIC (vCanal).

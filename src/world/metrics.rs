@@ -51,6 +51,7 @@ impl World {
         self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
         self.sched_reset(now);
         self.canal_reset();
+        self.vsock_reset();
     }
 
     /// The run's results.
@@ -212,6 +213,7 @@ impl World {
             self.merged_percentiles(&mut metrics);
         }
         self.canal_metrics(&mut metrics, dur);
+        self.vsock_metrics(&mut metrics, dur);
         self.scheme.metrics(&mut metrics);
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur, &self.hv.vms);

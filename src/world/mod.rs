@@ -14,6 +14,7 @@ mod net;
 mod sched;
 mod vcanal;
 mod vmx;
+mod vsock;
 
 pub use build::{
     VIRTIO_BLK_NOTIFY_PORT, VIRTIO_BLK_VECTOR, VIRTIO_NET_VECTORS, VIRTIO_NOTIFY_PORT,
@@ -149,6 +150,8 @@ pub struct World {
     event_exits: Option<Box<event_exits::EventExits>>,
     /// vCanal's service, host stack and client hosts, if a VM uses it.
     canal: Option<Box<vcanal::CanalPath>>,
+    /// virtio-vsock's device, worker, relay and client host, if a VM uses it.
+    vsock: Option<Box<vsock::VsockPath>>,
 }
 
 /// A ring of the last dispatched events: the counterexample trace of a
@@ -491,6 +494,7 @@ impl World {
                 self.pv_eventfd(fd);
                 self.blk_eventfd(fd);
                 self.canal_eventfd(fd);
+                self.vsock_eventfd(fd);
             }
             Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
@@ -552,6 +556,11 @@ impl World {
             | Ev::ArmPollEnd { .. }
             | Ev::ArmWake { .. } => self.el2_event(ev, now),
             Ev::CanalStep => self.canal_step(),
+            Ev::VsockStep => self.vsock_step(),
+            Ev::VsockToPeer => self.vsock_to_peer(),
+            Ev::VsockToHost => self.vsock_to_host(),
+            Ev::VsockPeerTimer => self.vsock_peer_timer(),
+            Ev::VsockTcpTimer => self.vsock_tcp_timer(),
             Ev::CanalToPeer => self.canal_to_peer(),
             Ev::CanalToHost => self.canal_to_host(),
             Ev::CanalNicIrq => self.canal_nic_irq(),
@@ -956,6 +965,10 @@ impl World {
                 shared: match &mut self.canal {
                     Some(c) => c.mem_mut(k),
                     None => None,
+                },
+                vsock: match self.vsock.as_deref_mut() {
+                    Some(v) if v.vm == k => Some(&mut v.dev),
+                    _ => None,
                 },
             };
             let action = self.guests[k].next(c, now, &mut dev);

@@ -32,6 +32,7 @@ pub(in crate::world) struct Parts<'s> {
     pub pv: Option<net::PvPath>,
     pub blk: Vec<blk::BlkPath>,
     pub canal: Option<crate::world::vcanal::CanalPath>,
+    pub vsock: Option<crate::world::vsock::VsockPath>,
 }
 
 /// The host's boot: every core's LAPIC timer serves host hrtimers, and
@@ -153,6 +154,7 @@ pub(in crate::world) fn power_on(
         pv,
         blk,
         canal,
+        vsock,
     } = parts;
     let nvm = topo.vms();
     let virtualized = topo.virtualized;
@@ -229,6 +231,7 @@ pub(in crate::world) fn power_on(
         .exits_per_event
         .then(|| Box::new(crate::world::event_exits::EventExits::new(nvm, cores)));
     w.canal = canal.map(Box::new);
+    w.vsock = vsock.map(Box::new);
     if virtualized {
         for (c, first) in topo.first_on_core.iter().enumerate() {
             if let Some(v) = *first {
@@ -250,6 +253,7 @@ pub(in crate::world) fn power_on(
         w.peer_sent(p);
     }
     w.canal_start();
+    w.vsock_start();
     if virtualized {
         let tick = w.hv.host.tick_period;
         let vcpus = topo.vcpu_threads();
@@ -363,6 +367,7 @@ impl World {
             el2: None,
             event_exits: None,
             canal: None,
+            vsock: None,
         }
     }
 }

@@ -101,7 +101,10 @@ fn config(
                     crate::world::vcanal::CHANNEL_BASE,
                 )),
                 doorbell: c.kick.then_some(crate::world::vcanal::DOORBELL_PORT),
-            }),
+            })
+            // The guest's virtio-vsock driver: its interrupt wakes the
+            // sender sleeping on its socket.
+            .or_else(|| crate::world::vsock::wait_driver(s, v.workload, cal)),
         virtio_net: devs.net_dev[vm].map(|_| VirtioNetGuest {
             rx_vector: VIRTIO_NET_VECTORS[0],
             tx_vector: VIRTIO_NET_VECTORS[1],

@@ -115,6 +115,15 @@ pub(in crate::world) fn state(
             ioeventfds.push((vm, DOORBELL_PORT, doorbell_fd(vm)));
         }
     }
+    // virtio-vsock's RX and TX queue notifies.
+    for (vm, v) in topo.views.iter().enumerate() {
+        if crate::world::vsock::runs_over_vsock(s, v.workload) {
+            use crate::world::vsock::{kick_fds, VSOCK_NOTIFY_PORT};
+            let fds = kick_fds(vm);
+            ioeventfds.push((vm, VSOCK_NOTIFY_PORT, fds[0]));
+            ioeventfds.push((vm, VSOCK_NOTIFY_PORT + 1, fds[1]));
+        }
+    }
     let mut hv = HvState {
         vms,
         vcpus,

@@ -133,6 +133,19 @@ impl World {
                 c.core
             )));
         }
+        let vsock =
+            super::vsock::build(s, cal, m.link, &mut guests).map_err(BuildError::Scenario)?;
+        if let Some(v) = vsock
+            .as_ref()
+            .filter(|v| topo.vcpus.iter().any(|p| p.core == v.core))
+        {
+            // A vCPU sharing the worker's core would need the host
+            // scheduler between them, which the path does not model.
+            return Err(BuildError::Scenario(format!(
+                "host.io_cores: core {} also runs a vCPU; the vhost-vsock worker and the relay need a core of their own",
+                v.core
+            )));
+        }
         let parts = boot::Parts {
             topo,
             m,
@@ -144,6 +157,7 @@ impl World {
             pv,
             blk,
             canal,
+            vsock,
         };
         let mut w = boot::power_on(s, cal, scheme, parts);
         w.calibration_changes = changes;

@@ -239,7 +239,9 @@ pub(in crate::world) fn spawn(
         // The same programs in every VM, each drawing its own random
         // streams.
         let seed = s.seed ^ (vm as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        if let Some(t) = tcp::tcp_workload(w, seed, cal) {
+        // Over virtio-vsock netperf's socket is AF_VSOCK (world::vsock).
+        let vsock = crate::world::vsock::runs_over_vsock(s, w);
+        if let Some(t) = tcp::tcp_workload(w, seed, cal).filter(|_| !vsock) {
             let rcvbuf = (s.guest.tcp_rcvbuf, s.guest.hz);
             let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso, rcvbuf);
             tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge)?);
