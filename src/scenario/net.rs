@@ -94,6 +94,12 @@ pub enum NetDevice {
     /// exist (`hw::virtio_vsock`, `hv::vhost_vsock`), the world does not
     /// run them yet: every scenario that names it is refused.
     VirtioVsock,
+    /// ARM only: a 1 GbE NIC whose interrupt is a wire to a GIC SPI
+    /// (level-sensitive) instead of an MSI through the ITS. The same
+    /// descriptor rings and moderation as the VF; its driver masks the
+    /// interrupt at the device in its handler and unmasks it when NAPI
+    /// completes (docs/did-arm.md, "A NIC on a wired SPI").
+    SpiNic,
 }
 
 /// The VM's network device.
@@ -174,7 +180,14 @@ impl NetDevice {
             NetDevice::Vf => "vf",
             NetDevice::Virtio => "virtio",
             NetDevice::VirtioVsock => "virtio-vsock",
+            NetDevice::SpiNic => "spi-nic",
         }
+    }
+
+    /// The VM's frames go through the NIC model's descriptor rings (the
+    /// VF, or the NIC on a wired SPI).
+    pub fn nic_rings(self) -> bool {
+        matches!(self, NetDevice::Vf | NetDevice::SpiNic)
     }
 }
 
