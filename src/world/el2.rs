@@ -1438,6 +1438,43 @@ mod tests {
         assert!(w.checker.violations()[0].detail.contains("never happened"));
     }
 
+    /// A NIC on a wired SPI: every SPI the distributor forwarded was
+    /// acknowledged on the core GICD_IROUTER names and deactivated once
+    /// (KVM/ARM: by the guest's EOI through the HW = 1 list register after
+    /// the host's priority drop; did-arm: by the guest's own EOImode-0
+    /// EOI), at most one interrupt per NIC fire (a fire while the line is
+    /// high is the same level).
+    #[test]
+    fn a_wired_nic_spi_is_acknowledged_and_deactivated_once_per_interrupt() {
+        for (scheme, route, core) in [
+            ("kvm-arm", "vcpu-core", 1),
+            ("kvm-arm", "cpu0", 0),
+            ("kvm-arm-v4", "vcpu-core", 1),
+            ("did-arm", "vcpu-core", 1),
+        ] {
+            let text = format!(
+                "arch = \"arm64\"\nscheme = \"{scheme}\"\nduration_s = 0.02\n[machine]\ncores = 2\n\
+                 [guest]\ntick = \"off\"\n[net]\ndevice = \"spi-nic\"\n\
+                 [arm]\nnic_spi_affinity = \"{route}\"\n[[vm]]\ncore = 1\n\
+                 [vm.workload.udp]\nrate_pps = 20000\n"
+            );
+            let s = Scenario::parse(&text, &[]).expect("scenario parses");
+            let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+            w.run(|_| {});
+            let a = w.el2.as_deref().unwrap();
+            let spi = nic_spi(0);
+            let d = a.m.dist.counters();
+            let fired = w.m.nic.counters(0).unwrap().interrupts;
+            let what = format!("{scheme} {route}");
+            assert!(d.acks > 300, "{what}: {d:?}");
+            assert!(d.acks <= fired, "{what}: {d:?} {fired}");
+            assert!(d.acks - d.deactivations <= 1, "{what}: {d:?}");
+            assert_eq!(a.m.dist.target(spi), Some(core), "{what}");
+            assert!(a.m.cpus[core].counters().acks >= d.acks, "{what}");
+            assert_eq!(w.checker.violations().len(), 0, "{what}");
+        }
+    }
+
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:
     /// the checker sees an EOI with nothing in service.
     #[test]
