@@ -827,3 +827,48 @@ fn the_checker_catches_a_wired_spi_that_is_never_deactivated() {
         metric(&r, "udp.received")
     );
 }
+
+/// The NIC on a wired SPI under perturbed event orders: scripted
+/// preemptions (the HW list register saved with a preempted vCPU,
+/// did-arm's Group-1 hold while a host thread has the core) and vCPUs
+/// sharing and changing cores under the host scheduler (the SPI then
+/// lands on a core whose vCPU is another, or none), with the SPI routed
+/// to the vCPU's core or to core 0.
+#[test]
+fn the_race_explorer_finds_nothing_with_the_nic_on_a_wired_spi() {
+    let cal = exitless::calibration::Calibration::default_host();
+    let cases = [
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm", "vcpu-core"),
+        (
+            "scenarios/explore/arm-preempt.toml",
+            "kvm-arm-v4",
+            "vcpu-core",
+        ),
+        ("scenarios/explore/arm-preempt.toml", "did-arm", "vcpu-core"),
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm", "cpu0"),
+        (
+            "scenarios/explore/arm-shared-cores.toml",
+            "kvm-arm",
+            "vcpu-core",
+        ),
+        (
+            "scenarios/explore/arm-shared-cores.toml",
+            "kvm-arm-v4",
+            "cpu0",
+        ),
+    ];
+    for (file, s, route) in cases {
+        let scheme = format!("scheme={s}");
+        let route_set = format!("arm.nic_spi_affinity={route}");
+        let sets = [scheme.as_str(), "net.device=spi-nic", route_set.as_str()];
+        let sc = load_scenario(file, &sets);
+        let x = exitless::explore::explore(&sc, &cal, explore_opts(12), |_, _| {}).unwrap();
+        assert_eq!(x.runs, 12);
+        assert_eq!(
+            x.failing_runs,
+            0,
+            "{file} {s} {route}: {:?}",
+            x.counterexample.map(|c| c.violations)
+        );
+    }
+}
