@@ -166,9 +166,9 @@ impl El2World {
         }
     }
 
-    /// Whether VF `vf`'s interrupt is a wire its NIC holds high now.
-    pub(super) fn nic_line_held(&self, vf: u16) -> bool {
-        self.wired_nic && self.nic_line.get(usize::from(vf)) == Some(&true)
+    /// Whether VM `vm`'s NIC is on a wire it holds high now.
+    pub(super) fn nic_line_held(&self, vm: usize) -> bool {
+        self.wired_nic && self.nic_line.get(vm) == Some(&true)
     }
 
     /// The guest of VM `vm`'s INTID for its handler `vector` (its irq
@@ -1179,13 +1179,16 @@ impl World {
     /// The driver masked VF `vf` at the device (VTEIMC): a wired NIC's
     /// line drops (its level SPI is no longer pending).
     pub(super) fn el2_nic_masked(&mut self, vf: u16) {
+        let Some(&(vm, _)) = self.vf_owner.get(usize::from(vf)) else {
+            return;
+        };
         let a = self.arm();
         if !a.wired_nic {
             return;
         }
-        if let Some(l) = a.nic_line.get_mut(usize::from(vf)) {
+        if let Some(l) = a.nic_line.get_mut(vm) {
             *l = false;
-            let _ = a.m.dist.set_spi_line(nic_spi(usize::from(vf)), false);
+            let _ = a.m.dist.set_spi_line(nic_spi(vm), false);
         }
     }
 
@@ -1195,16 +1198,18 @@ impl World {
     /// line instead: high after the line's latency, until its driver
     /// masks it (a fire while it is high changes nothing).
     pub(super) fn el2_device_msi(&mut self, vf: u16, vector: u8) {
+        let owner = self.vf_owner.get(usize::from(vf)).map(|&(vm, _)| vm);
         let a = self.arm();
         if a.wired_nic {
             let lat = a.costs.spi_line;
-            if let Some(l) = a.nic_line.get_mut(usize::from(vf)) {
+            let Some(vm) = owner else { return };
+            if let Some(l) = a.nic_line.get_mut(vm) {
                 if !*l {
                     *l = true;
                     self.q.schedule_in_async(
                         lat,
                         Ev::NicSpi {
-                            vm: vf,
+                            vm: vm as u16,
                             assert: true,
                         },
                     );

@@ -765,7 +765,11 @@ impl World {
             IrqAction::Fire { vf, vector, msi } => {
                 // A wired line the device already holds high: the new
                 // cause is the same level, not another interrupt.
-                let held = self.el2.as_deref().is_some_and(|a| a.nic_line_held(vf));
+                let vm = self.vf_owner.get(vf as usize).map(|&(vm, _)| vm);
+                let held = self
+                    .el2
+                    .as_deref()
+                    .is_some_and(|a| vm.is_some_and(|vm| a.nic_line_held(vm)));
                 if vector == 0 && !held {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
                         let now = self.q.now();
