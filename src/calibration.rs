@@ -256,6 +256,7 @@ pub struct ArmGic {
     pub its_translate_ns: Entry,
     pub its_vmovp_ns: Entry,
     pub sgi_latency_ns: Entry,
+    pub spi_line_ns: Entry,
 }
 
 /// ARM section `guest`: what differs in the guest's own costs.

@@ -229,7 +229,7 @@ mod tests {
         assert!(get("guest.tick").ty.contains("\"nohz-idle\""));
         assert_eq!(
             get("net.device").ty,
-            "\"vf\" | \"virtio\" | \"virtio-vsock\""
+            "\"vf\" | \"virtio\" | \"virtio-vsock\" | \"spi-nic\""
         );
         assert!(get("workload.udp.rate_pps").required);
         assert_eq!(

@@ -150,6 +150,12 @@ pub struct GuestConfig {
     pub vf_vector: u8,
     /// The VF this guest drives, if any.
     pub vf: Option<u16>,
+    /// Its interrupt is a level-sensitive wire (a NIC on an SPI), not an
+    /// MSI-X message the device masks itself (VTEIAM): the handler masks
+    /// the interrupt at the device before the EOI, or the still-high line
+    /// would signal again at once (Linux's handle_fasteoi_irq runs the
+    /// whole handler before irq_eoi).
+    pub vf_wired_irq: bool,
     /// The virtio-net device this guest drives, if any.
     pub virtio_net: Option<VirtioNetGuest>,
     /// The virtio-blk device this guest drives, if any.
@@ -314,6 +320,10 @@ pub enum VfReg {
     Eitr(u8, u32),
     /// VTEIMS := bits (re-enable after napi_complete).
     Eims(u32),
+    /// VTEIMC := bits (mask at the device: a wired interrupt's handler
+    /// does it before it returns, e1000_intr's IMC write, stmmac's
+    /// stmmac_disable_dma_irq).
+    Eimc(u32),
     /// VFTDT(0): the TX tail doorbell after writing descriptors.
     Tdt,
 }
@@ -1199,8 +1209,19 @@ impl Kernel {
         let is_timer = vector == self.cfg.timer_vector;
         let is_vf = self.cfg.vf.is_some() && vector == self.cfg.vf_vector;
         match f.stage {
+            // A wired NIC's handler masks at the device first (its MMIO
+            // write precedes the EOI, which the model issues next).
+            0 if is_vf && self.cfg.vf_wired_irq => {
+                self.set_stage(top, 6, 0);
+                self.cfg.vf.map(|vf| {
+                    Action::Op(KernelOp::VfWrite {
+                        vf,
+                        reg: VfReg::Eimc(1),
+                    })
+                })
+            }
             // Linux acks edge interrupts first (ack_APIC_irq before the handler).
-            0 => {
+            0 | 6 => {
                 self.set_stage(top, 1, 0);
                 if nest {
                     self.set_if(true);
@@ -1630,6 +1651,7 @@ pub(crate) fn test_config() -> GuestConfig {
         did_module: false,
         vf_vector: 0x41,
         vf: None,
+        vf_wired_irq: false,
         virtio_net: None,
         virtio_blk: None,
         wait_driver: None,

@@ -77,6 +77,35 @@ pub struct ArmSpec {
     /// maintenance interrupt (ICH_HCR_EL2.UIE: at most one valid LR) would
     /// fire at every entry while its LR is in use.
     pub list_registers: u8,
+    /// Where the host routes the physical SPI of a `net.device =
+    /// "spi-nic"` NIC under KVM/ARM (its GICD_IROUTER): `vcpu-core` (the
+    /// core its vCPU runs on, did-arm.md §2.6 / §4.C Fig. 6; the
+    /// default) or `cpu0` (Linux's default affinity, the first online
+    /// CPU, when nobody moves the IRQ). did-arm routes it to the vCPU's
+    /// dedicated core itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic_spi_affinity: Option<SpiAffinitySpec>,
+}
+
+/// `[arm] nic_spi_affinity`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpiAffinitySpec {
+    /// GICD_IROUTER names the core the NIC's vCPU runs on.
+    VcpuCore,
+    /// GICD_IROUTER names core 0.
+    #[serde(rename = "cpu0")]
+    Cpu0,
+}
+
+impl SpiAffinitySpec {
+    /// As the key spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpiAffinitySpec::VcpuCore => "vcpu-core",
+            SpiAffinitySpec::Cpu0 => "cpu0",
+        }
+    }
 }
 
 impl Default for ArmSpec {
@@ -85,6 +114,7 @@ impl Default for ArmSpec {
             hyp_mode: HypModeSpec::Vhe,
             gic: None,
             list_registers: 4,
+            nic_spi_affinity: None,
         }
     }
 }

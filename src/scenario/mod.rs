@@ -16,7 +16,7 @@ pub mod overrides;
 pub mod vm;
 pub mod workloads;
 
-pub use arm::{ArchSpec, ArmSpec, GicVersionSpec, HypModeSpec, ReportSpec};
+pub use arm::{ArchSpec, ArmSpec, GicVersionSpec, HypModeSpec, ReportSpec, SpiAffinitySpec};
 pub use machine::*;
 pub use net::*;
 pub use overrides::apply_set;
@@ -491,6 +491,20 @@ impl Scenario {
                         "scheme `{}` runs on ARM: it needs arch = \"arm64\"",
                         self.scheme
                     ),
+                );
+            }
+            ArchSpec::X86_64 if self.net.device == NetDevice::SpiNic => {
+                return bad(
+                    "net",
+                    "device",
+                    "`spi-nic` is a NIC wired to a GIC SPI: it needs arch = \"arm64\" (x86 has the VF and virtio)",
+                );
+            }
+            ArchSpec::X86_64 if self.arm.nic_spi_affinity.is_some() => {
+                return bad(
+                    "arm",
+                    "nic_spi_affinity",
+                    "routes the SPI of an ARM NIC: it needs arch = \"arm64\"",
                 );
             }
             ArchSpec::X86_64 => {}

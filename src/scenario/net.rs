@@ -94,6 +94,12 @@ pub enum NetDevice {
     /// TCP_STREAM with the VM as the sender over it (`world::vsock`);
     /// datagram workloads are refused (the transport has none).
     VirtioVsock,
+    /// ARM only: a 1 GbE NIC whose interrupt is a wire to a GIC SPI
+    /// (level-sensitive) instead of an MSI through the ITS. The same
+    /// descriptor rings and moderation as the VF; its driver masks the
+    /// interrupt at the device in its handler and unmasks it when NAPI
+    /// completes (docs/did-arm.md, "A NIC on a wired SPI").
+    SpiNic,
 }
 
 /// The VM's network device.
@@ -178,7 +184,14 @@ impl NetDevice {
             NetDevice::Vf => "vf",
             NetDevice::Virtio => "virtio",
             NetDevice::VirtioVsock => "virtio-vsock",
+            NetDevice::SpiNic => "spi-nic",
         }
+    }
+
+    /// The VM's frames go through the NIC model's descriptor rings (the
+    /// VF, or the NIC on a wired SPI).
+    pub fn nic_rings(self) -> bool {
+        matches!(self, NetDevice::Vf | NetDevice::SpiNic)
     }
 }
 

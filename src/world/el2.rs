@@ -15,7 +15,8 @@ use crate::engine::{Summary, Time, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
 use crate::hv::arm::intids::{
-    DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, VF_VLPI,
+    nic_spi, DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, NIC_SPI_BASE,
+    VF_VLPI,
 };
 use crate::hv::arm::{
     vtimer_write, ArmCosts, ArmCx, ArmExit, ArmExitReason, ArmScheme, ArmVcpu, EventClass,
@@ -23,7 +24,7 @@ use crate::hv::arm::{
 };
 use crate::hw::arm::cpu_interface::{encode_sgi1r, IccReg};
 use crate::hw::arm::el2::SysregOutcome;
-use crate::hw::arm::intid::{CoreSet, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+use crate::hw::arm::intid::{CoreSet, MAINTENANCE_PPI, SPI_BASE, SPI_LIMIT, SPURIOUS, VTIMER_PPI};
 use crate::hw::arm::its::MsiOutcome;
 use crate::hw::arm::machine::ArmMachine;
 use crate::hw::arm::priority::Group;
@@ -116,6 +117,12 @@ pub(super) struct El2World {
     idle_since: Vec<Option<Time>>,
     /// Per vCPU: that guest-mode idle time in the measured interval.
     idle_time: Vec<Time>,
+    /// The VMs' NICs are wired to SPIs (`net.device = "spi-nic"`; VM
+    /// `vm`'s NIC is VF `vm` on SPI `nic_spi(vm)`), not MSIs to the ITS.
+    wired_nic: bool,
+    /// Per VM: its NIC drives its interrupt line high (from an interrupt
+    /// until its driver masks it at the device).
+    nic_line: Vec<bool>,
 }
 
 impl El2World {
@@ -130,6 +137,7 @@ impl El2World {
         vms: usize,
         timer_vector: u8,
         vf_vector: u8,
+        wired_nic: bool,
     ) -> Self {
         let n = vcpus.len();
         El2World {
@@ -153,15 +161,23 @@ impl El2World {
             measuring: false,
             idle_since: vec![None; n],
             idle_time: vec![0; n],
+            wired_nic,
+            nic_line: vec![false; vms],
         }
     }
 
-    /// The guest's INTID for its handler `vector` (its irq domain: Linux
-    /// numbers arm64 IPIs from SGI 0, the virtual timer is PPI 27, the
-    /// VF's MSI its first LPI).
-    fn intid_of(&self, vector: u8) -> u32 {
+    /// Whether VM `vm`'s NIC is on a wire it holds high now.
+    pub(super) fn nic_line_held(&self, vm: usize) -> bool {
+        self.wired_nic && self.nic_line.get(vm) == Some(&true)
+    }
+
+    /// The guest of VM `vm`'s INTID for its handler `vector` (its irq
+    /// domain: Linux numbers arm64 IPIs from SGI 0, the virtual timer is
+    /// PPI 27, the VF's MSI its first LPI, a wired NIC its SPI).
+    fn intid_of(&self, vector: u8, vm: usize) -> u32 {
         match vector {
             v if v == self.timer_vector => VTIMER_PPI,
+            v if v == self.vf_vector && self.wired_nic => nic_spi(vm),
             v if v == self.vf_vector => VF_VLPI,
             RESCHEDULE_VECTOR => GUEST_RESCHEDULE_SGI,
             crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR => GUEST_CALL_FUNC_SGI,
@@ -174,6 +190,11 @@ impl El2World {
         match intid {
             VTIMER_PPI => self.timer_vector,
             VF_VLPI => self.vf_vector,
+            i if self.wired_nic
+                && (NIC_SPI_BASE..NIC_SPI_BASE + self.nic_line.len() as u32).contains(&i) =>
+            {
+                self.vf_vector
+            }
             GUEST_RESCHEDULE_SGI => RESCHEDULE_VECTOR,
             GUEST_CALL_FUNC_SGI => crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
             _ => UNEXPECTED_VECTOR,
@@ -403,7 +424,7 @@ impl World {
             KernelOp::EndOfInterrupt { vector } => {
                 self.trace_event(TraceKind::Eoi { vector }, core, vcpu, now, now);
                 let a = self.arm();
-                let intid = a.intid_of(vector);
+                let intid = a.intid_of(vector, vm);
                 let m = &mut a.m;
                 let cleared =
                     match m.el2[core].sysreg_outcome(IccReg::Eoir1, true, &m.vifs[vcpu].hcr()) {
@@ -438,6 +459,16 @@ impl World {
                             .map(|_| vector),
                     };
                 self.checker.eoi(vcpu, vector, cleared, now);
+                // A level SPI deactivated while its line is still high is
+                // pending again: its target core (maybe another) looks.
+                if (SPI_BASE..SPI_LIMIT).contains(&intid) && intid >= NIC_SPI_BASE {
+                    let b = self.arm().m.dist.bank();
+                    if b.is_pending(intid) && !b.is_active(intid) {
+                        let vm = (intid - NIC_SPI_BASE) as u16;
+                        self.q
+                            .schedule_in_async(0, Ev::NicSpi { vm, assert: false });
+                    }
+                }
                 OpResult::Continue
             }
             // CNTV_CVAL_EL0 then CNTV_CTL_EL0: EL1 virtual timer accesses
@@ -468,7 +499,7 @@ impl World {
                 };
                 self.checker.raised_on(t, vector, now);
                 let a = self.el2.as_deref_mut().expect("an ARM world");
-                let intid = a.intid_of(vector);
+                let intid = a.intid_of(vector, vm);
                 let mut targets = CoreSet::EMPTY;
                 targets.insert(a.vcpus[t].vmpidr_core);
                 let value = encode_sgi1r(intid, &targets, false, &a.m.params.topology);
@@ -546,6 +577,8 @@ impl World {
                             .unwrap_or(EventClass::Device)
                     }
                     Some(c) if c.intid >= VF_VLPI => EventClass::Device,
+                    // A wired device's SPI (a NIC on its line).
+                    Some(c) if (SPI_BASE..SPI_LIMIT).contains(&c.intid) => EventClass::Device,
                     _ => EventClass::Other,
                 }
             }
@@ -617,20 +650,20 @@ impl World {
             if intid == SPURIOUS {
                 break;
             }
-            let c = {
+            let (c, forwarded) = {
                 let (mut cx, scheme) = self.arm_cx();
-                scheme.host_irq(&mut cx, core, intid);
-                cx.charged
+                let f = scheme.host_irq(&mut cx, core, intid);
+                (cx.charged, f)
             };
             charged += c.max(1);
             let m = &mut self.arm().m;
             let eoi_mode = m.cpus[core].read_ctlr() & crate::hw::arm::cpu_interface::CTLR_EOIMODE;
             let _ = m.cpus[core].write_eoir1(intid, &mut m.dist, &mut m.redists[core]);
             // EOImode 1 (Linux at EL2): priority drop only; a forwarded
-            // interrupt (the virtual timer's, in an HW list register)
-            // stays active for the guest to deactivate, any other is
-            // deactivated now (gic_eoimode1_eoi_irq).
-            if eoi_mode != 0 && intid != VTIMER_PPI {
+            // interrupt (the virtual timer's, a wired NIC's SPI: in an HW
+            // list register) stays active for the guest to deactivate,
+            // any other is deactivated now (gic_eoimode1_eoi_irq).
+            if eoi_mode != 0 && !forwarded {
                 let _ = m.cpus[core].write_dir(intid, &mut m.dist, &mut m.redists[core]);
             }
         }
@@ -1082,6 +1115,7 @@ impl World {
                 }
             }
             Ev::ArmWake { vcpu } => self.el2_wake(vcpu as usize),
+            Ev::NicSpi { vm, assert } => self.el2_nic_spi(usize::from(vm), assert),
             _ => {}
         }
     }
@@ -1120,10 +1154,69 @@ impl World {
         }
     }
 
+    /// VM `vm`'s NIC SPI: its line reaching the distributor (`assert`,
+    /// unless the driver masked the NIC meanwhile), or a look again after
+    /// a deactivation left it pending. The core it is forwarded to looks.
+    fn el2_nic_spi(&mut self, vm: usize, assert: bool) {
+        let a = self.arm();
+        let spi = nic_spi(vm);
+        let core = if assert {
+            if a.nic_line.get(vm) != Some(&true) {
+                return;
+            }
+            a.m.dist.set_spi_line(spi, true).ok().flatten()
+        } else {
+            let d = &a.m.dist;
+            let b = d.bank();
+            let ready = b.is_pending(spi) && b.is_enabled(spi) && !b.is_active(spi);
+            ready.then(|| d.target(spi)).flatten()
+        };
+        if let Some(c) = core {
+            self.el2_poke(c);
+        }
+    }
+
+    /// The driver masked VF `vf` at the device (VTEIMC): a wired NIC's
+    /// line drops (its level SPI is no longer pending).
+    pub(super) fn el2_nic_masked(&mut self, vf: u16) {
+        let Some(&(vm, _)) = self.vf_owner.get(usize::from(vf)) else {
+            return;
+        };
+        let a = self.arm();
+        if !a.wired_nic {
+            return;
+        }
+        if let Some(l) = a.nic_line.get_mut(vm) {
+            *l = false;
+            let _ = a.m.dist.set_spi_line(nic_spi(vm), false);
+        }
+    }
+
     /// The VF `vf` fired its MSI-X `vector`: the write reaches the ITS
     /// (DeviceID = the VF, EventID = its vector) after the device's MSI
-    /// latency and the ITS's translation.
+    /// latency and the ITS's translation. A NIC on a wired SPI drives its
+    /// line instead: high after the line's latency, until its driver
+    /// masks it (a fire while it is high changes nothing).
     pub(super) fn el2_device_msi(&mut self, vf: u16, vector: u8) {
+        let owner = self.vf_owner.get(usize::from(vf)).map(|&(vm, _)| vm);
+        let a = self.arm();
+        if a.wired_nic {
+            let lat = a.costs.spi_line;
+            let Some(vm) = owner else { return };
+            if let Some(l) = a.nic_line.get_mut(vm) {
+                if !*l {
+                    *l = true;
+                    self.q.schedule_in_async(
+                        lat,
+                        Ev::NicSpi {
+                            vm: vm as u16,
+                            assert: true,
+                        },
+                    );
+                }
+            }
+            return;
+        }
         let lat = self.msi_latency + self.arm().costs.its_translate;
         self.q.schedule_in_async(
             lat,
@@ -1225,7 +1318,7 @@ mod tests {
             (RESCHEDULE_VECTOR, 0),
             (crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR, 1),
         ] {
-            assert_eq!(a.intid_of(vector), intid);
+            assert_eq!(a.intid_of(vector, 0), intid);
             assert_eq!(a.vector_of(intid), vector);
         }
         assert_eq!(a.vector_of(2), UNEXPECTED_VECTOR);
@@ -1348,6 +1441,43 @@ mod tests {
         w.el2_sched_check(1);
         assert_eq!(w.checker.count(crate::check::ViolationKind::GicState), 1);
         assert!(w.checker.violations()[0].detail.contains("never happened"));
+    }
+
+    /// A NIC on a wired SPI: every SPI the distributor forwarded was
+    /// acknowledged on the core GICD_IROUTER names and deactivated once
+    /// (KVM/ARM: by the guest's EOI through the HW = 1 list register after
+    /// the host's priority drop; did-arm: by the guest's own EOImode-0
+    /// EOI), at most one interrupt per NIC fire (a fire while the line is
+    /// high is the same level).
+    #[test]
+    fn a_wired_nic_spi_is_acknowledged_and_deactivated_once_per_interrupt() {
+        for (scheme, route, core) in [
+            ("kvm-arm", "vcpu-core", 1),
+            ("kvm-arm", "cpu0", 0),
+            ("kvm-arm-v4", "vcpu-core", 1),
+            ("did-arm", "vcpu-core", 1),
+        ] {
+            let text = format!(
+                "arch = \"arm64\"\nscheme = \"{scheme}\"\nduration_s = 0.02\n[machine]\ncores = 2\n\
+                 [guest]\ntick = \"off\"\n[net]\ndevice = \"spi-nic\"\n\
+                 [arm]\nnic_spi_affinity = \"{route}\"\n[[vm]]\ncore = 1\n\
+                 [vm.workload.udp]\nrate_pps = 20000\n"
+            );
+            let s = Scenario::parse(&text, &[]).expect("scenario parses");
+            let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+            w.run(|_| {});
+            let a = w.el2.as_deref().unwrap();
+            let spi = nic_spi(0);
+            let d = a.m.dist.counters();
+            let fired = w.m.nic.counters(0).unwrap().interrupts;
+            let what = format!("{scheme} {route}");
+            assert!(d.acks > 300, "{what}: {d:?}");
+            assert!(d.acks <= fired, "{what}: {d:?} {fired}");
+            assert!(d.acks - d.deactivations <= 1, "{what}: {d:?}");
+            assert_eq!(a.m.dist.target(spi), Some(core), "{what}");
+            assert!(a.m.cpus[core].counters().acks >= d.acks, "{what}");
+            assert_eq!(w.checker.violations().len(), 0, "{what}");
+        }
     }
 
     /// The guest's EOI of an interrupt it never acknowledged drops nothing:

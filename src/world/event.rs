@@ -249,6 +249,16 @@ pub enum Ev {
         /// vCPU.
         vcpu: u16,
     },
+    /// ARM: VM `vm`'s NIC on a wired SPI. `assert`: its line, driven
+    /// high by the device, reaches the distributor (ignored if the driver
+    /// masked the device meanwhile); otherwise the SPI was deactivated
+    /// while its line is still high, and its target core looks again.
+    NicSpi {
+        /// The VM whose NIC (its SPI is `intids::nic_spi(vm)`).
+        vm: u16,
+        /// The line rises (or only a look again).
+        assert: bool,
+    },
 }
 
 use crate::engine::{EventQueue, Time};

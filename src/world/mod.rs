@@ -554,7 +554,8 @@ impl World {
             | Ev::ArmSgi { .. }
             | Ev::BgTimer { .. }
             | Ev::ArmPollEnd { .. }
-            | Ev::ArmWake { .. } => self.el2_event(ev, now),
+            | Ev::ArmWake { .. }
+            | Ev::NicSpi { .. } => self.el2_event(ev, now),
             Ev::CanalStep => self.canal_step(),
             Ev::VsockStep => self.vsock_step(),
             Ev::VsockToPeer => self.vsock_to_peer(),
@@ -771,7 +772,14 @@ impl World {
         match a {
             IrqAction::None => {}
             IrqAction::Fire { vf, vector, msi } => {
-                if vector == 0 {
+                // A wired line the device already holds high: the new
+                // cause is the same level, not another interrupt.
+                let vm = self.vf_owner.get(vf as usize).map(|&(vm, _)| vm);
+                let held = self
+                    .el2
+                    .as_deref()
+                    .is_some_and(|a| vm.is_some_and(|vm| a.nic_line_held(vm)));
+                if vector == 0 && !held {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
@@ -826,6 +834,12 @@ impl World {
                     for a in acts {
                         self.nic_action(a);
                     }
+                }
+            }
+            VfReg::Eimc(bits) => {
+                // Masked at the device: a wired interrupt line drops.
+                if self.m.nic.write_eimc(vf, bits).is_ok() && self.el2.is_some() {
+                    self.el2_nic_masked(vf);
                 }
             }
         }

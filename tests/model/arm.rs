@@ -329,12 +329,15 @@ struct Broken {
     /// A preempted (not blocking) vCPU leaves its core without
     /// kvm_arch_vcpu_put: vPE resident, virtual timer armed.
     skip_preempt_put: bool,
+    /// The wired NIC's SPI is injected with HW = 0 but left active as a
+    /// forwarded interrupt: nothing ever deactivates the physical SPI.
+    spi_without_hw: bool,
 }
 
 mod broken {
     use super::Broken;
     use exitless::engine::Time;
-    use exitless::hv::arm::intids::DOORBELL_LPI_BASE;
+    use exitless::hv::arm::intids::{nic_spi, DOORBELL_LPI_BASE};
     use exitless::hv::arm::{ArmCx, ArmExit, ArmScheme, ExitAction};
     use exitless::hw::arm::el2::El2Controls;
     use exitless::hw::arm::params::GicParams;
@@ -369,11 +372,19 @@ mod broken {
             }
             a
         }
-        fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) {
+        fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) -> bool {
             if self.ignore_doorbell && intid >= DOORBELL_LPI_BASE {
-                return;
+                return false;
             }
-            self.inner.host_irq(cx, core, intid)
+            let forwarded = self.inner.host_irq(cx, core, intid);
+            if self.spi_without_hw && intid == nic_spi(0) {
+                for v in cx.vcpus.iter_mut() {
+                    for a in v.ap_list.iter_mut().filter(|a| a.vintid == intid) {
+                        a.hw = None;
+                    }
+                }
+            }
+            forwarded
         }
         fn flush(&mut self, cx: &mut ArmCx, vcpu: usize) {
             self.inner.flush(cx, vcpu)
@@ -414,6 +425,7 @@ fn run_ignoring_doorbells(text: &str, sets: &[&str]) -> exitless::report::RunRep
         ignore_doorbell: true,
         halt_on_irq: false,
         skip_preempt_put: false,
+        spi_without_hw: false,
     };
     run_broken(text, sets, b)
 }
@@ -461,6 +473,7 @@ fn the_checker_catches_a_vcpu_blocked_on_irq_exits_with_work_pending() {
         ignore_doorbell: false,
         halt_on_irq: true,
         skip_preempt_put: false,
+        spi_without_hw: false,
     };
     let r = run_broken(UDP, &["scheme=kvm-arm", "host.ipi_per_s=50000"], b);
     assert!(
@@ -609,6 +622,7 @@ fn the_checker_catches_a_vpe_and_timer_left_behind_at_schedule_out() {
         ignore_doorbell: false,
         halt_on_irq: false,
         skip_preempt_put: true,
+        spi_without_hw: false,
     };
     let text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -704,4 +718,157 @@ fn the_cpu_split_is_guest_host_and_idle_as_mpstat_counts_them() {
     let poll = run_text(UDP, &["scheme=kvm-arm"]);
     let (g, _, _, b) = shares(&poll);
     assert!(g > 90.0 && b < g - 10.0, "{g} {b}");
+}
+
+/// A NIC whose interrupt is a wired, level-sensitive SPI (did-arm.md §2.6
+/// "today, as an SPI", §4.C Fig. 6), beside the VF's LPI path: every
+/// datagram reaches the guest with the checker clean, at the exits each
+/// scheme's path has. KVM/ARM: the SPI's IRQ exit, and none for the EOI
+/// (the HW = 1 list register deactivates the physical SPI); the same with
+/// GICv4 (an SPI is never a vLPI); did-arm: none (the guest takes the SPI
+/// on its dedicated core). With the SPI routed to a host core (Linux's
+/// default affinity), KVM/ARM's vCPU exits once, on the host's kick.
+#[test]
+fn a_nic_on_a_wired_spi_runs_under_every_arm_scheme() {
+    let spi = ["net.device=spi-nic", "guest.tick=off"];
+    for (scheme, route, exits) in [
+        ("kvm-arm", "vcpu-core", 1.0),
+        ("kvm-arm-v4", "vcpu-core", 1.0),
+        ("did-arm", "vcpu-core", 0.0),
+        ("kvm-arm", "cpu0", 1.0),
+    ] {
+        let sets = [
+            format!("scheme={scheme}"),
+            format!("arm.nic_spi_affinity={route}"),
+        ];
+        let sets: Vec<&str> = spi
+            .iter()
+            .copied()
+            .chain(sets.iter().map(|s| s.as_str()))
+            .collect();
+        let r = run_text(UDP, &sets);
+        let what = format!("{scheme} {route}");
+        assert_eq!(r.violations(), 0, "{what}: {:?}", r.invariants.violations);
+        // 20,000/s for 0.2 s, each datagram a frame, all delivered.
+        assert_eq!(metric(&r, "udp.received"), 4000.0, "{what}");
+        assert_eq!(metric(&r, "guest.rx_packets"), 4000.0, "{what}");
+        assert_eq!(xpe(&r, "device"), exits, "{what}");
+        assert_eq!(xpe(&r, "eoi"), 0.0, "{what}");
+    }
+    // The same NIC on the VF's path: the wire is faster (no ITS walk)
+    // and did-arm's is faster still (no exit).
+    let lat = |sets: &[&str]| metric(&run_text(UDP, sets), "udp.latency_p50_us");
+    let kvm = lat(&["scheme=kvm-arm", spi[0], spi[1]]);
+    assert!(lat(&["scheme=did-arm", spi[0], spi[1]]) + 0.5 < kvm);
+    assert!(kvm < lat(&["scheme=kvm-arm", spi[1]]));
+}
+
+#[test]
+fn the_wired_nic_is_arm_only_and_its_affinity_is_kvms_setting() {
+    let e = Scenario::parse(
+        "scheme = \"kvm\"\nduration_s = 0.1\n[net]\ndevice = \"spi-nic\"\n",
+        &[],
+    )
+    .expect_err("x86 has no SPIs");
+    assert!(
+        e.to_string().contains("net.device") && e.to_string().contains("arm64"),
+        "{e}"
+    );
+    let build = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let s = Scenario::parse(UDP, &sets).expect("parses");
+        exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+            .err()
+            .map(|e| e.to_string())
+    };
+    let e = build(&[
+        "scheme=did-arm",
+        "net.device=spi-nic",
+        "arm.nic_spi_affinity=cpu0",
+    ])
+    .expect("refused");
+    assert!(
+        e.contains("arm.nic_spi_affinity") && e.contains("did-arm"),
+        "{e}"
+    );
+    let e = build(&["scheme=kvm-arm", "arm.nic_spi_affinity=cpu0"]).expect("refused");
+    assert!(
+        e.contains("arm.nic_spi_affinity") && e.contains("spi-nic"),
+        "{e}"
+    );
+    assert_eq!(build(&["scheme=did-arm", "net.device=spi-nic"]), None);
+}
+
+/// A KVM/ARM that forwards the NIC's SPI (the host leaves it active)
+/// but writes its list register with HW = 0: the guest's EOI deactivates
+/// the virtual interrupt only, the physical SPI stays active, and the
+/// NIC's next interrupts never signal. The checker reports them lost.
+#[test]
+fn the_checker_catches_a_wired_spi_that_is_never_deactivated() {
+    use exitless::check::ViolationKind;
+    use exitless::hw::arm::el2::HypMode;
+    let b = Broken {
+        inner: exitless::hv::arm::kvm_arm::KvmArm::new(HypMode::Vhe),
+        ignore_doorbell: false,
+        halt_on_irq: false,
+        skip_preempt_put: false,
+        spi_without_hw: true,
+    };
+    let r = run_broken(UDP, &["scheme=kvm-arm", "net.device=spi-nic"], b);
+    assert!(
+        r.invariants.counts[&ViolationKind::Lost] > 0,
+        "{:?}",
+        r.invariants
+    );
+    // Only the first interrupt got through.
+    assert!(
+        metric(&r, "udp.received") < 10.0,
+        "{}",
+        metric(&r, "udp.received")
+    );
+}
+
+/// The NIC on a wired SPI under perturbed event orders: scripted
+/// preemptions (the HW list register saved with a preempted vCPU,
+/// did-arm's Group-1 hold while a host thread has the core) and vCPUs
+/// sharing and changing cores under the host scheduler (the SPI then
+/// lands on a core whose vCPU is another, or none), with the SPI routed
+/// to the vCPU's core or to core 0.
+#[test]
+fn the_race_explorer_finds_nothing_with_the_nic_on_a_wired_spi() {
+    let cal = exitless::calibration::Calibration::default_host();
+    let cases = [
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm", "vcpu-core"),
+        (
+            "scenarios/explore/arm-preempt.toml",
+            "kvm-arm-v4",
+            "vcpu-core",
+        ),
+        ("scenarios/explore/arm-preempt.toml", "did-arm", "vcpu-core"),
+        ("scenarios/explore/arm-preempt.toml", "kvm-arm", "cpu0"),
+        (
+            "scenarios/explore/arm-shared-cores.toml",
+            "kvm-arm",
+            "vcpu-core",
+        ),
+        (
+            "scenarios/explore/arm-shared-cores.toml",
+            "kvm-arm-v4",
+            "cpu0",
+        ),
+    ];
+    for (file, s, route) in cases {
+        let scheme = format!("scheme={s}");
+        let route_set = format!("arm.nic_spi_affinity={route}");
+        let sets = [scheme.as_str(), "net.device=spi-nic", route_set.as_str()];
+        let sc = load_scenario(file, &sets);
+        let x = exitless::explore::explore(&sc, &cal, explore_opts(12), |_, _| {}).unwrap();
+        assert_eq!(x.runs, 12);
+        assert_eq!(
+            x.failing_runs,
+            0,
+            "{file} {s} {route}: {:?}",
+            x.counterexample.map(|c| c.violations)
+        );
+    }
 }

@@ -22,7 +22,8 @@
 //!   aimed at the core), acknowledged by the guest directly. GICv4 vLPIs
 //!   are not usable here: with IMO = 0 the virtual CPU interface signals
 //!   nothing (Arm ARM, HCR_EL2.IMO), which is why kvm-arm-v4 is the vLPI
-//!   scheme.
+//!   scheme. A NIC on a wired SPI is routed (GICD_IROUTER) to the same
+//!   core and taken the same way.
 //! * Idle: HCR_EL2.TWI = 0; WFI waits in the guest until its core's IRQ.
 //! * Host traffic to a guest core (DID §4.5's NMIs): the host's SGI for it
 //!   is configured Group 0 and arrives as an FIQ, which exits.
@@ -32,10 +33,11 @@
 //! interrupt aimed at such a core configured Group 0, and host LPIs kept
 //! in collections of host cores. The build refuses shared cores.
 
-use super::intids::{HOST_FIQ_SGI, VF_VLPI};
+use super::intids::{nic_spi, HOST_FIQ_SGI, VF_VLPI};
 use super::{vtimer_write, ArmCx, ArmExit, ArmScheme, EventClass, ExitAction};
 use crate::engine::Time;
 use crate::hw::arm::cpu_interface::CTLR_EOIMODE;
+use crate::hw::arm::distributor::Route;
 use crate::hw::arm::el2::{El2Controls, HypMode};
 use crate::hw::arm::params::GicParams;
 use crate::hw::arm::priority::Group;
@@ -96,6 +98,17 @@ impl ArmScheme for DidArm {
             cx.m.cpus[core].write_igrpen(Group::G0, true);
         }
         super::kvm_arm::map_vf_to_lpi(cx, vm, VF_VLPI);
+        // A NIC on a wired SPI (the host configured and enabled it: the
+        // platform has one for this VM): GICD_IROUTER names the dedicated
+        // core of the vCPU that takes its interrupts, where the guest
+        // acknowledges the physical SPI itself (IMO = 0) and its EOI
+        // (EOImode 0) deactivates it. Group 1, as the host set it.
+        let spi = nic_spi(vm);
+        if cx.m.dist.bank().is_enabled(spi) {
+            let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
+            let aff = cx.m.params.topology.affinity(core);
+            let _ = cx.m.dist.set_route(spi, Route::Affinity(aff));
+        }
     }
 
     fn vcpu_load(&mut self, cx: &mut ArmCx, vcpu: usize) {
@@ -147,8 +160,9 @@ impl ArmScheme for DidArm {
         ExitAction::Resume
     }
 
-    fn host_irq(&mut self, cx: &mut ArmCx, _core: usize, _intid: u32) {
+    fn host_irq(&mut self, cx: &mut ArmCx, _core: usize, _intid: u32) -> bool {
         cx.charge(cx.costs.host_irq);
+        false
     }
 
     fn flush(&mut self, _cx: &mut ArmCx, _vcpu: usize) {}

@@ -20,14 +20,14 @@
 //!   injects the guest's vLPI in software (one exit per interrupt).
 
 use super::intids::{
-    vf_device, DOORBELL_LPI_BASE, GUEST_RESCHEDULE_SGI, HOST_VF_LPI_BASE, KICK_SGI, PRIORITY,
-    VF_VLPI,
+    vf_device, DOORBELL_LPI_BASE, GUEST_RESCHEDULE_SGI, HOST_VF_LPI_BASE, KICK_SGI, NIC_SPI_BASE,
+    PRIORITY, VF_VLPI,
 };
 use super::{vtimer_write, ApIrq, ArmCx, ArmExit, ArmScheme, EventClass, ExitAction};
 use crate::engine::Time;
 use crate::hw::arm::cpu_interface::{decode_sgi1r, IccReg};
 use crate::hw::arm::el2::{El2Controls, HypMode};
-use crate::hw::arm::intid::{MAINTENANCE_PPI, VTIMER_PPI};
+use crate::hw::arm::intid::{MAINTENANCE_PPI, SPI_LIMIT, VTIMER_PPI};
 use crate::hw::arm::its::{ItsCommand, TYPER_VMAPP};
 use crate::hw::arm::params::GicParams;
 use crate::hw::arm::timer::{CntReg, TimerChannel, CTL_ENABLE, CTL_IMASK};
@@ -292,7 +292,9 @@ pub(super) fn kvm_exit(
 }
 
 /// The host's handler for physical `intid` on `core` under KVM/ARM.
-pub(super) fn kvm_host_irq(cx: &mut ArmCx, core: usize, intid: u32) {
+/// Returns whether it is forwarded to a vCPU (left active for the guest's
+/// EOI to deactivate through a HW = 1 list register).
+pub(super) fn kvm_host_irq(cx: &mut ArmCx, core: usize, intid: u32) -> bool {
     cx.charge(cx.costs.host_irq);
     match intid {
         VTIMER_PPI => {
@@ -305,6 +307,8 @@ pub(super) fn kvm_host_irq(cx: &mut ArmCx, core: usize, intid: u32) {
                 };
                 vgic_inject(cx, v, irq, EventClass::TimerExpiry);
             }
+            // kvm_timer_enable mapped it (kvm_vgic_map_phys_irq).
+            return true;
         }
         // The kick's reschedule IPI and the maintenance interrupt only
         // made the core exit: the flush before entry does the work.
@@ -325,8 +329,30 @@ pub(super) fn kvm_host_irq(cx: &mut ArmCx, core: usize, intid: u32) {
                 vgic_inject(cx, t, irq, EventClass::Device);
             }
         }
+        i if (NIC_SPI_BASE..SPI_LIMIT).contains(&i) => {
+            // A NIC on a wired, level-sensitive SPI, forwarded to the VM
+            // (did-arm.md §2.6 "today, as an SPI", §4.C Fig. 6): the
+            // physical SPI mapped to the virtual one as the arch timer's
+            // PPI is (kvm_vgic_map_phys_irq), so the list register has
+            // HW = 1 and pINTID = the SPI. The host only drops priority;
+            // the SPI stays active, and its level cannot signal again,
+            // until the guest's EOI deactivates it through the LR. The
+            // guest's INTID is the same SPI (intids::nic_spi).
+            let vm = (i - NIC_SPI_BASE) as usize;
+            if vm < cx.hv.vms.len() {
+                let t = cx.hv.device_home(vm);
+                let irq = ApIrq {
+                    vintid: i,
+                    hw: Some(i),
+                    priority: PRIORITY,
+                };
+                vgic_inject(cx, t, irq, EventClass::Device);
+                return true;
+            }
+        }
         _ => {}
     }
+    false
 }
 
 impl ArmScheme for KvmArm {
@@ -393,8 +419,8 @@ impl ArmScheme for KvmArm {
         kvm_exit(cx, vcpu, exit, self.gicv4, self.gicv4_1)
     }
 
-    fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) {
-        kvm_host_irq(cx, core, intid);
+    fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) -> bool {
+        kvm_host_irq(cx, core, intid)
     }
 
     fn flush(&mut self, cx: &mut ArmCx, vcpu: usize) {

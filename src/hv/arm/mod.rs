@@ -65,6 +65,14 @@ pub mod intids {
     pub const fn vf_device(vm: usize) -> u32 {
         vm as u32
     }
+    /// The SPI of VM `vm`'s NIC on a wired line (`net.device =
+    /// "spi-nic"`): this plus `vm`. The guest's device tree names the
+    /// same INTID (KVM forwards virtual SPI n to physical SPI n).
+    pub const NIC_SPI_BASE: u32 = 64;
+    /// VM `vm`'s NIC SPI.
+    pub const fn nic_spi(vm: usize) -> u32 {
+        NIC_SPI_BASE + vm as u32
+    }
 }
 
 /// The exception class of an exit (ESR_EL2.EC), named as `perf kvm stat`
@@ -167,6 +175,8 @@ pub struct ArmCosts {
     pub its_translate: Time,
     /// Physical SGI latency.
     pub sgi_latency: Time,
+    /// A wired device line to its SPI signalled at the CPU interface.
+    pub spi_line: Time,
 }
 
 /// A virtual interrupt KVM holds for a vCPU that is not in a list
@@ -266,8 +276,12 @@ pub trait ArmScheme {
     /// handle_exit.
     fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction;
     /// The host took physical `intid` on `core` (acknowledged; the
-    /// platform writes EOIR after).
-    fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32);
+    /// platform writes EOIR after). Returns whether the interrupt is
+    /// forwarded to a vCPU (Linux's `irqd_is_forwarded_to_vcpu`): the host
+    /// then only drops its priority (EOImode 1, `gic_eoimode1_eoi_irq`)
+    /// and the guest's EOI through a HW = 1 list register deactivates it;
+    /// any other the platform deactivates at once (ICC_DIR_EL1).
+    fn host_irq(&mut self, cx: &mut ArmCx, core: usize, intid: u32) -> bool;
     /// kvm_vgic_flush_hwstate (and the timer's) before entering `vcpu`.
     fn flush(&mut self, cx: &mut ArmCx, vcpu: usize);
     /// kvm_arch_vcpu_runnable: something is pending for a halted `vcpu`.

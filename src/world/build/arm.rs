@@ -9,16 +9,19 @@ use crate::calibration::{ArmCalibration, Calibration};
 use crate::check::Checker;
 use crate::engine::{from_ns, from_s, from_us, EventQueue};
 use crate::hv::arm::intids::PRIORITY;
+use crate::hv::arm::intids::{nic_spi, NIC_SPI_BASE};
 use crate::hv::arm::{ArmCosts, ArmCx, ArmVcpu, EventClass};
 use crate::hv::scheme::Scheme;
 use crate::hv::HvCx;
+use crate::hw::arm::distributor::Route;
 use crate::hw::arm::el2::HypMode;
+use crate::hw::arm::intid::SPI_LIMIT;
 use crate::hw::arm::intid::{MAINTENANCE_PPI, VTIMER_PPI};
 use crate::hw::arm::machine::ArmMachine;
 use crate::hw::arm::params::GicParams;
 use crate::hw::arm::priority::Group;
 use crate::hw::x86::core::CoreMode;
-use crate::scenario::{GicVersionSpec, HypModeSpec, Scenario};
+use crate::scenario::{GicVersionSpec, HypModeSpec, NetDevice, Scenario, SpiAffinitySpec};
 use crate::world::el2::{arch_timer_clockevent, El2World};
 use crate::world::event::Ev;
 use crate::world::{sched, BuildError, World};
@@ -55,6 +58,7 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
         halt_poll: us(&a.kvm.halt_poll_us),
         its_translate: ns(&a.gic.its_translate_ns),
         sgi_latency: ns(&a.gic.sgi_latency_ns),
+        spi_line: ns(&a.gic.spi_line_ns),
     }
 }
 
@@ -90,11 +94,33 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(),
         // vCPU's core: the guest's interrupts wait in the redistributor
         // while it is off (did_arm.rs, vcpu_put).
     }
-    if s.net.device != crate::scenario::NetDevice::Vf {
+    if !s.net.device.nic_rings() {
         return no(
             "net.device",
-            "only the VF (an MSI device through the ITS) is",
+            "only the VF (an MSI device through the ITS) and spi-nic (a NIC on a wired SPI) are",
         );
+    }
+    if s.net.device == NetDevice::SpiNic {
+        let spis = (SPI_LIMIT - NIC_SPI_BASE) as usize;
+        if topo.vms() > spis {
+            return Err(BuildError::Scenario(format!(
+                "`net.device = \"spi-nic\"`: {} VMs, but the GIC has SPIs for {spis} NICs",
+                topo.vms()
+            )));
+        }
+        if scheme == "did-arm" && s.arm.nic_spi_affinity == Some(SpiAffinitySpec::Cpu0) {
+            return Err(BuildError::Scenario(
+                "scheme did-arm: `arm.nic_spi_affinity = \"cpu0\"` is KVM's host setting; \
+                 did-arm routes the NIC's SPI to its vCPU's dedicated core (docs/did-arm.md)"
+                    .into(),
+            ));
+        }
+    } else if s.arm.nic_spi_affinity.is_some() {
+        return Err(BuildError::Scenario(
+            "`arm.nic_spi_affinity` routes the SPI of `net.device = \"spi-nic\"`; \
+             this scenario's NIC is not one"
+                .into(),
+        ));
     }
     if s.vms.iter().any(|v| v.workload.fio.is_some()) {
         return no("workload.fio", "virtio-blk is not modelled on ARM");
@@ -189,6 +215,29 @@ pub(in crate::world) fn build(
             let _ = r.configure(intid, PRIORITY, Group::G1);
         }
     }
+    // A NIC on a wired SPI per VM: the host's driver (VFIO) requested it
+    // level-sensitive (the device holds its line until its driver masks
+    // it), Group 1 at the default priority, routed where
+    // `arm.nic_spi_affinity` says (docs/did-arm.md, "A NIC on a wired
+    // SPI"). The device does not mask itself on an interrupt (VTEIAM
+    // clear): a wire has no message to auto-mask at.
+    let wired = s.net.device == NetDevice::SpiNic;
+    if wired {
+        for vm in 0..nvm {
+            let Some(vf) = devs.vf[vm] else { continue };
+            let core = match s.arm.nic_spi_affinity {
+                Some(SpiAffinitySpec::Cpu0) => 0,
+                _ => hv.vcpus[hv.device_home(vm)].core,
+            };
+            let route = Route::Affinity(am.params.topology.affinity(core));
+            am.dist
+                .configure(nic_spi(vm), PRIORITY, Group::G1, false, route)
+                .map_err(|e| BuildError::Scenario(format!("arm: the NIC's SPI: {e}")))?;
+            m.nic
+                .write_eiam(vf.vf, 0)
+                .map_err(|e| BuildError::Scenario(format!("arm: the NIC: {e}")))?;
+        }
+    }
     let mut vcpus: Vec<ArmVcpu> = (0..nvcpu)
         .map(|v| ArmVcpu {
             ap_list: Vec::with_capacity(32),
@@ -262,6 +311,7 @@ pub(in crate::world) fn build(
         nvm,
         s.guest.timer_vector,
         s.guest.vf_vector,
+        wired,
     );
     let mut w = World::assemble(super::boot::Assembly {
         s,

@@ -44,7 +44,7 @@ impl DeviceMap {
 /// A VM's peers reach it through `net.device`; UDP PacketGen always comes
 /// through the VF.
 fn has_vf(s: &Scenario, w: &WorkloadSpec) -> bool {
-    w.udp.is_some() || (w.peers() && s.net.device == NetDevice::Vf)
+    w.udp.is_some() || (w.peers() && s.net.device.nic_rings())
 }
 
 /// The VF driver's interrupt-throttling parameters (the driver's, from

@@ -64,6 +64,7 @@ fn config(
         did_module,
         vf_vector: s.guest.vf_vector,
         vf: devs.vf[vm].map(|a| a.vf),
+        vf_wired_irq: s.net.device == crate::scenario::NetDevice::SpiNic,
         hz: s.guest.hz,
         tick: s.guest.tick,
         irq_nesting: s.guest.irq_nesting,
