@@ -976,9 +976,16 @@ pub struct VcanalSpec {
     /// machine's last core. Every vCanal VM names the same.
     #[serde(default)]
     pub service_core: Option<usize>,
-    /// Network-pool threads (§7: 8).
+    /// Network-pool threads (§7: 8), each a host thread of its own under
+    /// the host scheduler, on the service core with affinity.
     #[serde(default = "vcanal_pool")]
     pub pool_threads: u16,
+    /// The polling thread gives its core to a waiting pool thread
+    /// (`sched_yield`) after a round that found every channel empty.
+    /// `false`: it spins on, and CFS shares the core between it and the
+    /// pool threads by weight.
+    #[serde(default = "vcanal_yes")]
+    pub poller_yield: bool,
     /// "vCanal w/o Polling" (vcanal.md §3; §7: both directions): libCanal
     /// notifies the host of each request through the helper driver's
     /// doorbell (an I/O-port write, an exit) and the service sleeps while
@@ -998,7 +1005,8 @@ pub struct VcanalSpec {
     /// is "vCanal w/o Affinity" ("default thread scheduling and IRQ
     /// distribution"): the service's thread is a thread of the host
     /// scheduler that may run on any core, starting on `service_core`,
-    /// and the NIC's interrupt goes to `nic_irq_core`.
+    /// as are its pool threads, and the NIC's interrupt goes to
+    /// `nic_irq_core`.
     #[serde(default = "vcanal_yes")]
     pub affinity: bool,
     /// Without affinity: the core the host NIC's queue interrupt lands on.

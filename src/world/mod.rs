@@ -555,6 +555,8 @@ impl World {
             Ev::CanalToPeer => self.canal_to_peer(),
             Ev::CanalToHost => self.canal_to_host(),
             Ev::CanalNicIrq => self.canal_nic_irq(),
+            Ev::CanalPoolStep { thread } => self.canal_pool_step(thread as usize),
+            Ev::CanalSoftirqd => self.canal_softirqd(),
             Ev::CanalPeerTimer { vm } => self.canal_peer_timer(vm as usize),
         }
     }
