@@ -575,16 +575,23 @@ impl HostScheduler {
         (prev, next)
     }
 
-    /// `sched_yield` by the running thread of `core` (`yield_task_fair`
-    /// marks it the skip buddy, so `pick_next_entity` passes over it): if
-    /// another thread waits on the core, the core switches to the leftmost
-    /// waiting one and the yielder waits, still runnable, with its virtual
-    /// runtime unchanged. Returns (previous, next) as [`Self::pick_next`],
-    /// or None when nothing else waits (the yielder runs on).
+    /// `sched_yield` by the running thread of `core`: `yield_task_fair`
+    /// marks it the skip buddy, and `pick_next_entity` passes over it for
+    /// the leftmost waiting thread if that one is not ahead of it by more
+    /// than the wake-up granularity (`wakeup_preempt_entity` < 1), or
+    /// anyway if the waiting one is behind it. The yielder waits, still
+    /// runnable, with its virtual runtime unchanged. Returns (previous,
+    /// next) as [`Self::pick_next`], or None when it runs on (nothing
+    /// else waits, or what waits is too far ahead).
     pub fn yield_curr(&mut self, core: usize, now: Time) -> Option<(Option<Tid>, Option<Tid>)> {
         let prev = self.rqs[core].curr?;
         let (i, next) = self.leftmost(core)?;
         self.update_curr(core, now);
+        let (v_prev, v_next) = (self.threads[prev].vruntime, self.threads[next].vruntime);
+        let gran = calc_delta_fair(self.params.wakeup_granularity, self.threads[next].weight);
+        if v_next > v_prev && v_next - v_prev > gran {
+            return None;
+        }
         self.rqs[core].queued.swap_remove(i);
         self.rqs[core].curr = None;
         let w = self.threads[prev].weight;
@@ -744,14 +751,18 @@ mod tests {
         assert_eq!(s.yield_curr(0, US), None, "nothing waits: no switch");
         assert_eq!(s.current(0), Some(a));
         s.wake(b, 2 * US);
-        // b may be ahead or behind in virtual time: the yield switches anyway.
+        // b is level with a: the yield switches to it.
         assert_eq!(s.yield_curr(0, 3 * US), Some((Some(a), Some(b))));
         assert_eq!(s.current(0), Some(b));
         assert!(s.thread(a).runnable);
         assert_eq!(s.nr_running(0), 2);
-        // b blocks: a runs again.
-        s.block(0, 4 * US);
-        assert_eq!(s.pick_next(0, 4 * US), (None, Some(a)));
+        // b runs a whole latency period: a's yield no longer gives it the
+        // core (b is ahead by more than the wake-up granularity).
+        let t = 3 * US + s.params.latency;
+        s.update_curr(0, t);
+        assert_eq!(s.pick_next(0, t), (Some(b), Some(a)));
+        assert_eq!(s.yield_curr(0, t + US), None);
+        assert_eq!(s.current(0), Some(a));
     }
 
     #[test]

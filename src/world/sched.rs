@@ -39,6 +39,8 @@ pub struct CanalThreads {
     pub allowed: crate::engine::CpuMask,
     /// Network-pool threads.
     pub pool: usize,
+    /// The polling thread's nice level (the pool's is 0).
+    pub poller_nice: i32,
 }
 
 /// The scheduler and what the world keeps about it.
@@ -130,7 +132,7 @@ impl SchedState {
             sched.add_thread(0, crate::engine::CpuMask::single(c), c);
         }
         let canal_pool_n = canal.map_or(0, |c| c.pool);
-        let poller = canal.map(|c| sched.add_thread(0, c.allowed, c.core));
+        let poller = canal.map(|c| sched.add_thread(c.poller_nice, c.allowed, c.core));
         let canal_pool = sched.threads();
         for _ in 0..canal_pool_n {
             if let Some(c) = canal {

@@ -22,10 +22,10 @@
 //!
 //! The polling thread and the pool threads are threads of the host
 //! scheduler (`hv::sched`, CFS), pinned to the service core (§2.1, §3).
-//! The poller never sleeps (it yields its core after a round that found
-//! every channel empty, when a pool thread waits for it); a pool thread
-//! sleeps until a call is issued to it or the host stack wakes it. A
-//! thread's chain of work items stops while it is off its core.
+//! The poller never sleeps (`workload.vcanal.poller_yield` and
+//! `poller_nice` say how it gives way); a pool thread sleeps until a call
+//! is issued to it or the host stack wakes it. A thread's chain of work
+//! items stops while it is off its core.
 //!
 //! The host NIC's interrupts are steered to the service core (§2.1, §3):
 //! frames from the client host wait in its RX ring until its moderated
@@ -334,9 +334,11 @@ pub(super) struct CanalPath {
     /// A `CanalStep` is queued (the polling thread's chain of work items
     /// stops while it is off its core).
     step_queued: bool,
-    /// The poller gives its core to a waiting pool thread after a round
-    /// that found every channel empty (`sched_yield`).
+    /// The poller calls `sched_yield` after a round that found every
+    /// channel empty.
     yields: bool,
+    /// The poller's nice level.
+    poller_nice: i32,
     /// A host thread switch (one of the service's threads switched in
     /// after another thread on its core).
     switch: Time,
@@ -568,7 +570,8 @@ pub(super) fn build(
         .iter()
         .find_map(|v| v.workload.vcanal.as_ref().map(|c| (v, c)));
     let affinity = first.is_none_or(|(_, c)| c.affinity);
-    let yields = first.is_none_or(|(_, c)| c.poller_yield);
+    let yields = first.is_some_and(|(_, c)| c.poller_yield);
+    let poller_nice = first.map_or(0, |(_, c)| c.poller_nice);
     let irq_core = match first {
         Some((v, c)) if !c.affinity => {
             let key = format!("{}.vcanal", v.workload_key);
@@ -666,6 +669,7 @@ pub(super) fn build(
         on_cpu: true,
         step_queued: true,
         yields,
+        poller_nice,
         switch: t_ns(&g.context_switch_ns),
         sched_base: (0, 0, 0),
         pool_base: (0, 0, 0),
@@ -820,6 +824,7 @@ impl CanalPath {
                 crate::engine::CpuMask::EMPTY
             },
             pool: self.pool.len(),
+            poller_nice: self.poller_nice,
         }
     }
 
@@ -966,14 +971,14 @@ impl World {
         }
         c.idle_run = if busy { 0 } else { c.idle_run + 1 };
         let work = stolen + work.max(1);
-        let lat = work + c.dispatch;
         let sleep = c.kicked && c.idle_run >= c.vms.len();
         let yields = c.yields && !busy;
         if !sleep {
             self.q.schedule(now + work, Ev::CanalStep);
             c.step_queued = true;
         }
-        self.canal_wake_pool(lat);
+        // The calls issued go to their threads once the turn is over.
+        self.canal_wake_pool(work);
         self.canal_schedule();
         let poller = self.canal_tid(CanalThread::Poller);
         if sleep {
@@ -1006,7 +1011,9 @@ impl World {
     }
 
     /// Wakes the pool threads given a call or made ready by the host
-    /// stack, each after `lat` (a futex wake and the switch to it).
+    /// stack, `lat` from now; each starts its call once the hand-off
+    /// (`vcanal.pool_dispatch_ns`: a futex wake and the switch to it) is
+    /// over.
     fn canal_wake_pool(&mut self, lat: Time) {
         loop {
             let Some(t) = self.canal.as_deref_mut().and_then(|c| c.to_wake.pop()) else {
@@ -1066,8 +1073,7 @@ impl World {
                 self.q
                     .schedule(at + cost, Ev::CanalPoolStep { thread: t as u16 });
                 self.canal_schedule();
-                let lat = self.canal.as_deref().map_or(0, |c| c.dispatch);
-                self.canal_wake_pool(lat);
+                self.canal_wake_pool(0);
             }
             // Preempted: it runs its call at its next turn on a core.
             Thread::Ready(_) => {}
@@ -1210,8 +1216,7 @@ impl World {
             let at = start + t + c.softirqd_wakeup;
             self.q.schedule(at, Ev::CanalSoftirqd);
         }
-        let lat = c.dispatch;
-        self.canal_wake_pool(lat);
+        self.canal_wake_pool(start + t - now);
         self.canal_schedule();
         start + t - now
     }
@@ -1234,7 +1239,12 @@ impl World {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
-        let switch = c.switch;
+        // Switching back to the poller is a thread switch; to a pool
+        // thread, the hand-off of its call.
+        let switch = match who {
+            CanalThread::Poller => c.switch,
+            CanalThread::Pool(_) => c.dispatch,
+        };
         if measured {
             c.counters.busy += switch;
         }
@@ -2312,6 +2322,124 @@ mod tests {
         // epoll_wait naming a socket index past the host's table.
         let o = host_call(&mut c, wait(ev, 96), Some(9999), None);
         assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+    }
+
+    /// The network pool's threads are host threads of their own (vcanal.md
+    /// §2.4): each call is handed to a pool thread that the scheduler
+    /// switches in, preempting the polling thread on the service core,
+    /// which is switched back in when the thread sleeps. With affinity
+    /// every one of the service's threads may run on the service core
+    /// only; without, on every core. A pool run inline in the poller would
+    /// switch nothing.
+    #[test]
+    fn the_pool_threads_are_scheduled_threads_of_their_own() {
+        let (w, r) = run(STREAM, &[]);
+        let calls = m(&r, "vcanal.host_calls_per_s");
+        assert!(calls > 10_000.0, "{calls}");
+        let pool = m(&r, "vcanal.pool_switches_in_per_s");
+        assert!(pool >= 0.8 * calls, "{pool} switches in for {calls} calls");
+        let poller = m(&r, "vcanal.service_switches_in_per_s");
+        assert!(poller >= 0.5 * calls, "the poller is switched out and back");
+        assert!(m(&r, "vcanal.service_runqueue_wait_pct") > 1.0);
+        assert_eq!(m(&r, "vcanal.pool_migrations_per_s"), 0.0, "pinned");
+        let c = w.canal.as_ref().expect("a vCanal path");
+        let st = w
+            .sched
+            .as_ref()
+            .expect("the service's threads are scheduled");
+        let threads = c.pool.len();
+        assert_eq!(threads, 8, "the default pool");
+        for who in (0..threads)
+            .map(CanalThread::Pool)
+            .chain([CanalThread::Poller])
+        {
+            let t = st.canal_tid(who).expect("a scheduler thread");
+            assert_eq!(
+                st.s.thread(t).allowed,
+                crate::engine::CpuMask::single(c.core),
+                "{who:?}"
+            );
+        }
+        let (w, _) = run(STREAM, &["workload.vcanal.affinity=false"]);
+        let st = w.sched.as_ref().expect("scheduled");
+        let t = st.canal_tid(CanalThread::Pool(7)).expect("pool thread 7");
+        assert_eq!(st.s.thread(t).allowed.count(), 4, "free to run anywhere");
+    }
+
+    /// A call that waits for the host stack blocks its pool thread only:
+    /// with one thread blocked for the whole run on a socket nobody sends
+    /// to, the other threads serve the VM's UDP_RR as before.
+    #[test]
+    fn a_blocked_call_does_not_block_another_pool_thread() {
+        use crate::guest::libcanal::inr::Buf;
+        let mut w = world(RR, &[]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        let silent = c.socks.len();
+        c.socks.push(HostSock::new(0, SlotKind::Dgram, FLOW + 99));
+        let d = Dispatch {
+            vm: 0,
+            inr: 0,
+            call: Call::RecvFrom {
+                fd: 0,
+                buf: Buf {
+                    addr: 0x100_0000,
+                    len: 64,
+                },
+                flags: 0,
+            },
+            socket: Some(silent as HostSocket),
+            kind: Some(SlotKind::Dgram),
+            target: None,
+            new_slot: None,
+            host_port: None,
+        };
+        c.pool[0].state = Thread::Blocked(d);
+        w.run(|_| {});
+        let r = w.report();
+        let c = w.canal.as_ref().expect("a vCanal path");
+        // Woken by every frame for the VM, it tried again and slept again.
+        assert!(
+            matches!(
+                c.pool[0].state,
+                Thread::Blocked(x) | Thread::Ready(x) | Thread::Running { d: x, answer: None, .. }
+                    if x == d
+            ),
+            "{:?}",
+            c.pool[0].state
+        );
+        assert!(m(&r, "udp_rr.transactions") > 100.0);
+        assert!(m(&r, "vcanal.host_blocked_per_s") > 0.0);
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// The host NIC's receive path keeps NAPI's weight (64 frames a poll)
+    /// and `net_rx_action`'s budget (300 frames): past it the rest is left
+    /// for ksoftirqd, whose pass takes it without a hard interrupt.
+    #[test]
+    fn the_receive_path_keeps_napis_weight_and_the_softirq_budget() {
+        let w = world(RR, &[]);
+        let mut c = w.canal.expect("a vCanal path");
+        for _ in 0..400 {
+            c.rx.push_back((0, Frame::udp(FLOW, 1, 0, 0)));
+        }
+        let (t, left) = c.receive(0, true);
+        assert!(left, "budget spent");
+        // Five polls of 64: the fifth takes the budget below zero.
+        assert_eq!(c.counters.napi_polls, 5);
+        assert_eq!(c.rx.len(), 400 - 5 * NAPI_WEIGHT);
+        assert_eq!(c.counters.softirq_deferrals, 1);
+        assert_eq!(c.counters.nic_irqs, 1);
+        let per_frame = c.stack.rx_per_packet;
+        assert_eq!(
+            t,
+            c.stack.nic_irq + 5 * c.stack.napi_poll + 320 * per_frame,
+            "the handler, five polls, 320 frames"
+        );
+        let (_, left) = c.receive(t, false);
+        assert!(!left, "ksoftirqd drains the rest");
+        assert!(c.rx.is_empty());
+        assert_eq!(c.counters.napi_polls, 7, "64 + 16");
+        assert_eq!(c.counters.nic_irqs, 1, "no hard interrupt for it");
     }
 
     /// Same scenario and seed, same run.
