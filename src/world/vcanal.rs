@@ -571,7 +571,7 @@ pub(super) fn build(
         .find_map(|v| v.workload.vcanal.as_ref().map(|c| (v, c)));
     let affinity = first.is_none_or(|(_, c)| c.affinity);
     let yields = first.is_some_and(|(_, c)| c.poller_yield);
-    let poller_nice = first.map_or(0, |(_, c)| c.poller_nice);
+    let poller_nice = first.map_or(0, |(_, c)| i32::from(c.poller_nice));
     let irq_core = match first {
         Some((v, c)) if !c.affinity => {
             let key = format!("{}.vcanal", v.workload_key);
