@@ -701,6 +701,8 @@ const NEEDED: &[(&str, &str)] = &[
     ("whileloop.iterations", "1e9"),
     ("netpipe.msg_bytes", "64"),
     ("memcached.rate_rps", "10000"),
+    // The default service core (the last) would be the one vCPU's.
+    ("vcanal.service_core", "0"),
 ];
 
 /// Every numeric workload key (from the scenario structs, so a new key

@@ -575,6 +575,41 @@ impl HostScheduler {
         (prev, next)
     }
 
+    /// `sched_yield` by the running thread of `core`: `yield_task_fair`
+    /// marks it the skip buddy, and `pick_next_entity` passes over it for
+    /// the leftmost waiting thread if that one is not ahead of it by more
+    /// than the wake-up granularity (`wakeup_preempt_entity` < 1), or
+    /// anyway if the waiting one is behind it. The yielder waits, still
+    /// runnable, with its virtual runtime unchanged. Returns (previous,
+    /// next) as [`Self::pick_next`], or None when it runs on (nothing
+    /// else waits, or what waits is too far ahead).
+    pub fn yield_curr(&mut self, core: usize, now: Time) -> Option<(Option<Tid>, Option<Tid>)> {
+        let prev = self.rqs[core].curr?;
+        let (i, next) = self.leftmost(core)?;
+        self.update_curr(core, now);
+        let (v_prev, v_next) = (self.threads[prev].vruntime, self.threads[next].vruntime);
+        let gran = calc_delta_fair(self.params.wakeup_granularity, self.threads[next].weight);
+        if v_next > v_prev && v_next - v_prev > gran {
+            return None;
+        }
+        self.rqs[core].queued.swap_remove(i);
+        self.rqs[core].curr = None;
+        let w = self.threads[prev].weight;
+        self.rqs[core].load -= w;
+        self.threads[prev].preemptions += 1;
+        self.enqueue(prev, core, now);
+        let th = &mut self.threads[next];
+        if let Some(ws) = th.wait_start.take() {
+            th.wait_time += now.saturating_sub(ws);
+        }
+        th.exec_start = now;
+        th.prev_sum_exec = th.sum_exec;
+        th.switches_in += 1;
+        self.rqs[core].curr = Some(next);
+        self.update_min_vruntime(core);
+        Some((Some(prev), Some(next)))
+    }
+
     /// New-idle balance: move the longest-waiting thread that may run on
     /// `core` from another core's queue.
     fn pull(&mut self, core: usize, now: Time) {
@@ -702,6 +737,32 @@ mod tests {
         assert_eq!(CfsParams::linux44(64).latency, 24 * MS);
         assert_eq!(p1.period(4), 6 * MS);
         assert_eq!(p1.period(10), 10 * 750 * US);
+    }
+
+    /// `sched_yield` hands the core to a waiting thread and leaves the
+    /// yielder runnable, first in line for nothing: alone, it runs on.
+    #[test]
+    fn a_yield_switches_to_a_waiting_thread_only() {
+        let mut s = HostScheduler::new(1);
+        let a = s.add_thread(0, CpuMask::from_bits(1), 0);
+        let b = s.add_thread(0, CpuMask::from_bits(1), 0);
+        s.wake(a, 0);
+        s.pick_next(0, 0);
+        assert_eq!(s.yield_curr(0, US), None, "nothing waits: no switch");
+        assert_eq!(s.current(0), Some(a));
+        s.wake(b, 2 * US);
+        // b is level with a: the yield switches to it.
+        assert_eq!(s.yield_curr(0, 3 * US), Some((Some(a), Some(b))));
+        assert_eq!(s.current(0), Some(b));
+        assert!(s.thread(a).runnable);
+        assert_eq!(s.nr_running(0), 2);
+        // b runs a whole latency period: a's yield no longer gives it the
+        // core (b is ahead by more than the wake-up granularity).
+        let t = 3 * US + s.params.latency;
+        s.update_curr(0, t);
+        assert_eq!(s.pick_next(0, t), (Some(b), Some(a)));
+        assert_eq!(s.yield_curr(0, t + US), None);
+        assert_eq!(s.current(0), Some(a));
     }
 
     #[test]

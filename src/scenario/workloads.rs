@@ -976,9 +976,23 @@ pub struct VcanalSpec {
     /// machine's last core. Every vCanal VM names the same.
     #[serde(default)]
     pub service_core: Option<usize>,
-    /// Network-pool threads (§7: 8).
+    /// Network-pool threads (§7: 8), each a host thread of its own under
+    /// the host scheduler, on the service core with affinity.
     #[serde(default = "vcanal_pool")]
     pub pool_threads: u16,
+    /// The polling thread calls `sched_yield` after a round that found
+    /// every channel empty, so that a pool thread waiting for the core
+    /// gets it (CFS passes over the yielder for a waiting thread within
+    /// the wake-up granularity of it). `false`: it spins on, and a woken
+    /// pool thread that does not preempt it waits for its CFS slice to end.
+    #[serde(default = "vcanal_yes")]
+    pub poller_yield: bool,
+    /// The polling thread's nice level (0..=19; a raised priority is not
+    /// offered). Default 0, a new thread's: with the pool threads on its
+    /// core (affinity), CFS gives the never-sleeping poller its weight's
+    /// share of the core whenever a pool thread has work.
+    #[serde(default)]
+    pub poller_nice: u8,
     /// "vCanal w/o Polling" (vcanal.md §3; §7: both directions): libCanal
     /// notifies the host of each request through the helper driver's
     /// doorbell (an I/O-port write, an exit) and the service sleeps while
@@ -998,7 +1012,8 @@ pub struct VcanalSpec {
     /// is "vCanal w/o Affinity" ("default thread scheduling and IRQ
     /// distribution"): the service's thread is a thread of the host
     /// scheduler that may run on any core, starting on `service_core`,
-    /// and the NIC's interrupt goes to `nic_irq_core`.
+    /// as are its pool threads, and the NIC's interrupt goes to
+    /// `nic_irq_core`.
     #[serde(default = "vcanal_yes")]
     pub affinity: bool,
     /// Without affinity: the core the host NIC's queue interrupt lands on.
@@ -1028,6 +1043,7 @@ impl VcanalSpec {
     pub fn validate(&self, at: &str) -> Result<(), ScenarioError> {
         within(at, "poll_budget", self.poll_budget, 1, 1_000_000)?;
         within(at, "pool_threads", self.pool_threads, 1, MAX_VCANAL_POOL)?;
+        within(at, "poller_nice", self.poller_nice, 0, 19)?;
         if let Some(c) = self.service_core {
             within(at, "service_core", c, 0, 63)?;
         }

@@ -181,6 +181,11 @@ pub enum Ev {
     /// The vCanal host NIC's moderated receive interrupt fires (stale if
     /// it is not the one armed).
     CanalNicIrq,
+    /// A vCanal network-pool thread's work item ended, or it was switched
+    /// in.
+    CanalPoolStep { thread: u16 },
+    /// ksoftirqd runs the host receive path a softirq left over (vCanal).
+    CanalSoftirqd,
     /// A vCanal VM's client host's timer.
     CanalPeerTimer {
         /// The VM.

@@ -541,7 +541,14 @@ impl World {
                     self.vm_exit(core, ExitInfo::PreemptionTimer, None);
                 }
             }
-            Ev::GuestPoke { vcpu } => self.look_again(vcpu as usize),
+            Ev::GuestPoke { vcpu } => {
+                let vcpu = vcpu as usize;
+                if self.runs_kernel_cpu(vcpu) {
+                    let core = self.hv.vcpus[vcpu].core;
+                    self.pause_guest(core);
+                    self.guest_run(core);
+                }
+            }
             Ev::Deschedule { vcpu } => self.deschedule(vcpu as usize),
             Ev::Reschedule { vcpu } => self.reschedule(vcpu as usize),
             Ev::SchedTick { core } => self.sched_tick(core as usize),
@@ -565,6 +572,8 @@ impl World {
             Ev::CanalToPeer => self.canal_to_peer(),
             Ev::CanalToHost => self.canal_to_host(),
             Ev::CanalNicIrq => self.canal_nic_irq(),
+            Ev::CanalPoolStep { thread } => self.canal_pool_step(thread as usize),
+            Ev::CanalSoftirqd => self.canal_softirqd(),
             Ev::CanalPeerTimer { vm } => self.canal_peer_timer(vm as usize),
         }
     }
@@ -1044,10 +1053,20 @@ impl World {
             let Some(&vcpu) = self.hv.vms[vm].vcpus.get(c) else {
                 continue;
             };
-            let core = self.hv.vcpus[vcpu].core;
-            if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+            if self.runs_kernel_cpu(vcpu) {
                 self.q.schedule_in(0, Ev::GuestPoke { vcpu: vcpu as u16 });
             }
+        }
+    }
+
+    /// `vcpu`'s core runs its kernel CPU now: in guest mode, or on bare
+    /// metal (a native SMP kernel's CPUs are its cores).
+    fn runs_kernel_cpu(&self, vcpu: usize) -> bool {
+        let core = self.hv.vcpus[vcpu].core;
+        match self.m.cores[core].mode {
+            CoreMode::Guest { vcpu: v } => v == vcpu,
+            CoreMode::Native { kernel } => kernel == self.hv.vcpus[vcpu].vm,
+            _ => false,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::guest::app::Metrics;
 use crate::hv::sched::{HostScheduler, Tid, Wake};
 use crate::hw::x86::core::CoreMode;
 use crate::scenario::Scenario;
+use crate::world::vcanal::CanalThread;
 
 /// A vCPU thread as the scheduler is given it.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +25,22 @@ pub struct VcpuThread {
     pub core: usize,
     /// The cores it may run on (bit i = core i).
     pub allowed: crate::engine::CpuMask,
+}
+
+/// The vCanal service's threads as the scheduler is given them: the
+/// polling thread and the network pool's threads, each a thread of its
+/// own (vcanal.md §2.4).
+#[derive(Clone, Copy, Debug)]
+pub struct CanalThreads {
+    /// The service core: where they start.
+    pub core: usize,
+    /// The cores they may run on (with affinity the service core; without,
+    /// every core: `CpuMask::EMPTY`).
+    pub allowed: crate::engine::CpuMask,
+    /// Network-pool threads.
+    pub pool: usize,
+    /// The polling thread's nice level (the pool's is 0).
+    pub poller_nice: i32,
 }
 
 /// The scheduler and what the world keeps about it.
@@ -47,8 +64,11 @@ pub struct SchedState {
     /// Threads from `io_base` on are vhost workers: the worker of each.
     io_base: Tid,
     io_workers: Vec<usize>,
-    /// The vCanal service's thread when it floats ("w/o Affinity").
+    /// The vCanal service's polling thread, then its pool threads from
+    /// `canal_pool` (`canal_pool_n` of them).
     canal: Option<Tid>,
+    canal_pool: Tid,
+    canal_pool_n: usize,
     /// Per vCPU: reported as a lost wake-up.
     stalled: Vec<bool>,
     /// vCPU loads on a core other than the one their VMCS was on.
@@ -65,13 +85,12 @@ impl SchedState {
     /// the burners, then the vhost workers (of `io_cores`, one entry per
     /// worker) that share their core with another thread; a worker alone
     /// on its core runs whenever it has work, outside the scheduler. Last,
-    /// the vCanal service's thread when it is not pinned (`canal`: the
-    /// core it starts on); it may run on every core.
+    /// the vCanal service's polling thread and its pool threads.
     pub fn build(
         s: &Scenario,
         vcpus: &[VcpuThread],
         io_cores: &[usize],
-        canal: Option<usize>,
+        canal: Option<CanalThreads>,
         tick: Time,
     ) -> Option<SchedState> {
         let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
@@ -112,7 +131,15 @@ impl SchedState {
             let c = io_cores[w];
             sched.add_thread(0, crate::engine::CpuMask::single(c), c);
         }
-        let canal = canal.map(|c| sched.add_thread(0, crate::engine::CpuMask::EMPTY, c));
+        let canal_pool_n = canal.map_or(0, |c| c.pool);
+        let poller = canal.map(|c| sched.add_thread(c.poller_nice, c.allowed, c.core));
+        let canal_pool = sched.threads();
+        for _ in 0..canal_pool_n {
+            if let Some(c) = canal {
+                sched.add_thread(0, c.allowed, c.core);
+            }
+        }
+        let canal = poller;
         Some(SchedState {
             s: sched,
             switch_to: vec![None; s.machine.cores],
@@ -128,6 +155,8 @@ impl SchedState {
             io_base,
             io_workers: io_shared,
             canal,
+            canal_pool,
+            canal_pool_n,
         })
     }
 
@@ -142,9 +171,27 @@ impl SchedState {
             .and_then(|i| self.io_workers.get(i).copied())
     }
 
-    /// The floating vCanal service's thread, if any.
+    /// The vCanal service's polling thread, if any.
     pub(super) fn canal_thread(&self) -> Option<Tid> {
         self.canal
+    }
+
+    /// The scheduler thread of the vCanal service's thread `who`.
+    pub(super) fn canal_tid(&self, who: CanalThread) -> Option<Tid> {
+        match who {
+            CanalThread::Poller => self.canal,
+            CanalThread::Pool(i) => (i < self.canal_pool_n).then_some(self.canal_pool + i),
+        }
+    }
+
+    /// Which of the vCanal service's threads scheduler thread `t` is.
+    pub(super) fn canal_of(&self, t: Tid) -> Option<CanalThread> {
+        if self.canal == Some(t) {
+            return Some(CanalThread::Poller);
+        }
+        t.checked_sub(self.canal_pool)
+            .filter(|&i| i < self.canal_pool_n)
+            .map(CanalThread::Pool)
     }
 
     /// A vCPU was loaded on a core other than its VMCS's.
@@ -261,17 +308,17 @@ impl World {
             next.and_then(|n| st.io_worker(n)),
         );
         let (prev_canal, next_canal) = (
-            prev.is_some() && prev == st.canal,
-            next.is_some() && next == st.canal,
+            prev.and_then(|p| st.canal_of(p)),
+            next.and_then(|n| st.canal_of(n)),
         );
         if let Some(w) = prev_io {
             self.vhost_switched_out(w);
         }
-        if prev_canal {
-            self.canal_switched_out();
+        if let Some(who) = prev_canal {
+            self.canal_switched_out(who);
         }
-        if next_canal {
-            self.canal_switched_in(core, 0);
+        if let Some(who) = next_canal {
+            self.canal_switched_in(who, core, 0);
         }
         if let Some(p) = prev.filter(|&p| p < vcpus) {
             self.deschedule(p);
@@ -448,9 +495,12 @@ impl World {
             self.reschedule(n);
         } else if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(n)) {
             self.vhost_switched_in(w, 0);
-        } else if let Some(st) = self.sched.as_ref().filter(|st| st.canal == Some(n)) {
-            let core = st.s.thread(n).core;
-            self.canal_switched_in(core, 0);
+        } else if let Some((who, core)) = self
+            .sched
+            .as_ref()
+            .and_then(|st| st.canal_of(n).map(|who| (who, st.s.thread(n).core)))
+        {
+            self.canal_switched_in(who, core, 0);
         }
     }
 
@@ -485,8 +535,8 @@ impl World {
                         .schedule(now + lat, Ev::Reschedule { vcpu: tid as u16 });
                 } else if let Some(w) = st.io_worker(tid) {
                     self.vhost_switched_in(w, lat);
-                } else if st.canal == Some(tid) {
-                    self.canal_switched_in(core, lat);
+                } else if let Some(who) = st.canal_of(tid) {
+                    self.canal_switched_in(who, core, lat);
                 }
             }
             Some(Wake::Preempt { core }) => {
@@ -507,6 +557,46 @@ impl World {
         self.trace_sched_of(tid);
     }
 
+    /// Host thread `tid` goes to sleep: it blocks if it runs, or leaves
+    /// the run queue it waits in (it was preempted while its last work
+    /// item finished).
+    pub(super) fn sched_sleep_thread(&mut self, tid: Tid) {
+        let now = self.q.now();
+        let Some(st) = &mut self.sched else { return };
+        let core = st.s.thread(tid).core;
+        if st.s.current(core) == Some(tid) {
+            self.sched_block_thread(tid);
+        } else {
+            st.s.dequeue(tid, now);
+        }
+    }
+
+    /// `sched_yield` by running host thread `tid`: its core switches to
+    /// another waiting thread, if there is one. Returns whether it did.
+    pub(super) fn sched_yield_thread(&mut self, tid: Tid) -> bool {
+        let now = self.q.now();
+        let vcpus = self.hv.vcpus.len();
+        let Some(st) = &mut self.sched else {
+            return false;
+        };
+        let core = st.s.thread(tid).core;
+        if st.s.current(core) != Some(tid) {
+            return false;
+        }
+        let Some((_, next)) = st.s.yield_curr(core, now) else {
+            return false;
+        };
+        if let Some(who) = st.canal_of(tid) {
+            self.canal_switched_out(who);
+        }
+        if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(tid)) {
+            self.vhost_switched_out(w);
+        }
+        self.switched_to(next, vcpus);
+        self.trace_sched(core);
+        true
+    }
+
     fn sched_block_host_thread(&mut self, tid: Tid) {
         let now = self.q.now();
         let vcpus = self.hv.vcpus.len();
@@ -516,12 +606,12 @@ impl World {
             return;
         }
         st.s.block(core, now);
-        let canal = st.canal == Some(tid);
+        let canal = st.canal_of(tid);
         if let Some(w) = st.io_worker(tid) {
             self.vhost_switched_out(w);
         }
-        if canal {
-            self.canal_switched_out();
+        if let Some(who) = canal {
+            self.canal_switched_out(who);
         }
         let Some(st) = &mut self.sched else { return };
         let (_, next) = st.s.pick_next(core, now);

@@ -9,8 +9,9 @@
 //! 2. the service core's polling thread gives the VMs turns in the channel
 //!    scheduler's order (`hv::vcanal::service::Service::turn`): it copies
 //!    and checks each INR, translates binds, and issues the VM's queued
-//!    calls to idle network-pool threads ([`Ev::CanalStep`]);
-//! 3. a pool thread runs the call on the host's stack: the same TCP model
+//!    calls to idle network-pool threads, waking each ([`Ev::CanalStep`]);
+//! 3. a pool thread, a host thread of its own under the host scheduler
+//!    ([`Ev::CanalPoolStep`]), runs the call on the host's stack: the same TCP model
 //!    the guests use ([`Tcp`]), or a UDP socket queue, whose frames cross
 //!    the host NIC and the 10 GbE link to the client host ([`PeerHost`]);
 //!    a call that must wait (send buffer full, nothing to receive) blocks
@@ -19,24 +20,31 @@
 //!    the waiter asked for an interrupt (`want_irq`), the completion
 //!    interrupt is raised through the scheme like a back end's irqfd.
 //!
+//! The polling thread and the pool threads are threads of the host
+//! scheduler (`hv::sched`, CFS), pinned to the service core (§2.1, §3).
+//! The poller never sleeps (`workload.vcanal.poller_yield` and
+//! `poller_nice` say how it gives way); a pool thread sleeps until a call
+//! is issued to it or the host stack wakes it. A thread's chain of work
+//! items stops while it is off its core.
+//!
 //! The host NIC's interrupts are steered to the service core (§2.1, §3):
 //! frames from the client host wait in its RX ring until its moderated
 //! interrupt fires (`workload.vcanal.host_nic_itr`: ixgbe's adaptive
-//! interval by default, as the client host's NIC), and are taken there,
-//! between the service's work items (a NIC interrupt, NAPI and the
-//! protocol per frame).
+//! interval by default, as the client host's NIC). The interrupt is a host
+//! vector (`hv::host::HOST_NIC_VECTOR`): ixgbe's handler and NAPI's
+//! softirq run the frames up the host stack at once on the core that took
+//! it, in polls of at most 64 frames and within `net_rx_action`'s budget
+//! (300 frames, 2 ms); what is left waits for ksoftirqd.
 //!
 //! "vCanal w/o Affinity" (`workload.vcanal.affinity = false`, §3): the
-//! service's thread is a host-scheduler thread that may run on any core
-//! (its chain of work items stops while it is off a core), and the NIC's
-//! interrupt goes to `nic_irq_core` as a host vector, where the receive
-//! path runs in the interrupted context (a vCPU's external-interrupt
-//! exit, or an idle core).
+//! service's threads may run on any core, and the NIC's interrupt goes to
+//! `nic_irq_core`, where the receive path runs in the interrupted context
+//! (a vCPU's external-interrupt exit, or a core in host mode).
 //!
-//! Simplifications (named, not hidden): the service core's polling
-//! thread, its pool threads and its NIC softirq share the core in arrival
-//! order, as one FIFO of work items (without affinity: one floating
-//! thread), rather than as separate threads under the host scheduler;
+//! Simplifications (named, not hidden): an interrupt taken while one of
+//! the service's threads runs delays that thread's next work item, not the
+//! one in flight; ksoftirqd's pass runs after a wake-up as interrupt-context
+//! time, not as a thread of its own;
 //! netperf's connect() takes a connection already established. The HTTP
 //! server's connections either are established before the run and queued
 //! on its listener (ab -k), or, without keep-alive (ab's default), each of
@@ -121,7 +129,6 @@ struct HostStack {
     xmit: Time,
     napi_poll: Time,
     nic_irq: Time,
-    pool_dispatch: Time,
     accept: Time,
     epoll_event: Time,
     /// A SYN on a passive socket, the final ACK, and close() past the
@@ -184,15 +191,58 @@ const EPOLL_INTEREST: usize = 64;
 /// `MSG_DONTWAIT`, as libCanal passes it in a recv's flags.
 const MSG_DONTWAIT: u32 = crate::workloads::vcanal_http::MSG_DONTWAIT;
 
-/// A network-pool thread.
+/// What a network-pool thread is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Thread {
+    /// Asleep, waiting for a call.
     Idle,
-    /// Has a call to run (just issued, or woken).
+    /// Has a call to run (just issued, or woken): runnable.
     Ready(Dispatch),
-    /// Its call waits for the host stack.
+    /// The work item of its call runs. When it ends, the answer is written
+    /// (`answer`), or the thread sleeps until the host stack wakes it
+    /// (None); `again`: the host stack already did (a wake-up during the
+    /// item, as `prepare_to_wait` then re-checking would see), so it tries
+    /// again at once.
+    Running {
+        d: Dispatch,
+        answer: Option<(Outcome, Option<SockAddr>)>,
+        again: bool,
+    },
+    /// Asleep: its call waits for the host stack.
     Blocked(Dispatch),
 }
+
+/// A network-pool thread: a host thread of its own (vcanal.md §2.4).
+#[derive(Clone, Copy, Debug)]
+struct PoolThread {
+    state: Thread,
+    /// Current on a core.
+    on_cpu: bool,
+    /// A `CanalPoolStep` for it is queued.
+    step_queued: bool,
+}
+
+/// One of the vCanal service's host threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CanalThread {
+    /// The polling thread (channel scheduler and translator).
+    Poller,
+    /// Network-pool thread `i`.
+    Pool(usize),
+}
+
+/// NAPI's weight of the host NIC's queue: frames one poll may take
+/// (ixgbe's `netif_napi_add(..., 64)`).
+const NAPI_WEIGHT: usize = 64;
+
+/// `net_rx_action`'s budget for one softirq: `netdev_budget` frames over
+/// every poll (Linux 3.5: 300) ...
+const NETDEV_BUDGET: usize = 300;
+
+/// ... and its time limit (Linux 3.5: `jiffies + 2`, 2 ms at HZ=1000;
+/// `netdev_budget_usecs` = 2000 from 4.12). Past either, the softirq is
+/// raised again and ksoftirqd takes it.
+const SOFTIRQ_TIME: Time = 2 * crate::engine::MS;
 
 /// One vCanal VM.
 struct CanalVm {
@@ -222,6 +272,9 @@ struct Counters {
     rx_frames: u64,
     tx_frames: u64,
     nic_irqs: u64,
+    /// NAPI polls, and softirqs that ran out of budget (left to ksoftirqd).
+    napi_polls: u64,
+    softirq_deferrals: u64,
 }
 
 /// The vCanal path of the machine.
@@ -235,8 +288,13 @@ pub(super) struct CanalPath {
     /// Stands for a VM without a channel in its (idle) turns.
     no_mem: GuestMemory,
     socks: Vec<HostSock>,
-    threads: Vec<Thread>,
-    ready: VecDeque<usize>,
+    /// The network pool's threads.
+    pool: Vec<PoolThread>,
+    /// Pool threads the host stack made ready, to wake.
+    to_wake: Vec<usize>,
+    /// The latency of handing a call to a sleeping pool thread (a futex
+    /// wake and the switch to it).
+    dispatch: Time,
     issued: Vec<Dispatch>,
     /// Frames the host NIC received, not yet processed.
     rx: VecDeque<(usize, Frame)>,
@@ -261,35 +319,44 @@ pub(super) struct CanalPath {
     idle_run: usize,
     /// Waking the sleeping service thread.
     wakeup: Time,
-    /// A call whose work item is running: its thread, the call, and the
-    /// answer to write when the item ends.
-    finishing: Option<(usize, Dispatch, Outcome, Option<SockAddr>)>,
     /// Each VM's service totals at the end of the warm-up.
     stats_base: Vec<crate::hv::vcanal::service::VmStats>,
     /// The host NIC's receive interrupt moderation.
     nic: NicItr,
-    /// "w/o Affinity" (§3): the service's thread is a host-scheduler
-    /// thread that may run on any core ([`Self::floating`]); the NIC's
-    /// interrupt goes to `irq_core` and its receive path runs there.
-    /// None: pinned to `core`, with the NIC's interrupts (the default).
-    irq_core: Option<usize>,
-    /// The floating service thread is on a core now.
+    /// The service's threads are pinned to `core` (§2.1), or ("w/o
+    /// Affinity", §3) may run on every core.
+    affinity: bool,
+    /// The core the NIC's interrupt goes to, where its receive path runs:
+    /// the service core, or ("w/o Affinity") `nic_irq_core`.
+    irq_core: usize,
+    /// The polling thread is on a core now.
     on_cpu: bool,
-    /// A `CanalStep` is queued (the floating thread's chain of work items
+    /// A `CanalStep` is queued (the polling thread's chain of work items
     /// stops while it is off its core).
     step_queued: bool,
-    /// A host thread switch (the floating thread switched in after another
-    /// thread on its core).
+    /// The poller calls `sched_yield` after a round that found every
+    /// channel empty.
+    yields: bool,
+    /// The poller's nice level.
+    poller_nice: i32,
+    /// A host thread switch (one of the service's threads switched in
+    /// after another thread on its core).
     switch: Time,
-    /// The floating thread's (migrations, switches in, run-queue wait) at
-    /// the end of the warm-up.
+    /// The poller's and the pool's (migrations, switches in, run-queue
+    /// wait) at the end of the warm-up.
     sched_base: (u64, u64, Time),
-    /// Without affinity: when the receive path last taken on `irq_core`
-    /// ends (an interrupt taken on an idle core, whose time the world does
-    /// not model, waits for the one before), and its time in the measured
-    /// interval.
+    pool_base: (u64, u64, Time),
+    /// When the receive path last taken on `irq_core` ends (the next
+    /// interrupt's waits for it), and its time in the measured interval.
     irq_busy_until: Time,
     irq_busy: Time,
+    /// Receive-path time taken on `irq_core` while one of the service's
+    /// threads ran there: its next work item starts that much later.
+    stolen: Time,
+    /// ksoftirqd's wake-up (the softirq left over for it).
+    softirqd_wakeup: Time,
+    /// A ksoftirqd pass is queued.
+    softirqd_queued: bool,
 }
 
 /// The service host NIC's receive interrupt throttle (82599/X520 EITR, as
@@ -499,10 +566,13 @@ pub(super) fn build(
     let nvm = vms.len();
     // "w/o Affinity": the first vCanal VM's setting for the machine's one
     // service (every vCanal VM shares it).
-    let irq_core = match views
+    let first = views
         .iter()
-        .find_map(|v| v.workload.vcanal.as_ref().map(|c| (v, c)))
-    {
+        .find_map(|v| v.workload.vcanal.as_ref().map(|c| (v, c)));
+    let affinity = first.is_none_or(|(_, c)| c.affinity);
+    let yields = first.is_some_and(|(_, c)| c.poller_yield);
+    let poller_nice = first.map_or(0, |(_, c)| i32::from(c.poller_nice));
+    let irq_core = match first {
         Some((v, c)) if !c.affinity => {
             let key = format!("{}.vcanal", v.workload_key);
             if c.kick {
@@ -517,9 +587,9 @@ pub(super) fn build(
                     s.machine.cores
                 ));
             }
-            Some(irq)
+            irq
         }
-        _ => None,
+        _ => core,
     };
     Ok(Some(CanalPath {
         service: Service::new(nvm, ServiceParams::default()),
@@ -534,7 +604,6 @@ pub(super) fn build(
             xmit: t_ns(&g.vf_xmit_ns),
             napi_poll: t_ns(&g.napi_poll_base_ns),
             nic_irq: t_us(&cal.host.irq_handler_us),
-            pool_dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
             accept: t_ns(&cal.vcanal.host_accept_ns),
             epoll_event: t_ns(&cal.vcanal.host_epoll_event_ns),
             conn_request: t_ns(&g.tcp_conn_request_ns),
@@ -552,8 +621,16 @@ pub(super) fn build(
             v.extend(http_socks);
             v
         },
-        threads: vec![Thread::Idle; pool],
-        ready: VecDeque::with_capacity(pool),
+        pool: vec![
+            PoolThread {
+                state: Thread::Idle,
+                on_cpu: false,
+                step_queued: false,
+            };
+            pool
+        ],
+        to_wake: Vec::with_capacity(pool),
+        dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
         issued: Vec::with_capacity(pool),
         rx: VecDeque::with_capacity(1024),
         to_peer: VecDeque::with_capacity(1024),
@@ -567,7 +644,6 @@ pub(super) fn build(
         unsched_host: 0,
         counters: Counters::default(),
         stats_base: vec![Default::default(); nvm],
-        finishing: None,
         kicked: views
             .iter()
             .any(|v| v.workload.vcanal.as_ref().is_some_and(|c| c.kick)),
@@ -588,13 +664,20 @@ pub(super) fn build(
         asleep: false,
         idle_run: 0,
         wakeup: t_us(&cal.vhost.wakeup_us),
+        affinity,
         irq_core,
         on_cpu: true,
         step_queued: true,
+        yields,
+        poller_nice,
         switch: t_ns(&g.context_switch_ns),
         sched_base: (0, 0, 0),
+        pool_base: (0, 0, 0),
         irq_busy_until: 0,
         irq_busy: 0,
+        stolen: 0,
+        softirqd_wakeup: t_us(&cal.vhost.wakeup_us),
+        softirqd_queued: false,
     }))
 }
 
@@ -730,10 +813,19 @@ impl CanalPath {
         self.vms.get_mut(vm)?.as_mut().map(|v| &mut v.mem)
     }
 
-    /// The service's thread floats under the host scheduler ("w/o
-    /// Affinity").
-    pub(super) fn floating(&self) -> bool {
-        self.irq_core.is_some()
+    /// The service's threads as the host scheduler is given them: pinned
+    /// to the service core, or ("w/o Affinity") free.
+    pub(super) fn sched_threads(&self) -> crate::world::sched::CanalThreads {
+        crate::world::sched::CanalThreads {
+            core: self.core,
+            allowed: if self.affinity {
+                crate::engine::CpuMask::single(self.core)
+            } else {
+                crate::engine::CpuMask::EMPTY
+            },
+            pool: self.pool.len(),
+            poller_nice: self.poller_nice,
+        }
     }
 
     /// Wire time of a frame (a GSO packet: its train of MSS frames).
@@ -778,15 +870,50 @@ impl World {
         self.q.schedule(0, Ev::CanalStep);
     }
 
-    /// The service core finished its last work item: the next one.
-    /// Interrupts from the host NIC come first (it takes them between
-    /// items), then pool threads with work, then a polling turn.
+    /// The scheduler thread of the service's thread `who`.
+    fn canal_tid(&self, who: CanalThread) -> Option<crate::hv::sched::Tid> {
+        self.sched.as_ref().and_then(|st| st.canal_tid(who))
+    }
+
+    /// The core the service's thread `who` is on (or last ran on).
+    fn canal_core_of(&self, who: CanalThread) -> Option<usize> {
+        let st = self.sched.as_ref()?;
+        st.canal_tid(who).map(|t| st.s.thread(t).core)
+    }
+
+    /// Receive-path time taken on the NIC's core while one of the
+    /// service's threads ran there, which a work item of `who` starting
+    /// now waits for.
+    fn canal_take_stolen(&mut self, who: CanalThread) -> Time {
+        let core = self.canal_core_of(who);
+        let Some(c) = self.canal.as_deref_mut() else {
+            return 0;
+        };
+        if core == Some(c.irq_core) {
+            std::mem::take(&mut c.stolen)
+        } else {
+            0
+        }
+    }
+
+    /// The polling thread finished its last work item: unless it was
+    /// switched out meanwhile, the next one, a polling turn (vcanal.md
+    /// §2.4): the calls it takes go to idle pool threads, which it wakes.
     pub(super) fn canal_step(&mut self) {
         let now = self.q.now();
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
         c.step_queued = false;
+        if !c.on_cpu || c.asleep {
+            // Preempted while the item ran: the next waits for its next
+            // turn on a core.
+            return;
+        }
+        let stolen = self.canal_take_stolen(CanalThread::Poller);
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
         // The host stack's TCP timers (the sender's retransmission).
         for s in 0..c.socks.len() {
             if let Some(tcp) = &mut c.socks[s].tcp {
@@ -795,81 +922,169 @@ impl World {
                 }
             }
         }
-        // The call the last item ran is answered now that it ended; the VM
-        // to interrupt, if a waiter asked for it.
-        let irq = c.finish();
+        let start = now + stolen;
         let mut turn_irq = None;
         let mut work = 0;
         for s in 0..c.socks.len() {
-            work += c.flush(s, now + work);
+            work += c.flush(s, start + work);
         }
-        let busy = if c.rx_due() {
-            work += c.receive(now + work);
-            true
-        } else if let Some(t) = c.ready.pop_front() {
-            work += c.run_thread(t, now + work);
-            true
-        } else {
-            let vm = c.service.next_vm();
-            let idle = c.threads.iter().filter(|t| **t == Thread::Idle).count();
-            c.issued.clear();
-            let issued = &mut c.issued;
-            let mem = match c.vms.get_mut(vm) {
-                Some(Some(v)) => &mut v.mem,
-                _ => &mut c.no_mem,
-            };
-            let r = c.service.turn(mem, idle, |d| issued.push(d));
-            c.counters.turns += 1;
-            match r {
-                Ok(r) => {
-                    work += c.costs.turn(&r);
-                    if r.irqs > 0 {
-                        // Answers written in the turn (refused INRs).
-                        turn_irq = Some(vm);
-                    }
-                    // The turn issued at most `idle` calls: each finds an
-                    // idle thread.
-                    for i in 0..c.issued.len() {
-                        let d = c.issued[i];
-                        let t = c.threads.iter().position(|t| *t == Thread::Idle);
-                        debug_assert!(t.is_some(), "more calls issued than idle threads");
-                        if let Some(t) = t {
-                            c.threads[t] = Thread::Ready(d);
-                            c.ready.push_back(t);
-                        }
-                    }
-                    if r.idle() {
-                        c.counters.idle_turns += 1;
-                    }
-                    !r.idle()
+        let vm = c.service.next_vm();
+        let idle = c.pool.iter().filter(|t| t.state == Thread::Idle).count();
+        c.issued.clear();
+        let issued = &mut c.issued;
+        let mem = match c.vms.get_mut(vm) {
+            Some(Some(v)) => &mut v.mem,
+            _ => &mut c.no_mem,
+        };
+        let r = c.service.turn(mem, idle, |d| issued.push(d));
+        c.counters.turns += 1;
+        let busy = match r {
+            Ok(r) => {
+                work += c.costs.turn(&r);
+                if r.irqs > 0 {
+                    // Answers written in the turn (refused INRs).
+                    turn_irq = Some(vm);
                 }
-                Err(_) => {
-                    work += c.costs.idle_poll_round;
-                    false
+                // The turn issued at most `idle` calls: each finds an
+                // idle thread, woken once the turn is over.
+                for i in 0..c.issued.len() {
+                    let d = c.issued[i];
+                    let t = c.pool.iter().position(|t| t.state == Thread::Idle);
+                    debug_assert!(t.is_some(), "more calls issued than idle threads");
+                    if let Some(t) = t {
+                        c.pool[t].state = Thread::Ready(d);
+                        c.to_wake.push(t);
+                    }
                 }
+                if r.idle() {
+                    c.counters.idle_turns += 1;
+                }
+                !r.idle()
+            }
+            Err(_) => {
+                work += c.costs.idle_poll_round;
+                false
             }
         };
         if busy && now >= self.measure_start {
             c.counters.busy += work;
         }
         c.idle_run = if busy { 0 } else { c.idle_run + 1 };
-        let work = work.max(1);
-        if c.kicked && c.idle_run >= c.vms.len() && c.ready.is_empty() && !c.rx_due() {
-            // Every channel came up empty: the service thread sleeps
-            // until a doorbell or the NIC wakes it.
-            c.asleep = true;
-        } else if c.on_cpu {
+        let work = stolen + work.max(1);
+        let sleep = c.kicked && c.idle_run >= c.vms.len();
+        let yields = c.yields && !busy;
+        if !sleep {
             self.q.schedule(now + work, Ev::CanalStep);
             c.step_queued = true;
         }
-        // Off its core (a floating thread preempted while the item ran):
-        // the next item waits for its next turn on a core.
+        // The calls issued go to their threads once the turn is over.
+        self.canal_wake_pool(work);
         self.canal_schedule();
-        for vm in irq.into_iter().chain(turn_irq) {
-            if let Some(c) = &mut self.canal {
-                c.counters.irqs += 1;
+        let poller = self.canal_tid(CanalThread::Poller);
+        if sleep {
+            // Every channel came up empty: the service thread sleeps
+            // until a doorbell wakes it ("w/o Polling").
+            if let Some(c) = self.canal.as_deref_mut() {
+                c.asleep = true;
             }
-            self.irqfd(vm, COMPLETION_VECTOR);
+            if let Some(t) = poller {
+                self.sched_sleep_thread(t);
+            }
+        } else if yields {
+            // An empty round: a pool thread waiting for the core gets it
+            // (the item just queued is a yield's return, not a turn).
+            if let Some(t) = poller {
+                self.sched_yield_thread(t);
+            }
+        }
+        if let Some(vm) = turn_irq {
+            self.canal_completion_irq(vm);
+        }
+    }
+
+    /// The helper driver's completion interrupt for VM `vm`.
+    fn canal_completion_irq(&mut self, vm: usize) {
+        if let Some(c) = &mut self.canal {
+            c.counters.irqs += 1;
+        }
+        self.irqfd(vm, COMPLETION_VECTOR);
+    }
+
+    /// Wakes the pool threads given a call or made ready by the host
+    /// stack, `lat` from now; each starts its call once the hand-off
+    /// (`vcanal.pool_dispatch_ns`: a futex wake and the switch to it) is
+    /// over.
+    fn canal_wake_pool(&mut self, lat: Time) {
+        loop {
+            let Some(t) = self.canal.as_deref_mut().and_then(|c| c.to_wake.pop()) else {
+                return;
+            };
+            match self.canal_tid(CanalThread::Pool(t)) {
+                Some(tid) => self.sched_wake_thread(tid, lat),
+                // No scheduler (a unit test's world): it runs at once.
+                None => self.canal_switched_in(CanalThread::Pool(t), 0, lat),
+            }
+        }
+    }
+
+    /// Pool thread `t`'s work item ended, or it was switched in: the
+    /// answer of the call that ran is written; a ready call runs (while
+    /// the thread is on a core); otherwise the thread sleeps.
+    pub(super) fn canal_pool_step(&mut self, t: usize) {
+        let now = self.q.now();
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        let Some(p) = c.pool.get_mut(t) else {
+            return;
+        };
+        p.step_queued = false;
+        let mut irq = None;
+        match p.state {
+            Thread::Running {
+                answer: Some(_), ..
+            } => irq = c.finish(t),
+            Thread::Running {
+                d,
+                answer: None,
+                again,
+            } => {
+                p.state = if again {
+                    Thread::Ready(d)
+                } else {
+                    Thread::Blocked(d)
+                };
+            }
+            _ => {}
+        }
+        let p = c.pool[t];
+        match p.state {
+            Thread::Ready(_) if p.on_cpu => {
+                let stolen = self.canal_take_stolen(CanalThread::Pool(t));
+                let Some(c) = self.canal.as_deref_mut() else {
+                    return;
+                };
+                let at = now + stolen;
+                let cost = c.run_thread(t, at).max(1);
+                if now >= self.measure_start {
+                    c.counters.busy += cost;
+                }
+                c.pool[t].step_queued = true;
+                self.q
+                    .schedule(at + cost, Ev::CanalPoolStep { thread: t as u16 });
+                self.canal_schedule();
+                self.canal_wake_pool(0);
+            }
+            // Preempted: it runs its call at its next turn on a core.
+            Thread::Ready(_) => {}
+            _ => {
+                if let Some(tid) = self.canal_tid(CanalThread::Pool(t)) {
+                    self.sched_sleep_thread(tid);
+                }
+            }
+        }
+        if let Some(vm) = irq {
+            self.canal_completion_irq(vm);
         }
     }
 
@@ -911,7 +1126,8 @@ impl World {
     }
 
     /// The head frame from the client host reaches the host NIC: it waits
-    /// for the service core (the NIC's interrupt is steered there).
+    /// in the RX ring for the NIC's interrupt (at once when it is not
+    /// moderated).
     pub(super) fn canal_to_host(&mut self) {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
@@ -919,23 +1135,18 @@ impl World {
         if let Some((_, vm, f)) = c.to_host.pop_front() {
             c.rx.push_back((vm, f));
         }
-        if c.irq_core.is_some() && !c.nic.moderated() {
+        if !c.nic.moderated() {
             return self.canal_raise_nic_irq();
         }
-        if c.nic.moderated() {
-            if c.nic.armed.is_none() && !c.nic.fired {
-                let now = self.q.now();
-                let at = c.nic.last.map_or(now, |t| t + c.nic.current()).max(now);
-                c.nic.armed = Some(at);
-                self.q.schedule(at, Ev::CanalNicIrq);
-            }
-            return;
+        if c.nic.armed.is_none() && !c.nic.fired {
+            let now = self.q.now();
+            let at = c.nic.last.map_or(now, |t| t + c.nic.current()).max(now);
+            c.nic.armed = Some(at);
+            self.q.schedule(at, Ev::CanalNicIrq);
         }
-        self.canal_wake();
     }
 
-    /// The host NIC's moderated receive interrupt fires: the service core
-    /// takes it after its current work item.
+    /// The host NIC's moderated receive interrupt fires.
     pub(super) fn canal_nic_irq(&mut self) {
         let now = self.q.now();
         let Some(c) = self.canal.as_deref_mut() else {
@@ -946,16 +1157,14 @@ impl World {
         }
         c.nic.armed = None;
         c.nic.fired = true;
-        if c.irq_core.is_some() {
-            return self.canal_raise_nic_irq();
-        }
-        self.canal_wake();
+        self.canal_raise_nic_irq();
     }
 
-    /// "w/o Affinity": the NIC's MSI-X goes to its core as a host vector;
-    /// on a vCPU's core it costs that vCPU an external-interrupt exit.
+    /// The NIC's MSI-X goes to its core as a host vector: the service core
+    /// (§2.1), or without affinity `nic_irq_core`, where on a vCPU's core
+    /// it costs that vCPU an external-interrupt exit.
     fn canal_raise_nic_irq(&mut self) {
-        let Some(core) = self.canal.as_ref().and_then(|c| c.irq_core) else {
+        let Some(core) = self.canal.as_ref().map(|c| c.irq_core) else {
             return;
         };
         self.q.schedule_in(
@@ -968,52 +1177,116 @@ impl World {
         );
     }
 
-    /// Host code on `core` took the host NIC's interrupt ("w/o Affinity";
-    /// in an exit, between exit steps or on an idle core): ixgbe's handler
-    /// and its NAPI poll run the frames up the host stack there, as the
-    /// softirq runs where the interrupt came in. Returns the time charged.
-    pub(super) fn canal_host_nic_irq(&mut self, _core: usize) -> Time {
+    /// Host code on `core` took the host NIC's interrupt (in an exit,
+    /// between exit steps, or in host mode): ixgbe's handler and its NAPI
+    /// softirq run the frames up the host stack there, at once, after the
+    /// receive path taken before. A thread of the service running there
+    /// is delayed by it. Returns the time charged.
+    pub(super) fn canal_host_nic_irq(&mut self, core: usize) -> Time {
+        self.canal_softirq(core, true)
+    }
+
+    /// The receive path on `core`: the hard interrupt's (`irq`), or
+    /// ksoftirqd's pass over what the last softirq left.
+    fn canal_softirq(&mut self, core: usize, irq: bool) -> Time {
         let now = self.q.now();
+        let service_thread_on = self
+            .sched
+            .as_ref()
+            .is_some_and(|st| st.s.current(core).is_some_and(|t| st.canal_of(t).is_some()));
         let Some(c) = self.canal.as_deref_mut() else {
             return 0;
         };
-        if c.irq_core.is_none() {
-            return 0;
-        }
         let start = now.max(c.irq_busy_until);
-        let t = c.receive(start);
+        let (t, left) = c.receive(start, irq);
         c.irq_busy_until = start + t;
         if now >= self.measure_start {
             c.irq_busy += t;
+            if c.affinity && core == c.core {
+                c.counters.busy += t;
+            }
         }
-        // Pool threads it made ready run on the service's thread.
+        if service_thread_on {
+            c.stolen += t;
+        }
+        if left && !c.softirqd_queued {
+            // net_rx_action ran out of budget: ksoftirqd is woken for the
+            // rest.
+            c.softirqd_queued = true;
+            let at = start + t + c.softirqd_wakeup;
+            self.q.schedule(at, Ev::CanalSoftirqd);
+        }
+        self.canal_wake_pool(start + t - now);
         self.canal_schedule();
         start + t - now
     }
 
-    /// The floating service thread was switched in on `core`, `lat`
-    /// after now (a wake-up), or after a thread switch.
-    pub(super) fn canal_switched_in(&mut self, _core: usize, lat: Time) {
+    /// ksoftirqd runs the receive path the softirq left over.
+    pub(super) fn canal_softirqd(&mut self) {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
-        c.on_cpu = true;
-        if !c.step_queued && !c.asleep {
-            c.step_queued = true;
-            let at = self.q.now() + lat.max(c.switch);
-            self.q.schedule(at, Ev::CanalStep);
+        c.softirqd_queued = false;
+        let core = c.irq_core;
+        self.canal_softirq(core, false);
+    }
+
+    /// The service's thread `who` was switched in on `core`, `lat` after
+    /// now (a wake-up), or after a thread switch.
+    pub(super) fn canal_switched_in(&mut self, who: CanalThread, _core: usize, lat: Time) {
+        let now = self.q.now();
+        let measured = now >= self.measure_start;
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        // Switching back to the poller is a thread switch; to a pool
+        // thread, the hand-off of its call.
+        let switch = match who {
+            CanalThread::Poller => c.switch,
+            CanalThread::Pool(_) => c.dispatch,
+        };
+        if measured {
+            c.counters.busy += switch;
+        }
+        let at = now + lat.max(switch);
+        match who {
+            CanalThread::Poller => {
+                c.on_cpu = true;
+                if !c.step_queued && !c.asleep {
+                    c.step_queued = true;
+                    self.q.schedule(at, Ev::CanalStep);
+                }
+            }
+            CanalThread::Pool(t) => {
+                let Some(p) = c.pool.get_mut(t) else {
+                    return;
+                };
+                p.on_cpu = true;
+                if !p.step_queued {
+                    p.step_queued = true;
+                    self.q.schedule(at, Ev::CanalPoolStep { thread: t as u16 });
+                }
+            }
         }
     }
 
-    /// The floating service thread was switched out.
-    pub(super) fn canal_switched_out(&mut self) {
-        if let Some(c) = self.canal.as_deref_mut() {
-            c.on_cpu = false;
+    /// The service's thread `who` was switched out.
+    pub(super) fn canal_switched_out(&mut self, who: CanalThread) {
+        let Some(c) = self.canal.as_deref_mut() else {
+            return;
+        };
+        match who {
+            CanalThread::Poller => c.on_cpu = false,
+            CanalThread::Pool(t) => {
+                if let Some(p) = c.pool.get_mut(t) {
+                    p.on_cpu = false;
+                }
+            }
         }
     }
 
-    /// The scheduler started: the floating service thread is on a core
-    /// (`on`) or waits in a run queue.
+    /// The scheduler started: the polling thread is on a core (`on`) or
+    /// waits in a run queue.
     pub(super) fn canal_thread_started(&mut self, on: bool) {
         if let Some(c) = self.canal.as_deref_mut() {
             c.on_cpu = on;
@@ -1030,16 +1303,19 @@ impl World {
         }
     }
 
-    /// Wakes the sleeping service thread.
+    /// Wakes the sleeping polling thread ("w/o Polling").
     fn canal_wake(&mut self) {
+        let poller = self.canal_tid(CanalThread::Poller);
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
         if std::mem::take(&mut c.asleep) {
             c.idle_run = 0;
-            c.step_queued = true;
-            let at = self.q.now() + c.wakeup;
-            self.q.schedule(at, Ev::CanalStep);
+            let lat = c.wakeup;
+            match poller {
+                Some(t) => self.sched_wake_thread(t, lat),
+                None => self.canal_switched_in(CanalThread::Poller, 0, lat),
+            }
         }
     }
 
@@ -1121,21 +1397,28 @@ impl World {
         out.insert("vcanal.host_rx_frames_per_s".into(), k.rx_frames as f64 / s);
         out.insert("vcanal.host_tx_frames_per_s".into(), k.tx_frames as f64 / s);
         out.insert("vcanal.host_nic_irqs_per_s".into(), k.nic_irqs as f64 / s);
-        if c.irq_core.is_some() {
+        out.insert("vcanal.napi_polls_per_s".into(), k.napi_polls as f64 / s);
+        out.insert(
+            "vcanal.softirq_deferrals_per_s".into(),
+            k.softirq_deferrals as f64 / s,
+        );
+        if !c.affinity {
             out.insert(
                 "vcanal.nic_irq_core_busy_pct".into(),
                 100.0 * c.irq_busy as f64 / (s * crate::engine::SEC as f64),
             );
         }
-        // The floating service thread under the host scheduler.
-        if let Some((st, t)) = self
-            .sched
-            .as_ref()
-            .and_then(|st| st.canal_thread().map(|t| (st, t)))
-        {
+        // The service's threads under the host scheduler: the poller's by
+        // the `service_` names, the pool's summed over its threads.
+        let Some(st) = self.sched.as_ref() else {
+            return;
+        };
+        let now = self.q.now();
+        let pct = |w: f64| 100.0 * w / (s * crate::engine::SEC as f64);
+        if let Some(t) = st.canal_thread() {
             let th = st.s.thread(t);
             let (m0, s0, w0) = c.sched_base;
-            let waited = st.s.waited(t, self.q.now()).saturating_sub(w0) as f64;
+            let waited = st.s.waited(t, now).saturating_sub(w0) as f64;
             out.insert(
                 "vcanal.service_migrations_per_s".into(),
                 th.migrations.saturating_sub(m0) as f64 / s,
@@ -1144,11 +1427,22 @@ impl World {
                 "vcanal.service_switches_in_per_s".into(),
                 th.switches_in.saturating_sub(s0) as f64 / s,
             );
-            out.insert(
-                "vcanal.service_runqueue_wait_pct".into(),
-                100.0 * waited / (s * crate::engine::SEC as f64),
-            );
+            out.insert("vcanal.service_runqueue_wait_pct".into(), pct(waited));
         }
+        let (m, sw, w) = canal_pool_totals(st, c.pool.len(), now);
+        let (m0, s0, w0) = c.pool_base;
+        out.insert(
+            "vcanal.pool_migrations_per_s".into(),
+            m.saturating_sub(m0) as f64 / s,
+        );
+        out.insert(
+            "vcanal.pool_switches_in_per_s".into(),
+            sw.saturating_sub(s0) as f64 / s,
+        );
+        out.insert(
+            "vcanal.pool_runqueue_wait_pct".into(),
+            pct(w.saturating_sub(w0) as f64),
+        );
     }
 
     /// The end of the warm-up.
@@ -1160,9 +1454,17 @@ impl World {
                 (th.migrations, th.switches_in, st.s.waited(t, now))
             })
         });
+        let pool = self.canal.as_ref().map_or(0, |c| c.pool.len());
+        let pool_base = self
+            .sched
+            .as_ref()
+            .map(|st| canal_pool_totals(st, pool, now));
         if let Some(c) = &mut self.canal {
             if let Some(b) = base {
                 c.sched_base = b;
+            }
+            if let Some(b) = pool_base {
+                c.pool_base = b;
             }
             c.irq_busy = 0;
             c.counters = Counters::default();
@@ -1174,6 +1476,24 @@ impl World {
             }
         }
     }
+}
+
+/// The pool threads' (migrations, switches in, run-queue wait), summed.
+fn canal_pool_totals(
+    st: &crate::world::sched::SchedState,
+    pool: usize,
+    now: Time,
+) -> (u64, u64, Time) {
+    (0..pool)
+        .filter_map(|i| st.canal_tid(CanalThread::Pool(i)))
+        .fold((0, 0, 0), |(m, s, w), t| {
+            let th = st.s.thread(t);
+            (
+                m + th.migrations,
+                s + th.switches_in,
+                w + st.s.waited(t, now),
+            )
+        })
 }
 
 impl CanalPath {
@@ -1222,88 +1542,122 @@ impl CanalPath {
         t - at
     }
 
-    /// The host NIC's interrupt on the service core and its NAPI poll:
-    /// every frame waiting goes up the host stack; pool threads waiting
-    /// on those sockets wake. Returns the time it took.
-    fn receive(&mut self, at: Time) -> Time {
-        self.counters.nic_irqs += 1;
-        self.nic.fired = false;
-        self.nic.last = Some(at);
-        if let Some(st) = &mut self.nic.state {
-            for (_, f) in &self.rx {
-                st.count(f.len());
-            }
-        }
-        let mut t = at + self.stack.nic_irq + self.stack.napi_poll;
-        while let Some((vm, f)) = self.rx.pop_front() {
-            self.counters.rx_frames += 1;
-            // A connection of several goes to its flow's socket; the one
-            // flow of a stream or datagram socket to the VM's.
-            let Some(s) = self.vms.get(vm).and_then(|v| v.as_ref()).and_then(|v| {
-                match f.flow.checked_sub(FLOW).map(usize::from) {
-                    Some(k) if !v.flow_socks.is_empty() => v.flow_socks.get(k).copied(),
-                    _ => v.sock,
-                }
-            }) else {
-                // No socket for it (yet): dropped, as Linux drops a
-                // datagram to an unbound port.
-                t += self.stack.rx_per_packet;
-                continue;
-            };
-            let s = s as usize;
-            match f.transport {
-                Transport::Tcp(seg) => {
-                    t += self.stack.tcp_rx_segment;
-                    let sock = &mut self.socks[s];
-                    if let Some(tcp) = &mut sock.tcp {
-                        let before = tcp.state();
-                        tcp.on_segment(seg, t);
-                        let after = tcp.state();
-                        if after == TcpState::SynReceived && before != after {
-                            t += self.stack.conn_request;
-                        } else if before == TcpState::SynReceived && after != before {
-                            // tcp_v4_syn_recv_sock: onto the listener's
-                            // accept queue.
-                            t += self.stack.syn_recv_sock;
-                            sock.queued_for = sock.accept_port;
-                        }
-                    }
-                    t += self.flush(s, t);
-                }
-                Transport::Udp { .. } | Transport::Icmp { .. } => {
-                    t += self.stack.rx_per_packet;
-                    if let Some(d) = Datagram::of(&f) {
-                        let q = &mut self.socks[s].udp_rx;
-                        if q.len() < crate::workloads::peer::PEER_UDP_RCVBUF_DATAGRAMS {
-                            q.push_back(d);
-                        }
-                    }
+    /// The host NIC's receive path from `at`: its interrupt handler (`irq`;
+    /// not for ksoftirqd's pass) and NAPI's polls (`net_rx_action`), each
+    /// taking at most [`NAPI_WEIGHT`] waiting frames up the host stack,
+    /// until the ring is empty or the softirq's budget ([`NETDEV_BUDGET`]
+    /// frames, [`SOFTIRQ_TIME`]) is spent; pool threads waiting on those
+    /// sockets are made ready. Returns the time it took and whether frames
+    /// were left for ksoftirqd.
+    fn receive(&mut self, at: Time, irq: bool) -> (Time, bool) {
+        let mut t = at;
+        if irq {
+            self.counters.nic_irqs += 1;
+            self.nic.fired = false;
+            self.nic.last = Some(at);
+            if let Some(st) = &mut self.nic.state {
+                for (_, f) in &self.rx {
+                    st.count(f.len());
                 }
             }
-            self.wake(vm);
+            t += self.stack.nic_irq;
         }
+        let mut budget = NETDEV_BUDGET;
+        let left = loop {
+            t += self.stack.napi_poll;
+            self.counters.napi_polls += 1;
+            let mut work = 0;
+            while work < NAPI_WEIGHT {
+                let Some((vm, f)) = self.rx.pop_front() else {
+                    break;
+                };
+                work += 1;
+                t += self.receive_frame(vm, f, t);
+            }
+            budget = budget.saturating_sub(work);
+            if work < NAPI_WEIGHT {
+                // napi_complete: the ring is drained.
+                break false;
+            }
+            if budget == 0 || t - at >= SOFTIRQ_TIME {
+                self.counters.softirq_deferrals += 1;
+                break true;
+            }
+        };
         // After napi_complete the driver updates the interval.
-        if let (Some(st), Some((p, _))) = (&mut self.nic.state, self.nic.adaptive) {
+        if let (false, Some(st), Some((p, _))) = (left, &mut self.nic.state, self.nic.adaptive) {
             st.update(&p);
         }
+        (t - at, left)
+    }
+
+    /// One frame up the host stack at `t`, to its socket: the time it took.
+    fn receive_frame(&mut self, vm: usize, f: Frame, t: Time) -> Time {
+        self.counters.rx_frames += 1;
+        let at = t;
+        let mut t = t;
+        // A connection of several goes to its flow's socket; the one
+        // flow of a stream or datagram socket to the VM's.
+        let Some(s) = self.vms.get(vm).and_then(|v| v.as_ref()).and_then(|v| {
+            match f.flow.checked_sub(FLOW).map(usize::from) {
+                Some(k) if !v.flow_socks.is_empty() => v.flow_socks.get(k).copied(),
+                _ => v.sock,
+            }
+        }) else {
+            // No socket for it (yet): dropped, as Linux drops a
+            // datagram to an unbound port.
+            return self.stack.rx_per_packet;
+        };
+        let s = s as usize;
+        match f.transport {
+            Transport::Tcp(seg) => {
+                t += self.stack.tcp_rx_segment;
+                let sock = &mut self.socks[s];
+                if let Some(tcp) = &mut sock.tcp {
+                    let before = tcp.state();
+                    tcp.on_segment(seg, t);
+                    let after = tcp.state();
+                    if after == TcpState::SynReceived && before != after {
+                        t += self.stack.conn_request;
+                    } else if before == TcpState::SynReceived && after != before {
+                        // tcp_v4_syn_recv_sock: onto the listener's
+                        // accept queue.
+                        t += self.stack.syn_recv_sock;
+                        sock.queued_for = sock.accept_port;
+                    }
+                }
+                t += self.flush(s, t);
+            }
+            Transport::Udp { .. } | Transport::Icmp { .. } => {
+                t += self.stack.rx_per_packet;
+                if let Some(d) = Datagram::of(&f) {
+                    let q = &mut self.socks[s].udp_rx;
+                    if q.len() < crate::workloads::peer::PEER_UDP_RCVBUF_DATAGRAMS {
+                        q.push_back(d);
+                    }
+                }
+            }
+        }
+        self.wake(vm);
         t - at
     }
 
-    /// Frames wait and the NIC's interrupt for them is up (at once when
-    /// it is not moderated).
-    fn rx_due(&self) -> bool {
-        // Without affinity the NIC's interrupt is taken on its own core.
-        self.irq_core.is_none() && !self.rx.is_empty() && (self.nic.fired || !self.nic.moderated())
-    }
-
-    /// Pool threads blocked on `vm`'s calls try again.
+    /// Pool threads blocked on `vm`'s calls try again: each is made ready
+    /// and queued to be woken (`to_wake`); one whose call is running will
+    /// try again when its item ends.
     fn wake(&mut self, vm: usize) {
-        for t in 0..self.threads.len() {
-            if let Thread::Blocked(d) = self.threads[t] {
-                if d.vm == vm {
-                    self.threads[t] = Thread::Ready(d);
-                    self.ready.push_back(t);
+        for t in 0..self.pool.len() {
+            match &mut self.pool[t].state {
+                Thread::Blocked(d) if d.vm == vm => {
+                    self.pool[t].state = Thread::Ready(*d);
+                    self.to_wake.push(t);
                 }
+                Thread::Running {
+                    d,
+                    answer: None,
+                    again,
+                } if d.vm == vm => *again = true,
+                _ => {}
             }
         }
     }
@@ -1311,11 +1665,13 @@ impl CanalPath {
     /// Runs pool thread `t`'s call at `at`. Returns the time it took; the
     /// answer is written when that time is over ([`Self::finish`]).
     fn run_thread(&mut self, t: usize, at: Time) -> Time {
-        let Thread::Ready(d) = self.threads[t] else {
+        let Thread::Ready(d) = self.pool[t].state else {
             return 0;
         };
         let st = self.stack;
-        let mut cost = st.pool_dispatch + st.syscall;
+        // The hand-off to this thread (a futex wake and a switch) is the
+        // scheduler's; the thread's own work starts with the system call.
+        let mut cost = st.syscall;
         let outcome = match d.call {
             Call::Socket { ty, .. } => {
                 let id = self.socks.len() as HostSocket;
@@ -1532,16 +1888,24 @@ impl CanalPath {
         self.counters.calls += 1;
         let Some((outcome, peer)) = outcome else {
             // The call waits for the host stack (a full send buffer,
-            // nothing received): the thread sleeps until its receive
-            // path wakes it.
-            self.threads[t] = Thread::Blocked(d);
+            // nothing received): once the item ends the thread sleeps
+            // until its receive path wakes it.
+            self.pool[t].state = Thread::Running {
+                d,
+                answer: None,
+                again: false,
+            };
             self.counters.blocked += 1;
             return cost;
         };
         cost += self.costs.completion_write;
         // The thread stays busy until its work item ends; the answer is
         // written then (`finish`), not before the call has run.
-        self.finishing = Some((t, d, outcome, peer));
+        self.pool[t].state = Thread::Running {
+            d,
+            answer: Some((outcome, peer)),
+            again: false,
+        };
         cost
     }
 
@@ -1593,12 +1957,19 @@ impl CanalPath {
         Ok(n)
     }
 
-    /// The work item that ran a call ended: its thread writes the answer
-    /// into the INR and goes idle. Returns the VM to interrupt, if its
-    /// waiter asked for it.
-    fn finish(&mut self) -> Option<usize> {
-        let (t, d, outcome, peer) = self.finishing.take()?;
-        self.threads[t] = Thread::Idle;
+    /// The work item that ran pool thread `t`'s call ended: it writes the
+    /// answer into the INR and goes idle. Returns the VM to interrupt, if
+    /// its waiter asked for it.
+    fn finish(&mut self, t: usize) -> Option<usize> {
+        let Thread::Running {
+            d,
+            answer: Some((outcome, peer)),
+            ..
+        } = self.pool[t].state
+        else {
+            return None;
+        };
+        self.pool[t].state = Thread::Idle;
         let irq = match self.vms.get_mut(d.vm) {
             Some(Some(v)) => self
                 .service
@@ -1809,14 +2180,16 @@ mod tests {
             new_slot: None,
             host_port: None,
         };
-        c.threads[0] = Thread::Ready(d);
+        c.pool[0].state = Thread::Ready(d);
         c.run_thread(0, 0);
-        if matches!(c.threads[0], Thread::Blocked(_)) {
-            c.threads[0] = Thread::Idle;
-            return None;
+        let state = std::mem::replace(&mut c.pool[0].state, Thread::Idle);
+        match state {
+            Thread::Running {
+                answer: Some((o, _)),
+                ..
+            } => Some(o),
+            _ => None,
         }
-        c.threads[0] = Thread::Idle;
-        c.finishing.take().map(|(_, _, o, _)| o)
     }
 
     fn new_sock(c: &mut CanalPath, call: crate::guest::libcanal::inr::InrCall) -> HostSocket {
@@ -1949,6 +2322,124 @@ mod tests {
         // epoll_wait naming a socket index past the host's table.
         let o = host_call(&mut c, wait(ev, 96), Some(9999), None);
         assert_eq!(o, Some(Outcome::Failed(Errno::Einval)));
+    }
+
+    /// The network pool's threads are host threads of their own (vcanal.md
+    /// §2.4): each call is handed to a pool thread that the scheduler
+    /// switches in, preempting the polling thread on the service core,
+    /// which is switched back in when the thread sleeps. With affinity
+    /// every one of the service's threads may run on the service core
+    /// only; without, on every core. A pool run inline in the poller would
+    /// switch nothing.
+    #[test]
+    fn the_pool_threads_are_scheduled_threads_of_their_own() {
+        let (w, r) = run(STREAM, &[]);
+        let calls = m(&r, "vcanal.host_calls_per_s");
+        assert!(calls > 10_000.0, "{calls}");
+        let pool = m(&r, "vcanal.pool_switches_in_per_s");
+        assert!(pool >= 0.8 * calls, "{pool} switches in for {calls} calls");
+        let poller = m(&r, "vcanal.service_switches_in_per_s");
+        assert!(poller >= 0.5 * calls, "the poller is switched out and back");
+        assert!(m(&r, "vcanal.service_runqueue_wait_pct") > 1.0);
+        assert_eq!(m(&r, "vcanal.pool_migrations_per_s"), 0.0, "pinned");
+        let c = w.canal.as_ref().expect("a vCanal path");
+        let st = w
+            .sched
+            .as_ref()
+            .expect("the service's threads are scheduled");
+        let threads = c.pool.len();
+        assert_eq!(threads, 8, "the default pool");
+        for who in (0..threads)
+            .map(CanalThread::Pool)
+            .chain([CanalThread::Poller])
+        {
+            let t = st.canal_tid(who).expect("a scheduler thread");
+            assert_eq!(
+                st.s.thread(t).allowed,
+                crate::engine::CpuMask::single(c.core),
+                "{who:?}"
+            );
+        }
+        let (w, _) = run(STREAM, &["workload.vcanal.affinity=false"]);
+        let st = w.sched.as_ref().expect("scheduled");
+        let t = st.canal_tid(CanalThread::Pool(7)).expect("pool thread 7");
+        assert_eq!(st.s.thread(t).allowed.count(), 4, "free to run anywhere");
+    }
+
+    /// A call that waits for the host stack blocks its pool thread only:
+    /// with one thread blocked for the whole run on a socket nobody sends
+    /// to, the other threads serve the VM's UDP_RR as before.
+    #[test]
+    fn a_blocked_call_does_not_block_another_pool_thread() {
+        use crate::guest::libcanal::inr::Buf;
+        let mut w = world(RR, &[]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        let silent = c.socks.len();
+        c.socks.push(HostSock::new(0, SlotKind::Dgram, FLOW + 99));
+        let d = Dispatch {
+            vm: 0,
+            inr: 0,
+            call: Call::RecvFrom {
+                fd: 0,
+                buf: Buf {
+                    addr: 0x100_0000,
+                    len: 64,
+                },
+                flags: 0,
+            },
+            socket: Some(silent as HostSocket),
+            kind: Some(SlotKind::Dgram),
+            target: None,
+            new_slot: None,
+            host_port: None,
+        };
+        c.pool[0].state = Thread::Blocked(d);
+        w.run(|_| {});
+        let r = w.report();
+        let c = w.canal.as_ref().expect("a vCanal path");
+        // Woken by every frame for the VM, it tried again and slept again.
+        assert!(
+            matches!(
+                c.pool[0].state,
+                Thread::Blocked(x) | Thread::Ready(x) | Thread::Running { d: x, answer: None, .. }
+                    if x == d
+            ),
+            "{:?}",
+            c.pool[0].state
+        );
+        assert!(m(&r, "udp_rr.transactions") > 100.0);
+        assert!(m(&r, "vcanal.host_blocked_per_s") > 0.0);
+        assert_eq!(r.violations(), 0);
+    }
+
+    /// The host NIC's receive path keeps NAPI's weight (64 frames a poll)
+    /// and `net_rx_action`'s budget (300 frames): past it the rest is left
+    /// for ksoftirqd, whose pass takes it without a hard interrupt.
+    #[test]
+    fn the_receive_path_keeps_napis_weight_and_the_softirq_budget() {
+        let w = world(RR, &[]);
+        let mut c = w.canal.expect("a vCanal path");
+        for _ in 0..400 {
+            c.rx.push_back((0, Frame::udp(FLOW, 1, 0, 0)));
+        }
+        let (t, left) = c.receive(0, true);
+        assert!(left, "budget spent");
+        // Five polls of 64: the fifth takes the budget below zero.
+        assert_eq!(c.counters.napi_polls, 5);
+        assert_eq!(c.rx.len(), 400 - 5 * NAPI_WEIGHT);
+        assert_eq!(c.counters.softirq_deferrals, 1);
+        assert_eq!(c.counters.nic_irqs, 1);
+        let per_frame = c.stack.rx_per_packet;
+        assert_eq!(
+            t,
+            c.stack.nic_irq + 5 * c.stack.napi_poll + 320 * per_frame,
+            "the handler, five polls, 320 frames"
+        );
+        let (_, left) = c.receive(t, false);
+        assert!(!left, "ksoftirqd drains the rest");
+        assert!(c.rx.is_empty());
+        assert_eq!(c.counters.napi_polls, 7, "64 + 16");
+        assert_eq!(c.counters.nic_irqs, 1, "no hard interrupt for it");
     }
 
     /// Same scenario and seed, same run.

@@ -290,6 +290,22 @@ impl World {
                 if r == msr::ICR {
                     self.guest_ipi_sent(k, value, now);
                 }
+                // A native kernel knows its CPUs' APIC IDs (the MADT's):
+                // CPU n's is the core's own, not n as in a VM's virtual
+                // x2APIC.
+                let value = match vmcs {
+                    None if r == msr::ICR => {
+                        let vm = self.hv.vcpus[k].vm;
+                        match self.hv.vcpu_by_apic_id(vm, (value >> 32) as u32) {
+                            Some(t) => {
+                                let id = self.m.cores[self.hv.vcpus[t].core].apic_id;
+                                (u64::from(id) << 32) | (value & 0xFFFF_FFFF)
+                            }
+                            None => value,
+                        }
+                    }
+                    _ => value,
+                };
                 (r, value, None)
             }
             // VMCALL exits unconditionally in non-root mode (SDM 25.1.2);

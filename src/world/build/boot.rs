@@ -261,8 +261,9 @@ pub(in crate::world) fn power_on(
             w.pv.as_ref()
                 .map(|pv| pv.workers.iter().map(|k| k.core).collect())
                 .unwrap_or_default();
-        // "vCanal w/o Affinity": the service's thread floats, from its core.
-        let canal = w.canal.as_ref().filter(|c| c.floating()).map(|c| c.core);
+        // vCanal's polling thread and network pool: pinned to the service
+        // core, or ("w/o Affinity") free to run on every core.
+        let canal = w.canal.as_ref().map(|c| c.sched_threads());
         w.sched = sched::SchedState::build(s, &vcpus, &io_cores, canal, tick).map(Box::new);
         w.sched_io_threads();
         w.sched_start();

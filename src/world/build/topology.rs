@@ -85,8 +85,12 @@ impl<'s> Topology<'s> {
                 "allowed_cores needs a hypervisor (bare metal runs its kernel on its core)",
             );
         }
-        if !virtualized && vcpus.len() > 1 {
-            return refuse("SMP guests on bare metal are not modelled");
+        // A native SMP kernel runs one CPU per core of `cores`; its IPIs
+        // go to those cores' own APIC IDs (`World::vmx_op` on bare metal).
+        if !virtualized
+            && (1..vcpus.len()).any(|i| vcpus[..i].iter().any(|v| v.core == vcpus[i].core))
+        {
+            return refuse("a native SMP kernel needs a core of its own for each CPU");
         }
         let vm_vcpus = (0..views.len())
             .map(|vm| (0..vcpus.len()).filter(|&k| vcpus[k].vm == vm).collect())
