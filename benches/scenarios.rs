@@ -1,6 +1,9 @@
 //! The issue 25 scenarios, each run in its own process so that its peak
-//! memory is its own: events, events/s, wall seconds per simulated second
-//! and peak resident memory (getrusage `ru_maxrss`). Run with
+//! memory is its own: events, events/s, CPU and wall seconds per simulated
+//! second of the run itself (building the world and the report left out)
+//! and peak resident memory (getrusage `ru_maxrss`). CPU seconds per
+//! simulated second is the figure to compare across versions: the number
+//! of events a mechanism takes is not a model output and may change. Run with
 //! `cargo bench --bench scenarios` (docs/performance.md, "The benchmark");
 //! `cargo bench --bench scenarios -- NAME` runs the rows whose name
 //! contains NAME.
@@ -50,6 +53,15 @@ const RUNS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// CPU time this thread has used, in seconds: on a machine shared with
+/// other jobs it moves less than wall time does.
+fn thread_cpu_s() -> f64 {
+    // SAFETY: clock_gettime only writes the struct it is given.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 fn peak_rss_mb() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -67,14 +79,17 @@ fn run_one(i: usize) {
     let cal = Calibration::default_host();
     let mut w = World::build(&s, &cal).expect("builds");
     let t0 = Instant::now();
+    let c0 = thread_cpu_s();
     w.run(|_| {});
+    let cpu = thread_cpu_s() - c0;
     let dt = t0.elapsed().as_secs_f64();
     let sim = s.duration_s + s.warmup_s;
     let ev = w.events() as f64;
     println!(
-        "| {name} | {:.0} | {:.2} | {:.3} | {:.0} |",
+        "| {name} | {:.0} | {:.2} | {:.3} | {:.3} | {:.0} |",
         ev,
         ev / dt / 1e6,
+        cpu / sim,
         dt / sim,
         peak_rss_mb()
     );
@@ -88,8 +103,10 @@ fn main() {
     }
     // `cargo bench` passes `--bench`; any other word filters rows.
     let filter: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    println!("| scenario | events | M events/s | wall s per simulated s | peak MB |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| scenario | events | M events/s | CPU s per simulated s | wall s per simulated s | peak MB |"
+    );
+    println!("|---|---|---|---|---|---|");
     let me = std::env::current_exe().expect("own path");
     for (i, (name, _, _)) in RUNS.iter().enumerate() {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {

@@ -6,13 +6,19 @@
 //! Cancellation is by generation counters held by the event's owner (a stale
 //! event is popped and ignored), so the heap never needs a search.
 //!
-//! The event that will pop next is usually the one just scheduled (a core's
-//! work segment ends before anything else is due), so the queue keeps its
-//! minimum, when it knows it, in a one-slot *front* register beside the
-//! heap: an event that sorts before everything pending goes there instead
-//! of into the heap, one scheduled later that sorts before it pushes it
-//! into the heap, and a pop takes the front if it holds one. The order is
-//! exactly the heap's: the front is always strictly before every heap entry.
+//! Most events are due soon (a core's work segment ends before anything
+//! else is due, a frame lands a few microseconds out), and a run of one VM
+//! has only a handful pending, so the queue keeps the earliest of the
+//! events scheduled lately, up to [`NEAR`] of them, in a small sorted array
+//! beside the heap: the *near* set. A new event goes into the near set if
+//! it has room; when it is full, an event due before the set's latest
+//! entry takes that entry's place (the latest moves to the heap), any
+//! other goes into the heap. A pop compares the near set's first entry
+//! with the heap's and takes the earlier. Each of the two is in (time,
+//! key) order, so the pops are exactly a single heap's. A pop from the
+//! near set is a load and an insertion moves the few entries due before
+//! the new one, where a heap moves entries along a path of its tree on
+//! every push and every pop.
 //!
 //! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
 //! ties at one picosecond then break in a seeded random order, and events
@@ -26,6 +32,7 @@ use super::time::Time;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+#[derive(Clone, Copy)]
 struct Entry<E> {
     at: Time,
     seq: u64,
@@ -61,12 +68,17 @@ impl<E> Ord for Entry<E> {
     }
 }
 
+/// How many events the near set holds. A one-VM run has 5-8 pending
+/// events, so they all fit; in deeper queues the set keeps the earliest of
+/// those scheduled lately (docs/performance.md, issue 25 item 5).
+pub const NEAR: usize = 8;
+
 /// Event queue with simulated clock. `E` is a small `Copy` payload.
 pub struct EventQueue<E> {
     heap: BinaryHeap<Entry<E>>,
-    /// The next event to pop, when it is known without the heap: strictly
-    /// before every entry of `heap`.
-    front: Option<Entry<E>>,
+    /// Pending events outside `heap`, latest first (the next to pop from
+    /// here is the last), at most [`NEAR`].
+    near: Vec<Entry<E>>,
     now: Time,
     seq: u64,
     popped: u64,
@@ -80,13 +92,13 @@ struct Perturbation {
     shuffle_ties: bool,
 }
 
-impl<E> EventQueue<E> {
+impl<E: Copy> EventQueue<E> {
     /// An empty queue at time 0 with room for `capacity` pending events
     /// before it has to grow (growth is the only allocation it ever does).
     pub fn with_capacity(capacity: usize) -> Self {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
-            front: None,
+            near: Vec::with_capacity(NEAR),
             now: 0,
             seq: 0,
             popped: 0,
@@ -144,30 +156,49 @@ impl<E> EventQueue<E> {
             seq: key,
             event,
         };
-        match &mut self.front {
-            Some(f) => {
-                if e.before(f) {
-                    // The new event pops first: the old front joins the heap.
-                    let old = std::mem::replace(f, e);
-                    self.heap.push(old);
-                } else {
-                    self.heap.push(e);
-                }
+        let near = &mut self.near;
+        let n = near.len();
+        if n < NEAR {
+            // Insertion into the sorted set, scanning from the earliest
+            // end (new events are mostly due soon).
+            near.push(e);
+            let mut i = n;
+            while i > 0 && near[i - 1].before(&e) {
+                near[i] = near[i - 1];
+                i -= 1;
             }
-            None => {
-                if self.heap.peek().is_none_or(|h| e.before(h)) {
-                    self.front = Some(e);
-                } else {
-                    self.heap.push(e);
-                }
+            near[i] = e;
+        } else if e.before(&near[0]) {
+            // Full: the latest near entry makes room by moving to the heap.
+            self.heap.push(near[0]);
+            let mut i = 1;
+            while i < NEAR && !near[i].before(&e) {
+                near[i - 1] = near[i];
+                i += 1;
             }
+            near[i - 1] = e;
+        } else {
+            self.heap.push(e);
+        }
+    }
+
+    /// Whether the next event to pop is the near set's (else the heap's).
+    #[inline]
+    fn near_first(&self) -> bool {
+        match (self.near.last(), self.heap.peek()) {
+            (Some(n), Some(h)) => n.before(h),
+            (n, _) => n.is_some(),
         }
     }
 
     /// The event that pops next, without popping it.
     #[inline]
     fn peek(&self) -> Option<&Entry<E>> {
-        self.front.as_ref().or_else(|| self.heap.peek())
+        if self.near_first() {
+            self.near.last()
+        } else {
+            self.heap.peek()
+        }
     }
 
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
@@ -218,12 +249,19 @@ impl<E> EventQueue<E> {
     /// Pops the next event, advancing the clock, unless it lies after `until`.
     #[inline]
     pub fn pop_until(&mut self, until: Time) -> Option<(Time, E)> {
-        if self.peek()?.at > until {
+        let near_first = self.near_first();
+        let next = if near_first {
+            self.near.last()
+        } else {
+            self.heap.peek()
+        };
+        if next?.at > until {
             return None;
         }
-        let e = match self.front.take() {
-            Some(f) => f,
-            None => self.heap.pop()?,
+        let e = if near_first {
+            self.near.pop()?
+        } else {
+            self.heap.pop()?
         };
         self.now = e.at;
         self.popped += 1;
@@ -243,17 +281,17 @@ impl<E> EventQueue<E> {
     }
 
     fn entries(&self) -> impl Iterator<Item = &Entry<E>> {
-        self.front.iter().chain(self.heap.iter())
+        self.near.iter().chain(self.heap.iter())
     }
 
     /// Number of pending events.
     pub fn len(&self) -> usize {
-        self.heap.len() + usize::from(self.front.is_some())
+        self.heap.len() + self.near.len()
     }
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.front.is_none() && self.heap.is_empty()
+        self.near.is_empty() && self.heap.is_empty()
     }
 
     /// Events popped since creation (the engine's work counter).
@@ -423,12 +461,12 @@ mod tests {
     }
 
     proptest! {
-        /// The front slot never changes the order: under random schedules
+        /// The near set never changes the order: under random schedules
         /// (plain, async, reserved then queued later, in the past), pops
         /// with random horizons and every perturbation mode, the queue pops
         /// exactly what a plain heap of (time, key) pops.
         #[test]
-        fn front_slot_pops_in_plain_heap_order(
+        fn near_set_pops_in_plain_heap_order(
             ops in proptest::collection::vec((0u8..6, 0u64..40), 0..400),
             perturbation in proptest::option::of((any::<u64>(), 0u64..8, any::<bool>())),
         ) {

@@ -7,6 +7,7 @@
 
 use rand_core::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
+use std::sync::Arc;
 
 /// One independent random stream.
 pub struct RngStream {
@@ -68,13 +69,19 @@ impl RngStream {
 /// exponential per charge, which made the variance cost ~10% of a
 /// guest-heavy run's instructions (docs/performance.md).
 pub struct CostVariance {
-    /// The factors, in units of 2^-[`FACTOR_SHIFT`]; empty when off.
-    table: Vec<u32>,
-    rng: Option<RngStream>,
+    /// The factors, in units of 2^-[`FACTOR_SHIFT`], shared by every VM
+    /// of a run (one table per CV, not per VM), and the stream that draws
+    /// them; None when off.
+    on: Option<(Arc<FactorTable>, RngStream)>,
     /// Random bits not yet used, and how many indices they still hold.
     bits: u64,
     left: u32,
 }
+
+/// The factor's table: [`CostVariance::STRATA`] factors, lowest first. A
+/// fixed-size array, so that indexing it with a masked draw needs no
+/// bounds check.
+pub type FactorTable = [u32; CostVariance::STRATA];
 
 /// Fixed-point scale of the table's factors.
 const FACTOR_SHIFT: u32 = 24;
@@ -88,8 +95,7 @@ impl CostVariance {
     /// No variance.
     pub fn off() -> Self {
         CostVariance {
-            table: Vec::new(),
-            rng: None,
+            on: None,
             bits: 0,
             left: 0,
         }
@@ -98,12 +104,23 @@ impl CostVariance {
     /// Variance `cv` drawn from the stream `name` of the run seeded with
     /// `seed`.
     pub fn new(cv: f64, seed: u64, name: &str) -> Self {
+        Self::with_table(Self::table(cv), seed, name)
+    }
+
+    /// The factor table of variance `cv`, to share among the VMs of a run
+    /// with [`Self::with_table`]; None for no variance.
+    pub fn table(cv: f64) -> Option<Arc<FactorTable>> {
         if cv <= 0.0 || !cv.is_finite() {
-            return Self::off();
+            return None;
         }
+        Some(Arc::new(factor_table(cv)))
+    }
+
+    /// Variance by the factors of `table` (from [`Self::table`]; None is
+    /// off), drawn from the stream `name` of the run seeded with `seed`.
+    pub fn with_table(table: Option<Arc<FactorTable>>, seed: u64, name: &str) -> Self {
         CostVariance {
-            table: factor_table(cv),
-            rng: Some(RngStream::new(seed, name)),
+            on: table.map(|t| (t, RngStream::new(seed, name))),
             bits: 0,
             left: 0,
         }
@@ -111,14 +128,14 @@ impl CostVariance {
 
     /// Whether costs vary.
     pub fn is_on(&self) -> bool {
-        self.rng.is_some()
+        self.on.is_some()
     }
 
     /// One charge of a cost whose mean is `cost` (picoseconds).
     #[inline]
     pub fn vary(&mut self, cost: u64) -> u64 {
-        match &mut self.rng {
-            Some(r) if cost > 0 => {
+        match &mut self.on {
+            Some((table, r)) if cost > 0 => {
                 if self.left == 0 {
                     self.bits = r.next_u64();
                     self.left = 64 / INDEX_BITS;
@@ -126,7 +143,7 @@ impl CostVariance {
                 let i = (self.bits & (Self::STRATA as u64 - 1)) as usize;
                 self.bits >>= INDEX_BITS;
                 self.left -= 1;
-                let f = self.table[i] as u128;
+                let f = table[i] as u128;
                 let half = 1u128 << (FACTOR_SHIFT - 1);
                 (((cost as u128 * f + half) >> FACTOR_SHIFT) as u64).max(1)
             }
@@ -139,7 +156,7 @@ impl CostVariance {
 /// [`CostVariance::STRATA`] equally likely strata, then stretched about 1
 /// so that the table's own mean is 1 and its own CV is `cv` exactly (the
 /// mid-points cut the tails, which alone would understate the CV by ~1%).
-fn factor_table(cv: f64) -> Vec<u32> {
+fn factor_table(cv: f64) -> FactorTable {
     let n = CostVariance::STRATA;
     // Lognormal: CV^2 = exp(sigma^2) - 1.
     let sigma = (1.0 + cv * cv).ln().sqrt();
@@ -149,12 +166,12 @@ fn factor_table(cv: f64) -> Vec<u32> {
     let mean = raw.iter().sum::<f64>() / n as f64;
     let sd = (raw.iter().map(|x| (x / mean - 1.0).powi(2)).sum::<f64>() / n as f64).sqrt();
     let stretch = cv / sd;
-    raw.iter()
-        .map(|x| {
-            let f = (1.0 + (x / mean - 1.0) * stretch).max(0.0);
-            (f * (1u64 << FACTOR_SHIFT) as f64).round() as u32
-        })
-        .collect()
+    let mut table = [0u32; CostVariance::STRATA];
+    for (t, x) in table.iter_mut().zip(&raw) {
+        let f = (1.0 + (x / mean - 1.0) * stretch).max(0.0);
+        *t = (f * (1u64 << FACTOR_SHIFT) as f64).round() as u32;
+    }
+    table
 }
 
 /// The standard normal's quantile function (inverse CDF), by P. J.
@@ -276,7 +293,7 @@ mod tests {
     #[test]
     fn every_stratum_is_drawn_about_equally_often() {
         let mut v = CostVariance::new(0.1, 3, "costs");
-        let table = v.table.clone();
+        let table = *v.on.as_ref().expect("on").0;
         let mut seen = vec![0u32; CostVariance::STRATA];
         let cost = 1u64 << 20;
         for _ in 0..CostVariance::STRATA * 200 {
@@ -293,6 +310,28 @@ mod tests {
         let n = (CostVariance::STRATA * 200) as f64;
         assert!((low as f64 / n - 0.5).abs() < 0.01, "low half {low}");
         assert!(seen[0] > 0, "the lowest stratum was never drawn");
+    }
+
+    #[test]
+    fn a_shared_table_draws_as_a_table_of_ones_own() {
+        let table = CostVariance::table(0.2);
+        let mut a = CostVariance::new(0.2, 5, "vm0");
+        let mut b = CostVariance::with_table(table.clone(), 5, "vm0");
+        let mut c = CostVariance::with_table(table, 5, "vm1");
+        let (mut ac, mut same_as_other) = (0, 0);
+        for i in 1..2_000u64 {
+            let x = a.vary(i * 1_000);
+            assert_eq!(x, b.vary(i * 1_000));
+            ac += u64::from(x != i * 1_000);
+            same_as_other += u64::from(x == c.vary(i * 1_000));
+        }
+        assert!(ac > 1_900, "the costs vary: {ac}");
+        assert!(
+            same_as_other < 100,
+            "each VM its own stream: {same_as_other}"
+        );
+        assert!(CostVariance::table(0.0).is_none());
+        assert!(!CostVariance::with_table(None, 5, "vm0").is_on());
     }
 
     #[test]

@@ -1261,14 +1261,17 @@ impl Tcp {
 
     /// The earliest pending deadline (delayed ACK, retransmission, persist).
     pub fn next_timer(&self) -> Option<Time> {
-        [
-            self.delack_deadline,
-            self.rto_deadline,
-            self.persist_deadline,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // Written out: it runs on every change to a socket.
+        let mut next = self.delack_deadline;
+        for d in [self.rto_deadline, self.persist_deadline]
+            .into_iter()
+            .flatten()
+        {
+            if next.is_none_or(|n| d < n) {
+                next = Some(d);
+            }
+        }
+        next
     }
 
     /// Runs every timer due at `now`.
@@ -2353,6 +2356,24 @@ mod tests {
         assert_eq!(s.connections_opened(), 1);
         assert_eq!(c.next_timer(), None);
         assert_eq!(s.next_timer(), None);
+    }
+
+    /// The next timer is the earliest of the three deadlines that are
+    /// armed, whichever of them are.
+    #[test]
+    fn next_timer_is_the_earliest_armed_deadline() {
+        let mut c = Tcp::connect(lifecycle_cfg()).unwrap();
+        let values = [30 * US, 10 * US, 20 * US];
+        for armed in 0..8u32 {
+            for rot in 0..3 {
+                let d = |i: usize| (armed >> i & 1 == 1).then_some(values[(i + rot) % 3]);
+                c.delack_deadline = d(0);
+                c.rto_deadline = d(1);
+                c.persist_deadline = d(2);
+                let want = (0..3).filter_map(d).min();
+                assert_eq!(c.next_timer(), want, "armed {armed:03b}, rotation {rot}");
+            }
+        }
     }
 
     /// A lost SYN is sent again at the initial RTO, and the SYN's

@@ -8,6 +8,7 @@ use super::topology::Topology;
 use super::{VIRTIO_BLK_NOTIFY_PORT, VIRTIO_BLK_VECTOR, VIRTIO_NET_VECTORS, VIRTIO_NOTIFY_PORT};
 use crate::calibration::Calibration;
 use crate::engine::from_us;
+use crate::engine::rng::CostVariance;
 use crate::guest::blk::VirtioBlkGuest;
 use crate::guest::net::VirtioNetGuest;
 use crate::guest::{Clockevent, GuestConfig, GuestCosts, Kernel};
@@ -125,6 +126,8 @@ pub(in crate::world) fn kernels(
     scheme: &dyn Scheme,
     clockevent: Clockevent,
 ) -> Vec<Kernel> {
+    // One factor table for every VM (each draws from its own stream).
+    let cost_factors = CostVariance::table(cal.guest.cost_cv.value);
     topo.views
         .iter()
         .enumerate()
@@ -143,8 +146,8 @@ pub(in crate::world) fn kernels(
             );
             // Per-operation costs vary per charge, from the VM's own
             // stream (guest.cost_cv; 0 = the calibration exactly).
-            k.set_cost_variance(crate::engine::rng::CostVariance::new(
-                cal.guest.cost_cv.value,
+            k.set_cost_variance(CostVariance::with_table(
+                cost_factors.clone(),
                 s.seed,
                 &super::rng_stream("guest.costs", vm),
             ));
