@@ -1090,10 +1090,16 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
     let cell = |s: &str| s.replace('|', "\\|");
     let seeded = rows.iter().any(|r| r.spread.is_some());
     if let Some(sp) = rows.iter().find_map(|r| r.spread.as_ref()) {
+        let all = rows.iter().all(|r| r.spread.is_some());
         let _ = writeln!(
             o,
-            "Each model value is the mean of {} seeds ± the half-width of its 95% interval; \
+            "{} the mean of {} seeds ± the half-width of its 95% interval; \
              `within` judges the mean, with the seeds whose own value is within in brackets.\n",
+            if all {
+                "Each model value is"
+            } else {
+                "A model value with ± is"
+            },
             sp.seeds
         );
     }
