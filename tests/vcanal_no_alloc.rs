@@ -3,50 +3,16 @@
 //! radix cache, INR pool, ring), the service's turn (copy, checks, class
 //! queue, scheduler, issue), the completion and the guest's wait — runs
 //! without one heap allocation. A counting global allocator (this test
-//! binary's own) proves it.
+//! binary's own, tests/common/alloc_count.rs) proves it.
 
 use exitless::guest::libcanal::inr::{Buf, Call, SockType};
 use exitless::guest::libcanal::{LibCanal, LibCanalParams, WaitStep};
 use exitless::hv::vcanal::channel::ChannelLayout;
 use exitless::hv::vcanal::service::{Dispatch, Outcome, Service, ServiceParams};
 use exitless::hw::guest_memory::GuestMemory;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(p, l, n) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+#[path = "common/alloc_count.rs"]
+mod alloc_count;
+use alloc_count::allocs;
 
 /// Guest page tables: GVA 0x7f00_0000_0000 + x → GPA 16 MiB + x.
 fn walk(gva_page: u64) -> Option<u64> {

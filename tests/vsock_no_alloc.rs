@@ -3,49 +3,15 @@
 //! (the guest's send path and completion work, the worker's TX and RX
 //! handlers, the relay's reads and the credit updates they return) move
 //! without one heap allocation. A counting global allocator (this test
-//! binary's own) proves it.
+//! binary's own, tests/common/alloc_count.rs) proves it.
 
 use exitless::engine::NS;
 use exitless::guest::vsock::{State, VsockDriver, VsockDriverCosts};
 use exitless::hv::vhost_vsock::{Relay, RelayCosts, VhostVsock, VsockCosts};
 use exitless::hw::virtio_vsock::{VirtioVsockDev, CID_HOST};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(p, l, n) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+#[path = "common/alloc_count.rs"]
+mod alloc_count;
+use alloc_count::allocs;
 
 #[test]
 fn a_stream_of_packets_allocates_nothing() {
