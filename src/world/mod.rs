@@ -9,6 +9,7 @@ mod build;
 mod el2;
 pub mod event;
 mod event_exits;
+mod host_link;
 mod metrics;
 mod net;
 mod sched;

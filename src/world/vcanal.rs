@@ -55,6 +55,7 @@
 //! interest list, as Linux's close of the last reference does).
 
 use super::event::Ev;
+use super::host_link::{HostLink, Towards};
 use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
@@ -298,17 +299,10 @@ pub(super) struct CanalPath {
     issued: Vec<Dispatch>,
     /// Frames the host NIC received, not yet processed.
     rx: VecDeque<(usize, Frame)>,
-    to_peer: VecDeque<(Time, usize, Frame)>,
-    to_host: VecDeque<(Time, usize, Frame)>,
+    /// The wire to the client host; each frame tagged with its VM.
+    wire: HostLink<usize>,
     out: Vec<(Time, Frame)>,
-    wire_out: Time,
-    wire_in: Time,
-    link: Link,
     mss: u32,
-    /// Frames at the back of `to_peer` / `to_host` whose arrival is not
-    /// yet scheduled.
-    unsched_peer: usize,
-    unsched_host: usize,
     counters: Counters,
     /// The service sleeps while its channels are empty and is woken by
     /// doorbells and NIC interrupts ("w/o Polling"), instead of polling.
@@ -633,15 +627,9 @@ pub(super) fn build(
         dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
         issued: Vec::with_capacity(pool),
         rx: VecDeque::with_capacity(1024),
-        to_peer: VecDeque::with_capacity(1024),
-        to_host: VecDeque::with_capacity(1024),
+        wire: HostLink::new(link),
         out: Vec::with_capacity(1024),
-        wire_out: 0,
-        wire_in: 0,
-        link,
         mss: tcp.mss,
-        unsched_peer: 0,
-        unsched_host: 0,
         counters: Counters::default(),
         stats_base: vec![Default::default(); nvm],
         kicked: views
@@ -825,18 +813,6 @@ impl CanalPath {
             },
             pool: self.pool.len(),
             poller_nice: self.poller_nice,
-        }
-    }
-
-    /// Wire time of a frame (a GSO packet: its train of MSS frames).
-    fn wire_time(&self, f: &Frame) -> Time {
-        let n = f.gso_segs();
-        if n > 1 {
-            (0..n)
-                .map(|k| self.link.wire_time(f.gso_segment(k).len()))
-                .sum()
-        } else {
-            self.link.wire_time(f.len())
         }
     }
 }
@@ -1095,16 +1071,16 @@ impl World {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
-        let n = c.to_peer.len();
-        for i in n - c.unsched_peer.min(n)..n {
-            self.q.schedule(c.to_peer[i].0, Ev::CanalToPeer);
-        }
-        c.unsched_peer = 0;
-        let n = c.to_host.len();
-        for i in n - c.unsched_host.min(n)..n {
-            self.q.schedule(c.to_host[i].0, Ev::CanalToHost);
-        }
-        c.unsched_host = 0;
+        let q = &mut self.q;
+        c.wire.schedule_arrivals(|t, dir| {
+            q.schedule(
+                t,
+                match dir {
+                    Towards::Peer => Ev::CanalToPeer,
+                    Towards::Host => Ev::CanalToHost,
+                },
+            )
+        });
     }
 
     /// The head frame towards the client host arrives there.
@@ -1113,7 +1089,7 @@ impl World {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
-        let Some((_, vm, f)) = c.to_peer.pop_front() else {
+        let Some((vm, f)) = c.wire.arrive(Towards::Peer) else {
             return;
         };
         let Some(Some(v)) = c.vms.get_mut(vm) else {
@@ -1132,7 +1108,7 @@ impl World {
         let Some(c) = self.canal.as_deref_mut() else {
             return;
         };
-        if let Some((_, vm, f)) = c.to_host.pop_front() {
+        if let Some((vm, f)) = c.wire.arrive(Towards::Host) {
             c.rx.push_back((vm, f));
         }
         if !c.nic.moderated() {
@@ -1502,22 +1478,14 @@ impl CanalPath {
     fn peer_out(&mut self, vm: usize) {
         for i in 0..self.out.len() {
             let (leave, f) = self.out[i];
-            let start = leave.max(self.wire_in);
-            self.wire_in = start + self.wire_time(&f);
-            let arrive = self.wire_in + self.link.propagation_ps;
-            self.to_host.push_back((arrive, vm, f));
-            self.unsched_host += 1;
+            self.wire.send(Towards::Host, vm, f, leave);
         }
         self.out.clear();
     }
 
     /// A frame of VM `vm`'s host socket leaves the host NIC at `leave`.
     fn emit(&mut self, vm: usize, f: Frame, leave: Time) {
-        let start = leave.max(self.wire_out);
-        self.wire_out = start + self.wire_time(&f);
-        let arrive = self.wire_out + self.link.propagation_ps;
-        self.to_peer.push_back((arrive, vm, f));
-        self.unsched_peer += 1;
+        self.wire.send(Towards::Peer, vm, f, leave);
         self.counters.tx_frames += 1;
     }
 

@@ -36,6 +36,7 @@
 //! host is established before the run.
 
 use super::event::Ev;
+use super::host_link::{HostLink, Towards};
 use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
@@ -170,14 +171,9 @@ pub(super) struct VsockPath {
     peer: PeerHost,
     peer_timer: Option<Time>,
     rx: VecDeque<Frame>,
-    to_peer: VecDeque<(Time, Frame)>,
-    to_host: VecDeque<(Time, Frame)>,
+    /// The wire to the client host.
+    wire: HostLink<()>,
     out: Vec<(Time, Frame)>,
-    wire_out: Time,
-    wire_in: Time,
-    unsched_peer: usize,
-    unsched_host: usize,
-    link: Link,
     mss: u32,
     counters: Counters,
     /// The back end's counters at the end of the warm-up.
@@ -288,14 +284,8 @@ pub(super) fn build(
         peer,
         peer_timer: None,
         rx: VecDeque::with_capacity(1024),
-        to_peer: VecDeque::with_capacity(1024),
-        to_host: VecDeque::with_capacity(1024),
+        wire: HostLink::new(link),
         out: Vec::with_capacity(1024),
-        wire_out: 0,
-        wire_in: 0,
-        unsched_peer: 0,
-        unsched_host: 0,
-        link,
         mss: tcp.mss,
         counters: Counters::default(),
         back_base: VsockCounters::default(),
@@ -304,18 +294,6 @@ pub(super) fn build(
 }
 
 impl VsockPath {
-    /// Wire time of a frame (a GSO packet: its train of MSS frames).
-    fn wire_time(&self, f: &Frame) -> Time {
-        let n = f.gso_segs();
-        if n > 1 {
-            (0..n)
-                .map(|k| self.link.wire_time(f.gso_segment(k).len()))
-                .sum()
-        } else {
-            self.link.wire_time(f.len())
-        }
-    }
-
     /// The relay's TCP output from `at`: each segment's transmit path on
     /// the core, then the host NIC and the link. Returns the time it took.
     fn flush(&mut self, at: Time) -> Time {
@@ -324,11 +302,7 @@ impl VsockPath {
         while let Some(seg) = self.tcp.poll_output(t) {
             t += per;
             let f = Frame::tcp_gso(FLOW, seg, self.mss, t);
-            let start = t.max(self.wire_out);
-            self.wire_out = start + self.wire_time(&f);
-            self.to_peer
-                .push_back((self.wire_out + self.link.propagation_ps, f));
-            self.unsched_peer += 1;
+            self.wire.send(Towards::Peer, (), f, t);
             self.counters.tx_frames += 1;
         }
         t - at
@@ -354,11 +328,7 @@ impl VsockPath {
     fn peer_out(&mut self) {
         for i in 0..self.out.len() {
             let (leave, f) = self.out[i];
-            let start = leave.max(self.wire_in);
-            self.wire_in = start + self.wire_time(&f);
-            self.to_host
-                .push_back((self.wire_in + self.link.propagation_ps, f));
-            self.unsched_host += 1;
+            self.wire.send(Towards::Host, (), f, leave);
         }
         self.out.clear();
     }
@@ -502,16 +472,16 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let n = v.to_peer.len();
-        for i in n - v.unsched_peer.min(n)..n {
-            self.q.schedule(v.to_peer[i].0, Ev::VsockToPeer);
-        }
-        v.unsched_peer = 0;
-        let n = v.to_host.len();
-        for i in n - v.unsched_host.min(n)..n {
-            self.q.schedule(v.to_host[i].0, Ev::VsockToHost);
-        }
-        v.unsched_host = 0;
+        let q = &mut self.q;
+        v.wire.schedule_arrivals(|t, dir| {
+            q.schedule(
+                t,
+                match dir {
+                    Towards::Peer => Ev::VsockToPeer,
+                    Towards::Host => Ev::VsockToHost,
+                },
+            )
+        });
     }
 
     /// A deadline of the relay socket's TCP: it wakes the sleeping core
@@ -532,7 +502,7 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let Some((_, f)) = v.to_peer.pop_front() else {
+        let Some(((), f)) = v.wire.arrive(Towards::Peer) else {
             return;
         };
         v.out.clear();
@@ -547,7 +517,7 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        if let Some((_, f)) = v.to_host.pop_front() {
+        if let Some(((), f)) = v.wire.arrive(Towards::Host) {
             v.rx.push_back(f);
         }
         if std::mem::take(&mut v.asleep) {
