@@ -740,27 +740,32 @@ pub fn reproduce(
     while start < jobs.len() {
         let ei = jobs[start].exp;
         let end = start + jobs[start..].iter().take_while(|j| j.exp == ei).count();
-        let (mut m, mut d) = (Vec::new(), Vec::new());
+        let own = &exps[ei..=ei];
+        let mut m = Vec::new();
         for k in 0..n_seeds[ei] as usize {
             let o: Vec<Option<Outcome>> = (start..end)
                 .map(|j| outcomes[run_of[j][k]].take())
                 .collect();
-            let rows = metric_rows(&exps, &jobs[start..end], &o)?;
-            let mut all = rows.clone();
-            add_differences(&exps, &mut all)?;
-            d.push(all.split_off(rows.len()));
-            m.push(rows);
+            m.push(metric_rows(&exps, &jobs[start..end], &o)?);
         }
         // A difference of means is the mean of the differences, but a
         // percentage of means is not the mean of the percentages (one
         // seed whose denominator collapses would dominate it): the
         // differences are taken between the means, and carry the spread
         // of the seeds' own differences.
-        let means = combine_seeds(m);
-        let mut all = means.clone();
-        add_differences(&exps, &mut all)?;
-        let mut diffs = all.split_off(means.len());
-        for (x, s) in diffs.iter_mut().zip(combine_seeds(d)) {
+        let mut seed_diffs = Vec::new();
+        if m.len() > 1 {
+            for rows in &mut m {
+                let n = rows.len();
+                add_differences(own, rows)?;
+                seed_diffs.push(rows.split_off(n));
+            }
+        }
+        let mut means = combine_seeds(m);
+        let n = means.len();
+        add_differences(own, &mut means)?;
+        let mut diffs = means.split_off(n);
+        for (x, s) in diffs.iter_mut().zip(combine_seeds(seed_diffs)) {
             x.spread = s.spread;
             x.violations = s.violations;
         }

@@ -839,12 +839,16 @@ fn an_experiment_may_ask_for_several_seeds_and_the_command_line_overrides_it() {
         exp("p.three", "seeds = 3\n") + &exp("p.one", ""),
     )
     .unwrap();
-    let rows = |extra: &[&str]| -> Vec<serde_json::Value> {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+    // `exitless -q reproduce p ARGS` over the scratch validation root.
+    let reproduce = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
             .env("EXITLESS_VALIDATION", &dir)
-            .args([&["-q", "reproduce", "p", "--json"][..], extra].concat())
+            .args([&["-q", "reproduce", "p"][..], args].concat())
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let rows = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = reproduce(&[&["--json"][..], extra].concat());
         assert!(
             out.status.success(),
             "{}",
@@ -861,17 +865,13 @@ fn an_experiment_may_ask_for_several_seeds_and_the_command_line_overrides_it() {
     // The command line's count applies to every experiment.
     let one = rows(&["--seeds", "1"]);
     assert!(one.iter().all(|r| r.get("spread").is_none()));
-    // The single-seed row of p.three is its first seed's value.
+    // p.one runs its one seed either way.
     assert_eq!(one[1]["model"], own[1]["model"]);
     let two = rows(&["--seeds", "2"]);
     assert!(two.iter().all(|r| r["spread"]["seeds"] == 2));
     // `seeds = 0` in a file is refused, naming the experiment.
     std::fs::write(paper.join("experiments.toml"), exp("p.zero", "seeds = 0\n")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .env("EXITLESS_VALIDATION", &dir)
-        .args(["-q", "reproduce", "p"])
-        .output()
-        .unwrap();
+    let out = reproduce(&[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("p.zero: `seeds` must be at least 1"));
     std::fs::remove_dir_all(&dir).ok();
