@@ -857,4 +857,74 @@ mod tests {
         assert_eq!(reply.map(|r| r.op), Some(Op::Rst));
         assert_eq!(g2.state, State::Closed);
     }
+
+    /// `virtio_transport_recv_connected`: a peer's SHUTDOWN of both
+    /// directions resets only once nothing is left to read; with data
+    /// unread the socket stays until its owner's close(), which is then an
+    /// RST. A close() before the peer shut down sends SHUTDOWN and lingers
+    /// (Closing) until the peer's RST.
+    #[test]
+    fn shutdown_with_unread_data_waits_for_the_close() {
+        let (mut g, req) = VsockConn::connect((3, 80), (CID_HOST, 2000));
+        let (mut h, resp) = VsockConn::accept(&req).unwrap();
+        g.on_packet(&resp);
+        let d = g.send(4334).unwrap();
+        assert_eq!(h.on_packet(&d), (None, true));
+        let sd = g.close().unwrap();
+        assert_eq!(
+            (sd.op, sd.flags),
+            (Op::Shutdown, SHUTDOWN_RCV | SHUTDOWN_SEND)
+        );
+        assert_eq!(g.state, State::Closing, "lingers until the RST");
+        assert_eq!(h.on_packet(&sd), (None, true), "data unread: no RST");
+        assert_eq!(h.state, State::Established);
+        assert!(!h.at_eof());
+        assert_eq!(h.recv(8192).0, 4334);
+        assert!(h.at_eof());
+        let rst = h.close().unwrap();
+        assert_eq!(rst.op, Op::Rst);
+        assert_eq!(h.state, State::Closed);
+        assert_eq!(h.close(), None, "closed once");
+        g.on_packet(&rst);
+        assert_eq!(g.state, State::Closed);
+        // With nothing unread the SHUTDOWN is answered with RST at once.
+        let (mut g, req) = VsockConn::connect((3, 81), (CID_HOST, 2001));
+        let (mut h, resp) = VsockConn::accept(&req).unwrap();
+        g.on_packet(&resp);
+        let sd = g.close().unwrap();
+        assert_eq!(h.on_packet(&sd).0.map(|r| r.op), Some(Op::Rst));
+    }
+
+    /// The guest's listener: a REQUEST makes an established child on the
+    /// accept queue and a RESPONSE goes out before accept(); past the
+    /// backlog, or on a port nobody listens on, the answer is RST.
+    #[test]
+    fn a_listener_queues_requests_up_to_its_backlog() {
+        let mut dev = VirtioVsockDev::new(16, true, 3).unwrap();
+        let costs = VsockDriverCosts::default();
+        let mut st = VsockStack::probe(&mut dev, costs, &[80], 1, 4);
+        // Two REQUESTs to port 80, one to port 90, through the RX ring.
+        let reqs = [(2000, 80), (2001, 80), (2002, 90)]
+            .map(|(p, to)| VsockConn::connect((CID_HOST, p), (3, to)).1);
+        for r in reqs {
+            assert!(dev.fill_rx(r));
+        }
+        st.completion_work(&mut dev);
+        let mut out = Vec::new();
+        dev.tx.kick_prepare();
+        while let Some(h) = dev.pop_tx() {
+            out.push((h.dst_port, h.op));
+        }
+        assert_eq!(
+            out,
+            [(2000, Op::Response), (2001, Op::Rst), (2002, Op::Rst)],
+            "one accepted, one past the backlog, one to a closed port"
+        );
+        assert_eq!(st.counters.refused, 2);
+        assert!(st.accept_pending(80));
+        let i = st.accept(80).unwrap();
+        assert_eq!(st.sock(i).unwrap().conn.state, State::Established);
+        assert!(!st.accept_pending(80));
+        assert_eq!(st.open(), 1);
+    }
 }
