@@ -90,7 +90,7 @@ fn a_connection_per_request_allocates_nothing() {
     };
     let mut port = 1024u32;
     let mut conn = |dev: &mut VirtioVsockDev| -> u32 {
-        let mut pump = |dev: &mut VirtioVsockDev, st: &mut VsockStack, b: &mut VhostVsock| {
+        let pump = |dev: &mut VirtioVsockDev, st: &mut VsockStack, b: &mut VhostVsock| {
             for _ in 0..4 {
                 b.handle_rx(dev, &vc);
                 st.completion_work(dev);
