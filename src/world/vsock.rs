@@ -636,10 +636,11 @@ impl VsockPath {
             ChildPhase::Forked => true,
             ChildPhase::Connecting => vs.is_none_or(|s| s.state != VState::Connecting),
             ChildPhase::Relaying => {
-                let Some(s) = vs else {
+                let (Some(s), Some(tcp)) = (vs, h.tcp_of(c)) else {
+                    // A socket gone under it: the child ends.
                     return true;
                 };
-                let tcp = h.tcp_of(c);
+                let tcp = Some(tcp);
                 let up = s.state == VState::Established
                     && s.credit.space() > 0
                     && tcp.is_some_and(|t| t.readable() > 0);
@@ -750,7 +751,14 @@ impl VsockPath {
                 }
             }
         }
-        if c.phase == ChildPhase::Relaying && !exit {
+        if c.phase == ChildPhase::Relaying
+            && (c.vs.and_then(|i| self.back.socks[i].as_ref()).is_none()
+                || h.socks[c.slot].connections_opened() != c.conn_no)
+        {
+            // Its vsock socket was freed or ab's connection is gone (not
+            // seen in a served run): socat ends the transfer.
+            c.phase = ChildPhase::Draining;
+        } else if c.phase == ChildPhase::Relaying && !exit {
             // One select(), then each direction that is ready.
             cost += rc.select;
             let buf = self.relay.buf;
