@@ -24,6 +24,16 @@
 //!    socket; the driver's RX work takes the update, refills the RX ring
 //!    (and notifies its queue) and reclaims sent buffers.
 //!
+//! ApacheBench over vsock (`[vm.workload.nginx]`, docs/vcanal.md
+//! "ApacheBench over virtio-vsock"): the guest's server threads
+//! (`workloads::vsock::VsockHttpThread`) accept, serve and close AF_VSOCK
+//! connections on the guest's socket table (`guest::vsock::VsockStack`);
+//! on the host, socat `TCP-LISTEN,fork VSOCK-CONNECT` ([`HttpRelay`]):
+//! its parent accepts each of ab's TCP connections and forks a child,
+//! which connects to the guest over vsock, copies both ways, and closes
+//! both sockets once both streams ended. The parent and the children take
+//! the relay's place in the core's FIFO.
+//!
 //! Simplifications (named): the worker, the relay and the host NIC's
 //! softirq share the worker's core (`host.io_cores[0]`) as one FIFO of
 //! work items, as vCanal's service core runs its poller, pool and softirq
