@@ -178,6 +178,7 @@ section!(Vsock {
     relay_syscall_ns,
     relay_select_ns,
     relay_copy_per_kib_ns,
+    relay_fork_us,
 });
 section!(Peer {
     rx_segment_ns,

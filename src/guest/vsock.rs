@@ -13,6 +13,7 @@
 
 use crate::engine::Time;
 use crate::hw::virtio_vsock::{Credit, Hdr, Op, VirtioVsockDev, DEFAULT_BUF_SIZE, TYPE_STREAM};
+use std::collections::VecDeque;
 
 /// `VIRTIO_VSOCK_SHUTDOWN_RCV`.
 pub const SHUTDOWN_RCV: u32 = 1;
@@ -129,6 +130,35 @@ impl VsockConn {
         self.packet(Op::Shutdown, 0, SHUTDOWN_RCV | SHUTDOWN_SEND)
     }
 
+    /// The peer shut down its sending side and every byte it sent was
+    /// read: a read returns 0 (end of stream).
+    pub fn at_eof(&self) -> bool {
+        (self.peer_shutdown & SHUTDOWN_SEND != 0 || self.state == State::Closed)
+            && self.credit.rx_bytes == 0
+    }
+
+    /// `close()` of the socket (`virtio_transport_close`): if the peer
+    /// already shut down both directions, an RST and the socket is gone
+    /// (Closed); otherwise a SHUTDOWN of both directions, and the socket
+    /// lingers (Closing) until the peer's RST (or the 8 s
+    /// `VSOCK_CLOSE_TIMEOUT`, which a served connection never reaches).
+    /// None if it is already closed.
+    pub fn close(&mut self) -> Option<Hdr> {
+        match self.state {
+            State::Closed => None,
+            State::Connecting => {
+                self.state = State::Closed;
+                Some(self.packet(Op::Rst, 0, 0))
+            }
+            _ if self.peer_shutdown == SHUTDOWN_RCV | SHUTDOWN_SEND => {
+                self.state = State::Closed;
+                Some(self.packet(Op::Rst, 0, 0))
+            }
+            State::Closing => None,
+            State::Established => Some(self.shutdown()),
+        }
+    }
+
     /// A packet from the peer (`virtio_transport_recv_pkt`): updates the
     /// state and credit; returns the reply the transport sends, if any.
     /// RW data beyond the receive buffer is dropped (false in `.1`).
@@ -158,9 +188,12 @@ impl VsockConn {
             (_, Op::CreditUpdate) => (None, true),
             (_, Op::Shutdown) => {
                 self.peer_shutdown |= h.flags & (SHUTDOWN_RCV | SHUTDOWN_SEND);
-                if self.peer_shutdown == SHUTDOWN_RCV | SHUTDOWN_SEND {
-                    // Both directions closed by the peer: reply with RST
-                    // (`virtio_transport_close` after a full shutdown).
+                if self.peer_shutdown == SHUTDOWN_RCV | SHUTDOWN_SEND && self.credit.rx_bytes == 0 {
+                    // Both directions closed by the peer and nothing left
+                    // to read: reply with RST and close
+                    // (`virtio_transport_recv_connected`: peer_shutdown ==
+                    // SHUTDOWN_MASK and `vsock_stream_has_data` <= 0). With
+                    // data unread the socket stays until its owner's close.
                     self.state = State::Closed;
                     return (Some(self.packet(Op::Rst, 0, 0)), true);
                 }
@@ -350,6 +383,372 @@ impl VsockDriver {
     }
 }
 
+/// The RST a transport sends for a packet no socket takes
+/// (`virtio_transport_reset_no_sock`): addressed back to its sender.
+pub fn reset_reply(h: &Hdr) -> Hdr {
+    Hdr {
+        src_cid: h.dst_cid,
+        dst_cid: h.src_cid,
+        src_port: h.dst_port,
+        dst_port: h.src_port,
+        len: 0,
+        ty: TYPE_STREAM,
+        op: Op::Rst,
+        flags: 0,
+        buf_alloc: 0,
+        fwd_cnt: 0,
+    }
+}
+
+/// A socket of the guest's table: one connection end and what its
+/// program did with it.
+#[derive(Clone, Debug)]
+pub struct GuestSock {
+    /// The connection end.
+    pub conn: VsockConn,
+    /// The port of the listener it was accepted on.
+    pub listener: u32,
+    /// The program took it off the accept queue.
+    pub accepted: bool,
+    /// The program closed it; it stays in the table (bound, so its
+    /// packets find it) until the peer's RST (`virtio_transport_close`).
+    pub released: bool,
+}
+
+/// A listening socket (`vsock_listen`): its port and the connections
+/// established on it that the program has not accepted yet.
+#[derive(Clone, Debug)]
+struct Listener {
+    port: u32,
+    backlog: usize,
+    queue: VecDeque<usize>,
+}
+
+/// Counters of the guest's socket table.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct VsockStackCounters {
+    pub pkts_sent: u64,
+    pub bytes_sent: u64,
+    pub rx_bufs: u64,
+    pub kicks_tx: u64,
+    pub kicks_rx: u64,
+    pub credit_stalls: u64,
+    pub ring_full: u64,
+    /// REQUESTs that made a connection on a listener.
+    pub requests: u64,
+    /// Connections taken off an accept queue.
+    pub accepted: u64,
+    /// Sockets removed from the table (closed on both sides).
+    pub removed: u64,
+    /// RSTs sent for packets no socket takes, or for a full backlog.
+    pub refused: u64,
+    /// RW payload dropped for want of receive buffer (never within
+    /// credit).
+    pub dropped: u64,
+}
+
+/// The guest's virtio-vsock driver with a table of sockets: listeners
+/// that accept the host's connections and the connections themselves
+/// (`net/vmw_vsock/af_vsock.c`'s bound and connected tables, the
+/// transport of `virtio_transport_common.c`). A server's threads share it
+/// (one kernel); the device's rings are passed in on every call.
+#[derive(Clone, Debug)]
+pub struct VsockStack {
+    /// Costs.
+    pub costs: VsockDriverCosts,
+    /// The guest's context id.
+    pub cid: u64,
+    socks: Vec<Option<GuestSock>>,
+    free: Vec<usize>,
+    listeners: Vec<Listener>,
+    /// Control packets waiting for a TX descriptor (`send_pkt_list`).
+    pending: VecDeque<Hdr>,
+    rx_buf_nr: u16,
+    rx_buf_max_nr: u16,
+    /// Counters.
+    pub counters: VsockStackCounters,
+}
+
+impl VsockStack {
+    /// `virtio_vsock_probe` (the RX ring filled) and a listener with
+    /// `backlog` on each of `ports`; room for `max_socks` sockets.
+    pub fn probe(
+        dev: &mut VirtioVsockDev,
+        costs: VsockDriverCosts,
+        ports: &[u32],
+        backlog: usize,
+        max_socks: usize,
+    ) -> Self {
+        let mut n = 0;
+        while dev.post_rx_buffer() {
+            n += 1;
+        }
+        let _ = dev.rx.kick_prepare();
+        VsockStack {
+            costs,
+            cid: dev.guest_cid,
+            socks: vec![None; max_socks],
+            free: (0..max_socks).rev().collect(),
+            listeners: ports
+                .iter()
+                .map(|&port| Listener {
+                    port,
+                    backlog,
+                    queue: VecDeque::with_capacity(backlog.min(max_socks)),
+                })
+                .collect(),
+            pending: VecDeque::with_capacity(max_socks),
+            rx_buf_nr: n,
+            rx_buf_max_nr: n,
+            counters: VsockStackCounters::default(),
+        }
+    }
+
+    /// Socket `i`, if it exists.
+    pub fn sock(&self, i: usize) -> Option<&GuestSock> {
+        self.socks.get(i).and_then(|s| s.as_ref())
+    }
+
+    /// Sockets in the table (connections open or lingering).
+    pub fn open(&self) -> usize {
+        self.socks.len() - self.free.len()
+    }
+
+    /// Whether the listener on `port` has a connection to accept.
+    pub fn accept_pending(&self, port: u32) -> bool {
+        self.listeners
+            .iter()
+            .any(|l| l.port == port && !l.queue.is_empty())
+    }
+
+    /// `accept()` on the listener of `port`: the next established
+    /// connection (`vsock_accept` → `vsock_dequeue_accept`).
+    pub fn accept(&mut self, port: u32) -> Option<usize> {
+        let l = self.listeners.iter_mut().find(|l| l.port == port)?;
+        let i = l.queue.pop_front()?;
+        if let Some(s) = self.socks[i].as_mut() {
+            s.accepted = true;
+        }
+        self.counters.accepted += 1;
+        Some(i)
+    }
+
+    /// Queues a control packet on TX, or on `send_pkt_list` if the ring is
+    /// full (sent at the next completion work). Whether to kick.
+    fn queue_control(&mut self, dev: &mut VirtioVsockDev, h: Hdr) -> bool {
+        if !self.pending.is_empty() || !dev.send(h) {
+            self.counters.ring_full += 1;
+            self.pending.push_back(h);
+            return false;
+        }
+        self.counters.pkts_sent += 1;
+        let kick = dev.tx.kick_prepare();
+        self.counters.kicks_tx += u64::from(kick);
+        kick
+    }
+
+    fn remove(&mut self, i: usize) {
+        if self.socks[i].take().is_some() {
+            self.free.push(i);
+            self.counters.removed += 1;
+        }
+    }
+
+    /// The socket `h` is for: connected (both addresses match, not reset).
+    fn find(&self, h: &Hdr) -> Option<usize> {
+        self.socks.iter().position(|s| {
+            s.as_ref().is_some_and(|s| {
+                s.conn.state != State::Closed
+                    && s.conn.peer == (h.src_cid, h.src_port)
+                    && s.conn.local == (h.dst_cid, h.dst_port)
+            })
+        })
+    }
+
+    /// `virtio_transport_recv_pkt` for one packet from the host: a
+    /// connected socket's (`virtio_transport_recv_connected`), a
+    /// listener's REQUEST (`virtio_transport_recv_listen`: a child socket,
+    /// established, on the accept queue, and its RESPONSE; RST if the
+    /// backlog is full), or an RST for a packet nobody takes. Returns the
+    /// reply's cost and whether it kicks.
+    fn deliver(&mut self, dev: &mut VirtioVsockDev, h: &Hdr) -> (Time, bool) {
+        let reply = if let Some(i) = self.find(h) {
+            let s = self.socks[i].as_mut().expect("found");
+            let (reply, ok) = s.conn.on_packet(h);
+            if !ok && h.op == Op::Rw {
+                self.counters.dropped += u64::from(h.len);
+            }
+            if s.conn.state == State::Closed && s.released {
+                // The program closed it and the peer's RST came: gone.
+                self.remove(i);
+            }
+            reply
+        } else if let Some(l) = self
+            .listeners
+            .iter()
+            .position(|l| l.port == h.dst_port && h.dst_cid == self.cid)
+        {
+            let full = self.listeners[l].queue.len() >= self.listeners[l].backlog;
+            match (h.op, self.free.pop()) {
+                (Op::Request, Some(i)) if !full => {
+                    let (conn, resp) = VsockConn::accept(h).expect("a REQUEST");
+                    self.socks[i] = Some(GuestSock {
+                        conn,
+                        listener: h.dst_port,
+                        accepted: false,
+                        released: false,
+                    });
+                    self.listeners[l].queue.push_back(i);
+                    self.counters.requests += 1;
+                    Some(resp)
+                }
+                (op, slot) => {
+                    if let Some(i) = slot {
+                        self.free.push(i);
+                    }
+                    (op != Op::Rst).then(|| {
+                        self.counters.refused += 1;
+                        reset_reply(h)
+                    })
+                }
+            }
+        } else if h.op != Op::Rst {
+            self.counters.refused += 1;
+            Some(reset_reply(h))
+        } else {
+            None
+        };
+        match reply {
+            Some(r) => (self.costs.tx_pkt, self.queue_control(dev, r)),
+            None => (0, false),
+        }
+    }
+
+    /// `virtio_transport_rx_work` then `_tx_work`, as
+    /// [`VsockDriver::completion_work`] does for one connection: every used
+    /// RX buffer to its socket, the refill below half, the sent buffers
+    /// reclaimed, then the control packets that waited for a descriptor.
+    /// Returns (CPU time, RX kick, TX kick).
+    pub fn completion_work(&mut self, dev: &mut VirtioVsockDev) -> (Time, bool, bool) {
+        let c = self.costs;
+        let mut cost = 0;
+        let mut tx_kick = false;
+        loop {
+            dev.rx.disable_cb();
+            while let Some(h) = dev.recv() {
+                self.rx_buf_nr = self.rx_buf_nr.saturating_sub(1);
+                self.counters.rx_bufs += 1;
+                cost += c.rx_pkt;
+                let (t, kick) = self.deliver(dev, &h);
+                cost += t;
+                tx_kick |= kick;
+            }
+            if dev.rx.enable_cb() {
+                break;
+            }
+        }
+        let mut rx_kick = false;
+        if self.rx_buf_nr < self.rx_buf_max_nr / 2 {
+            while dev.post_rx_buffer() {
+                self.rx_buf_nr += 1;
+            }
+            rx_kick = dev.rx.kick_prepare();
+            self.counters.kicks_rx += u64::from(rx_kick);
+        }
+        loop {
+            dev.tx.disable_cb();
+            while dev.tx.get_used().is_some() {}
+            if dev.tx.enable_cb() {
+                break;
+            }
+        }
+        let mut sent = false;
+        while let Some(&h) = self.pending.front() {
+            if !dev.send(h) {
+                break;
+            }
+            self.pending.pop_front();
+            self.counters.pkts_sent += 1;
+            sent = true;
+        }
+        if sent {
+            let kick = dev.tx.kick_prepare();
+            self.counters.kicks_tx += u64::from(kick);
+            tx_kick |= kick;
+        }
+        (cost, rx_kick, tx_kick)
+    }
+
+    /// `recv()` of up to `bytes` on socket `i`: (bytes read, CPU time of
+    /// the copy and of a credit update if the transport sends one, kick).
+    pub fn recv(&mut self, dev: &mut VirtioVsockDev, i: usize, bytes: u32) -> (u32, Time, bool) {
+        let Some(s) = self.socks.get_mut(i).and_then(|s| s.as_mut()) else {
+            return (0, 0, false);
+        };
+        let (n, update) = s.conn.recv(bytes);
+        let mut cost = self.costs.copy_per_kib * u64::from(n) / 1024;
+        let mut kick = false;
+        if let Some(u) = update {
+            cost += self.costs.tx_pkt;
+            kick = self.queue_control(dev, u);
+        }
+        (n, cost, kick)
+    }
+
+    /// `send()` of up to `bytes` on socket `i`, as [`VsockDriver::send`]:
+    /// RW packets within the peer's credit, each copied onto the TX ring.
+    pub fn send(&mut self, dev: &mut VirtioVsockDev, i: usize, bytes: u32) -> SendPass {
+        let c = self.costs;
+        let mut p = SendPass::default();
+        let Some(s) = self.socks.get_mut(i).and_then(|s| s.as_mut()) else {
+            p.blocked = true;
+            return p;
+        };
+        while p.bytes < bytes {
+            if dev.tx.num_free() == 0 || !self.pending.is_empty() {
+                self.counters.ring_full += 1;
+                p.blocked = true;
+                break;
+            }
+            let Some(h) = s.conn.send(bytes - p.bytes) else {
+                self.counters.credit_stalls += 1;
+                p.blocked = true;
+                break;
+            };
+            let ok = dev.send(h);
+            debug_assert!(ok, "a descriptor was free");
+            p.bytes += h.len;
+            p.cost += c.tx_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
+            self.counters.pkts_sent += 1;
+            self.counters.bytes_sent += u64::from(h.len);
+        }
+        p.kick = dev.tx.kick_prepare();
+        self.counters.kicks_tx += u64::from(p.kick);
+        p
+    }
+
+    /// `close()` of socket `i` (`vsock_release` → `virtio_transport_close`):
+    /// its SHUTDOWN (it lingers until the peer's RST) or, if the peer
+    /// already shut down, its RST (it goes at once). (CPU time, kick.)
+    pub fn close(&mut self, dev: &mut VirtioVsockDev, i: usize) -> (Time, bool) {
+        let Some(s) = self.socks.get_mut(i).and_then(|s| s.as_mut()) else {
+            return (0, false);
+        };
+        s.released = true;
+        let pkt = s.conn.close();
+        let gone = s.conn.state == State::Closed;
+        let mut out = (0, false);
+        if let Some(h) = pkt {
+            out = (self.costs.tx_pkt, self.queue_control(dev, h));
+        }
+        if gone {
+            self.remove(i);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,5 +856,75 @@ mod tests {
         let (reply, _) = g2.on_packet(&rw);
         assert_eq!(reply.map(|r| r.op), Some(Op::Rst));
         assert_eq!(g2.state, State::Closed);
+    }
+
+    /// `virtio_transport_recv_connected`: a peer's SHUTDOWN of both
+    /// directions resets only once nothing is left to read; with data
+    /// unread the socket stays until its owner's close(), which is then an
+    /// RST. A close() before the peer shut down sends SHUTDOWN and lingers
+    /// (Closing) until the peer's RST.
+    #[test]
+    fn shutdown_with_unread_data_waits_for_the_close() {
+        let (mut g, req) = VsockConn::connect((3, 80), (CID_HOST, 2000));
+        let (mut h, resp) = VsockConn::accept(&req).unwrap();
+        g.on_packet(&resp);
+        let d = g.send(4334).unwrap();
+        assert_eq!(h.on_packet(&d), (None, true));
+        let sd = g.close().unwrap();
+        assert_eq!(
+            (sd.op, sd.flags),
+            (Op::Shutdown, SHUTDOWN_RCV | SHUTDOWN_SEND)
+        );
+        assert_eq!(g.state, State::Closing, "lingers until the RST");
+        assert_eq!(h.on_packet(&sd), (None, true), "data unread: no RST");
+        assert_eq!(h.state, State::Established);
+        assert!(!h.at_eof());
+        assert_eq!(h.recv(8192).0, 4334);
+        assert!(h.at_eof());
+        let rst = h.close().unwrap();
+        assert_eq!(rst.op, Op::Rst);
+        assert_eq!(h.state, State::Closed);
+        assert_eq!(h.close(), None, "closed once");
+        g.on_packet(&rst);
+        assert_eq!(g.state, State::Closed);
+        // With nothing unread the SHUTDOWN is answered with RST at once.
+        let (mut g, req) = VsockConn::connect((3, 81), (CID_HOST, 2001));
+        let (mut h, resp) = VsockConn::accept(&req).unwrap();
+        g.on_packet(&resp);
+        let sd = g.close().unwrap();
+        assert_eq!(h.on_packet(&sd).0.map(|r| r.op), Some(Op::Rst));
+    }
+
+    /// The guest's listener: a REQUEST makes an established child on the
+    /// accept queue and a RESPONSE goes out before accept(); past the
+    /// backlog, or on a port nobody listens on, the answer is RST.
+    #[test]
+    fn a_listener_queues_requests_up_to_its_backlog() {
+        let mut dev = VirtioVsockDev::new(16, true, 3).unwrap();
+        let costs = VsockDriverCosts::default();
+        let mut st = VsockStack::probe(&mut dev, costs, &[80], 1, 4);
+        // Two REQUESTs to port 80, one to port 90, through the RX ring.
+        let reqs = [(2000, 80), (2001, 80), (2002, 90)]
+            .map(|(p, to)| VsockConn::connect((CID_HOST, p), (3, to)).1);
+        for r in reqs {
+            assert!(dev.fill_rx(r));
+        }
+        st.completion_work(&mut dev);
+        let mut out = Vec::new();
+        dev.tx.kick_prepare();
+        while let Some(h) = dev.pop_tx() {
+            out.push((h.dst_port, h.op));
+        }
+        assert_eq!(
+            out,
+            [(2000, Op::Response), (2001, Op::Rst), (2002, Op::Rst)],
+            "one accepted, one past the backlog, one to a closed port"
+        );
+        assert_eq!(st.counters.refused, 2);
+        assert!(st.accept_pending(80));
+        let i = st.accept(80).unwrap();
+        assert_eq!(st.sock(i).unwrap().conn.state, State::Established);
+        assert!(!st.accept_pending(80));
+        assert_eq!(st.open(), 1);
     }
 }

@@ -105,6 +105,10 @@ pub struct VhostVsock {
     pub conn: Option<VsockConn>,
     /// `send_pkt_list`: packets for the guest.
     pub send_pkt: VecDeque<Hdr>,
+    /// Host sockets that connected to the guest (relay processes'
+    /// `connect()` to a guest listener), by slot; empty unless a relay
+    /// connects.
+    pub socks: Vec<Option<VsockConn>>,
     /// Counters.
     pub counters: VsockCounters,
 }
@@ -118,8 +122,62 @@ impl VhostVsock {
             listen_port,
             conn: None,
             send_pkt: VecDeque::with_capacity(64),
+            socks: Vec::new(),
             counters: VsockCounters::default(),
         }
+    }
+
+    /// Room for `n` host sockets that connect to the guest.
+    pub fn with_sockets(mut self, n: usize) -> Self {
+        self.socks = vec![None; n];
+        self.send_pkt.reserve(4 * n);
+        self
+    }
+
+    /// `connect()` of a host socket on `local_port` to the guest's
+    /// (`cid`, `port`) (`vsock_connect` → `virtio_transport_connect`): the
+    /// socket's slot, its REQUEST queued for the guest (the caller queues
+    /// the RX handler). None if every slot is taken.
+    pub fn connect(&mut self, local_port: u32, cid: u64, port: u32) -> Option<usize> {
+        let i = self.socks.iter().position(|s| s.is_none())?;
+        let (c, req) =
+            VsockConn::connect((crate::hw::virtio_vsock::CID_HOST, local_port), (cid, port));
+        self.socks[i] = Some(c);
+        self.send_pkt.push_back(req);
+        Some(i)
+    }
+
+    /// `close()` of host socket `i` (`virtio_transport_close`): its RST or
+    /// SHUTDOWN goes to the guest; the slot is freed once the connection
+    /// is closed (at once after an RST, on the guest's RST after a
+    /// SHUTDOWN: [`Self::reap`]).
+    pub fn close(&mut self, i: usize) {
+        let Some(c) = self.socks.get_mut(i).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        if let Some(h) = c.close() {
+            self.send_pkt.push_back(h);
+        }
+        if c.state == State::Closed {
+            self.socks[i] = None;
+        }
+    }
+
+    /// Frees host socket `i` if its connection is closed.
+    pub fn reap(&mut self, i: usize) {
+        if self
+            .socks
+            .get(i)
+            .and_then(|s| s.as_ref())
+            .is_some_and(|c| c.state == State::Closed)
+        {
+            self.socks[i] = None;
+        }
+    }
+
+    /// Host sockets in use.
+    pub fn sockets_open(&self) -> usize {
+        self.socks.iter().filter(|s| s.is_some()).count()
     }
 
     /// Which handler eventfd `fd` queues, if it is one of this device's.
@@ -139,6 +197,19 @@ impl VhostVsock {
         };
         let reply = match &mut self.conn {
             Some(c) if ours(c) => {
+                let (reply, ok) = c.on_packet(h);
+                if !ok && h.op == Op::Rw {
+                    self.counters.dropped += 1;
+                }
+                reply
+            }
+            _ if self.socks.iter().flatten().any(ours) => {
+                let c = self
+                    .socks
+                    .iter_mut()
+                    .flatten()
+                    .find(|c| ours(c))
+                    .expect("found");
                 let (reply, ok) = c.on_packet(h);
                 if !ok && h.op == Op::Rw {
                     self.counters.dropped += 1;

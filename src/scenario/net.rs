@@ -289,6 +289,30 @@ direction = "send"
         ok(tcp, &["net.device=virtio"]);
     }
 
+    /// nginx against ApacheBench runs over virtio-vsock with a connection
+    /// per request (a relay process each); ab -k is refused by its key,
+    /// and so is another network workload beside it.
+    #[test]
+    fn virtio_vsock_runs_nginx_without_keep_alive_only() {
+        let web = r#"
+scheme = "kvm"
+duration_s = 0.1
+[host]
+io_cores = [1]
+[net]
+device = "virtio-vsock"
+[workload.nginx]
+workers = 2
+"#;
+        ok(web, &[]);
+        let e = err(web, &["workload.nginx.keep_alive=true"]);
+        assert!(e.contains("workload.nginx.keep_alive"), "{e}");
+        let e = err(web, &["workload.apache={}"]);
+        assert!(e.contains("nginx and apache cannot be combined"), "{e}");
+        let e = err(web, &["scheme=bare-metal"]);
+        assert!(e.contains("bare metal"), "{e}");
+    }
+
     #[test]
     fn itr_interval_is_checked_in_every_mode_and_warned_about_where_unused() {
         for itr in ["ixgbevf-3.6", "dynamic", "off", "fixed"] {

@@ -333,7 +333,8 @@ impl Scenario {
             }
         }
         // What the world runs over it: netperf TCP_STREAM with the VM as
-        // the sender, on a virtualized scheme, with the worker's core.
+        // the sender, or nginx against ApacheBench with a connection per
+        // request, on a virtualized scheme, with the worker's core.
         for (i, v) in self.vms.iter().enumerate() {
             let w = &v.workload;
             let key = if self.vms.len() == 1 && i == 0 {
@@ -341,6 +342,17 @@ impl Scenario {
             } else {
                 format!("vm[{i}].workload")
             };
+            if let Some(n) = &w.nginx {
+                if n.keep_alive {
+                    return bad(
+                        &format!("{key}.nginx"),
+                        "keep_alive",
+                        "over virtio-vsock the model runs ab's default, a connection per \
+                         request (keep_alive = false), each with its own relay process",
+                    );
+                }
+                continue;
+            }
             match &w.netperf {
                 Some(n) if n.direction == super::workloads::NetperfDirection::Send => {}
                 Some(_) => {
@@ -355,7 +367,7 @@ impl Scenario {
                         "net",
                         "device",
                         format!(
-                            "over virtio-vsock the model runs netperf TCP_STREAM only; {key} has another network workload"
+                            "over virtio-vsock the model runs netperf TCP_STREAM and nginx only; {key} has another network workload"
                         ),
                     )
                 }

@@ -24,6 +24,16 @@
 //!    socket; the driver's RX work takes the update, refills the RX ring
 //!    (and notifies its queue) and reclaims sent buffers.
 //!
+//! ApacheBench over vsock (`[vm.workload.nginx]`, docs/vcanal.md
+//! "ApacheBench over virtio-vsock"): the guest's server threads
+//! (`workloads::vsock::VsockHttpThread`) accept, serve and close AF_VSOCK
+//! connections on the guest's socket table (`guest::vsock::VsockStack`);
+//! on the host, socat `TCP-LISTEN,fork VSOCK-CONNECT` ([`HttpRelay`]):
+//! its parent accepts each of ab's TCP connections and forks a child,
+//! which connects to the guest over vsock, copies both ways, and closes
+//! both sockets once both streams ended. The parent and the children take
+//! the relay's place in the core's FIFO.
+//!
 //! Simplifications (named): the worker, the relay and the host NIC's
 //! softirq share the worker's core (`host.io_cores[0]`) as one FIFO of
 //! work items, as vCanal's service core runs its poller, pool and softirq
@@ -41,8 +51,9 @@ use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
 use crate::guest::app::Metrics;
+use crate::guest::tcp::TcpState;
 use crate::guest::tcp::{Tcp, TcpConfig};
-use crate::guest::vsock::{VsockDriver, VsockDriverCosts};
+use crate::guest::vsock::{State as VState, VsockDriver, VsockDriverCosts, VsockStack};
 use crate::guest::Kernel;
 use crate::hv::vhost_vsock::{Relay, RelayCosts, VhostVsock, VsockCosts, VsockCounters, VsockVq};
 use crate::hw::virtio_vsock::{VirtioVsockDev, CID_HOST};
@@ -88,7 +99,7 @@ const FLOW: u16 = 1;
 
 /// Whether VM workload `w` runs over virtio-vsock.
 pub(super) fn runs_over_vsock(s: &Scenario, w: &WorkloadSpec) -> bool {
-    s.net.device == NetDevice::VirtioVsock && w.netperf.is_some()
+    s.net.device == NetDevice::VirtioVsock && (w.netperf.is_some() || w.nginx.is_some())
 }
 
 /// The guest driver's interrupt as its kernel sees it: a handler that
@@ -126,6 +137,10 @@ enum Thread {
     None,
     Worker,
     Relay,
+    /// socat's listening parent (ApacheBench over vsock).
+    Parent,
+    /// A relay child, by process id.
+    Child(u32),
 }
 
 /// Counters of the worker's core.
@@ -144,6 +159,88 @@ struct Counters {
     rx_frames: u64,
     tx_frames: u64,
     wakeups: u64,
+}
+
+/// The phase of one relay process (socat's child for one accepted TCP
+/// connection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChildPhase {
+    /// Forked: its socket() and connect() to the guest come next.
+    Forked,
+    /// REQUEST sent, waiting for the guest's RESPONSE.
+    Connecting,
+    /// Copying both ways.
+    Relaying,
+    /// The guest's stream ended and the TCP side was shut down (FIN to
+    /// ab); waiting for ab's FIN to end the TCP stream.
+    Draining,
+}
+
+/// One relay process.
+#[derive(Clone, Copy, Debug)]
+struct Child {
+    /// Its TCP connection's slot (ab's connection slot).
+    slot: usize,
+    /// Which of the slot's connections it serves (its passive opens).
+    conn_no: u32,
+    /// Its vsock socket (a slot of the back end's host sockets).
+    vs: Option<usize>,
+    phase: ChildPhase,
+    /// A process id, for the switch between processes.
+    pid: u32,
+}
+
+/// Counters of the HTTP relay.
+#[derive(Clone, Copy, Debug, Default)]
+struct HttpCounters {
+    accepts: u64,
+    forks: u64,
+    exits: u64,
+    /// The guest refused a connection (RST to the REQUEST).
+    refused: u64,
+    parent_busy: Time,
+}
+
+/// ApacheBench over virtio-vsock, the host side: the host's TCP socket of
+/// each of ab's connection slots (flow `FLOW + i`, a passive socket that
+/// answers each SYN), socat's listening parent, which accepts each
+/// connection and forks a child for it, and the children, each of which
+/// connects a vsock socket to the guest's server and copies between the
+/// two until both streams end.
+struct HttpRelay {
+    socks: Vec<Tcp>,
+    /// The guest port slot i's connections go to (the port of the server
+    /// thread that owns ab's process).
+    guest_port: Vec<u32>,
+    children: Vec<Child>,
+    /// The next ephemeral port a child's vsock socket binds
+    /// (`vsock_auto_bind`: from 1024 up).
+    next_port: u32,
+    next_pid: u32,
+    /// Where the round robin over the children stands.
+    cursor: usize,
+    fork: Time,
+    accept: Time,
+    conn_request: Time,
+    syn_recv_sock: Time,
+    counters: HttpCounters,
+}
+
+impl HttpRelay {
+    /// The slot's TCP socket still carries child `c`'s connection (its
+    /// slot has not opened the next one).
+    fn tcp_of(&self, c: &Child) -> Option<&Tcp> {
+        let t = &self.socks[c.slot];
+        (t.connections_opened() == c.conn_no).then_some(t)
+    }
+
+    /// ab's side of child `c`'s TCP stream has ended: its FIN came (or
+    /// the slot already carries ab's next connection).
+    fn tcp_ended(&self, c: &Child) -> bool {
+        self.tcp_of(c).is_none_or(|t| {
+            t.at_eof() || matches!(t.state(), TcpState::TimeWait | TcpState::Closed)
+        })
+    }
 }
 
 /// The vsock path of the machine (one VM).
@@ -181,6 +278,9 @@ pub(super) struct VsockPath {
     /// The most bytes the host socket held unread (at most its
     /// `buf_alloc` when the guest keeps to its credit).
     queued_max: u32,
+    /// ApacheBench over vsock: the per-connection relays and their TCP
+    /// sockets (None for the netperf stream).
+    http: Option<Box<HttpRelay>>,
 }
 
 /// Builds the vsock path: the device, the guest driver and program
@@ -205,29 +305,21 @@ pub(super) fn build(
             "net.device: virtio-vsock is modelled for one VM (one worker core and relay)".into(),
         );
     }
-    let n = v.workload.netperf.as_ref().ok_or("netperf missing")?;
     let core = *s.host.io_cores.first().ok_or("host.io_cores: empty")?;
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
     let mut dev = VirtioVsockDev::new(QUEUE_SIZE, s.net.event_idx, GUEST_CID)
         .map_err(|e| format!("net.device: {e}"))?;
-    let (drv, req) = VsockDriver::probe(
-        &mut dev,
-        (GUEST_CID, GUEST_PORT),
-        (CID_HOST, RELAY_PORT),
-        VsockDriverCosts {
-            tx_pkt: t_ns(&cal.vsock.guest_tx_pkt_ns),
-            rx_pkt: t_ns(&cal.vsock.guest_rx_pkt_ns),
-            copy_per_kib: t_ns(&g.copy_per_kib_ns),
-        },
-    );
+    let drv_costs = VsockDriverCosts {
+        tx_pkt: t_ns(&cal.vsock.guest_tx_pkt_ns),
+        rx_pkt: t_ns(&cal.vsock.guest_rx_pkt_ns),
+        copy_per_kib: t_ns(&g.copy_per_kib_ns),
+    };
     let ports = VsockPorts {
         rx: VSOCK_NOTIFY_PORT,
         tx: VSOCK_NOTIFY_PORT + 1,
     };
-    let app = VsockNetperf::new(drv, req, ports, n.msg_bytes, syscall);
     let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
-    kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
     // The relay's TCP to the client host: Linux defaults with TSO/GSO as
     // the host's NIC has them, both receive buffers as the other TCP
     // workloads' (as vCanal's host stack).
@@ -239,19 +331,42 @@ pub(super) fn build(
         s.guest.tcp_rcvbuf,
         s.guest.hz,
     );
-    let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
-    let iperf = IperfCosts {
-        syscall,
-        copy_per_kib: t_ns(&g.copy_per_kib_ns),
-    };
-    let netserver = IperfPeer::new(false, RECV_BYTES, iperf).instances(1, "netperf");
     let peer_costs = crate::world::build::peer_costs(s, cal);
-    let peer = PeerHost::new(vec![far], FLOW, Box::new(netserver), peer_costs, 1);
+    let (host, peer, http) = if let Some(n) = &v.workload.nginx {
+        let (peer, http) = build_http(n, cal, &mut dev, drv_costs, ports, tcp, peer_costs, kernel)?;
+        (
+            Tcp::new(tcp).map_err(|e| e.to_string())?,
+            peer,
+            Some(Box::new(http)),
+        )
+    } else {
+        let n = v.workload.netperf.as_ref().ok_or("netperf missing")?;
+        let (drv, req) = VsockDriver::probe(
+            &mut dev,
+            (GUEST_CID, GUEST_PORT),
+            (CID_HOST, RELAY_PORT),
+            drv_costs,
+        );
+        let app = VsockNetperf::new(drv, req, ports, n.msg_bytes, syscall);
+        kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
+        let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
+        let iperf = IperfCosts {
+            syscall,
+            copy_per_kib: t_ns(&g.copy_per_kib_ns),
+        };
+        let netserver = IperfPeer::new(false, RECV_BYTES, iperf).instances(1, "netperf");
+        let peer = PeerHost::new(vec![far], FLOW, Box::new(netserver), peer_costs, 1);
+        (host, peer, None)
+    };
     let fds = kick_fds(vm);
+    let back = match &http {
+        Some(h) => VhostVsock::new(vm, fds, NO_LISTENER).with_sockets(h.children.capacity()),
+        None => VhostVsock::new(vm, fds, RELAY_PORT),
+    };
     Ok(Some(VsockPath {
         vm,
         dev,
-        back: VhostVsock::new(vm, fds, RELAY_PORT),
+        back,
         relay: Relay::new(s.net.vsock_relay_buf_bytes),
         vc: VsockCosts {
             tx_per_pkt: t_ns(&cal.vsock.tx_pkt_ns),
@@ -290,7 +405,99 @@ pub(super) fn build(
         counters: Counters::default(),
         back_base: VsockCounters::default(),
         queued_max: 0,
+        http,
     }))
+}
+
+/// The back end's listening port when nothing on the host listens (the
+/// relays connect to the guest): `VMADDR_PORT_ANY`, which no packet names.
+const NO_LISTENER: u32 = u32::MAX;
+
+/// The server's AF_VSOCK port of thread j: `HTTP_PORT + j`, as the
+/// kernel-socket and vCanal servers number theirs.
+const HTTP_PORT: u32 = 80;
+
+/// Sockets the guest's table holds: ab's connections, those lingering
+/// until the relay's RST, and those queued on the listeners.
+const GUEST_SOCKETS: usize = 256;
+
+/// ApacheBench over vsock: the guest's socket table with a listener per
+/// server thread, the threads, the client host's ab (a connection per
+/// request), and the host's relay side.
+#[allow(clippy::too_many_arguments)]
+fn build_http(
+    n: &crate::scenario::NginxSpec,
+    cal: &Calibration,
+    dev: &mut VirtioVsockDev,
+    drv_costs: VsockDriverCosts,
+    ports: VsockPorts,
+    tcp: TcpConfig,
+    peer_costs: crate::workloads::peer::PeerCosts,
+    kernel: &mut Kernel,
+) -> Result<(PeerHost, HttpRelay), String> {
+    use crate::workloads::http::{ab_process_of, AbClient, ClientNames, HttpShape};
+    use crate::workloads::vsock::{VsockHttpCosts, VsockHttpThread};
+    let g = &cal.guest;
+    let workers = n.workers as usize;
+    let ab = n.ab_processes as usize;
+    let conns = ab * n.concurrency as usize;
+    let listen: Vec<u32> = (0..workers).map(|j| HTTP_PORT + j as u32).collect();
+    // nginx's listen backlog (511, NGX_LISTEN_BACKLOG).
+    let stack = VsockStack::probe(dev, drv_costs, &listen, 511, GUEST_SOCKETS.max(4 * conns));
+    let stack = std::rc::Rc::new(std::cell::RefCell::new(stack));
+    let shape = HttpShape {
+        request: n.request_bytes,
+        response: n.header_bytes + n.page_bytes,
+        keep_alive: false,
+    };
+    let costs = VsockHttpCosts {
+        syscall: t_ns(&g.syscall_ns),
+        request: t_ns(&g.nginx_request_ns),
+        connection: t_ns(&g.http_connection_ns),
+    };
+    let cpus = kernel.cpus();
+    for (j, &port) in listen.iter().enumerate() {
+        let app = VsockHttpThread::new(stack.clone(), j, port, ports, shape, costs, conns.max(1));
+        kernel.spawn_on(j % cpus, Box::new(app), 0, false);
+    }
+    // Both ends without Nagle, as vCanal's host sockets and the
+    // kernel-socket server's (a named simplification for socat, which
+    // does not set TCP_NODELAY: its response's sub-MSS tail would wait
+    // for ab's ACK of the first two segments).
+    let tcp = TcpConfig {
+        nagle: false,
+        ..tcp
+    };
+    let mut far = Vec::with_capacity(conns);
+    let mut socks = Vec::with_capacity(conns);
+    let mut guest_port = Vec::with_capacity(conns);
+    for i in 0..conns {
+        // ab replaces its end at its first poll; the host's answers each SYN.
+        far.push(Tcp::new(tcp).map_err(|e| e.to_string())?);
+        socks.push(Tcp::listen(tcp).map_err(|e| e.to_string())?);
+        guest_port.push(HTTP_PORT + (ab_process_of(i, ab) % workers.max(1)) as u32);
+    }
+    let names = ClientNames {
+        prefix: "nginx",
+        percentiles: "latency",
+    };
+    let client = AbClient::new(shape, conns, t_ns(&cal.peer.ab_request_ns), names)
+        .connection_costs(t_ns(&cal.peer.tcp_connect_ns), t_ns(&cal.peer.tcp_close_ns));
+    let peer = PeerHost::new(far, FLOW, Box::new(client), peer_costs, ab);
+    let relay = HttpRelay {
+        socks,
+        guest_port,
+        children: Vec::with_capacity(4 * conns),
+        next_port: 1024,
+        next_pid: 1,
+        cursor: 0,
+        fork: t_us(&cal.vsock.relay_fork_us),
+        accept: t_ns(&cal.vcanal.host_accept_ns),
+        conn_request: t_ns(&g.tcp_conn_request_ns),
+        syn_recv_sock: t_ns(&g.tcp_syn_recv_sock_ns),
+        counters: HttpCounters::default(),
+    };
+    Ok((peer, relay))
 }
 
 impl VsockPath {
@@ -317,6 +524,10 @@ impl VsockPath {
             self.counters.rx_frames += 1;
             if let Transport::Tcp(seg) = f.transport {
                 t += self.stack.tcp_rx_segment;
+                if self.http.is_some() {
+                    t += self.http_segment(f.flow, seg, t);
+                    continue;
+                }
                 self.tcp.on_segment(seg, t);
                 t += self.flush(t);
             }
@@ -342,6 +553,296 @@ impl VsockPath {
             0
         };
         self.last = th;
+        cost
+    }
+
+    /// ApacheBench over vsock: slot `i`'s TCP output from `at` (the
+    /// transmit path of each segment on the core). The time it took.
+    fn http_flush_slot(&mut self, i: usize, at: Time) -> Time {
+        let per = self.stack.tcp_tx_segment + self.stack.xmit;
+        let Some(h) = self.http.as_deref_mut() else {
+            return 0;
+        };
+        let mut t = at;
+        while let Some(seg) = h.socks[i].poll_output(t) {
+            t += per;
+            let f = Frame::tcp_gso(FLOW + i as u16, seg, self.mss, t);
+            self.wire.send(Towards::Peer, (), f, t);
+            self.counters.tx_frames += 1;
+        }
+        t - at
+    }
+
+    /// Every slot's TCP output from `at` (timers and ACKs).
+    fn http_flush(&mut self, at: Time) -> Time {
+        let n = self.http.as_ref().map_or(0, |h| h.socks.len());
+        let mut t = at;
+        for i in 0..n {
+            t += self.http_flush_slot(i, t);
+        }
+        t - at
+    }
+
+    /// A TCP segment of flow `flow` up the host stack to its slot's
+    /// socket at `t`: a SYN on the passive socket (`tcp_v4_conn_request`),
+    /// the final ACK that queues the connection for accept()
+    /// (`tcp_v4_syn_recv_sock`), or data and ACKs. The time it took past
+    /// the segment's receive.
+    fn http_segment(&mut self, flow: u16, seg: crate::hw::wire::TcpSegment, t: Time) -> Time {
+        let Some(h) = self.http.as_deref_mut() else {
+            return 0;
+        };
+        let Some(i) = flow
+            .checked_sub(FLOW)
+            .map(usize::from)
+            .filter(|&i| i < h.socks.len())
+        else {
+            return 0;
+        };
+        let tcp = &mut h.socks[i];
+        let before = tcp.state();
+        tcp.on_segment(seg, t);
+        let after = tcp.state();
+        let mut cost = 0;
+        if after == TcpState::SynReceived && before != after {
+            cost += h.conn_request;
+        } else if before == TcpState::SynReceived && after != before {
+            cost += h.syn_recv_sock;
+        }
+        cost + self.http_flush_slot(i, t + cost)
+    }
+
+    /// The earliest deadline of the slots' TCP sockets.
+    fn http_next_timer(&self) -> Option<Time> {
+        self.http
+            .as_ref()
+            .and_then(|h| h.socks.iter().filter_map(|t| t.next_timer()).min())
+    }
+
+    /// Runs the slots' TCP timers that are due at `now`.
+    fn http_timers(&mut self, now: Time) {
+        if let Some(h) = self.http.as_deref_mut() {
+            for t in &mut h.socks {
+                if t.next_timer().is_some_and(|d| d <= now) {
+                    t.on_timer(now);
+                }
+            }
+        }
+    }
+
+    /// Relay child `c`'s vsock socket.
+    fn child_sock(&self, c: &Child) -> Option<&crate::guest::vsock::VsockConn> {
+        c.vs.and_then(|i| self.back.socks.get(i))
+            .and_then(|s| s.as_ref())
+    }
+
+    /// Whether relay child `c` has something to do: its connect, the
+    /// guest's answer to it, bytes to move either way (select() says
+    /// readable on one side and writable on the other), the end of the
+    /// guest's stream, or the end of ab's.
+    fn child_ready(&self, h: &HttpRelay, c: &Child) -> bool {
+        let vs = self.child_sock(c);
+        match c.phase {
+            ChildPhase::Forked => true,
+            ChildPhase::Connecting => vs.is_none_or(|s| s.state != VState::Connecting),
+            ChildPhase::Relaying => {
+                let (Some(s), Some(tcp)) = (vs, h.tcp_of(c)) else {
+                    // A socket gone under it: the child ends.
+                    return true;
+                };
+                let tcp = Some(tcp);
+                let up = s.state == VState::Established
+                    && s.credit.space() > 0
+                    && tcp.is_some_and(|t| t.readable() > 0);
+                let down = s.credit.rx_bytes > 0 && tcp.is_some_and(|t| t.send_space() > 0);
+                up || down || s.at_eof()
+            }
+            ChildPhase::Draining => h.tcp_ended(c),
+        }
+    }
+
+    /// Whether socat's parent or one of its children has work.
+    fn http_ready(&self) -> bool {
+        let Some(h) = self.http.as_deref() else {
+            return false;
+        };
+        h.socks.iter().any(|t| t.accept_pending())
+            || h.children.iter().any(|c| self.child_ready(h, c))
+    }
+
+    /// One work item of the relay side at `at`: socat's parent accepts a
+    /// connection and forks its child, or the next ready child (round
+    /// robin) runs. The time it took.
+    fn http_step(&mut self, at: Time) -> Time {
+        let rc = self.rc;
+        let Some(h) = self.http.as_deref() else {
+            return 0;
+        };
+        if let Some(i) = h.socks.iter().position(|t| t.accept_pending()) {
+            // select() on the listener, accept(), fork().
+            let mut t = self.switch_to(Thread::Parent);
+            let h = self.http.as_deref_mut().expect("http");
+            h.socks[i].accept();
+            let pid = h.next_pid;
+            h.next_pid = h.next_pid.wrapping_add(1);
+            h.children.push(Child {
+                slot: i,
+                conn_no: h.socks[i].connections_opened(),
+                vs: None,
+                phase: ChildPhase::Forked,
+                pid,
+            });
+            h.counters.accepts += 1;
+            h.counters.forks += 1;
+            let cost = rc.select + rc.syscall + h.accept + h.fork;
+            h.counters.parent_busy += cost;
+            t += cost;
+            return t;
+        }
+        let n = h.children.len();
+        let Some(k) = (0..n)
+            .map(|j| (h.cursor + j) % n)
+            .find(|&k| self.child_ready(h, &h.children[k]))
+        else {
+            return 0;
+        };
+        let c = h.children[k];
+        let mut t = self.switch_to(Thread::Child(c.pid));
+        t += self.child_step(k, at + t);
+        if let Some(h) = self.http.as_deref_mut() {
+            h.cursor = k + 1;
+        }
+        t
+    }
+
+    /// Relay child `k` runs at `at`. The time it took.
+    fn child_step(&mut self, k: usize, at: Time) -> Time {
+        let (rc, st) = (self.rc, self.stack);
+        let Some(h) = self.http.as_deref_mut() else {
+            return 0;
+        };
+        let mut c = h.children[k];
+        let mut cost = 0;
+        let mut exit = false;
+        if c.phase == ChildPhase::Forked {
+            // socket(AF_VSOCK) and connect() to the server's port: the
+            // REQUEST goes to the guest through the worker's RX handler.
+            let port = h.next_port;
+            h.next_port = if h.next_port == u32::MAX - 1 {
+                1024
+            } else {
+                h.next_port + 1
+            };
+            cost += 2 * rc.syscall;
+            match self.back.connect(port, GUEST_CID, h.guest_port[c.slot]) {
+                Some(i) => {
+                    c.vs = Some(i);
+                    c.phase = ChildPhase::Connecting;
+                    self.rx_work = true;
+                }
+                None => exit = true,
+            }
+        } else if c.phase == ChildPhase::Connecting {
+            match c
+                .vs
+                .and_then(|i| self.back.socks[i].as_ref())
+                .map(|s| s.state)
+            {
+                Some(VState::Connecting) => {}
+                Some(VState::Established) => c.phase = ChildPhase::Relaying,
+                _ => {
+                    // The guest reset the connection: socat fails and
+                    // exits, closing ab's connection.
+                    h.counters.refused += 1;
+                    if h.socks[c.slot].connections_opened() == c.conn_no {
+                        h.socks[c.slot].close();
+                    }
+                    exit = true;
+                }
+            }
+        }
+        if c.phase == ChildPhase::Relaying
+            && (c.vs.and_then(|i| self.back.socks[i].as_ref()).is_none()
+                || h.socks[c.slot].connections_opened() != c.conn_no)
+        {
+            // Its vsock socket was freed or ab's connection is gone (not
+            // seen in a served run): socat ends the transfer.
+            c.phase = ChildPhase::Draining;
+        } else if c.phase == ChildPhase::Relaying && !exit {
+            // One select(), then each direction that is ready.
+            cost += rc.select;
+            let buf = self.relay.buf;
+            let live = h.socks[c.slot].connections_opened() == c.conn_no;
+            let vi = c.vs.expect("connected");
+            if let Some(s) = self.back.socks[vi].as_mut() {
+                let tcp = &mut h.socks[c.slot];
+                // ab → guest: read() the TCP socket, write() the vsock one.
+                if live && s.state == VState::Established && tcp.readable() > 0 {
+                    let n = tcp.readable().min(buf).min(s.credit.space());
+                    if n > 0 {
+                        if let Some(p) = s.send(n) {
+                            tcp.recv(p.len);
+                            self.back.send_pkt.push_back(p);
+                            self.rx_work = true;
+                            cost += 2 * rc.syscall
+                                + st.copy_per_kib * u64::from(p.len) / 1024
+                                + rc.copy_per_kib * u64::from(p.len) / 1024;
+                        }
+                    }
+                }
+                // guest → ab: read() the vsock socket, write() the TCP one.
+                let s = self.back.socks[vi].as_mut().expect("open");
+                let room = if live { tcp.send_space() } else { 0 };
+                if s.credit.rx_bytes > 0 && room > 0 {
+                    let (n, update) = s.recv(buf.min(room));
+                    let sent = tcp.send(n);
+                    debug_assert_eq!(sent, n, "the relay wrote what its socket had room for");
+                    if let Some(u) = update {
+                        self.back.send_pkt.push_back(u);
+                        self.rx_work = true;
+                        self.counters.credit_updates += 1;
+                    }
+                    self.counters.relay_bytes += u64::from(n);
+                    cost += 2 * rc.syscall
+                        + rc.copy_per_kib * u64::from(n) / 1024
+                        + st.copy_per_kib * u64::from(n) / 1024;
+                }
+                let s = self.back.socks[vi].as_ref().expect("open");
+                if s.at_eof() {
+                    // The guest's stream ended: shutdown(SHUT_WR) of the
+                    // TCP side (its FIN after the data).
+                    if live {
+                        tcp.close();
+                    }
+                    cost += rc.syscall;
+                    c.phase = ChildPhase::Draining;
+                }
+            }
+            self.counters.relay_steps += 1;
+            if live {
+                cost += self.http_flush_slot(c.slot, at + cost);
+            }
+        } else if c.phase == ChildPhase::Draining {
+            // ab's FIN came: both streams ended; socat closes both
+            // sockets and exits. The vsock close is an RST (the guest
+            // shut down both directions).
+            cost += 2 * rc.syscall;
+            if let Some(i) = c.vs {
+                self.back.close(i);
+                self.rx_work = true;
+            }
+            exit = true;
+        }
+        let h = self.http.as_deref_mut().expect("http");
+        if exit {
+            if let Some(i) = c.vs {
+                self.back.reap(i);
+            }
+            h.children.swap_remove(k);
+            h.counters.exits += 1;
+        } else {
+            h.children[k] = c;
+        }
         cost
     }
 
@@ -389,7 +890,9 @@ impl World {
         if v.tcp.next_timer().is_some_and(|t| t <= now) {
             v.tcp.on_timer(now);
         }
+        v.http_timers(now);
         let mut work = v.flush(now);
+        work += v.http_flush(now + work);
         if !v.rx.is_empty() {
             work += v.receive(now + work);
             if measuring {
@@ -402,7 +905,8 @@ impl World {
                 let turn = v.back.handle_tx(&mut v.dev, &v.vc);
                 v.tx_work = turn.requeue;
                 let queued = v.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
-                v.queued_max = v.queued_max.max(queued);
+                let relays = v.back.socks.iter().flatten().map(|c| c.credit.rx_bytes);
+                v.queued_max = v.queued_max.max(queued).max(relays.max().unwrap_or(0));
                 // Replies (RESPONSE, RST) on send_pkt_list:
                 // vhost_transport_send_pkt queues the RX handler.
                 v.rx_work |= turn.rx_pending;
@@ -420,6 +924,12 @@ impl World {
             work += t;
             if measuring {
                 v.counters.worker_busy += t;
+            }
+        } else if v.http_ready() {
+            let t = v.http_step(now + work);
+            work += t;
+            if measuring {
+                v.counters.relay_busy += t;
             }
         } else if v.relay_ready() > 0 {
             let mut t = v.switch_to(Thread::Relay);
@@ -448,6 +958,10 @@ impl World {
             // The relay socket's TCP timer (retransmission, persist) wakes
             // the core when it is due.
             if let Some(t) = v.tcp.next_timer() {
+                self.q
+                    .schedule(t.max(now + crate::engine::NS), Ev::VsockTcpTimer);
+            }
+            if let Some(t) = v.http_next_timer() {
                 self.q
                     .schedule(t.max(now + crate::engine::NS), Ev::VsockTcpTimer);
             }
@@ -490,7 +1004,9 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let due = v.tcp.next_timer().is_some_and(|t| t <= self.q.now());
+        let now = self.q.now();
+        let due = v.tcp.next_timer().is_some_and(|t| t <= now)
+            || v.http_next_timer().is_some_and(|t| t <= now);
         if due && std::mem::take(&mut v.asleep) {
             self.q.schedule_in(0, Ev::VsockStep);
         }
@@ -632,6 +1148,16 @@ impl World {
             "vsock.rx_no_buffer".into(),
             (b.rx_no_buffer - b0.rx_no_buffer) as f64,
         );
+        if let Some(h) = v.http.as_deref() {
+            let k = &h.counters;
+            out.insert("vsock.relay_forks_per_s".into(), k.forks as f64 / s);
+            out.insert("vsock.relay_forks".into(), k.forks as f64);
+            out.insert("vsock.relay_exits".into(), k.exits as f64);
+            out.insert("vsock.relay_refused".into(), k.refused as f64);
+            out.insert("vsock.relay_children".into(), h.children.len() as f64);
+            out.insert("vsock.parent_busy_pct".into(), pct(k.parent_busy));
+            out.insert("vsock.host_socks_open".into(), v.back.sockets_open() as f64);
+        }
     }
 
     /// The end of the warm-up.
@@ -640,6 +1166,9 @@ impl World {
             v.counters = Counters::default();
             v.back_base = v.back.counters;
             v.peer.reset_metrics();
+            if let Some(h) = v.http.as_deref_mut() {
+                h.counters = HttpCounters::default();
+            }
         }
     }
 }

@@ -297,6 +297,87 @@ fn a_connect_to_a_closed_port_is_reset() {
     assert_eq!(g.state, State::Closed);
 }
 
+/// One ab connection's vsock half, round by round through the real rings
+/// (Linux 5.x `virtio_transport_common.c`): the host's connect() sends a
+/// REQUEST, the guest's listener makes a child socket and answers with a
+/// RESPONSE before the program accepts; the request goes host → guest,
+/// the response guest → host; the guest's close() sends a SHUTDOWN of
+/// both directions and its socket lingers; the host, with the response
+/// unread, keeps its socket until the relay has read it (the stream then
+/// ends), and the relay's close() is an RST, on which the guest's socket
+/// goes. At the end neither side holds a socket.
+#[test]
+fn a_connection_opens_carries_one_exchange_and_closes_on_both_sides() {
+    use exitless::guest::vsock::{VsockDriverCosts, VsockStack};
+    let drv = VsockDriverCosts {
+        tx_pkt: 700 * NS,
+        rx_pkt: 800 * NS,
+        copy_per_kib: 100 * NS,
+    };
+    let mut dev = VirtioVsockDev::new(64, true, GUEST.0).unwrap();
+    let mut st = VsockStack::probe(&mut dev, drv, &[80, 81], 4, 8);
+    let mut b = VhostVsock::new(0, [10, 11], u32::MAX).with_sockets(4);
+    let c = costs();
+    // Moves what each side queued until both are quiet.
+    let pump = |dev: &mut VirtioVsockDev, st: &mut VsockStack, b: &mut VhostVsock| {
+        for _ in 0..8 {
+            b.handle_rx(dev, &c);
+            st.completion_work(dev);
+            b.handle_tx(dev, &c);
+        }
+    };
+    for round in 0..3u32 {
+        let hs = b.connect(2000 + round, GUEST.0, 80).expect("a host socket");
+        assert_eq!(b.socks[hs].as_ref().unwrap().state, State::Connecting);
+        pump(&mut dev, &mut st, &mut b);
+        assert_eq!(b.socks[hs].as_ref().unwrap().state, State::Established);
+        assert!(st.accept_pending(80) && !st.accept_pending(81));
+        let gs = st.accept(80).expect("accepted");
+        // The request, 100 bytes, host to guest.
+        let req = b.socks[hs].as_mut().unwrap().send(100).unwrap();
+        b.queue_for_guest(req);
+        pump(&mut dev, &mut st, &mut b);
+        assert_eq!(st.sock(gs).unwrap().conn.credit.rx_bytes, 100);
+        assert_eq!(st.recv(&mut dev, gs, 100).0, 100);
+        // The response, then close(): SHUTDOWN, the socket lingers.
+        let p = st.send(&mut dev, gs, 4334);
+        assert_eq!(p.bytes, 4334);
+        st.close(&mut dev, gs);
+        assert_eq!(st.sock(gs).unwrap().conn.state, State::Closing);
+        pump(&mut dev, &mut st, &mut b);
+        let h = b.socks[hs].as_mut().unwrap();
+        assert_eq!(
+            h.state,
+            State::Established,
+            "the response is unread: no RST yet"
+        );
+        assert!(!h.at_eof());
+        assert_eq!(h.recv(8192).0, 4334);
+        assert!(h.at_eof(), "the guest's stream ended");
+        // The relay's close: an RST; both sockets go.
+        b.close(hs);
+        assert!(b.socks[hs].is_none());
+        pump(&mut dev, &mut st, &mut b);
+        assert!(
+            st.sock(gs).is_none(),
+            "round {round}: the guest's socket went"
+        );
+        assert_eq!(st.open(), 0);
+        assert_eq!(b.sockets_open(), 0);
+    }
+    assert_eq!(st.counters.requests, 3);
+    assert_eq!(st.counters.removed, 3);
+    assert_eq!(st.counters.refused, 0);
+    assert_eq!(b.counters.resets, 0);
+    // A REQUEST to a port nobody listens on is reset by the guest.
+    let hs = b.connect(3000, GUEST.0, 8080).unwrap();
+    pump(&mut dev, &mut st, &mut b);
+    assert_eq!(st.counters.refused, 1);
+    assert_eq!(b.socks[hs].as_ref().unwrap().state, State::Closed);
+    b.reap(hs);
+    assert_eq!(b.sockets_open(), 0);
+}
+
 /// netperf TCP_STREAM over virtio-vsock through the world: the worker and
 /// the relay on core 2, the vCPU on core 1; no warm-up, so every counter
 /// covers the whole stream.
@@ -433,6 +514,157 @@ fn event_idx_saves_the_kicks_made_while_the_worker_is_queued() {
 fn the_world_path_is_deterministic() {
     let a = run_text(WORLD, &["scheme=kvm"]);
     let b = run_text(WORLD, &["scheme=kvm"]);
+    assert_eq!(a.metrics, b.metrics);
+    assert_eq!(
+        a.vms[0].exits_per_s_by_reason,
+        b.vms[0].exits_per_s_by_reason
+    );
+}
+
+// ---- ApacheBench over vsock: a connection per request ----
+
+/// vcanal.ab's workload over virtio-vsock (`validation/vcanal/vsock-ab.toml`)
+/// from t = 0, so the counters are totals.
+fn run_ab(sets: &[&str]) -> exitless::report::RunReport {
+    run_ab_with(sets, |_| {})
+}
+
+/// [`run_ab`] with a calibration changed by `tweak`.
+fn run_ab_with(
+    sets: &[&str],
+    tweak: impl FnOnce(&mut exitless::calibration::Calibration),
+) -> exitless::report::RunReport {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("validation/vcanal/vsock-ab.toml");
+    let mut all: Vec<String> = vec!["warmup_s=0".into(), "duration_s=0.04".into()];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    let s = exitless::scenario::Scenario::load(&path, &all).expect("scenario loads");
+    let mut cal = exitless::calibration::Calibration::default_host();
+    tweak(&mut cal);
+    let mut w = exitless::world::World::build(&s, &cal).expect("world builds");
+    w.run(|_| {});
+    w.report()
+}
+
+/// ab's 16 connection slots over many connections: every request ab
+/// wrote was answered (the server served what ab completed, up to the
+/// requests in flight), every connection the relay opened to the guest
+/// was accepted, and every one that finished was closed on both sides:
+/// the guest's sockets removed (SHUTDOWN, then the relay's RST), the
+/// relay's children exited and their host sockets freed, so what is
+/// open at the end is bounded by the connections in flight, not by the
+/// run's length. Nothing was refused, reset or dropped (credit kept).
+#[test]
+fn ab_over_vsock_answers_every_request_and_closes_every_connection() {
+    for scheme in ["kvm", "apicv"] {
+        let r = run_ab(&[&format!("scheme={scheme}")]);
+        assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
+        let m = |k: &str| metric(&r, k);
+        let conns = 16.0;
+        let completed = m("nginx.completed");
+        let served = m("nginx.served.worker0") + m("nginx.served.worker1");
+        assert!(completed > 200.0, "{scheme}: {completed} requests");
+        assert!(
+            served >= completed && served - completed <= conns,
+            "{scheme}: served {served}, ab completed {completed}"
+        );
+        // Both server threads served their share.
+        assert!(m("nginx.served.worker0") > 0.3 * served, "{scheme}");
+        assert!(m("nginx.served.worker1") > 0.3 * served, "{scheme}");
+        // Guest side: each REQUEST made a socket; the sockets still in
+        // the table are those not yet reset by the relay.
+        let requests = m("vsock.guest_requests");
+        let removed = m("vsock.guest_removed");
+        let open = m("vsock.guest_socks_open");
+        assert_eq!(requests - removed, open, "{scheme}: guest table");
+        assert!(open <= 2.0 * conns, "{scheme}: {open} guest sockets open");
+        assert!(removed >= completed - conns, "{scheme}: {removed} closed");
+        assert!(m("vsock.guest_accepted") >= served, "{scheme}");
+        // Host side: each accepted TCP connection forked a relay; the
+        // relays still alive are those in flight.
+        let forks = m("vsock.relay_forks");
+        let exits = m("vsock.relay_exits");
+        let live = m("vsock.relay_children");
+        assert_eq!(forks - exits, live, "{scheme}: relay processes");
+        assert!(live <= 2.0 * conns, "{scheme}: {live} relays alive");
+        assert!(m("vsock.host_socks_open") <= live, "{scheme}");
+        assert!(
+            exits >= completed - conns,
+            "{scheme}: {exits} relays exited"
+        );
+        for k in [
+            "vsock.guest_refused",
+            "vsock.relay_refused",
+            "vsock.resets",
+            "vsock.dropped",
+            "vsock.guest_dropped",
+        ] {
+            assert_eq!(m(k), 0.0, "{scheme}: {k}");
+        }
+        let most = m("vsock.host_queued_max_bytes");
+        assert!(
+            most > 0.0 && most <= f64::from(DEFAULT_BUF_SIZE),
+            "{scheme}"
+        );
+    }
+}
+
+/// A response larger than the relay socket's buffer (256 KiB): the
+/// guest's send() runs out of credit, sleeps until the relay's reads
+/// return it (CREDIT_UPDATE), and every response still arrives whole,
+/// with nothing dropped and the host socket never past its buffer. (ab's
+/// model reads a response once it is whole, so its window must hold one:
+/// a fixed 512 KiB receive buffer.)
+#[test]
+fn a_response_larger_than_the_credit_waits_for_credit_updates() {
+    let r = run_ab(&[
+        "scheme=apicv",
+        "vm.0.workload.nginx.page_bytes=300000",
+        "guest.tcp_rcvbuf=\"fixed-512k\"",
+    ]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+    let m = |k: &str| metric(&r, k);
+    assert!(m("nginx.completed") > 20.0, "{}", m("nginx.completed"));
+    assert_eq!(m("nginx.completed"), m("vsock.relay_exits"));
+    assert!(m("vsock.guest_credit_stalls") > 0.0);
+    assert!(m("vsock.credit_updates_per_s") > 0.0);
+    assert_eq!(m("vsock.dropped"), 0.0);
+    assert_eq!(m("vsock.guest_dropped"), 0.0);
+    let most = m("vsock.host_queued_max_bytes");
+    assert!(
+        most > f64::from(DEFAULT_BUF_SIZE) / 2.0 && most <= f64::from(DEFAULT_BUF_SIZE),
+        "the relay socket held {most} bytes"
+    );
+}
+
+/// The relay's interrupts and kicks go through the scheme as the stream's
+/// do: kvm injects the device's interrupts (an EOI exit each), apicv
+/// posts them; each guest kick is one I/O-instruction exit. The rate is
+/// the host core's (forks), which posting does not move.
+#[test]
+fn ab_over_vsock_exits_follow_the_scheme() {
+    let kvm = run_ab(&["scheme=kvm"]);
+    let apicv = run_ab(&["scheme=apicv"]);
+    let irqs = metric(&kvm, "vsock.irqs_per_s");
+    assert!(irqs > 1000.0, "{irqs}");
+    assert!(rate(&kvm, "MSR_WRITE") >= 0.9 * irqs);
+    let posted_irq_exits = rate(&apicv, "MSR_WRITE") + rate(&apicv, "EXTERNAL_INTERRUPT");
+    assert!(posted_irq_exits < 0.3 * metric(&apicv, "vsock.irqs_per_s"));
+    assert_kicks_exit(&kvm, "kvm");
+    assert_kicks_exit(&apicv, "apicv");
+    let (a, b) = (metric(&kvm, "nginx.rps"), metric(&apicv, "nginx.rps"));
+    assert!((a - b).abs() < 0.05 * a, "kvm {a}, apicv {b} req/s");
+    // The relay's per-connection cost is what bounds it: with no fork the
+    // same core serves more than twice the requests.
+    let free = run_ab_with(&["scheme=apicv"], |c| c.vsock.relay_fork_us.value = 0.0);
+    assert!(metric(&free, "nginx.rps") > 2.0 * b);
+}
+
+/// Same scenario, same seed: the same ab run.
+#[test]
+fn ab_over_vsock_is_deterministic() {
+    let a = run_ab(&["scheme=apicv"]);
+    let b = run_ab(&["scheme=apicv"]);
     assert_eq!(a.metrics, b.metrics);
     assert_eq!(
         a.vms[0].exits_per_s_by_reason,
