@@ -613,7 +613,10 @@ mod tests {
         // 5 writev (2 + 10), one signal (2 * 2 + 5), the futex entry (2).
         assert_eq!(tx.time, 5 * 12 + 9 + 2);
         assert_eq!(d.threads[Role::Tx as usize].sleep, Sleep::Cond);
-        assert!(send(&mut vq, 1, 5), "the ring was found empty: kicks are on");
+        assert!(
+            send(&mut vq, 1, 5),
+            "the ring was found empty: kicks are on"
+        );
     }
 
     /// While the TX thread drains, the guest's adds do not kick (each
@@ -626,7 +629,10 @@ mod tests {
         d.kick(8);
         run(&mut d, &mut vq, Role::Ioeventfd);
         assert!(d.finish(Role::Tx, &mut vq) == Done::default());
-        assert!(matches!(d.resume(Role::Tx, &mut vq, &costs()), Next::Unit(_)));
+        assert!(matches!(
+            d.resume(Role::Tx, &mut vq, &costs()),
+            Next::Unit(_)
+        ));
         assert!(!send(&mut vq, 3, 2), "the thread is behind: no kick");
         let tx = run(&mut d, &mut vq, Role::Tx);
         assert_eq!(tx.sent, vec![0, 1, 2, 3, 4]);

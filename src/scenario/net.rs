@@ -130,9 +130,39 @@ pub struct NetSpec {
     /// or `off` (an interrupt per frame). Each interrupt's poll GRO-merges
     /// what it takes.
     pub peer_itr: PeerItr,
+    /// The virtio-net device's back end in the host: `vhost` (vhost-net's
+    /// in-kernel worker, the default) or `kvmtool-tap` (kvm-tools' 2012
+    /// userspace back end: an ioeventfd thread, a TX and an RX thread,
+    /// one readv/writev on the tap per frame, interrupts by
+    /// `KVM_IRQ_LINE`; `hv::kvmtool_net`). Both run on `host.io_cores`.
+    pub backend: NetBackend,
     /// `device = "virtio-vsock"`: the host relay's buffer, the most one
     /// read and one write move (socat's `-b`, 8192 by default), in bytes.
     pub vsock_relay_buf_bytes: u32,
+}
+
+/// The back end of a virtio-net device (`net.backend`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetBackend {
+    /// vhost-net: one in-kernel worker thread per device.
+    #[default]
+    Vhost,
+    /// kvm-tools' userspace back end over a tap (`vhost=0`, its default
+    /// in 2012).
+    KvmtoolTap,
+}
+
+impl NetBackend {
+    /// Its name in a scenario.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetBackend::Vhost => "vhost",
+            NetBackend::KvmtoolTap => "kvmtool-tap",
+        }
+    }
 }
 
 /// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
@@ -172,6 +202,7 @@ impl Default for NetSpec {
             peer: VirtioPeer::Host,
             peer_gso: true,
             peer_itr: PeerItr::Adaptive,
+            backend: NetBackend::Vhost,
             vsock_relay_buf_bytes: 8192,
         }
     }
