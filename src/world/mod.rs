@@ -333,9 +333,14 @@ impl World {
             for t in 0..st.s.threads() {
                 host_threads.push(match vcpus.get(t) {
                     Some(&(vm, i)) => format!("vCPU thread vm{vm} vcpu{i}"),
-                    None => match st.io_worker_of(t) {
-                        Some(w) => format!("vhost worker {w}"),
-                        None => format!("host thread {t}"),
+                    None => match (st.io_worker_of(t), st.kvmtool_of(t)) {
+                        (Some(w), _) => format!("vhost worker {w}"),
+                        (None, Some(k)) => format!(
+                            "kvmtool dev{} {} thread",
+                            k / crate::hv::kvmtool_net::THREADS,
+                            crate::hv::kvmtool_net::Role::of(k).name()
+                        ),
+                        (None, None) => format!("host thread {t}"),
                     },
                 });
             }
