@@ -193,7 +193,7 @@ fn the_kvmtool_path_is_deterministic() {
 #[test]
 fn bad_backends_are_refused_by_key() {
     let s = exitless::scenario::Scenario::parse(STREAM, &["net.backend=qemu".to_string()]);
-    let e = s.err().expect("unknown back end refused").to_string();
+    let e = s.expect_err("unknown back end refused").to_string();
     assert!(e.contains("backend"), "{e}");
     let s =
         exitless::scenario::Scenario::parse(STREAM, &["scheme=elvis".to_string()]).expect("parses");
