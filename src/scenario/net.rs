@@ -136,6 +136,12 @@ pub struct NetSpec {
     /// one readv/writev on the tap per frame, interrupts by
     /// `KVM_IRQ_LINE`; `hv::kvmtool_net`). Both run on `host.io_cores`.
     pub backend: NetBackend,
+    /// With `backend = "kvmtool-tap"`: its threads are pinned to their
+    /// `host.io_cores` entry (true, the default), or free to run on every
+    /// core under the host scheduler, starting there (false: a process's
+    /// threads under default scheduling, which wakes a thread onto an
+    /// idle core).
+    pub kvmtool_affinity: bool,
     /// `device = "virtio-vsock"`: the host relay's buffer, the most one
     /// read and one write move (socat's `-b`, 8192 by default), in bytes.
     pub vsock_relay_buf_bytes: u32,
@@ -203,6 +209,7 @@ impl Default for NetSpec {
             peer_gso: true,
             peer_itr: PeerItr::Adaptive,
             backend: NetBackend::Vhost,
+            kvmtool_affinity: true,
             vsock_relay_buf_bytes: 8192,
         }
     }
@@ -242,6 +249,13 @@ impl NetSpec {
                 "net",
                 "device",
                 "virtio needs a hypervisor: bare metal has no vhost",
+            );
+        }
+        if !self.kvmtool_affinity && self.backend != NetBackend::KvmtoolTap {
+            return bad(
+                "net",
+                "kvmtool_affinity",
+                "false places kvm-tools' threads; it needs net.backend = \"kvmtool-tap\"",
             );
         }
         let q = self.queue_size;

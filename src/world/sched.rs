@@ -90,8 +90,10 @@ impl SchedState {
     /// worker) that share their core with another thread; a worker alone
     /// on its core runs whenever it has work, outside the scheduler. Last,
     /// the vCanal service's polling thread and its pool threads, then
-    /// kvm-tools' back-end threads, each pinned to its core in
-    /// `kvmtool_cores` (they always share a core with each other).
+    /// kvm-tools' back-end threads, each starting on its core in
+    /// `kvmtool_cores`, pinned there with `net.kvmtool_affinity` (they
+    /// always share a core with each other) and free to run on every core
+    /// without.
     pub fn build(
         s: &Scenario,
         vcpus: &[VcpuThread],
@@ -154,7 +156,12 @@ impl SchedState {
         let canal = poller;
         let kvmtool_base = sched.threads();
         for &c in kvmtool_cores {
-            sched.add_thread(0, crate::engine::CpuMask::single(c), c);
+            let allowed = if s.net.kvmtool_affinity {
+                crate::engine::CpuMask::single(c)
+            } else {
+                crate::engine::CpuMask::EMPTY
+            };
+            sched.add_thread(0, allowed, c);
         }
         Some(SchedState {
             s: sched,

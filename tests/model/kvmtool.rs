@@ -195,6 +195,15 @@ fn bad_backends_are_refused_by_key() {
     let s = exitless::scenario::Scenario::parse(STREAM, &["net.backend=qemu".to_string()]);
     let e = s.expect_err("unknown back end refused").to_string();
     assert!(e.contains("backend"), "{e}");
+    let s = exitless::scenario::Scenario::parse(
+        STREAM,
+        &[
+            "net.backend=vhost".to_string(),
+            "net.kvmtool_affinity=false".to_string(),
+        ],
+    );
+    let e = s.expect_err("placement of threads vhost lacks").to_string();
+    assert!(e.contains("kvmtool_affinity"), "{e}");
     let s =
         exitless::scenario::Scenario::parse(STREAM, &["scheme=elvis".to_string()]).expect("parses");
     let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
@@ -202,4 +211,30 @@ fn bad_backends_are_refused_by_key() {
         .expect("ELVIS needs vhost's worker")
         .to_string();
     assert!(e.contains("net.backend"), "{e}");
+}
+
+/// Without affinity (`net.kvmtool_affinity = false`) the threads start on
+/// the vCPU's core but CFS wakes them onto idle cores: the guest keeps its
+/// core (time in guest as with the threads on a core of their own) and
+/// the threads migrate.
+#[test]
+fn free_threads_leave_the_vcpus_core() {
+    let mut sets = NO_OFFLOAD.to_vec();
+    sets.push("host.io_cores=[1]");
+    let pinned = run_text(STREAM, &sets);
+    sets.push("net.kvmtool_affinity=false");
+    let free = run_text(STREAM, &sets);
+    assert_eq!(pinned.violations() + free.violations(), 0);
+    let tig = |r: &exitless::report::RunReport| r.vms[0].tig_pct;
+    assert!(
+        tig(&free) > tig(&pinned) + 20.0,
+        "time in guest: pinned {}, free {}",
+        tig(&pinned),
+        tig(&free)
+    );
+    let (p, f) = (
+        metric(&pinned, "netperf.throughput_gbps"),
+        metric(&free, "netperf.throughput_gbps"),
+    );
+    assert!(f > p, "pinned {p} Gb/s, free {f} Gb/s");
 }
