@@ -180,6 +180,15 @@ section!(Vsock {
     relay_copy_per_kib_ns,
     relay_fork_us,
 });
+section!(Kvmtool {
+    wakeup_us,
+    syscall_ns,
+    ioeventfd_event_ns,
+    tap_write_per_frame_ns,
+    tap_read_per_frame_ns,
+    copy_per_kib_ns,
+    irq_line_ns,
+});
 section!(Peer {
     rx_segment_ns,
     tx_segment_ns,
@@ -214,6 +223,7 @@ pub struct Calibration {
     pub blk: Blk,
     pub vcanal: Vcanal,
     pub vsock: Vsock,
+    pub kvmtool: Kvmtool,
     /// The ARM host's calibration (its own file,
     /// `calibration/arm-kvm-host.toml`), which ARM worlds use. It is not
     /// part of the x86 file: an overlay reaches its entries by the same

@@ -9,6 +9,7 @@ pub mod blk_backend;
 pub mod es2;
 pub mod exits;
 pub mod host;
+pub mod kvmtool_net;
 pub mod sched;
 pub mod scheme;
 pub mod vcanal;

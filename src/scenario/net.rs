@@ -130,9 +130,45 @@ pub struct NetSpec {
     /// or `off` (an interrupt per frame). Each interrupt's poll GRO-merges
     /// what it takes.
     pub peer_itr: PeerItr,
+    /// The virtio-net device's back end in the host: `vhost` (vhost-net's
+    /// in-kernel worker, the default) or `kvmtool-tap` (kvm-tools' 2012
+    /// userspace back end: an ioeventfd thread, a TX and an RX thread,
+    /// one readv/writev on the tap per frame, interrupts by
+    /// `KVM_IRQ_LINE`; `hv::kvmtool_net`). Both run on `host.io_cores`.
+    pub backend: NetBackend,
+    /// With `backend = "kvmtool-tap"`: its threads are pinned to their
+    /// `host.io_cores` entry (true, the default), or free to run on every
+    /// core under the host scheduler, starting there (false: a process's
+    /// threads under default scheduling, which wakes a thread onto an
+    /// idle core).
+    pub kvmtool_affinity: bool,
     /// `device = "virtio-vsock"`: the host relay's buffer, the most one
     /// read and one write move (socat's `-b`, 8192 by default), in bytes.
     pub vsock_relay_buf_bytes: u32,
+}
+
+/// The back end of a virtio-net device (`net.backend`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetBackend {
+    /// vhost-net: one in-kernel worker thread per device.
+    #[default]
+    Vhost,
+    /// kvm-tools' userspace back end over a tap (`vhost=0`, its default
+    /// in 2012).
+    KvmtoolTap,
+}
+
+impl NetBackend {
+    /// Its name in a scenario.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetBackend::Vhost => "vhost",
+            NetBackend::KvmtoolTap => "kvmtool-tap",
+        }
+    }
 }
 
 /// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
@@ -172,6 +208,8 @@ impl Default for NetSpec {
             peer: VirtioPeer::Host,
             peer_gso: true,
             peer_itr: PeerItr::Adaptive,
+            backend: NetBackend::Vhost,
+            kvmtool_affinity: true,
             vsock_relay_buf_bytes: 8192,
         }
     }
@@ -211,6 +249,13 @@ impl NetSpec {
                 "net",
                 "device",
                 "virtio needs a hypervisor: bare metal has no vhost",
+            );
+        }
+        if !self.kvmtool_affinity && self.backend != NetBackend::KvmtoolTap {
+            return bad(
+                "net",
+                "kvmtool_affinity",
+                "false places kvm-tools' threads; it needs net.backend = \"kvmtool-tap\"",
             );
         }
         let q = self.queue_size;

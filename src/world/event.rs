@@ -100,6 +100,12 @@ pub enum Ev {
         /// Nap generation.
         gen: u64,
     },
+    /// A thread of kvm-tools' virtio-net back end finished a unit of work,
+    /// woke up or was switched in.
+    KvmtoolStep {
+        /// Device d's thread of role r is `d * 3 + r`.
+        thread: u16,
+    },
     /// A block back end's QEMU thread finished a unit of work or woke up.
     BlkStep {
         /// The virtio-blk device whose back end it is.

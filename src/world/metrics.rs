@@ -30,6 +30,15 @@ impl World {
                 w.counters = Default::default();
             }
         }
+        if let Some(k) = &mut self.kvmtool {
+            for d in &mut k.devs {
+                d.counters = Default::default();
+                for t in &mut d.threads {
+                    t.busy = 0;
+                    t.wakeups = 0;
+                }
+            }
+        }
         self.scheme.reset_metrics();
         if let Some(a) = &mut self.el2 {
             a.reset_stats();
@@ -149,6 +158,55 @@ impl World {
         }
     }
 
+    /// Each kvm-tools back end's counters, as its VM's metrics (VM 0's by
+    /// their plain names), and its threads' CPU.
+    pub(super) fn kvmtool_metrics(
+        &self,
+        k: &super::kvmtool_net::KvmtoolPath,
+        metrics: &mut Metrics,
+        dur: f64,
+    ) {
+        use crate::hv::kvmtool_net::Role;
+        let ps = (dur * SEC as f64).max(1.0);
+        let mut all: Time = 0;
+        for d in &k.devs {
+            let v = &d.counters;
+            let prefix = crate::report::vm_prefix(d.vm);
+            let mut put = |k: &str, n: f64| {
+                metrics.insert(format!("{prefix}{k}"), n);
+            };
+            for (key, n) in [
+                ("kvmtool.kicks", v.kicks),
+                ("kvmtool.ioeventfd_events", v.events),
+                ("kvmtool.tx_frames", v.tx_frames),
+                ("kvmtool.rx_frames", v.rx_frames),
+                ("kvmtool.rx_signals", v.signals[0]),
+                ("kvmtool.tx_signals", v.signals[1]),
+                ("kvmtool.signals_suppressed", v.signals_suppressed),
+                ("kvmtool.lost_cond_signals", v.lost_cond_signals),
+                ("kvmtool.tap_drops", v.tap_drops),
+                ("kvmtool.rx_read_blocks", v.read_blocks),
+            ] {
+                put(key, n as f64);
+            }
+            for r in [Role::Ioeventfd, Role::Tx, Role::Rx] {
+                let t = &d.threads[r as usize];
+                all += t.busy;
+                put(
+                    &format!("kvmtool.{}_thread_busy_pct", r.name()),
+                    100.0 * t.busy as f64 / ps,
+                );
+                put(
+                    &format!("kvmtool.{}_thread_wakeups_per_s", r.name()),
+                    t.wakeups as f64 / dur.max(1e-12),
+                );
+            }
+        }
+        // The back end's threads' CPU, % of one core (vhost.io_cpu_pct's
+        // counterpart).
+        metrics.insert("kvmtool.io_cpu_pct".into(), 100.0 * all as f64 / ps);
+    }
+
     /// `all.<metric>` for each percentile metric two or more VMs report:
     /// the percentile of their merged histograms, over every VM's samples
     /// (docs/metrics.md, Several VMs).
@@ -254,6 +312,9 @@ impl World {
         }
         for b in &self.blk {
             b.metrics(&mut metrics);
+        }
+        if let Some(k) = &self.kvmtool {
+            self.kvmtool_metrics(k, &mut metrics, dur);
         }
         if let Some(pv) = &self.pv {
             self.vhost_metrics(pv, &mut metrics, dur);

@@ -10,6 +10,7 @@ mod el2;
 pub mod event;
 mod event_exits;
 mod host_link;
+mod kvmtool_net;
 mod metrics;
 mod net;
 mod sched;
@@ -119,6 +120,9 @@ pub struct World {
     nic_base: Vec<crate::hw::x86::nic::VfCounters>,
     /// The vhost side of the VMs' virtio-net devices, if any.
     pv: Option<Box<net::PvPath>>,
+    /// kvm-tools' userspace back end of the VMs' virtio-net devices, when
+    /// `net.backend = "kvmtool-tap"` (then `pv` is `None`).
+    kvmtool: Option<Box<kvmtool_net::KvmtoolPath>>,
     /// Each VM's virtio-net device, if it has one.
     net_dev_of_vm: Vec<Option<usize>>,
     /// When the receive side of the host's port is next free (frames from
@@ -329,9 +333,14 @@ impl World {
             for t in 0..st.s.threads() {
                 host_threads.push(match vcpus.get(t) {
                     Some(&(vm, i)) => format!("vCPU thread vm{vm} vcpu{i}"),
-                    None => match st.io_worker_of(t) {
-                        Some(w) => format!("vhost worker {w}"),
-                        None => format!("host thread {t}"),
+                    None => match (st.io_worker_of(t), st.kvmtool_of(t)) {
+                        (Some(w), _) => format!("vhost worker {w}"),
+                        (None, Some(k)) => format!(
+                            "kvmtool dev{} {} thread",
+                            k / crate::hv::kvmtool_net::THREADS,
+                            crate::hv::kvmtool_net::Role::of(k).name()
+                        ),
+                        (None, None) => format!("host thread {t}"),
                     },
                 });
             }
@@ -493,10 +502,12 @@ impl World {
             }
             Ev::Eventfd { fd } => {
                 self.pv_eventfd(fd);
+                self.kvmtool_eventfd(fd);
                 self.blk_eventfd(fd);
                 self.canal_eventfd(fd);
                 self.vsock_eventfd(fd);
             }
+            Ev::KvmtoolStep { thread } => self.kvmtool_step(thread as usize),
             Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
             Ev::VhostNapEnd { worker, gen } => self.pv_nap_end(worker as usize, gen),

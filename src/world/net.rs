@@ -288,6 +288,12 @@ impl World {
     fn host_stack_in_vhost(&self, d: u16, f: &Frame) -> (Time, Time) {
         let Some(pv) = &self.pv else { return (0, 0) };
         let vm = pv.devs[d as usize].vm;
+        self.host_stack_in_sender(vm, f)
+    }
+
+    /// The same work for a frame VM `vm`'s back end (vhost's worker, or
+    /// kvmtool's TX thread in its `writev`) handed to the tap.
+    pub(super) fn host_stack_in_sender(&self, vm: usize, f: &Frame) -> (Time, Time) {
         let Some(l) = self.peers.iter().find(|l| {
             l.vm == vm && l.peer.owns(f.flow) && matches!(l.attach, Attach::Bridge { .. })
         }) else {
@@ -394,7 +400,7 @@ impl World {
     /// A frame the guest sent left its device (a VM's tap, or a VF's TX
     /// queue) at `now`: it travels to the peer that owns its flow (among
     /// those attached to that device: each VM numbers its flows from 1).
-    fn frame_to_peer(&mut self, f: Frame, from: Source, now: Time) {
+    pub(super) fn frame_to_peer(&mut self, f: Frame, from: Source, now: Time) {
         let Some(p) = self.peers.iter().position(|l| {
             l.peer.owns(f.flow)
                 && match (l.attach, from) {
@@ -542,6 +548,9 @@ impl World {
         match link.attach {
             Attach::Bridge { .. } | Attach::Uplink { .. } => {
                 let vm = link.vm;
+                if self.kvmtool.is_some() {
+                    return self.kvmtool_tap_receive(vm, f);
+                }
                 let Some(d) = self.net_dev_of_vm.get(vm).copied().flatten() else {
                     return;
                 };

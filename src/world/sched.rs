@@ -69,6 +69,10 @@ pub struct SchedState {
     canal: Option<Tid>,
     canal_pool: Tid,
     canal_pool_n: usize,
+    /// kvm-tools' back-end threads from `kvmtool_base` on
+    /// (`kvmtool_n` of them; thread i is the back end's thread i).
+    kvmtool_base: Tid,
+    kvmtool_n: usize,
     /// Per vCPU: reported as a lost wake-up.
     stalled: Vec<bool>,
     /// vCPU loads on a core other than the one their VMCS was on.
@@ -85,12 +89,17 @@ impl SchedState {
     /// the burners, then the vhost workers (of `io_cores`, one entry per
     /// worker) that share their core with another thread; a worker alone
     /// on its core runs whenever it has work, outside the scheduler. Last,
-    /// the vCanal service's polling thread and its pool threads.
+    /// the vCanal service's polling thread and its pool threads, then
+    /// kvm-tools' back-end threads, each starting on its core in
+    /// `kvmtool_cores`, pinned there with `net.kvmtool_affinity` (they
+    /// always share a core with each other) and free to run on every core
+    /// without.
     pub fn build(
         s: &Scenario,
         vcpus: &[VcpuThread],
         io_cores: &[usize],
         canal: Option<CanalThreads>,
+        kvmtool_cores: &[usize],
         tick: Time,
     ) -> Option<SchedState> {
         let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
@@ -107,7 +116,12 @@ impl SchedState {
                     || io_cores.iter().enumerate().any(|(k, &o)| k != w && o == c)
             })
             .collect();
-        if s.host.burners.is_empty() && !shared && !halts && io_shared.is_empty() && canal.is_none()
+        if s.host.burners.is_empty()
+            && !shared
+            && !halts
+            && io_shared.is_empty()
+            && canal.is_none()
+            && kvmtool_cores.is_empty()
         {
             return None;
         }
@@ -140,6 +154,15 @@ impl SchedState {
             }
         }
         let canal = poller;
+        let kvmtool_base = sched.threads();
+        for &c in kvmtool_cores {
+            let allowed = if s.net.kvmtool_affinity {
+                crate::engine::CpuMask::single(c)
+            } else {
+                crate::engine::CpuMask::EMPTY
+            };
+            sched.add_thread(0, allowed, c);
+        }
         Some(SchedState {
             s: sched,
             switch_to: vec![None; s.machine.cores],
@@ -157,7 +180,15 @@ impl SchedState {
             canal,
             canal_pool,
             canal_pool_n,
+            kvmtool_base,
+            kvmtool_n: kvmtool_cores.len(),
         })
+    }
+
+    /// Which of kvm-tools' back-end threads scheduler thread `t` is.
+    pub(super) fn kvmtool_of(&self, t: Tid) -> Option<usize> {
+        t.checked_sub(self.kvmtool_base)
+            .filter(|&i| i < self.kvmtool_n)
     }
 
     /// The vhost worker thread `t` is, if it is one.
@@ -311,8 +342,18 @@ impl World {
             prev.and_then(|p| st.canal_of(p)),
             next.and_then(|n| st.canal_of(n)),
         );
+        let (prev_kt, next_kt) = (
+            prev.and_then(|p| st.kvmtool_of(p)),
+            next.and_then(|n| st.kvmtool_of(n)),
+        );
         if let Some(w) = prev_io {
             self.vhost_switched_out(w);
+        }
+        if let Some(t) = prev_kt {
+            self.kvmtool_switched_out(t);
+        }
+        if let Some(t) = next_kt {
+            self.kvmtool_switched_in(t, 0);
         }
         if let Some(who) = prev_canal {
             self.canal_switched_out(who);
@@ -495,6 +536,8 @@ impl World {
             self.reschedule(n);
         } else if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(n)) {
             self.vhost_switched_in(w, 0);
+        } else if let Some(t) = self.sched.as_ref().and_then(|st| st.kvmtool_of(n)) {
+            self.kvmtool_switched_in(t, 0);
         } else if let Some((who, core)) = self
             .sched
             .as_ref()
@@ -508,6 +551,12 @@ impl World {
     /// (it starts asleep, off the core).
     pub(super) fn sched_io_threads(&mut self) {
         let Some(st) = &self.sched else { return };
+        if let Some(k) = &mut self.kvmtool {
+            for (i, t) in k.threads.iter_mut().enumerate() {
+                t.tid = st.kvmtool_base + i;
+                t.on_cpu = false;
+            }
+        }
         let Some(pv) = &mut self.pv else { return };
         for (i, &w) in st.io_workers.iter().enumerate() {
             pv.threads[w].tid = Some(st.io_base + i);
@@ -535,6 +584,8 @@ impl World {
                         .schedule(now + lat, Ev::Reschedule { vcpu: tid as u16 });
                 } else if let Some(w) = st.io_worker(tid) {
                     self.vhost_switched_in(w, lat);
+                } else if let Some(t) = st.kvmtool_of(tid) {
+                    self.kvmtool_switched_in(t, lat);
                 } else if let Some(who) = st.canal_of(tid) {
                     self.canal_switched_in(who, core, lat);
                 }
@@ -592,6 +643,9 @@ impl World {
         if let Some(w) = self.sched.as_ref().and_then(|st| st.io_worker(tid)) {
             self.vhost_switched_out(w);
         }
+        if let Some(t) = self.sched.as_ref().and_then(|st| st.kvmtool_of(tid)) {
+            self.kvmtool_switched_out(t);
+        }
         self.switched_to(next, vcpus);
         self.trace_sched(core);
         true
@@ -607,8 +661,12 @@ impl World {
         }
         st.s.block(core, now);
         let canal = st.canal_of(tid);
+        let kt = st.kvmtool_of(tid);
         if let Some(w) = st.io_worker(tid) {
             self.vhost_switched_out(w);
+        }
+        if let Some(t) = kt {
+            self.kvmtool_switched_out(t);
         }
         if let Some(who) = canal {
             self.canal_switched_out(who);

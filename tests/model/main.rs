@@ -20,6 +20,7 @@ mod host_scheduler;
 mod invariants;
 mod iperf;
 mod kvm2026;
+mod kvmtool;
 mod limits;
 mod memcached;
 mod multi_vm;

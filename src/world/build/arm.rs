@@ -349,7 +349,7 @@ pub(in crate::world) fn build(
     if shared || floating || !s.host.burners.is_empty() {
         let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
-        w.sched = sched::SchedState::build(s, &vcpus, &[], None, tick).map(Box::new);
+        w.sched = sched::SchedState::build(s, &vcpus, &[], None, &[], tick).map(Box::new);
         w.sched_start();
     }
     for (c, first) in topo.first_on_core.iter().enumerate() {

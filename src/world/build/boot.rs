@@ -30,6 +30,7 @@ pub(in crate::world) struct Parts<'s> {
     pub guests: Vec<Kernel>,
     pub outside: Outside,
     pub pv: Option<net::PvPath>,
+    pub kvmtool: Option<crate::world::kvmtool_net::KvmtoolPath>,
     pub blk: Vec<blk::BlkPath>,
     pub canal: Option<crate::world::vcanal::CanalPath>,
     pub vsock: Option<crate::world::vsock::VsockPath>,
@@ -152,6 +153,7 @@ pub(in crate::world) fn power_on(
         guests,
         outside,
         pv,
+        kvmtool,
         blk,
         canal,
         vsock,
@@ -225,6 +227,7 @@ pub(in crate::world) fn power_on(
     w.bg_rate = bg_rate;
     w.rng_bg = rng_bg;
     w.pv = pv.map(Box::new);
+    w.kvmtool = kvmtool.map(Box::new);
     w.blk = blk;
     w.event_exits = s
         .report
@@ -264,9 +267,12 @@ pub(in crate::world) fn power_on(
         // vCanal's polling thread and network pool: pinned to the service
         // core, or ("w/o Affinity") free to run on every core.
         let canal = w.canal.as_ref().map(|c| c.sched_threads());
-        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, canal, tick).map(Box::new);
+        let kvmtool_cores = w.kvmtool.as_ref().map(|k| k.cores()).unwrap_or_default();
+        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, canal, &kvmtool_cores, tick)
+            .map(Box::new);
         w.sched_io_threads();
         w.sched_start();
+        w.kvmtool_start();
     }
     for (c, first) in topo.first_on_core.iter().enumerate() {
         if first.is_some() {
@@ -353,6 +359,7 @@ impl World {
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: vec![Default::default(); nvm],
             pv: None,
+            kvmtool: None,
             net_dev_of_vm: net_dev,
             port_rx_free: 0,
             peers: outside.peers,

@@ -12,6 +12,7 @@ use super::{VIRTIO_BLK_NOTIFY_PORT, VIRTIO_BLK_VECTOR, VIRTIO_NET_VECTORS, VIRTI
 use crate::calibration::Calibration;
 use crate::engine::{from_us, Time, SEC};
 use crate::hv::host::HostKernel;
+use crate::hv::kvmtool_net::{KvmtoolCosts, KvmtoolNet};
 use crate::hv::vhost::{VhostCosts, VhostNet, VhostWorker};
 use crate::hv::{HvCosts, HvState, VcpuState, VmState};
 use crate::scenario::{MsiMode, Scenario};
@@ -157,7 +158,7 @@ pub(in crate::world) fn vhost(
     topo: &Topology,
     devs: &DeviceMap,
 ) -> Option<net::PvPath> {
-    if !devs.has_virtio_net() {
+    if !devs.has_virtio_net() || s.net.backend != crate::scenario::NetBackend::Vhost {
         return None;
     }
     let v = &cal.vhost;
@@ -170,15 +171,7 @@ pub(in crate::world) fn vhost(
         .filter_map(|(vm, d)| d.map(|d| (vm, d)))
         .collect();
     let nworkers = on.len().div_ceil(per);
-    let io_cores = if s.host.io_cores.is_empty() {
-        // A host core of its own: the first from 2 up that no vCPU may
-        // run on (core 0 is the host's, core 1 the usual VM core).
-        vec![(2..topo.cores)
-            .find(|&c| !topo.vcpu_cores_mask.contains(c))
-            .unwrap_or(0)]
-    } else {
-        s.host.io_cores.clone()
-    };
+    let io_cores = io_cores(s, topo);
     let tap = v.tap_queue_frames.value as usize;
     Some(net::PvPath {
         devs: on
@@ -207,6 +200,58 @@ pub(in crate::world) fn vhost(
         nap: from_us(es2.sleep_us),
         side_core: false,
     })
+}
+
+/// The cores the virtio-net back ends' threads run on: `host.io_cores`,
+/// or a host core of its own: the first from 2 up that no vCPU may run on
+/// (core 0 is the host's, core 1 the usual VM core).
+fn io_cores(s: &Scenario, topo: &Topology) -> Vec<usize> {
+    if s.host.io_cores.is_empty() {
+        vec![(2..topo.cores)
+            .find(|&c| !topo.vcpu_cores_mask.contains(c))
+            .unwrap_or(0)]
+    } else {
+        s.host.io_cores.clone()
+    }
+}
+
+/// kvm-tools' userspace back ends of the virtio-net devices
+/// (`net.backend = "kvmtool-tap"`): three threads per device, those of
+/// device d on `io_cores[d % len]`. None with vhost or without virtio-net
+/// devices.
+pub(in crate::world) fn kvmtool(
+    s: &Scenario,
+    cal: &Calibration,
+    topo: &Topology,
+    devs: &DeviceMap,
+) -> Option<crate::world::kvmtool_net::KvmtoolPath> {
+    if !devs.has_virtio_net() || s.net.backend != crate::scenario::NetBackend::KvmtoolTap {
+        return None;
+    }
+    let k = &cal.kvmtool;
+    let on: Vec<(usize, usize)> = devs
+        .net_dev
+        .iter()
+        .enumerate()
+        .filter_map(|(vm, d)| d.map(|d| (vm, d)))
+        .collect();
+    let tap = cal.vhost.tap_queue_frames.value as usize;
+    Some(crate::world::kvmtool_net::KvmtoolPath::new(
+        on.iter()
+            .map(|&(vm, d)| KvmtoolNet::new(vm, d, net_kick_fds(d), tap))
+            .collect(),
+        vec![VIRTIO_NET_VECTORS; on.len()],
+        &io_cores(s, topo),
+        KvmtoolCosts {
+            wakeup: t_us(&k.wakeup_us),
+            syscall: t_ns(&k.syscall_ns),
+            ioeventfd_event: t_ns(&k.ioeventfd_event_ns),
+            tap_write: t_ns(&k.tap_write_per_frame_ns),
+            tap_read: t_ns(&k.tap_read_per_frame_ns),
+            copy_per_kib: t_ns(&k.copy_per_kib_ns),
+            irq_line: t_ns(&k.irq_line_ns),
+        },
+    ))
 }
 
 /// Each VM's QEMU block path (its own main loop and thread pool), for

@@ -116,6 +116,18 @@ impl World {
         let hv = hypervisor::state(s, cal, &topo, &devs);
         let costs = hypervisor::costs(cal, devs.apic_timer_period);
         let pv = hypervisor::vhost(s, cal, &topo, &devs);
+        let kvmtool = hypervisor::kvmtool(s, cal, &topo, &devs);
+        if kvmtool.is_some()
+            && (scheme.backend_polls()
+                || s.hv.es2().vhost_policy() != crate::hv::vhost::Hybrid::Off)
+        {
+            // ELVIS's side core and ES2's hybrid handlers poll vhost's
+            // rings from its worker: kvmtool's threads do not.
+            return Err(BuildError::Scenario(format!(
+                "net.backend: \"kvmtool-tap\" has no polling worker, which scheme {} (es2_hybrid {:?}) needs; use net.backend = \"vhost\"",
+                s.scheme, s.hv.es2_hybrid
+            )));
+        }
         let blk = hypervisor::blk_paths(s, cal, &topo, &devs);
         let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
         let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
@@ -155,6 +167,7 @@ impl World {
             guests,
             outside,
             pv,
+            kvmtool,
             blk,
             canal,
             vsock,
