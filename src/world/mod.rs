@@ -503,7 +503,7 @@ impl World {
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
             Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
             Ev::PeerTimer { peer, key } => self.peer_timer(peer as usize, key),
-            Ev::VfTxDone { vf } => self.vf_tx_done(vf),
+            Ev::VfTxDone { vf, queue } => self.vf_tx_done(vf, queue),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {
                 let rate = self.scenario.host.ipi_per_s;
@@ -789,8 +789,11 @@ impl World {
                     .el2
                     .as_deref()
                     .is_some_and(|a| vm.is_some_and(|vm| a.nic_line_held(vm)));
-                if vector == 0 && !held {
+                // A queue pair's vector (only vector 0 with one queue)
+                // carries the guest's vector for that queue.
+                if vector < self.m.nic.config().queues && !held {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
+                        let v = v.wrapping_add(vector);
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
                         let home = self.hv.vcpus[self.hv.device_home(vm)].core;
@@ -833,10 +836,14 @@ impl World {
                     self.nic_action(a);
                 }
             }
-            VfReg::Tdt => {
+            VfReg::Tdt(queue) => {
                 let fetch = self.tx_fetch;
-                if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
-                    self.q.schedule(t, Ev::VfTxDone { vf });
+                if let Ok(Some(t)) =
+                    self.m
+                        .nic
+                        .tx_doorbell_on(vf, queue, now, fetch, &self.m.link)
+                {
+                    self.q.schedule(t, Ev::VfTxDone { vf, queue });
                 }
             }
             VfReg::Eims(bits) => {
