@@ -207,10 +207,15 @@ impl Frame {
     /// `EPHEMERAL_LOW + flow` (named simplification: a real client takes
     /// a new ephemeral port per `connect`; docs/vcanal.md, "VM size").
     pub fn tuple(&self) -> Tuple {
+        self.tuple_from(EPHEMERAL_LOW)
+    }
+
+    /// [`Frame::tuple`] with flow f's client port at `port_base + f`.
+    pub fn tuple_from(&self, port_base: u16) -> Tuple {
         Tuple {
             src_ip: CLIENT_IP,
             dst_ip: SERVER_IP,
-            src_port: EPHEMERAL_LOW.wrapping_add(self.flow),
+            src_port: port_base.wrapping_add(self.flow),
             dst_port: SERVER_PORT,
         }
     }

@@ -140,6 +140,11 @@ pub struct NetSpec {
     /// (docs/vcanal.md, "VM size"). Bare metal only: the papers' guests
     /// ran Linux 3.5, whose ixgbevf drives one queue pair. Default 1.
     pub queues: u8,
+    /// The client port of flow f is `client_port_base + f` in the 4-tuple
+    /// RSS hashes (a flow is one connection slot whose tuple the model
+    /// keeps fixed; docs/vcanal.md, "VM size"). 1024 to 60000; default
+    /// 32768, the bottom of Linux's ephemeral range.
+    pub client_port_base: u16,
 }
 
 /// A peer host NIC's receive interrupt moderation (`net.peer_itr`).
@@ -181,6 +186,7 @@ impl Default for NetSpec {
             peer_itr: PeerItr::Adaptive,
             vsock_relay_buf_bytes: 8192,
             queues: 1,
+            client_port_base: crate::hw::wire::EPHEMERAL_LOW,
         }
     }
 }
@@ -220,6 +226,13 @@ impl NetSpec {
             self.queues,
             1,
             crate::hw::x86::nic::MAX_QUEUES,
+        )?;
+        within(
+            "net",
+            "client_port_base",
+            self.client_port_base,
+            1024,
+            60000,
         )?;
         if self.queues > 1 && scheme != "bare-metal" {
             return bad(

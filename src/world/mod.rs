@@ -117,6 +117,9 @@ pub struct World {
     tsc_hz: u64,
     /// Per VF: its counters at the end of the warm-up.
     nic_base: Vec<crate::hw::x86::nic::VfCounters>,
+    /// Per VF, each RX queue's frames at the start of the measured
+    /// interval (with several queues).
+    nic_queue_base: Vec<[u64; crate::hw::x86::nic::MAX_QUEUES as usize]>,
     /// The vhost side of the VMs' virtio-net devices, if any.
     pv: Option<Box<net::PvPath>>,
     /// Each VM's virtio-net device, if it has one.
@@ -838,10 +841,10 @@ impl World {
             }
             VfReg::Tdt(queue) => {
                 let fetch = self.tx_fetch;
-                if let Ok(Some(t)) =
-                    self.m
-                        .nic
-                        .tx_doorbell_on(vf, queue, now, fetch, &self.m.link)
+                if let Ok(Some(t)) = self
+                    .m
+                    .nic
+                    .tx_doorbell_on(vf, queue, now, fetch, &self.m.link)
                 {
                     self.q.schedule(t, Ev::VfTxDone { vf, queue });
                 }

@@ -237,8 +237,7 @@ impl IrqActions {
 
 impl IntoIterator for IrqActions {
     type Item = IrqAction;
-    type IntoIter =
-        core::iter::Take<core::array::IntoIter<IrqAction, { MAX_VECTORS as usize }>>;
+    type IntoIter = core::iter::Take<core::array::IntoIter<IrqAction, { MAX_VECTORS as usize }>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.actions.into_iter().take(usize::from(self.len))
@@ -271,6 +270,9 @@ pub struct NicConfig {
     /// Queue pairs per function, 1 to [`MAX_QUEUES`]; pair q interrupts on
     /// vector q, and with more than one the receive side scales (RSS).
     pub queues: u8,
+    /// The addressing the RSS hash sees: flow f's client port is
+    /// `client_port_base + f` ([`Frame::tuple_from`]).
+    pub client_port_base: u16,
     /// Picoseconds per unit of the EITR interval field (bits 11:3).
     pub itr_unit_ps: u64,
     /// EITR value at reset for every vector.
@@ -293,6 +295,7 @@ impl Default for NicConfig {
             initial_eitr: 0,
             tx_wthresh: 1,
             queues: 1,
+            client_port_base: crate::hw::wire::EPHEMERAL_LOW,
         }
     }
 }
@@ -725,8 +728,7 @@ impl Nic {
         } else {
             MAX_VECTORS_PER_VF
         };
-        if cfg.vectors_per_vf == 0 || cfg.vectors_per_vf > most || cfg.vectors_per_vf < cfg.queues
-        {
+        if cfg.vectors_per_vf == 0 || cfg.vectors_per_vf > most || cfg.vectors_per_vf < cfg.queues {
             return Err(NicError::VectorCount(cfg.vectors_per_vf));
         }
         let eitr = eitr_field(cfg.initial_eitr)?;
@@ -734,7 +736,9 @@ impl Nic {
             .iter()
             .map(|&requester_id| Vf {
                 requester_id,
-                rings: (0..cfg.queues).map(|_| Ring::new(cfg.rx_ring_size)).collect(),
+                rings: (0..cfg.queues)
+                    .map(|_| Ring::new(cfg.rx_ring_size))
+                    .collect(),
                 tx: (0..cfg.queues)
                     .map(|_| TxRing::new(cfg.rx_ring_size))
                     .collect(),
@@ -882,7 +886,7 @@ impl Nic {
         let Some(rss) = &self.vf(vf)?.rss else {
             return Ok(None);
         };
-        let input = rss_input(&frame.tuple());
+        let input = rss_input(&frame.tuple_from(self.cfg.client_port_base));
         let n = match frame.transport {
             crate::hw::wire::Transport::Tcp(_) => 12,
             _ => 8,
@@ -2313,5 +2317,175 @@ mod tests {
             prop_assert_eq!(c.interrupts, h.fires);
             prop_assert!(c.itr_deferred <= c.interrupts);
         }
+    }
+
+    /// The Toeplitz hash of the RSS specification's IPv4/TCP example:
+    /// 66.9.149.187:2794 -> 161.142.100.80:1766 under its sample key
+    /// hashes to 0x51ccc178 (and the addresses alone to 0x323e8fc2).
+    #[test]
+    fn toeplitz_matches_the_rss_specification_example() {
+        let key: [u8; 40] = [
+            0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+            0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+            0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+        ];
+        let t = crate::hw::wire::Tuple {
+            src_ip: [66, 9, 149, 187],
+            dst_ip: [161, 142, 100, 80],
+            src_port: 2794,
+            dst_port: 1766,
+        };
+        let input = rss_input(&t);
+        assert_eq!(toeplitz(&key, &input), 0x51cc_c178);
+        assert_eq!(toeplitz(&key, &input[..8]), 0x323e_8fc2);
+    }
+
+    fn tcp(flow: u16, seq: u64, now: Time) -> RxPacket {
+        let seg = crate::hw::wire::TcpSegment {
+            seq,
+            len: 1448,
+            ..Default::default()
+        };
+        let frame = Frame::tcp(flow, seg, now);
+        RxPacket {
+            len: frame.len(),
+            arrived: now,
+            frame,
+        }
+    }
+
+    /// Eight queue pairs, the ixgbe key and a round-robin table.
+    fn rss_nic(queues: u8) -> Nic {
+        let mut n = nic_with(NicConfig {
+            queues,
+            vectors_per_vf: queues + 1,
+            ..NicConfig::default()
+        });
+        let key = crate::guest::net::IXGBE_RSS_KEY;
+        n.configure_rss(0, &key, &crate::guest::net::ixgbe_reta(queues))
+            .unwrap();
+        n
+    }
+
+    /// A flow lands in the queue the RETA entry at its hash's seven low
+    /// bits names; its frames stay there, in order; the write-back raises
+    /// that queue's vector only.
+    #[test]
+    fn rss_puts_each_flow_in_the_queue_reta_names_in_order() {
+        let mut n = rss_nic(8);
+        let reta = crate::guest::net::ixgbe_reta(8);
+        let mut used = [0u32; 8];
+        for flow in 1..=64u16 {
+            let f = tcp(flow, 0, 0).frame;
+            let hash = n.rss_hash(0, &f).unwrap().expect("RSS is on");
+            let q = n.rx_queue_of(0, &f).unwrap();
+            assert_eq!(q, reta[(hash & 127) as usize], "flow {flow}");
+            assert_eq!(q, (hash % 8) as u8, "round-robin table of 8: hash mod 8");
+            used[usize::from(q)] += 1;
+        }
+        assert!(
+            used.iter().all(|&u| u > 0),
+            "64 flows reach every queue: {used:?}"
+        );
+        let flow = 5;
+        let q = n.rx_queue_of(0, &tcp(flow, 0, 0).frame).unwrap();
+        for k in 0..20u64 {
+            let (out, a) = n.receive(0, tcp(flow, k * 1448, k * US), k * US).unwrap();
+            assert_eq!(out, RxOutcome::Queued);
+            if let IrqAction::Fire { vector, .. } = a {
+                assert_eq!(vector, q, "the queue's own vector fires");
+            }
+        }
+        for other in (0..8).filter(|&o| o != q) {
+            assert_eq!(n.rx_pending_on(0, other).unwrap(), 0, "queue {other}");
+        }
+        assert_eq!(n.rx_queue_packets(0, q).unwrap(), 20);
+        let seqs: Vec<u64> = std::iter::from_fn(|| n.rx_poll_on(0, q).unwrap())
+            .map(seq_of)
+            .collect();
+        assert_eq!(seqs, (0..20).map(|k| k * 1448).collect::<Vec<_>>());
+    }
+
+    /// Without RSS (one queue, or before the driver enables it) every
+    /// frame goes to queue 0.
+    #[test]
+    fn without_rss_every_frame_takes_queue_zero() {
+        let mut n = nic_with(NicConfig {
+            queues: 4,
+            vectors_per_vf: 5,
+            ..NicConfig::default()
+        });
+        for flow in 1..=16u16 {
+            assert_eq!(n.rx_queue_of(0, &tcp(flow, 0, 0).frame).unwrap(), 0);
+            n.receive(0, tcp(flow, 0, 0), 0).unwrap();
+        }
+        assert_eq!(n.rx_pending_on(0, 0).unwrap(), 16);
+        let one = nic(0);
+        assert_eq!(one.rss_hash(0, &tcp(3, 0, 0).frame).unwrap(), None);
+    }
+
+    /// A TX queue's completions raise its own vector, and only its ring
+    /// is cleaned.
+    #[test]
+    fn each_tx_queue_completes_on_its_own_vector() {
+        let mut n = rss_nic(4);
+        let link = Link::default();
+        for q in 0..4u8 {
+            assert!(n.tx_enqueue_on(0, q, tcp(1, 0, 0).frame).unwrap());
+            let head = n
+                .tx_doorbell_on(0, q, 0, 0, &link)
+                .unwrap()
+                .expect("idle queue");
+            let (f, a, next) = n.tx_complete_on(0, q, head).unwrap();
+            assert!(f.is_some() && next.is_none());
+            match a {
+                IrqAction::Fire { vector, .. } => assert_eq!(vector, q),
+                other => panic!("queue {q}: {other:?}"),
+            }
+            assert_eq!(n.tx_clean_on(0, q).unwrap(), 1);
+        }
+        assert_eq!(n.counters(0).unwrap().tx_packets, 4);
+    }
+
+    /// Bad queue counts, vectors, queue indexes and table entries are
+    /// errors naming what is wrong.
+    #[test]
+    fn queue_configuration_is_checked() {
+        let cfg = NicConfig::default();
+        for bad in [0, MAX_QUEUES + 1] {
+            let e = Nic::new(NicConfig { queues: bad, ..cfg }, &[1]).unwrap_err();
+            assert_eq!(e, NicError::QueueCount(bad));
+        }
+        // Fewer vectors than queues, or a VF's three exceeded with one queue.
+        let e = Nic::new(
+            NicConfig {
+                queues: 8,
+                vectors_per_vf: 4,
+                ..cfg
+            },
+            &[1],
+        )
+        .unwrap_err();
+        assert_eq!(e, NicError::VectorCount(4));
+        let mut n = rss_nic(2);
+        assert_eq!(
+            n.rx_poll_on(0, 2).unwrap_err(),
+            NicError::BadQueue {
+                vf: 0,
+                queue: 2,
+                queues: 2
+            }
+        );
+        let mut reta = crate::guest::net::ixgbe_reta(2);
+        reta[77] = 2;
+        let key = crate::guest::net::IXGBE_RSS_KEY;
+        assert_eq!(
+            n.configure_rss(0, &key, &reta).unwrap_err(),
+            NicError::RetaEntry {
+                index: 77,
+                queue: 2,
+                queues: 2
+            }
+        );
     }
 }

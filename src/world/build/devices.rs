@@ -126,6 +126,7 @@ pub(in crate::world) fn build(
             // One vector per queue pair and the "other" vector.
             vectors_per_vf: if queues > 1 { queues + 1 } else { 2 },
             queues,
+            client_port_base: s.net.client_port_base,
             itr_unit_ps: from_us(cal.nic.itr_unit_us.value),
             initial_eitr: initial_eitr(s, cal, &itr)?,
             tx_wthresh: s.nic.tx_wthresh,
