@@ -1076,7 +1076,9 @@ impl World {
         let core = self.hv.vcpus[vcpu].core;
         match self.m.cores[core].mode {
             CoreMode::Guest { vcpu: v } => v == vcpu,
-            CoreMode::Native { kernel } => kernel == self.hv.vcpus[vcpu].vm,
+            // `kernel` names the kernel CPU (its vCPU index) that owns the
+            // core, as `kernel_of` reads it.
+            CoreMode::Native { kernel } => kernel == vcpu,
             _ => false,
         }
     }
