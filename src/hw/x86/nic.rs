@@ -86,8 +86,7 @@ pub fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
         | (word(5) << 16)
         | (word(6) << 8)
         | word(7);
-    let mut next = 8;
-    for &byte in input {
+    for (next, &byte) in (8..).zip(input) {
         for bit in 0..8 {
             if byte & (0x80 >> bit) != 0 {
                 result ^= (window >> 32) as u32;
@@ -96,7 +95,6 @@ pub fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
         }
         // Eight bits consumed: one more key byte enters at the bottom.
         window |= word(next);
-        next += 1;
     }
     result
 }
