@@ -171,3 +171,20 @@ fn bad_queue_settings_name_the_key() {
         .unwrap_or_default();
     assert!(e.contains("net.queues") && e.contains("CPUs"), "{e}");
 }
+
+/// A native SMP kernel's idle-polling CPUs see a wake-up another CPU
+/// sends them at once (TIF_POLLING_NRFLAG: no IPI, the poke): with the
+/// tick stopped while idle, the server thread on CPU 1, woken by the
+/// receive path on CPU 0 (one queue), keeps serving (here more than the
+/// thread on CPU 0, which shares its CPU with the receive path). Before
+/// the fix its pokes were lost and it served none.
+#[test]
+fn a_native_kernels_wake_ups_reach_every_cpu() {
+    let r = run_native(&["guest.tick=nohz-idle"]);
+    assert_eq!(r.violations(), 0);
+    let (w0, w1) = (
+        metric(&r, "nginx.served.worker0"),
+        metric(&r, "nginx.served.worker1"),
+    );
+    assert!(w0 > 100.0 && w1 > 100.0, "served {w0} and {w1}");
+}
