@@ -150,6 +150,10 @@ pub struct GuestConfig {
     pub vf_vector: u8,
     /// The VF this guest drives, if any.
     pub vf: Option<u16>,
+    /// Queue pairs of that function (1 but for a native kernel's RSS):
+    /// queue q interrupts on `vf_vector + q`, has its own NAPI and ITR,
+    /// and a CPU sends on queue `cpu mod vf_queues`.
+    pub vf_queues: u8,
     /// Its interrupt is a level-sensitive wire (a NIC on an SPI), not an
     /// MSI-X message the device masks itself (VTEIAM): the handler masks
     /// the interrupt at the device before the EOI, or the still-high line
@@ -324,8 +328,8 @@ pub enum VfReg {
     /// does it before it returns, e1000_intr's IMC write, stmmac's
     /// stmmac_disable_dma_irq).
     Eimc(u32),
-    /// VFTDT(0): the TX tail doorbell after writing descriptors.
-    Tdt,
+    /// VFTDT(q): TX queue q's tail doorbell after writing descriptors.
+    Tdt(u8),
 }
 
 /// The guest's next action.
@@ -397,6 +401,8 @@ enum FrameKind {
     },
     Softirq {
         round: u32,
+        /// The VF queue this NAPI polls.
+        queue: u8,
     },
     VirtioPoll {
         round: u32,
@@ -451,8 +457,9 @@ struct Cpu {
     frames: Vec<Frame>,
     in_service: ApicBitmap,
     if_rose: bool,
-    /// NAPI of the VF scheduled on this CPU (it took the VF's interrupt).
-    net_rx: bool,
+    /// NAPI of the VF's queues scheduled on this CPU (bit q: it took
+    /// queue q's interrupt).
+    net_rx: u32,
     in_softirq: bool,
     current: Option<usize>,
     need_resched: bool,
@@ -501,7 +508,7 @@ impl Cpu {
             },
             in_service: ApicBitmap::default(),
             if_rose: false,
-            net_rx: false,
+            net_rx: 0,
             in_softirq: false,
             current: None,
             need_resched: false,
@@ -540,8 +547,10 @@ pub struct Kernel {
     sockets: Vec<VecDeque<Datagram>>,
     /// Datagrams sent on UDP sockets, waiting for the transmit path.
     udp_tx: VecDeque<Datagram>,
-    itr: DynamicItr,
-    cleaned_unrefilled: u16,
+    /// Per VF queue: its q_vector's adaptive ITR.
+    itr: Vec<DynamicItr>,
+    /// Per VF queue: descriptors cleaned and not yet returned.
+    cleaned_unrefilled: Vec<u16>,
     tcp_socks: Vec<TcpSock>,
     /// Flow → its TCP socket.
     flow_sock: Vec<Option<usize>>,
@@ -597,7 +606,8 @@ impl Kernel {
 
     /// A kernel of `cpus` CPUs (at most a [`VcpuMask`]'s), each booting on its first step.
     pub fn smp(cfg: GuestConfig, cpus: usize) -> Self {
-        let itr = DynamicItr::new(&cfg.itr);
+        let queues = usize::from(cfg.vf_queues.max(1));
+        let itr = (0..queues).map(|_| DynamicItr::new(&cfg.itr)).collect();
         let cpus = cpus.clamp(1, crate::engine::VCPUMASK_BITS);
         let rps = rps::Rps::new(&cfg.rps_cpus, cpus);
         Kernel {
@@ -607,7 +617,7 @@ impl Kernel {
             sockets: Vec::new(),
             udp_tx: VecDeque::with_capacity(app::UDP_SNDBUF_DATAGRAMS),
             itr,
-            cleaned_unrefilled: 0,
+            cleaned_unrefilled: vec![0; queues],
             tcp_socks: Vec::new(),
             flow_sock: Vec::new(),
             tcp_wheel: BinaryHeap::with_capacity(64),
@@ -1103,13 +1113,13 @@ impl Kernel {
                 }
             }
             FrameKind::Irq { vector } => self.irq_step(top, f, vector, now, dev),
-            FrameKind::Softirq { round } => {
+            FrameKind::Softirq { round, queue } => {
                 if f.stage == 0 && self.tx_ready() {
                     // TCP output (ACKs) leaves inline from the poll.
                     self.push_net_tx();
                     return None;
                 }
-                self.softirq_step(top, f, round, now, dev.nic)
+                self.softirq_step(top, f, round, queue, now, dev.nic)
             }
             FrameKind::VirtioPoll { round } => {
                 if f.stage == 0 && self.tx_ready() {
@@ -1207,7 +1217,8 @@ impl Kernel {
         let c = self.cfg.costs;
         let nest = self.cfg.irq_nesting;
         let is_timer = vector == self.cfg.timer_vector;
-        let is_vf = self.cfg.vf.is_some() && vector == self.cfg.vf_vector;
+        let is_vf = self.cfg.vf.is_some()
+            && vector.wrapping_sub(self.cfg.vf_vector) < self.cfg.vf_queues.max(1);
         match f.stage {
             // A wired NIC's handler masks at the device first (its MMIO
             // write precedes the EOI, which the model issues next).
@@ -1282,7 +1293,9 @@ impl Kernel {
                     d.handler
                 } else if is_vf {
                     self.counters.vf_irqs += 1;
-                    self.cpus[self.on].net_rx = true;
+                    // ixgbe_msix_clean_rings: this queue's NAPI, here.
+                    let q = vector.wrapping_sub(self.cfg.vf_vector);
+                    self.cpus[self.on].net_rx |= 1 << q;
                     c.vf_irq_handler
                 } else if self.is_virtio_vector(vector) {
                     self.virtio_irq(vector, dev);
@@ -1326,35 +1339,39 @@ impl Kernel {
         top: usize,
         f: Frame,
         round: u32,
+        queue: u8,
         now: Time,
         nic: &mut crate::hw::x86::nic::Nic,
     ) -> Option<Action> {
         let c = self.cfg.costs;
+        let q = usize::from(queue);
         let Some(vf) = self.cfg.vf else {
-            self.cpus[self.on].net_rx = false;
+            self.cpus[self.on].net_rx = 0;
             self.cpus[self.on].in_softirq = false;
             self.pop();
             return None;
         };
         match f.stage {
             0 => {
-                if round == 0 && nic.tx_clean(vf).unwrap_or(0) > 0 && self.tx_stopped {
+                if round == 0 && nic.tx_clean_on(vf, queue).unwrap_or(0) > 0 && self.tx_stopped {
                     // ixgbevf_clean_tx_irq: descriptors are free again.
                     self.tx_stopped = false;
                     self.tx_pending = true;
                 }
                 if round < self.cfg.napi_weight {
-                    if let Ok(Some(p)) = nic.rx_poll(vf) {
-                        self.cpus[self.on].frames[top].kind =
-                            FrameKind::Softirq { round: round + 1 };
-                        self.itr.count(p.len);
+                    if let Ok(Some(p)) = nic.rx_poll_on(vf, queue) {
+                        self.cpus[self.on].frames[top].kind = FrameKind::Softirq {
+                            round: round + 1,
+                            queue,
+                        };
+                        self.itr[q].count(p.len);
                         self.counters.rx_packets += 1;
                         let c = self.gro_receive(p.frame, now);
                         self.set_compute(top, c);
-                        self.cleaned_unrefilled += 1;
-                        if self.cleaned_unrefilled >= self.cfg.refill_batch {
-                            let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
-                            self.cleaned_unrefilled = 0;
+                        self.cleaned_unrefilled[q] += 1;
+                        if self.cleaned_unrefilled[q] >= self.cfg.refill_batch {
+                            let _ = nic.rx_refill_on(vf, queue, self.cleaned_unrefilled[q]);
+                            self.cleaned_unrefilled[q] = 0;
                         }
                         return None;
                     }
@@ -1364,23 +1381,23 @@ impl Kernel {
                     if self.softirq_budget_spent() {
                         return None;
                     }
-                    self.cpus[self.on].frames[top].kind = FrameKind::Softirq { round: 0 };
+                    self.cpus[self.on].frames[top].kind = FrameKind::Softirq { round: 0, queue };
                     self.set_compute(top, c.napi_poll_base);
                     return None;
                 }
                 // Ring empty: napi_complete, then the dynamic ITR update.
-                if self.cleaned_unrefilled > 0 {
-                    let _ = nic.rx_refill(vf, self.cleaned_unrefilled);
-                    self.cleaned_unrefilled = 0;
+                if self.cleaned_unrefilled[q] > 0 {
+                    let _ = nic.rx_refill_on(vf, queue, self.cleaned_unrefilled[q]);
+                    self.cleaned_unrefilled[q] = 0;
                 }
-                self.cpus[self.on].net_rx = false;
+                self.cpus[self.on].net_rx &= !(1 << queue);
                 let flushed = self.gro_flush(now);
-                let new = self.itr.update(&self.cfg.itr);
+                let new = self.itr[q].update(&self.cfg.itr);
                 self.set_stage(top, 1, c.itr_update + flushed);
                 new.map(|v| {
                     Action::Op(KernelOp::VfWrite {
                         vf,
-                        reg: VfReg::Eitr(0, v),
+                        reg: VfReg::Eitr(queue, v),
                     })
                 })
             }
@@ -1388,7 +1405,7 @@ impl Kernel {
                 self.set_stage(top, 2, 0);
                 Some(Action::Op(KernelOp::VfWrite {
                     vf,
-                    reg: VfReg::Eims(1),
+                    reg: VfReg::Eims(1 << queue),
                 }))
             }
             _ => {
@@ -1453,8 +1470,11 @@ impl Kernel {
         }
         let c = self.cfg.costs;
         cpu.softirq_done = 0;
-        let kind = if cpu.net_rx {
-            FrameKind::Softirq { round: 0 }
+        let kind = if cpu.net_rx != 0 {
+            FrameKind::Softirq {
+                round: 0,
+                queue: cpu.net_rx.trailing_zeros() as u8,
+            }
         } else if cpu.napi_virtio {
             FrameKind::VirtioPoll { round: 0 }
         } else if cpu.backlog_poll {
@@ -1498,8 +1518,11 @@ impl Kernel {
             cpu.softirq_done = 0;
             cpu.in_softirq = true;
             let c = self.cfg.costs;
-            let kind = if cpu.net_rx {
-                FrameKind::Softirq { round: 0 }
+            let kind = if cpu.net_rx != 0 {
+                FrameKind::Softirq {
+                    round: 0,
+                    queue: cpu.net_rx.trailing_zeros() as u8,
+                }
             } else if cpu.backlog_poll && !cpu.napi_virtio {
                 FrameKind::Backlog { round: 0 }
             } else {
@@ -1651,6 +1674,7 @@ pub(crate) fn test_config() -> GuestConfig {
         did_module: false,
         vf_vector: 0x41,
         vf: None,
+        vf_queues: 1,
         vf_wired_irq: false,
         virtio_net: None,
         virtio_blk: None,

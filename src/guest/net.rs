@@ -23,6 +23,45 @@ use crate::hw::virtio_net::{VirtioNetDev, RX_QUEUE, TX_QUEUE};
 use crate::hw::wire::{Frame, Transport, GSO_MAX_SIZE, IP_TCP_HEADERS};
 use std::cmp::Reverse;
 
+/// ixgbe's RSS key as Linux 3.5's `ixgbe_setup_mrqc` writes it: ten
+/// fixed 32-bit seeds into `RSSRK[0..9]` (random keys came with
+/// `netdev_rss_key_fill` in 3.19). Register n's bits 7:0 hold key byte
+/// 4n (the 82599's RSSRK layout; later ixgbe copies a byte key into the
+/// registers on little-endian hosts), so the bytes are each seed's,
+/// least significant first.
+pub const IXGBE_RSS_KEY: [u8; crate::hw::x86::nic::RSS_KEY_BYTES] = {
+    const SEEDS: [u32; 10] = [
+        0xE291_D73D,
+        0x1805_EC6C,
+        0x2A94_B30D,
+        0xA54F_2BEC,
+        0xEA49_AF7C,
+        0xE214_AD3D,
+        0xB855_AABE,
+        0x6A3E_67EA,
+        0x1436_4D17,
+        0x3BED_200D,
+    ];
+    let mut key = [0u8; crate::hw::x86::nic::RSS_KEY_BYTES];
+    let mut i = 0;
+    while i < 10 {
+        let b = SEEDS[i].to_le_bytes();
+        key[4 * i] = b[0];
+        key[4 * i + 1] = b[1];
+        key[4 * i + 2] = b[2];
+        key[4 * i + 3] = b[3];
+        i += 1;
+    }
+    key
+};
+
+/// ixgbe's redirection table for `queues` RSS queues (`ixgbe_setup_mrqc`):
+/// entry i names queue i mod `queues`.
+pub fn ixgbe_reta(queues: u8) -> [u8; crate::hw::x86::nic::RETA_ENTRIES] {
+    let q = queues.max(1);
+    std::array::from_fn(|i| (i % usize::from(q)) as u8)
+}
+
 /// GRO holds packets of at most this many flows per NAPI (Linux
 /// `MAX_GRO_SKBS`).
 pub const MAX_GRO_SKBS: usize = 8;
@@ -525,6 +564,14 @@ impl Kernel {
         None
     }
 
+    /// The VF TX queue this CPU sends on: Linux 3.5's
+    /// `ixgbe_select_queue` with Flow Director's hashing on (ixgbe's
+    /// default) takes the sending CPU's number, wrapped to the queue count
+    /// (a locally generated skb has no recorded RX queue).
+    fn tx_queue(&self) -> u8 {
+        (self.on % usize::from(self.cfg.vf_queues.max(1))) as u8
+    }
+
     /// One step of the transmit frame: `dev_queue_xmit` → the driver's
     /// `start_xmit` for the next pending frame (virtio-net: add to the TX
     /// virtqueue; ixgbevf: write a TX descriptor), then its notification
@@ -564,7 +611,9 @@ impl Kernel {
                         (vn.tx_add(frame), self.cfg.costs.virtio_xmit)
                     }
                     (_, Some(vf)) => (
-                        dev.nic.tx_enqueue(vf, frame).unwrap_or(false),
+                        dev.nic
+                            .tx_enqueue_on(vf, self.tx_queue(), frame)
+                            .unwrap_or(false),
                         self.cfg.costs.vf_xmit,
                     ),
                     _ => (false, 0),
@@ -614,7 +663,7 @@ impl Kernel {
                     }
                     (_, _, Some(vf)) => Some(Action::Op(KernelOp::VfWrite {
                         vf,
-                        reg: super::VfReg::Tdt,
+                        reg: super::VfReg::Tdt(self.tx_queue()),
                     })),
                     _ => None,
                 }

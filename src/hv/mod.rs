@@ -107,9 +107,26 @@ pub struct VfAssignment {
     pub host_vector: u8,
     /// Requester id (bus/device/function) of the VF.
     pub requester_id: u16,
+    /// Queue pairs of the function (1 but for a native kernel's RSS).
+    /// Queue q's MSI-X vector carries `guest_vector + q` through IRT entry
+    /// [`VfAssignment::queue_irte`]`(q)`.
+    pub queues: u8,
+    /// Distance between the IRT entries of consecutive queues' vectors.
+    pub irte_stride: u16,
 }
 
 impl VfAssignment {
+    /// IRT entry of queue `q`'s vector (queue 0: [`VfAssignment::irte`]).
+    pub fn queue_irte(&self, q: u8) -> u16 {
+        self.irte + u16::from(q) * self.irte_stride
+    }
+
+    /// The vector queue `q`'s interrupt carries (the driver requests one
+    /// IRQ per queue vector, `ixgbe_request_msix_irqs`).
+    pub fn queue_vector(&self, q: u8) -> u8 {
+        self.guest_vector.wrapping_add(q)
+    }
+
     /// A remappable IRT entry for this VF's queue vector, checked against
     /// its requester id.
     pub fn irte(&self, dest_apic_id: u32, vector: u8, mode: DeliveryMode) -> Irte {

@@ -93,6 +93,34 @@ pub struct Frame {
     pub gso_size: u16,
 }
 
+/// The model's IPv4 addressing: every VM (or native host) the peers talk
+/// to is `SERVER_IP`, every peer host `CLIENT_IP`, and a guest's service
+/// listens on `SERVER_PORT` (named simplification: one address pair, as
+/// on the papers' two-host testbeds).
+pub const SERVER_IP: [u8; 4] = [10, 0, 0, 1];
+/// The peer (client) host's address.
+pub const CLIENT_IP: [u8; 4] = [10, 0, 0, 2];
+/// The guest service's port.
+pub const SERVER_PORT: u16 = 80;
+/// The first port of Linux's ephemeral range (`ip_local_port_range`,
+/// 32768–61000 by default): flow f's client end is port
+/// `EPHEMERAL_LOW + f`.
+pub const EPHEMERAL_LOW: u16 = 32768;
+
+/// A frame's IPv4 4-tuple as seen arriving at the server: source
+/// (client) address and port, destination (server) address and port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuple {
+    /// Source address.
+    pub src_ip: [u8; 4],
+    /// Destination address.
+    pub dst_ip: [u8; 4],
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+}
+
 impl Frame {
     /// A TCP frame.
     pub fn tcp(flow: u16, seg: TcpSegment, sent: Time) -> Self {
@@ -170,6 +198,25 @@ impl Frame {
             }),
             gso_size: 0,
             ..*self
+        }
+    }
+
+    /// The frame's 4-tuple towards the server. A flow is one connection
+    /// slot whose successive connections the model runs on one TCP
+    /// endpoint at each end, so its tuple is fixed: client port
+    /// `EPHEMERAL_LOW + flow` (named simplification: a real client takes
+    /// a new ephemeral port per `connect`; docs/vcanal.md, "VM size").
+    pub fn tuple(&self) -> Tuple {
+        self.tuple_from(EPHEMERAL_LOW)
+    }
+
+    /// [`Frame::tuple`] with flow f's client port at `port_base + f`.
+    pub fn tuple_from(&self, port_base: u16) -> Tuple {
+        Tuple {
+            src_ip: CLIENT_IP,
+            dst_ip: SERVER_IP,
+            src_port: port_base.wrapping_add(self.flow),
+            dst_port: SERVER_PORT,
         }
     }
 

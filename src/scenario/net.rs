@@ -145,6 +145,18 @@ pub struct NetSpec {
     /// `device = "virtio-vsock"`: the host relay's buffer, the most one
     /// read and one write move (socat's `-b`, 8192 by default), in bytes.
     pub vsock_relay_buf_bytes: u32,
+    /// Queue pairs of the NIC function a native kernel drives (1 to 16,
+    /// and at most its CPUs: ixgbe takes min(online CPUs, 16) for RSS).
+    /// With more than one, the NIC spreads received flows over them by
+    /// RSS, queue q interrupts CPU q and a CPU sends on its own queue
+    /// (docs/vcanal.md, "VM size"). Bare metal only: the papers' guests
+    /// ran Linux 3.5, whose ixgbevf drives one queue pair. Default 1.
+    pub queues: u8,
+    /// The client port of flow f is `client_port_base + f` in the 4-tuple
+    /// RSS hashes (a flow is one connection slot whose tuple the model
+    /// keeps fixed; docs/vcanal.md, "VM size"). 1024 to 60000; default
+    /// 32768, the bottom of Linux's ephemeral range.
+    pub client_port_base: u16,
 }
 
 /// The back end of a virtio-net device (`net.backend`).
@@ -211,6 +223,8 @@ impl Default for NetSpec {
             backend: NetBackend::Vhost,
             kvmtool_affinity: true,
             vsock_relay_buf_bytes: 8192,
+            queues: 1,
+            client_port_base: crate::hw::wire::EPHEMERAL_LOW,
         }
     }
 }
@@ -244,6 +258,34 @@ impl NetSpec {
             1,
             1 << 24,
         )?;
+        within(
+            "net",
+            "queues",
+            self.queues,
+            1,
+            crate::hw::x86::nic::MAX_QUEUES,
+        )?;
+        within(
+            "net",
+            "client_port_base",
+            self.client_port_base,
+            1024,
+            60000,
+        )?;
+        if self.queues > 1 && scheme != "bare-metal" {
+            return bad(
+                "net",
+                "queues",
+                "more than one queue pair is a native kernel's ixgbe (scheme = \"bare-metal\"): the papers' guests ran Linux 3.5, whose ixgbevf drives one queue pair",
+            );
+        }
+        if self.queues > 1 && self.device != NetDevice::Vf {
+            return bad(
+                "net",
+                "queues",
+                "more than one queue pair needs net.device = \"vf\" (the NIC's rings)",
+            );
+        }
         if peers && scheme == "bare-metal" && self.device == NetDevice::Virtio {
             return bad(
                 "net",

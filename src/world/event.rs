@@ -126,6 +126,8 @@ pub enum Ev {
     VfTxDone {
         /// VF.
         vf: u16,
+        /// Its TX queue.
+        queue: u8,
     },
     /// A peer process's timer (stale unless `key` is the one its owner
     /// armed last).

@@ -55,6 +55,12 @@ impl World {
         for (vf, base) in self.nic_base.iter_mut().enumerate() {
             *base = self.m.nic.counters(vf as u16).unwrap_or_default();
         }
+        let queues = self.m.nic.config().queues;
+        for (vf, base) in self.nic_queue_base.iter_mut().enumerate() {
+            for q in 0..queues {
+                base[usize::from(q)] = self.m.nic.rx_queue_packets(vf as u16, q).unwrap_or(0);
+            }
+        }
         self.measure_start = now;
         self.checker.descheduled_delay = crate::engine::LatencyHistogram::new();
         self.checker.waited_schedule_in = crate::engine::LatencyHistogram::new();
@@ -83,6 +89,15 @@ impl World {
             "nic.rx_missed".into(),
             (nic.rx_missed - base.rx_missed) as f64,
         );
+        let queues = self.m.nic.config().queues;
+        if queues > 1 {
+            // RSS's spread: each RX queue's frames.
+            for q in 0..queues {
+                let n = self.m.nic.rx_queue_packets(vf, q).unwrap_or(0)
+                    - self.nic_queue_base[vm][usize::from(q)];
+                out.insert(format!("nic.rx_packets.q{q}"), n as f64);
+            }
+        }
         let irqs = nic.interrupts - base.interrupts;
         out.insert("nic.interrupts_per_s".into(), irqs as f64 / dur);
         if irqs > 0 {

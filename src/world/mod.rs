@@ -118,6 +118,9 @@ pub struct World {
     tsc_hz: u64,
     /// Per VF: its counters at the end of the warm-up.
     nic_base: Vec<crate::hw::x86::nic::VfCounters>,
+    /// Per VF, each RX queue's frames at the start of the measured
+    /// interval (with several queues).
+    nic_queue_base: Vec<[u64; crate::hw::x86::nic::MAX_QUEUES as usize]>,
     /// The vhost side of the VMs' virtio-net devices, if any.
     pv: Option<Box<net::PvPath>>,
     /// kvm-tools' userspace back end of the VMs' virtio-net devices, when
@@ -514,7 +517,7 @@ impl World {
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
             Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
             Ev::PeerTimer { peer, key } => self.peer_timer(peer as usize, key),
-            Ev::VfTxDone { vf } => self.vf_tx_done(vf),
+            Ev::VfTxDone { vf, queue } => self.vf_tx_done(vf, queue),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {
                 let rate = self.scenario.host.ipi_per_s;
@@ -800,8 +803,11 @@ impl World {
                     .el2
                     .as_deref()
                     .is_some_and(|a| vm.is_some_and(|vm| a.nic_line_held(vm)));
-                if vector == 0 && !held {
+                // A queue pair's vector (only vector 0 with one queue)
+                // carries the guest's vector for that queue.
+                if vector < self.m.nic.config().queues && !held {
                     if let Some(&(vm, v)) = self.vf_owner.get(vf as usize) {
+                        let v = v.wrapping_add(vector);
                         let now = self.q.now();
                         self.checker.raised(vm, v, now);
                         let home = self.hv.vcpus[self.hv.device_home(vm)].core;
@@ -844,10 +850,14 @@ impl World {
                     self.nic_action(a);
                 }
             }
-            VfReg::Tdt => {
+            VfReg::Tdt(queue) => {
                 let fetch = self.tx_fetch;
-                if let Ok(Some(t)) = self.m.nic.tx_doorbell(vf, now, fetch, &self.m.link) {
-                    self.q.schedule(t, Ev::VfTxDone { vf });
+                if let Ok(Some(t)) = self
+                    .m
+                    .nic
+                    .tx_doorbell_on(vf, queue, now, fetch, &self.m.link)
+                {
+                    self.q.schedule(t, Ev::VfTxDone { vf, queue });
                 }
             }
             VfReg::Eims(bits) => {
@@ -1077,7 +1087,9 @@ impl World {
         let core = self.hv.vcpus[vcpu].core;
         match self.m.cores[core].mode {
             CoreMode::Guest { vcpu: v } => v == vcpu,
-            CoreMode::Native { kernel } => kernel == self.hv.vcpus[vcpu].vm,
+            // `kernel` names the kernel CPU (its vCPU index) that owns the
+            // core, as `kernel_of` reads it.
+            CoreMode::Native { kernel } => kernel == vcpu,
             _ => false,
         }
     }

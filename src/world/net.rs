@@ -381,15 +381,15 @@ impl World {
         scheme.virtual_interrupt(&mut cx, vcpu, vector);
     }
 
-    /// The VF's head TX frame left the wire: write-back, and the frame
-    /// travels to the load generator.
-    pub(super) fn vf_tx_done(&mut self, vf: u16) {
+    /// The head frame of VF `vf`'s TX queue `queue` left the wire:
+    /// write-back, and the frame travels to the load generator.
+    pub(super) fn vf_tx_done(&mut self, vf: u16, queue: u8) {
         let now = self.q.now();
-        let Ok((f, irq, next)) = self.m.nic.tx_complete(vf, now) else {
+        let Ok((f, irq, next)) = self.m.nic.tx_complete_on(vf, queue, now) else {
             return;
         };
         if let Some(t) = next {
-            self.q.schedule(t, Ev::VfTxDone { vf });
+            self.q.schedule(t, Ev::VfTxDone { vf, queue });
         }
         self.nic_action(irq);
         if let Some(f) = f {

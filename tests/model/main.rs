@@ -28,6 +28,7 @@ mod packetgen;
 mod preemption;
 mod pv;
 mod rps;
+mod rss;
 mod sip;
 mod smp;
 mod vcanal;

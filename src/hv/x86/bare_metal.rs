@@ -20,7 +20,8 @@ impl Scheme for BareMetal {
 
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize) {
         // The native OS's IRQ setup: its own vector, aimed at its core.
-        if let Some(a) = cx.hv.vms[vm].vf {
+        let Some(a) = cx.hv.vms[vm].vf else { return };
+        if a.queues <= 1 {
             let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
             let irte = a.irte(
                 cx.m.cores[core].apic_id,
@@ -28,6 +29,22 @@ impl Scheme for BareMetal {
                 DeliveryMode::Fixed,
             );
             cx.irt_update(a.irte, irte);
+            return;
+        }
+        // ixgbe with RSS: one vector per queue pair, vector q's affinity
+        // CPU q (the hint `ixgbe_request_msix_irqs` sets, applied as
+        // irqbalance's exact hint policy or Intel's set_irq_affinity
+        // script does).
+        for q in 0..a.queues {
+            let cpus = &cx.hv.vms[vm].vcpus;
+            let cpu = cpus[usize::from(q) % cpus.len()];
+            let core = cx.hv.vcpus[cpu].core;
+            let irte = a.irte(
+                cx.m.cores[core].apic_id,
+                a.queue_vector(q),
+                DeliveryMode::Fixed,
+            );
+            cx.irt_update(a.queue_irte(q), irte);
         }
     }
 

@@ -18,9 +18,10 @@ pub enum CoreMode {
         /// The running vCPU.
         vcpu: usize,
     },
-    /// No hypervisor: kernel `kernel` owns the core (bare metal).
+    /// No hypervisor: a native kernel's CPU owns the core (bare metal).
     Native {
-        /// Index of the kernel.
+        /// That kernel CPU, as a global vCPU index (the world's `kcpu`
+        /// maps it to its kernel and CPU).
         kernel: usize,
     },
 }

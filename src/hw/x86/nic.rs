@@ -23,6 +23,18 @@
 //! MSI-X entry unmasked but *not yet programmed* — the remapping handle comes
 //! from the IOMMU model, so the platform must call [`Nic::program_msix`].
 //!
+//! **Multiple queues and RSS** (`NicConfig::queues` > 1: the function as a
+//! native kernel's `ixgbe` drives the PF). Queue pair q (RX ring q, TX ring
+//! q) is mapped to MSI-X vector q (the `IVAR` setup of `ixgbe_configure_msix`:
+//! one q_vector per queue pair) and the "other" cause to the vector after
+//! the last queue. A received frame's queue is chosen by receive-side
+//! scaling (82599 datasheet §7.1.2.8): the Toeplitz hash of its IPv4/TCP
+//! 4-tuple under the 40-byte key in `RSSRK`, whose seven low bits index the
+//! 128-entry redirection table (`RETA`), whose entry names the queue. The
+//! driver programs key and table ([`Nic::configure_rss`]). Frames that are
+//! not TCP hash on the address pair only (`MRQC` fields TCPIPv4 and IPv4,
+//! as ixgbe enables them; UDP's ports are off by default).
+//!
 //! Nothing allocates after [`Nic::new`]: packets live in a preallocated slot
 //! per descriptor, and multi-vector register writes return a fixed-size
 //! [`IrqActions`].
@@ -41,6 +53,63 @@ pub const MAX_VECTORS_PER_VF: u8 = 3;
 
 /// The MSI-X vector that RX queue 0 is mapped to (ixgbevf's `VTIVAR` setup).
 pub const RX_QUEUE_VECTOR: u8 = 0;
+
+/// Most queue pairs a function may have: ixgbe's RSS limit
+/// (`IXGBE_MAX_RSS_INDICES`, 16 on the 82599).
+pub const MAX_QUEUES: u8 = 16;
+
+/// Most MSI-X vectors the model keeps per function: one per queue pair and
+/// the "other" vector. A VF has at most [`MAX_VECTORS_PER_VF`]; more are a
+/// PF's (the 82599 PF has 64), used when the function has several queues.
+pub const MAX_VECTORS: u8 = MAX_QUEUES + 1;
+
+/// Bytes of the RSS hash key (`RSSRK[0..9]`, ten 32-bit registers).
+pub const RSS_KEY_BYTES: usize = 40;
+
+/// Entries of the RSS redirection table (`RETA[0..31]`, four 8-bit
+/// entries each).
+pub const RETA_ENTRIES: usize = 128;
+
+/// The Toeplitz hash (82599 datasheet §7.1.2.8.1; Microsoft's RSS
+/// specification): for each bit of `input`, most significant first, that
+/// is set, the 32 key bits starting at that bit's position are XORed into
+/// the result. `key` must be at least 4 bytes longer than `input`.
+pub fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
+    let mut result = 0u32;
+    // The key window: 64 bits, the top 32 being the current position's.
+    let word = |i: usize| key.get(i).copied().map_or(0, u64::from);
+    let mut window = (word(0) << 56)
+        | (word(1) << 48)
+        | (word(2) << 40)
+        | (word(3) << 32)
+        | (word(4) << 24)
+        | (word(5) << 16)
+        | (word(6) << 8)
+        | word(7);
+    for (next, &byte) in (8..).zip(input) {
+        for bit in 0..8 {
+            if byte & (0x80 >> bit) != 0 {
+                result ^= (window >> 32) as u32;
+            }
+            window <<= 1;
+        }
+        // Eight bits consumed: one more key byte enters at the bottom.
+        window |= word(next);
+    }
+    result
+}
+
+/// The hash input of a 4-tuple as the 82599 lays it out for TCP/IPv4:
+/// source address, destination address, source port, destination port,
+/// in network byte order (12 bytes); without ports, the first 8.
+pub fn rss_input(t: &crate::hw::wire::Tuple) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[0..4].copy_from_slice(&t.src_ip);
+    b[4..8].copy_from_slice(&t.dst_ip);
+    b[8..10].copy_from_slice(&t.src_port.to_be_bytes());
+    b[10..12].copy_from_slice(&t.dst_port.to_be_bytes());
+    b
+}
 
 /// The MSI-X vector ixgbevf uses for PF-to-VF mailbox ("other") causes.
 pub const MAILBOX_VECTOR: u8 = 1;
@@ -111,7 +180,7 @@ impl IrqAction {
 /// left out. Fixed capacity, so register writes never allocate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IrqActions {
-    actions: [IrqAction; MAX_VECTORS_PER_VF as usize],
+    actions: [IrqAction; MAX_VECTORS as usize],
     len: u8,
 }
 
@@ -125,7 +194,7 @@ impl IrqActions {
     /// An empty set.
     pub const fn new() -> Self {
         Self {
-            actions: [IrqAction::None; MAX_VECTORS_PER_VF as usize],
+            actions: [IrqAction::None; MAX_VECTORS as usize],
             len: 0,
         }
     }
@@ -166,8 +235,7 @@ impl IrqActions {
 
 impl IntoIterator for IrqActions {
     type Item = IrqAction;
-    type IntoIter =
-        core::iter::Take<core::array::IntoIter<IrqAction, { MAX_VECTORS_PER_VF as usize }>>;
+    type IntoIter = core::iter::Take<core::array::IntoIter<IrqAction, { MAX_VECTORS as usize }>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.actions.into_iter().take(usize::from(self.len))
@@ -193,8 +261,16 @@ pub struct NicConfig {
     /// multiple of 8 (ring length a multiple of 128 bytes); the model does
     /// not insist, so tests can use tiny rings.
     pub rx_ring_size: u16,
-    /// MSI-X vectors per VF, 1 to [`MAX_VECTORS_PER_VF`].
+    /// MSI-X vectors per function: 1 to [`MAX_VECTORS_PER_VF`] with one
+    /// queue pair; with more, at least `queues` and at most
+    /// [`MAX_VECTORS`] (the PF's).
     pub vectors_per_vf: u8,
+    /// Queue pairs per function, 1 to [`MAX_QUEUES`]; pair q interrupts on
+    /// vector q, and with more than one the receive side scales (RSS).
+    pub queues: u8,
+    /// The addressing the RSS hash sees: flow f's client port is
+    /// `client_port_base + f` ([`Frame::tuple_from`]).
+    pub client_port_base: u16,
     /// Picoseconds per unit of the EITR interval field (bits 11:3).
     pub itr_unit_ps: u64,
     /// EITR value at reset for every vector.
@@ -216,6 +292,8 @@ impl Default for NicConfig {
             itr_unit_ps: 2_048_000,
             initial_eitr: 0,
             tx_wthresh: 1,
+            queues: 1,
+            client_port_base: crate::hw::wire::EPHEMERAL_LOW,
         }
     }
 }
@@ -274,8 +352,31 @@ pub enum NicError {
     #[error("RX ring of {0} descriptors: at least 2 are needed (one always stays with software)")]
     RingTooSmall(u16),
     /// The per-VF vector count is out of range.
-    #[error("{0} MSI-X vectors per VF: must be 1 to {max}", max = MAX_VECTORS_PER_VF)]
+    #[error("{0} MSI-X vectors per VF: must be 1 to {max}, or with several queues one per queue up to {all}", max = MAX_VECTORS_PER_VF, all = MAX_VECTORS)]
     VectorCount(u8),
+    /// The queue count is out of range.
+    #[error("{0} queue pairs: must be 1 to {max}", max = MAX_QUEUES)]
+    QueueCount(u8),
+    /// The queue index does not exist.
+    #[error("function {vf} has no queue {queue} (it has {queues})")]
+    BadQueue {
+        /// The function.
+        vf: u16,
+        /// Requested queue.
+        queue: u8,
+        /// Its queues.
+        queues: u8,
+    },
+    /// A redirection-table entry names a queue the function does not have.
+    #[error("RETA entry {index} names queue {queue}, but the function has {queues}")]
+    RetaEntry {
+        /// The entry.
+        index: usize,
+        /// The queue it names.
+        queue: u8,
+        /// Queues configured.
+        queues: u8,
+    },
     /// The VF index does not exist.
     #[error("VF {vf} does not exist (the NIC has {vfs})")]
     BadVf {
@@ -348,11 +449,12 @@ pub struct VfCounters {
     pub tx_bytes: u64,
 }
 
-/// TX queue 0 of a VF: descriptors the driver wrote (software-owned until
-/// the TDT doorbell), descriptors the hardware owns (each leaves the wire
-/// in order after the one before), and written-back descriptors waiting
-/// for the driver's clean-up. Its write-back raises [`RX_QUEUE_VECTOR`]'s
-/// cause: ixgbevf maps the queue pair to one vector.
+/// A TX queue of a function: descriptors the driver wrote (software-owned
+/// until the TDT doorbell), descriptors the hardware owns (each leaves the
+/// wire in order after the one before), and written-back descriptors
+/// waiting for the driver's clean-up. Its write-back raises its queue
+/// pair's vector's cause (queue 0: [`RX_QUEUE_VECTOR`]): the drivers map a
+/// queue pair to one vector.
 #[derive(Clone, Debug)]
 struct TxRing {
     size: u16,
@@ -464,6 +566,8 @@ struct Ring {
     pending: usize,
     /// Cleaned, not yet returned by a tail bump.
     cleaned: usize,
+    /// Frames written back into this ring.
+    received: u64,
 }
 
 impl Ring {
@@ -477,6 +581,7 @@ impl Ring {
             hw_free: size - 1,
             pending: 0,
             cleaned: 0,
+            received: 0,
         }
     }
 
@@ -489,13 +594,25 @@ impl Ring {
     }
 }
 
+/// The RSS registers of a function: the hash key (`RSSRK`) and the
+/// redirection table (`RETA`).
+#[derive(Clone, Debug)]
+struct Rss {
+    key: [u8; RSS_KEY_BYTES],
+    reta: [u8; RETA_ENTRIES],
+}
+
 /// One virtual function.
 #[derive(Clone, Debug)]
 struct Vf {
     requester_id: u16,
-    ring: Ring,
-    tx: TxRing,
-    vectors: [Vector; MAX_VECTORS_PER_VF as usize],
+    /// RX ring of each queue pair.
+    rings: Box<[Ring]>,
+    /// TX ring of each queue pair.
+    tx: Box<[TxRing]>,
+    vectors: [Vector; MAX_VECTORS as usize],
+    /// RSS, once the driver enabled it (`MRQC`); queue 0 until then.
+    rss: Option<Rss>,
     counters: VfCounters,
 }
 
@@ -547,9 +664,9 @@ impl Vf {
         }
         v.last_fire = Some(now);
         v.armed_at = None;
-        if vector == RX_QUEUE_VECTOR {
-            // Pending TX write-backs go out with the interrupt.
-            self.tx.write_back();
+        if let Some(tx) = self.tx.get_mut(usize::from(vector)) {
+            // Pending TX write-backs of its queue go out with the interrupt.
+            tx.write_back();
         }
         self.counters.interrupts += 1;
         if v.deferred {
@@ -601,7 +718,15 @@ impl Nic {
         if cfg.rx_ring_size < 2 {
             return Err(NicError::RingTooSmall(cfg.rx_ring_size));
         }
-        if cfg.vectors_per_vf == 0 || cfg.vectors_per_vf > MAX_VECTORS_PER_VF {
+        if cfg.queues == 0 || cfg.queues > MAX_QUEUES {
+            return Err(NicError::QueueCount(cfg.queues));
+        }
+        let most = if cfg.queues > 1 {
+            MAX_VECTORS
+        } else {
+            MAX_VECTORS_PER_VF
+        };
+        if cfg.vectors_per_vf == 0 || cfg.vectors_per_vf > most || cfg.vectors_per_vf < cfg.queues {
             return Err(NicError::VectorCount(cfg.vectors_per_vf));
         }
         let eitr = eitr_field(cfg.initial_eitr)?;
@@ -609,9 +734,14 @@ impl Nic {
             .iter()
             .map(|&requester_id| Vf {
                 requester_id,
-                ring: Ring::new(cfg.rx_ring_size),
-                tx: TxRing::new(cfg.rx_ring_size),
-                vectors: [Vector::reset(eitr); MAX_VECTORS_PER_VF as usize],
+                rings: (0..cfg.queues)
+                    .map(|_| Ring::new(cfg.rx_ring_size))
+                    .collect(),
+                tx: (0..cfg.queues)
+                    .map(|_| TxRing::new(cfg.rx_ring_size))
+                    .collect(),
+                vectors: [Vector::reset(eitr); MAX_VECTORS as usize],
+                rss: None,
                 counters: VfCounters::default(),
             })
             .collect();
@@ -722,18 +852,74 @@ impl Nic {
         Ok(self.vector(vf, vector)?.msix_masked)
     }
 
-    /// A frame arrives for the VF's RX queue 0 (mapped to
-    /// [`RX_QUEUE_VECTOR`]). It takes the descriptor at RDH if hardware owns
-    /// one, else it is dropped (the datasheet's missed-packets count). A
-    /// write-back sets the queue's cause bit and evaluates the vector.
+    /// The driver's RSS set-up (`ixgbe_setup_mrqc`): writes the hash key
+    /// (`RSSRK`) and the redirection table (`RETA`), and enables RSS in
+    /// `MRQC`. Every entry must name one of the function's queues; on an
+    /// error nothing changes.
+    pub fn configure_rss(
+        &mut self,
+        vf: u16,
+        key: &[u8; RSS_KEY_BYTES],
+        reta: &[u8; RETA_ENTRIES],
+    ) -> Result<(), NicError> {
+        let queues = self.cfg.queues;
+        if let Some((index, &queue)) = reta.iter().enumerate().find(|(_, &q)| q >= queues) {
+            return Err(NicError::RetaEntry {
+                index,
+                queue,
+                queues,
+            });
+        }
+        self.vf_mut(vf)?.rss = Some(Rss {
+            key: *key,
+            reta: *reta,
+        });
+        Ok(())
+    }
+
+    /// The RSS hash the NIC computes for `frame` under function `vf`'s
+    /// key (§7.1.2.8): over the TCP/IPv4 4-tuple, or the address pair for
+    /// other frames; `None` while RSS is off.
+    pub fn rss_hash(&self, vf: u16, frame: &Frame) -> Result<Option<u32>, NicError> {
+        let Some(rss) = &self.vf(vf)?.rss else {
+            return Ok(None);
+        };
+        let input = rss_input(&frame.tuple_from(self.cfg.client_port_base));
+        let n = match frame.transport {
+            crate::hw::wire::Transport::Tcp(_) => 12,
+            _ => 8,
+        };
+        Ok(Some(toeplitz(&rss.key, &input[..n])))
+    }
+
+    /// The RX queue a frame to function `vf` lands in: the redirection
+    /// table's entry at the hash's seven low bits, or queue 0 without RSS.
+    pub fn rx_queue_of(&self, vf: u16, frame: &Frame) -> Result<u8, NicError> {
+        let Some(hash) = self.rss_hash(vf, frame)? else {
+            return Ok(0);
+        };
+        let reta = &self.vf(vf)?.rss.as_ref().map(|r| r.reta);
+        Ok(reta.map_or(0, |t| t[(hash as usize) & (RETA_ENTRIES - 1)]))
+    }
+
+    /// A frame arrives for the function: RSS picks its RX queue (queue 0,
+    /// mapped to [`RX_QUEUE_VECTOR`], with one queue). It takes that ring's
+    /// descriptor at RDH if hardware owns one, else it is dropped (the
+    /// datasheet's missed-packets count). A write-back sets the queue's
+    /// cause bit and evaluates its vector.
     pub fn receive(
         &mut self,
         vf: u16,
         pkt: RxPacket,
         now: Time,
     ) -> Result<(RxOutcome, IrqAction), NicError> {
+        let queue = if self.cfg.queues > 1 {
+            self.rx_queue_of(vf, &pkt.frame)?
+        } else {
+            0
+        };
         let state = self.vf_mut(vf)?;
-        let ring = &mut state.ring;
+        let ring = &mut state.rings[usize::from(queue)];
         if ring.hw_free == 0 {
             state.counters.rx_missed += 1;
             return Ok((RxOutcome::Dropped, IrqAction::None));
@@ -742,17 +928,43 @@ impl Nic {
         ring.head = ring.advance(ring.head);
         ring.hw_free -= 1;
         ring.pending += 1;
+        ring.received += 1;
         state.counters.rx_packets += 1;
         state.counters.rx_bytes += u64::from(pkt.len);
-        state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
-        Ok((RxOutcome::Queued, self.evaluate(vf, RX_QUEUE_VECTOR, now)))
+        state.vectors[usize::from(queue)].cause = true;
+        Ok((RxOutcome::Queued, self.evaluate(vf, queue, now)))
     }
 
-    /// The driver writes a TX descriptor for `frame` (in DMA memory: no
-    /// doorbell yet). False when the ring has no free descriptor (one
-    /// always stays with software, as on RX).
+    /// Checks a queue index of function `vf`.
+    fn check_queue(&self, vf: u16, queue: u8) -> Result<(), NicError> {
+        self.vf(vf)?;
+        if queue >= self.cfg.queues {
+            return Err(NicError::BadQueue {
+                vf,
+                queue,
+                queues: self.cfg.queues,
+            });
+        }
+        Ok(())
+    }
+
+    fn ring(&self, vf: u16, queue: u8) -> Result<&Ring, NicError> {
+        self.check_queue(vf, queue)?;
+        Ok(&self.vf(vf)?.rings[usize::from(queue)])
+    }
+
+    /// The driver writes a TX descriptor for `frame` on queue 0; see
+    /// [`Nic::tx_enqueue_on`].
     pub fn tx_enqueue(&mut self, vf: u16, frame: Frame) -> Result<bool, NicError> {
-        let t = &mut self.vf_mut(vf)?.tx;
+        self.tx_enqueue_on(vf, 0, frame)
+    }
+
+    /// The driver writes a TX descriptor for `frame` on TX queue `queue`
+    /// (in DMA memory: no doorbell yet). False when the ring has no free
+    /// descriptor (one always stays with software, as on RX).
+    pub fn tx_enqueue_on(&mut self, vf: u16, queue: u8, frame: Frame) -> Result<bool, NicError> {
+        self.check_queue(vf, queue)?;
+        let t = &mut self.vf_mut(vf)?.tx[usize::from(queue)];
         if t.used() + 1 >= t.size as usize {
             return Ok(false);
         }
@@ -782,8 +994,22 @@ impl Nic {
         fetch: Time,
         link: &Link,
     ) -> Result<Option<Time>, NicError> {
+        self.tx_doorbell_on(vf, 0, now, fetch, link)
+    }
+
+    /// [`Nic::tx_doorbell`] for TX queue `queue` (its `TDT`): the queues
+    /// share the port's wire.
+    pub fn tx_doorbell_on(
+        &mut self,
+        vf: u16,
+        queue: u8,
+        now: Time,
+        fetch: Time,
+        link: &Link,
+    ) -> Result<Option<Time>, NicError> {
+        self.check_queue(vf, queue)?;
         let mut port = self.port_tx_free;
-        let t = &mut self.vf_mut(vf)?.tx;
+        let t = &mut self.vf_mut(vf)?.tx[usize::from(queue)];
         let was_idle = t.hw.is_empty();
         while let Some(f) = t.staged.pop_front() {
             // One port: the VFs' queues share its wire.
@@ -811,21 +1037,34 @@ impl Nic {
         vf: u16,
         now: Time,
     ) -> Result<(Option<Frame>, IrqAction, Option<Time>), NicError> {
+        self.tx_complete_on(vf, 0, now)
+    }
+
+    /// [`Nic::tx_complete`] for TX queue `queue`, whose write-back raises
+    /// its queue pair's vector.
+    pub fn tx_complete_on(
+        &mut self,
+        vf: u16,
+        queue: u8,
+        now: Time,
+    ) -> Result<(Option<Frame>, IrqAction, Option<Time>), NicError> {
+        self.check_queue(vf, queue)?;
+        let q = usize::from(queue);
         let state = self.vf_mut(vf)?;
-        let Some((_, f)) = state.tx.hw.pop_front() else {
+        let Some((_, f)) = state.tx[q].hw.pop_front() else {
             return Ok((None, IrqAction::None, None));
         };
-        state.tx.unwritten += 1;
+        state.tx[q].unwritten += 1;
         state.counters.tx_packets += 1;
         state.counters.tx_bytes += u64::from(f.len());
-        let next = state.tx.hw.front().map(|h| h.0);
+        let next = state.tx[q].hw.front().map(|h| h.0);
         let wthresh = self.cfg.tx_wthresh.max(1);
         let unit = self.cfg.itr_unit_ps;
         let state = self.vf_mut(vf)?;
-        if state.tx.unwritten >= wthresh {
-            state.tx.write_back();
-            state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
-            return Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next));
+        if state.tx[q].unwritten >= wthresh {
+            state.tx[q].write_back();
+            state.vectors[q].cause = true;
+            return Ok((Some(f), self.evaluate(vf, queue, now), next));
         }
         // Below WTHRESH the descriptors wait for the ITR timer, which the
         // first held descriptor starts (82598EB datasheet §3.5.3.3.4: "the
@@ -833,18 +1072,18 @@ impl Nic {
         // expiration flushes any accumulated descriptors and sets an
         // interrupt event"); an interrupt of the vector before then takes
         // them along.
-        if state.tx.wb_due.is_some() {
+        if state.tx[q].wb_due.is_some() {
             return Ok((Some(f), IrqAction::None, next));
         }
-        let v = &mut state.vectors[usize::from(RX_QUEUE_VECTOR)];
+        let v = &mut state.vectors[q];
         let due = now.saturating_add(v.interval(unit));
         if due <= now {
             // No interval: written back at once.
-            state.tx.write_back();
-            state.vectors[usize::from(RX_QUEUE_VECTOR)].cause = true;
-            return Ok((Some(f), self.evaluate(vf, RX_QUEUE_VECTOR, now), next));
+            state.tx[q].write_back();
+            state.vectors[q].cause = true;
+            return Ok((Some(f), self.evaluate(vf, queue, now), next));
         }
-        state.tx.wb_due = Some(due);
+        state.tx[q].wb_due = Some(due);
         if v.armed_at.is_some_and(|a| a <= due) {
             // A countdown already running ends first; its fire takes them.
             return Ok((Some(f), IrqAction::None, next));
@@ -852,7 +1091,7 @@ impl Nic {
         v.gen = v.gen.wrapping_add(1);
         v.armed_at = Some(due);
         let gen = v.gen;
-        let vector = RX_QUEUE_VECTOR;
+        let vector = queue;
         Ok((
             Some(f),
             IrqAction::CheckAt {
@@ -868,7 +1107,13 @@ impl Nic {
     /// The driver's TX clean-up (`ixgbevf_clean_tx_irq`): reclaims
     /// written-back descriptors; returns how many.
     pub fn tx_clean(&mut self, vf: u16) -> Result<u16, NicError> {
-        let t = &mut self.vf_mut(vf)?.tx;
+        self.tx_clean_on(vf, 0)
+    }
+
+    /// [`Nic::tx_clean`] of TX queue `queue`.
+    pub fn tx_clean_on(&mut self, vf: u16, queue: u8) -> Result<u16, NicError> {
+        self.check_queue(vf, queue)?;
+        let t = &mut self.vf_mut(vf)?.tx[usize::from(queue)];
         Ok(std::mem::take(&mut t.done))
     }
 
@@ -887,21 +1132,23 @@ impl Nic {
             return Ok(IrqAction::None);
         }
         v.armed_at = None;
-        if vector == RX_QUEUE_VECTOR {
+        let q = usize::from(vector);
+        let queue_vector = vector < self.cfg.queues;
+        if queue_vector {
             // The ITR timer writes back what WTHRESH held.
             let state = self.vf_mut(vf)?;
-            if state.tx.wb_due.is_some_and(|d| d <= now) && state.tx.write_back() {
-                state.vectors[usize::from(vector)].cause = true;
+            if state.tx[q].wb_due.is_some_and(|d| d <= now) && state.tx[q].write_back() {
+                state.vectors[q].cause = true;
             }
         }
         let action = self.evaluate(vf, vector, now);
-        if !matches!(action, IrqAction::None) || vector != RX_QUEUE_VECTOR {
+        if !matches!(action, IrqAction::None) || !queue_vector {
             return Ok(action);
         }
         // Nothing fired (the cause was masked, or this countdown was for
         // another cause): a write-back still held waits for its own timer.
         let state = self.vf_mut(vf)?;
-        let Some(due) = state.tx.wb_due else {
+        let Some(due) = state.tx[q].wb_due else {
             return Ok(action);
         };
         let v = &mut state.vectors[usize::from(vector)];
@@ -1050,14 +1297,30 @@ impl Nic {
 
     /// Descriptors written back and not yet cleaned by the driver.
     pub fn rx_pending(&self, vf: u16) -> Result<usize, NicError> {
-        Ok(self.vf(vf)?.ring.pending)
+        self.rx_pending_on(vf, 0)
+    }
+
+    /// [`Nic::rx_pending`] of RX queue `queue`.
+    pub fn rx_pending_on(&self, vf: u16, queue: u8) -> Result<usize, NicError> {
+        Ok(self.ring(vf, queue)?.pending)
+    }
+
+    /// Frames written back into RX queue `queue` since the NIC was built.
+    pub fn rx_queue_packets(&self, vf: u16, queue: u8) -> Result<u64, NicError> {
+        Ok(self.ring(vf, queue)?.received)
     }
 
     /// The driver cleans the next written-back descriptor, in ring order.
     /// Its buffer stays with the driver until [`Nic::rx_refill`].
     pub fn rx_poll(&mut self, vf: u16) -> Result<Option<RxPacket>, NicError> {
+        self.rx_poll_on(vf, 0)
+    }
+
+    /// [`Nic::rx_poll`] of RX queue `queue`.
+    pub fn rx_poll_on(&mut self, vf: u16, queue: u8) -> Result<Option<RxPacket>, NicError> {
+        self.check_queue(vf, queue)?;
         let state = self.vf_mut(vf)?;
-        let ring = &mut state.ring;
+        let ring = &mut state.rings[usize::from(queue)];
         if ring.pending == 0 {
             return Ok(None);
         }
@@ -1074,7 +1337,13 @@ impl Nic {
     /// RDT past RDH and hand hardware descriptors it is still writing
     /// back), and then nothing changes.
     pub fn rx_refill(&mut self, vf: u16, n: u16) -> Result<(), NicError> {
-        let ring = &mut self.vf_mut(vf)?.ring;
+        self.rx_refill_on(vf, 0, n)
+    }
+
+    /// [`Nic::rx_refill`] of RX queue `queue` (its `RDT`).
+    pub fn rx_refill_on(&mut self, vf: u16, queue: u8, n: u16) -> Result<(), NicError> {
+        self.check_queue(vf, queue)?;
+        let ring = &mut self.vf_mut(vf)?.rings[usize::from(queue)];
         let n_usize = usize::from(n);
         if n_usize > ring.cleaned {
             return Err(NicError::RefillExceedsCleaned {
@@ -1090,18 +1359,18 @@ impl Nic {
 
     /// Hardware-owned empty descriptors (RDT - RDH, modulo the ring).
     pub fn rx_free_descriptors(&self, vf: u16) -> Result<usize, NicError> {
-        Ok(self.vf(vf)?.ring.hw_free)
+        Ok(self.ring(vf, 0)?.hw_free)
     }
 
     /// Descriptors cleaned by the driver and not yet given back.
     pub fn rx_awaiting_refill(&self, vf: u16) -> Result<usize, NicError> {
-        Ok(self.vf(vf)?.ring.cleaned)
+        Ok(self.ring(vf, 0)?.cleaned)
     }
 
     /// The ring's `(RDH, RDT)` register values. Hardware owns the
     /// descriptors from RDH up to, not including, RDT.
     pub fn rx_ring_pointers(&self, vf: u16) -> Result<(u16, u16), NicError> {
-        let ring = &self.vf(vf)?.ring;
+        let ring = self.ring(vf, 0)?;
         let size = ring.slots.len();
         let tail = (ring.head + ring.hw_free) % size;
         // Both indexes are below rx_ring_size, itself a u16.
@@ -2046,5 +2315,175 @@ mod tests {
             prop_assert_eq!(c.interrupts, h.fires);
             prop_assert!(c.itr_deferred <= c.interrupts);
         }
+    }
+
+    /// The Toeplitz hash of the RSS specification's IPv4/TCP example:
+    /// 66.9.149.187:2794 -> 161.142.100.80:1766 under its sample key
+    /// hashes to 0x51ccc178 (and the addresses alone to 0x323e8fc2).
+    #[test]
+    fn toeplitz_matches_the_rss_specification_example() {
+        let key: [u8; 40] = [
+            0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+            0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+            0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+        ];
+        let t = crate::hw::wire::Tuple {
+            src_ip: [66, 9, 149, 187],
+            dst_ip: [161, 142, 100, 80],
+            src_port: 2794,
+            dst_port: 1766,
+        };
+        let input = rss_input(&t);
+        assert_eq!(toeplitz(&key, &input), 0x51cc_c178);
+        assert_eq!(toeplitz(&key, &input[..8]), 0x323e_8fc2);
+    }
+
+    fn tcp(flow: u16, seq: u64, now: Time) -> RxPacket {
+        let seg = crate::hw::wire::TcpSegment {
+            seq,
+            len: 1448,
+            ..Default::default()
+        };
+        let frame = Frame::tcp(flow, seg, now);
+        RxPacket {
+            len: frame.len(),
+            arrived: now,
+            frame,
+        }
+    }
+
+    /// Eight queue pairs, the ixgbe key and a round-robin table.
+    fn rss_nic(queues: u8) -> Nic {
+        let mut n = nic_with(NicConfig {
+            queues,
+            vectors_per_vf: queues + 1,
+            ..NicConfig::default()
+        });
+        let key = crate::guest::net::IXGBE_RSS_KEY;
+        n.configure_rss(0, &key, &crate::guest::net::ixgbe_reta(queues))
+            .unwrap();
+        n
+    }
+
+    /// A flow lands in the queue the RETA entry at its hash's seven low
+    /// bits names; its frames stay there, in order; the write-back raises
+    /// that queue's vector only.
+    #[test]
+    fn rss_puts_each_flow_in_the_queue_reta_names_in_order() {
+        let mut n = rss_nic(8);
+        let reta = crate::guest::net::ixgbe_reta(8);
+        let mut used = [0u32; 8];
+        for flow in 1..=64u16 {
+            let f = tcp(flow, 0, 0).frame;
+            let hash = n.rss_hash(0, &f).unwrap().expect("RSS is on");
+            let q = n.rx_queue_of(0, &f).unwrap();
+            assert_eq!(q, reta[(hash & 127) as usize], "flow {flow}");
+            assert_eq!(q, (hash % 8) as u8, "round-robin table of 8: hash mod 8");
+            used[usize::from(q)] += 1;
+        }
+        assert!(
+            used.iter().all(|&u| u > 0),
+            "64 flows reach every queue: {used:?}"
+        );
+        let flow = 5;
+        let q = n.rx_queue_of(0, &tcp(flow, 0, 0).frame).unwrap();
+        for k in 0..20u64 {
+            let (out, a) = n.receive(0, tcp(flow, k * 1448, k * US), k * US).unwrap();
+            assert_eq!(out, RxOutcome::Queued);
+            if let IrqAction::Fire { vector, .. } = a {
+                assert_eq!(vector, q, "the queue's own vector fires");
+            }
+        }
+        for other in (0..8).filter(|&o| o != q) {
+            assert_eq!(n.rx_pending_on(0, other).unwrap(), 0, "queue {other}");
+        }
+        assert_eq!(n.rx_queue_packets(0, q).unwrap(), 20);
+        let seqs: Vec<u64> = std::iter::from_fn(|| n.rx_poll_on(0, q).unwrap())
+            .map(seq_of)
+            .collect();
+        assert_eq!(seqs, (0..20).map(|k| k * 1448).collect::<Vec<_>>());
+    }
+
+    /// Without RSS (one queue, or before the driver enables it) every
+    /// frame goes to queue 0.
+    #[test]
+    fn without_rss_every_frame_takes_queue_zero() {
+        let mut n = nic_with(NicConfig {
+            queues: 4,
+            vectors_per_vf: 5,
+            ..NicConfig::default()
+        });
+        for flow in 1..=16u16 {
+            assert_eq!(n.rx_queue_of(0, &tcp(flow, 0, 0).frame).unwrap(), 0);
+            n.receive(0, tcp(flow, 0, 0), 0).unwrap();
+        }
+        assert_eq!(n.rx_pending_on(0, 0).unwrap(), 16);
+        let one = nic(0);
+        assert_eq!(one.rss_hash(0, &tcp(3, 0, 0).frame).unwrap(), None);
+    }
+
+    /// A TX queue's completions raise its own vector, and only its ring
+    /// is cleaned.
+    #[test]
+    fn each_tx_queue_completes_on_its_own_vector() {
+        let mut n = rss_nic(4);
+        let link = Link::default();
+        for q in 0..4u8 {
+            assert!(n.tx_enqueue_on(0, q, tcp(1, 0, 0).frame).unwrap());
+            let head = n
+                .tx_doorbell_on(0, q, 0, 0, &link)
+                .unwrap()
+                .expect("idle queue");
+            let (f, a, next) = n.tx_complete_on(0, q, head).unwrap();
+            assert!(f.is_some() && next.is_none());
+            match a {
+                IrqAction::Fire { vector, .. } => assert_eq!(vector, q),
+                other => panic!("queue {q}: {other:?}"),
+            }
+            assert_eq!(n.tx_clean_on(0, q).unwrap(), 1);
+        }
+        assert_eq!(n.counters(0).unwrap().tx_packets, 4);
+    }
+
+    /// Bad queue counts, vectors, queue indexes and table entries are
+    /// errors naming what is wrong.
+    #[test]
+    fn queue_configuration_is_checked() {
+        let cfg = NicConfig::default();
+        for bad in [0, MAX_QUEUES + 1] {
+            let e = Nic::new(NicConfig { queues: bad, ..cfg }, &[1]).unwrap_err();
+            assert_eq!(e, NicError::QueueCount(bad));
+        }
+        // Fewer vectors than queues, or a VF's three exceeded with one queue.
+        let e = Nic::new(
+            NicConfig {
+                queues: 8,
+                vectors_per_vf: 4,
+                ..cfg
+            },
+            &[1],
+        )
+        .unwrap_err();
+        assert_eq!(e, NicError::VectorCount(4));
+        let mut n = rss_nic(2);
+        assert_eq!(
+            n.rx_poll_on(0, 2).unwrap_err(),
+            NicError::BadQueue {
+                vf: 0,
+                queue: 2,
+                queues: 2
+            }
+        );
+        let mut reta = crate::guest::net::ixgbe_reta(2);
+        reta[77] = 2;
+        let key = crate::guest::net::IXGBE_RSS_KEY;
+        assert_eq!(
+            n.configure_rss(0, &key, &reta).unwrap_err(),
+            NicError::RetaEntry {
+                index: 77,
+                queue: 2,
+                queues: 2
+            }
+        );
     }
 }

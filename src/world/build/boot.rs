@@ -358,6 +358,7 @@ impl World {
             tsc_hz,
             rng_host: RngStream::new(s.seed, "host-ipi"),
             nic_base: vec![Default::default(); nvm],
+            nic_queue_base: vec![[0; crate::hw::x86::nic::MAX_QUEUES as usize]; nvm],
             pv: None,
             kvmtool: None,
             net_dev_of_vm: net_dev,

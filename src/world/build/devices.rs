@@ -118,11 +118,15 @@ pub(in crate::world) fn build(
     let itr = itr_params(s, cal);
     // One VF per VM, each its own PCIe function.
     let requester_ids: Vec<u16> = (0..nvm as u16).map(|i| 0x0110 + i).collect();
+    let queues = s.net.queues;
     let nic = Nic::new(
         NicConfig {
             vfs: nvm as u16,
             rx_ring_size: cal.nic.rx_ring_size.value as u16,
-            vectors_per_vf: 2,
+            // One vector per queue pair and the "other" vector.
+            vectors_per_vf: if queues > 1 { queues + 1 } else { 2 },
+            queues,
+            client_port_base: s.net.client_port_base,
             itr_unit_ps: from_us(cal.nic.itr_unit_us.value),
             initial_eitr: initial_eitr(s, cal, &itr)?,
             tx_wthresh: s.nic.tx_wthresh,
@@ -168,6 +172,20 @@ pub(in crate::world) fn build(
         let with_vf = has_vf(s, v.workload);
         if with_vf {
             guest_vectors.push(("guest.vf_vector", s.guest.vf_vector));
+            if queues > 1 && usize::from(queues) > v.cores.len() {
+                return Err(BuildError::Scenario(format!(
+                    "net.queues = {queues}: VM {i} has {} CPUs, and ixgbe takes at most one queue pair per online CPU",
+                    v.cores.len()
+                )));
+            }
+            for q in 1..queues {
+                let Some(vector) = s.guest.vf_vector.checked_add(q) else {
+                    return Err(BuildError::Scenario(format!(
+                        "net.queues = {queues}: guest.vf_vector + {q} passes vector 255"
+                    )));
+                };
+                guest_vectors.push(("guest.vf_vector + a queue (net.queues)", vector));
+            }
         }
         vectors::check_guest_vectors(&guest_vectors)?;
         let a = with_vf.then_some(VfAssignment {
@@ -176,11 +194,32 @@ pub(in crate::world) fn build(
             guest_vector: s.guest.vf_vector,
             host_vector: host_device_vector(i),
             requester_id: requester_ids[i],
+            queues,
+            irte_stride: nvm as u16,
         });
-        if a.is_some() {
-            m.nic
-                .program_msix(i as u16, 0, i as u16)
-                .map_err(|e| BuildError::Scenario(e.to_string()))?;
+        if let Some(a) = a {
+            let entries = m.irt.len();
+            for q in 0..queues {
+                let handle = a.queue_irte(q);
+                if usize::from(handle) >= entries {
+                    return Err(BuildError::Scenario(format!(
+                        "net.queues = {queues}: {nvm} VMs' queue vectors need more than the IOMMU's {entries} IRT entries"
+                    )));
+                }
+                m.nic
+                    .program_msix(i as u16, q, handle)
+                    .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            }
+            if queues > 1 {
+                // ixgbe_setup_mrqc: the driver's key and table.
+                m.nic
+                    .configure_rss(
+                        i as u16,
+                        &crate::guest::net::IXGBE_RSS_KEY,
+                        &crate::guest::net::ixgbe_reta(queues),
+                    )
+                    .map_err(|e| BuildError::Scenario(e.to_string()))?;
+            }
         }
         vf.push(a);
         if blk_dev[i].is_some() {

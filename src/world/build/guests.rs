@@ -65,6 +65,7 @@ fn config(
         did_module,
         vf_vector: s.guest.vf_vector,
         vf: devs.vf[vm].map(|a| a.vf),
+        vf_queues: devs.vf[vm].map_or(1, |a| a.queues),
         vf_wired_irq: s.net.device == crate::scenario::NetDevice::SpiNic,
         hz: s.guest.hz,
         tick: s.guest.tick,
