@@ -201,6 +201,27 @@ impl<E: Copy> EventQueue<E> {
         }
     }
 
+    /// Whether an event due at `at`, scheduled now, would be the next to
+    /// pop: the queue is unperturbed and every pending event is due later
+    /// (one due at `at` itself holds an earlier key, so it would pop
+    /// first).
+    #[inline]
+    pub fn would_pop_next(&self, at: Time) -> bool {
+        self.perturbation.is_none() && self.peek().is_none_or(|e| at < e.at)
+    }
+
+    /// Schedules and at once pops an event due at `at` that
+    /// [`Self::would_pop_next`], without queueing it: the clock moves to
+    /// `at`, the event takes its key and counts as popped, exactly as if
+    /// it had gone through the queue. Its owner then handles it.
+    #[inline]
+    pub fn pass_through(&mut self, at: Time) {
+        debug_assert!(at >= self.now && self.would_pop_next(at));
+        self.seq += 1;
+        self.now = at;
+        self.popped += 1;
+    }
+
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
     /// the perturbation's jitter later in a perturbed queue.
     #[inline]
