@@ -78,7 +78,7 @@ pub struct EventQueue<E> {
     heap: BinaryHeap<Entry<E>>,
     /// Pending events outside `heap`, latest first (the next to pop from
     /// here is the last), at most [`NEAR`].
-    near: Vec<Entry<E>>,
+    near: Near<E>,
     now: Time,
     seq: u64,
     popped: u64,
@@ -92,13 +92,55 @@ struct Perturbation {
     shuffle_ties: bool,
 }
 
-impl<E: Copy> EventQueue<E> {
+/// The near set's storage: a fixed array and its length, so an insertion
+/// has no capacity to check and nothing to grow.
+struct Near<E> {
+    items: [Entry<E>; NEAR],
+    len: usize,
+}
+
+impl<E: Copy> Near<E> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn last(&self) -> Option<&Entry<E>> {
+        self.len.checked_sub(1).map(|i| &self.items[i])
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<Entry<E>> {
+        let i = self.len.checked_sub(1)?;
+        self.len = i;
+        Some(self.items[i])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry<E>> {
+        self.items[..self.len].iter()
+    }
+}
+
+impl<E: Copy + Default> EventQueue<E> {
     /// An empty queue at time 0 with room for `capacity` pending events
     /// before it has to grow (growth is the only allocation it ever does).
     pub fn with_capacity(capacity: usize) -> Self {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
-            near: Vec::with_capacity(NEAR),
+            near: Near {
+                items: [Entry {
+                    at: 0,
+                    seq: 0,
+                    event: E::default(),
+                }; NEAR],
+                len: 0,
+            },
             now: 0,
             seq: 0,
             popped: 0,
@@ -156,19 +198,30 @@ impl<E: Copy> EventQueue<E> {
             seq: key,
             event,
         };
-        let near = &mut self.near;
-        let n = near.len();
+        let n = self.near.len;
         if n < NEAR {
             // Insertion into the sorted set, scanning from the earliest
             // end (new events are mostly due soon).
-            near.push(e);
+            let near = &mut self.near.items;
+            self.near.len = n + 1;
             let mut i = n;
             while i > 0 && near[i - 1].before(&e) {
                 near[i] = near[i - 1];
                 i -= 1;
             }
             near[i] = e;
-        } else if e.before(&near[0]) {
+        } else {
+            self.schedule_full(e);
+        }
+    }
+
+    /// [`Self::schedule_reserved`] with the near set full. Out of line, so
+    /// that the common insertion above needs no registers saved for the
+    /// heap's push.
+    #[inline(never)]
+    fn schedule_full(&mut self, e: Entry<E>) {
+        let near = &mut self.near.items;
+        if e.before(&near[0]) {
             // Full: the latest near entry makes room by moving to the heap.
             self.heap.push(near[0]);
             let mut i = 1;
