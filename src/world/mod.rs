@@ -989,7 +989,9 @@ impl World {
 
     fn guest_steps(&mut self, core: usize, from_segment: bool) {
         loop {
-            match self.arch_pending(core) {
+            let vcpu = self.kernel_of(core);
+            let (k, c) = self.kcpu(vcpu);
+            match self.arch_pending(core, k, c) {
                 Some(Ok(exit)) => return self.arch_exit(core, exit, None),
                 Some(Err(v)) => {
                     self.deliver(core, v);
@@ -997,8 +999,6 @@ impl World {
                 }
                 None => {}
             }
-            let vcpu = self.kernel_of(core);
-            let (k, c) = self.kcpu(vcpu);
             let now = self.q.now();
             // The guest runs again: the idle it waited in (if any) is over.
             let start = self.measure_start;

@@ -114,9 +114,16 @@ impl World {
 
     /// What the core must do now about pending events, in guest mode: an
     /// exit, a delivery through the guest IDT, or nothing.
-    pub(super) fn interrupt_decision(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+    /// `(k, c)`: the kernel and CPU `core` runs ([`World::kcpu`] of
+    /// [`World::kernel_of`]).
+    pub(super) fn interrupt_decision(
+        &mut self,
+        core: usize,
+        k: usize,
+        c: usize,
+    ) -> Option<Result<ExitInfo, u8>> {
         let mode = self.m.cores[core].mode;
-        let (k, c) = self.kcpu(self.kernel_of(core));
+        debug_assert_eq!((k, c), self.kcpu(self.kernel_of(core)));
         let if_on = self.guests[k].interrupts_enabled(c);
         let lapic = &mut self.m.lapics[core];
         match mode {
@@ -152,7 +159,7 @@ impl World {
                         lapic.eoi();
                         let pir = self.m.pi_desc[vcpu].take();
                         self.m.vapic[vcpu].sync_pir(pir);
-                        return self.interrupt_decision(core);
+                        return self.interrupt_decision(core, k, c);
                     }
                     if vmcs.external_interrupt_exits() {
                         // SDM 27.2.2: with "acknowledge interrupt on exit" the
