@@ -541,7 +541,7 @@ mod tests {
         /// exactly what a plain heap of (time, key) pops.
         #[test]
         fn near_set_pops_in_plain_heap_order(
-            ops in proptest::collection::vec((0u8..6, 0u64..40), 0..400),
+            ops in proptest::collection::vec((0u8..7, 0u64..40), 0..400),
             perturbation in proptest::option::of((any::<u64>(), 0u64..8, any::<bool>())),
         ) {
             let mut q = EventQueue::with_capacity(2);
@@ -581,6 +581,19 @@ mod tests {
                         if let Some((k, id)) = reserved.pop() {
                             q.schedule_reserved(now + t, k, id);
                             r.push(now + t, k, id);
+                        }
+                    }
+                    // An event that would pop next passes through: the
+                    // same as scheduling it and popping it at once.
+                    6 => {
+                        let passes = q.would_pop_next(now + t);
+                        prop_assert!(!(passes && q.perturbation.is_some()));
+                        if passes {
+                            q.pass_through(now + t);
+                            let k = r.key();
+                            r.push(now + t, k, id);
+                            prop_assert_eq!(r.pop_until(u64::MAX), Some((now + t, id)));
+                            prop_assert_eq!(q.now(), now + t);
                         }
                     }
                     _ => {

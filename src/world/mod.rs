@@ -151,6 +151,9 @@ pub struct World {
     event_exits: Option<Box<event_exits::EventExits>>,
     /// vCanal's service, host stack and client hosts, if a VM uses it.
     canal: Option<Box<vcanal::CanalPath>>,
+    /// Work segments that ended in place, without the queue
+    /// (`guest_run_from_segment`).
+    segments_in_place: u64,
     /// virtio-vsock's device, worker, relay and client host, if a VM uses it.
     vsock: Option<Box<vsock::VsockPath>>,
 }
@@ -365,6 +368,12 @@ impl World {
     /// Events processed so far.
     pub fn events(&self) -> u64 {
         self.q.popped()
+    }
+
+    /// Of [`Self::events`], the work segments that ended in place (their
+    /// completion would have popped next; see `guest_run_from_segment`).
+    pub fn segments_in_place(&self) -> u64 {
+        self.segments_in_place
     }
 
     fn dispatch(&mut self, ev: Ev, now: Time) {
@@ -988,9 +997,14 @@ impl World {
     }
 
     fn guest_steps(&mut self, core: usize, from_segment: bool) {
+        // The core runs the same vCPU (kernel CPU) for as long as this
+        // loop goes on: every change of its mode is an exit, which returns.
+        // So the per-VM lookups are made once.
+        let vcpu = self.kernel_of(core);
+        let (k, c) = self.kcpu(vcpu);
+        let (net_dev, blk_dev) = (self.net_dev_of_vm[k], self.blk_dev_of_vm[k]);
         loop {
-            let vcpu = self.kernel_of(core);
-            let (k, c) = self.kcpu(vcpu);
+            debug_assert_eq!(self.kernel_of(core), vcpu);
             match self.arch_pending(core, k, c) {
                 Some(Ok(exit)) => return self.arch_exit(core, exit, None),
                 Some(Err(v)) => {
@@ -1007,11 +1021,11 @@ impl World {
             }
             let mut dev = Devices {
                 nic: &mut self.m.nic,
-                virtio_net: match self.net_dev_of_vm[k] {
+                virtio_net: match net_dev {
                     Some(d) => self.m.virtio_net.get_mut(d),
                     None => None,
                 },
-                virtio_blk: match self.blk_dev_of_vm[k] {
+                virtio_blk: match blk_dev {
                     Some(d) => self.m.virtio_blk.get_mut(d),
                     None => None,
                 },
@@ -1051,6 +1065,7 @@ impl World {
                         }
                         let done = self.m.cores[core].complete(gen);
                         debug_assert!(done);
+                        self.segments_in_place += 1;
                         self.guests[k].charge(c, len);
                         continue;
                     }

@@ -27,6 +27,7 @@ mod packetgen;
 mod preemption;
 mod pv;
 mod rps;
+mod segments;
 mod sip;
 mod smp;
 mod vcanal;
