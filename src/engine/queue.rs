@@ -20,6 +20,14 @@
 //! the new one, where a heap moves entries along a path of its tree on
 //! every push and every pop.
 //!
+//! An event that would pop next as soon as it is scheduled (due before
+//! everything pending) can skip the queue altogether: its owner asks
+//! [`EventQueue::would_pop_next`] and, if so, [`EventQueue::pass_through`]
+//! moves the clock, uses the key and counts the pop as scheduling and
+//! popping it would, and the owner handles the event at once. A guest's
+//! work segment that ends before anything else is due does this (the
+//! world's `guest_run_from_segment`).
+//!
 //! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
 //! ties at one picosecond then break in a seeded random order, and events
 //! scheduled with [`EventQueue::schedule_async`] (messages in flight whose
