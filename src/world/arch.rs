@@ -56,7 +56,7 @@ impl World {
     /// (`Ok`), a delivery through the guest's handlers (`Err(vector)`), or
     /// nothing. `(k, c)` is the kernel and CPU the core runs
     /// ([`World::kcpu`] of [`World::kernel_of`]), which the caller has.
-    #[inline]
+    #[inline(always)]
     pub(super) fn arch_pending(
         &mut self,
         core: usize,

@@ -122,8 +122,9 @@ impl World {
     /// (so nothing deliverable) only has virtual-interrupt delivery and
     /// interrupt-window exiting left to look at, which this does here in
     /// the order [`Self::interrupt_decision_full`] does; anything else
-    /// goes there.
-    #[inline]
+    /// goes there. Always inlined into the guest's step loop, where its
+    /// lookups join the loop's own.
+    #[inline(always)]
     pub(super) fn interrupt_decision(
         &mut self,
         core: usize,
