@@ -20,6 +20,14 @@
 //! the new one, where a heap moves entries along a path of its tree on
 //! every push and every pop.
 //!
+//! An event that would pop next as soon as it is scheduled (due before
+//! everything pending) can skip the queue altogether: its owner asks
+//! [`EventQueue::would_pop_next`] and, if so, [`EventQueue::pass_through`]
+//! moves the clock, uses the key and counts the pop as scheduling and
+//! popping it would, and the owner handles the event at once. A guest's
+//! work segment that ends before anything else is due does this (the
+//! world's `guest_run_from_segment`).
+//!
 //! For race exploration a queue can be *perturbed* ([`EventQueue::perturb`]):
 //! ties at one picosecond then break in a seeded random order, and events
 //! scheduled with [`EventQueue::schedule_async`] (messages in flight whose
@@ -78,7 +86,7 @@ pub struct EventQueue<E> {
     heap: BinaryHeap<Entry<E>>,
     /// Pending events outside `heap`, latest first (the next to pop from
     /// here is the last), at most [`NEAR`].
-    near: Vec<Entry<E>>,
+    near: Near<E>,
     now: Time,
     seq: u64,
     popped: u64,
@@ -92,13 +100,55 @@ struct Perturbation {
     shuffle_ties: bool,
 }
 
-impl<E: Copy> EventQueue<E> {
+/// The near set's storage: a fixed array and its length, so an insertion
+/// has no capacity to check and nothing to grow.
+struct Near<E> {
+    items: [Entry<E>; NEAR],
+    len: usize,
+}
+
+impl<E: Copy> Near<E> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn last(&self) -> Option<&Entry<E>> {
+        self.len.checked_sub(1).map(|i| &self.items[i])
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<Entry<E>> {
+        let i = self.len.checked_sub(1)?;
+        self.len = i;
+        Some(self.items[i])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry<E>> {
+        self.items[..self.len].iter()
+    }
+}
+
+impl<E: Copy + Default> EventQueue<E> {
     /// An empty queue at time 0 with room for `capacity` pending events
     /// before it has to grow (growth is the only allocation it ever does).
     pub fn with_capacity(capacity: usize) -> Self {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
-            near: Vec::with_capacity(NEAR),
+            near: Near {
+                items: [Entry {
+                    at: 0,
+                    seq: 0,
+                    event: E::default(),
+                }; NEAR],
+                len: 0,
+            },
             now: 0,
             seq: 0,
             popped: 0,
@@ -156,19 +206,30 @@ impl<E: Copy> EventQueue<E> {
             seq: key,
             event,
         };
-        let near = &mut self.near;
-        let n = near.len();
+        let n = self.near.len;
         if n < NEAR {
             // Insertion into the sorted set, scanning from the earliest
             // end (new events are mostly due soon).
-            near.push(e);
+            let near = &mut self.near.items;
+            self.near.len = n + 1;
             let mut i = n;
             while i > 0 && near[i - 1].before(&e) {
                 near[i] = near[i - 1];
                 i -= 1;
             }
             near[i] = e;
-        } else if e.before(&near[0]) {
+        } else {
+            self.schedule_full(e);
+        }
+    }
+
+    /// [`Self::schedule_reserved`] with the near set full. Out of line, so
+    /// that the common insertion above needs no registers saved for the
+    /// heap's push.
+    #[inline(never)]
+    fn schedule_full(&mut self, e: Entry<E>) {
+        let near = &mut self.near.items;
+        if e.before(&near[0]) {
             // Full: the latest near entry makes room by moving to the heap.
             self.heap.push(near[0]);
             let mut i = 1;
@@ -199,6 +260,27 @@ impl<E: Copy> EventQueue<E> {
         } else {
             self.heap.peek()
         }
+    }
+
+    /// Whether an event due at `at`, scheduled now, would be the next to
+    /// pop: the queue is unperturbed and every pending event is due later
+    /// (one due at `at` itself holds an earlier key, so it would pop
+    /// first).
+    #[inline]
+    pub fn would_pop_next(&self, at: Time) -> bool {
+        self.perturbation.is_none() && self.peek().is_none_or(|e| at < e.at)
+    }
+
+    /// Schedules and at once pops an event due at `at` that
+    /// [`Self::would_pop_next`], without queueing it: the clock moves to
+    /// `at`, the event takes its key and counts as popped, exactly as if
+    /// it had gone through the queue. Its owner then handles it.
+    #[inline]
+    pub fn pass_through(&mut self, at: Time) {
+        debug_assert!(at >= self.now && self.would_pop_next(at));
+        self.seq += 1;
+        self.now = at;
+        self.popped += 1;
     }
 
     /// Schedules a message in flight at `at`: exactly `at` normally, up to
@@ -467,7 +549,7 @@ mod tests {
         /// exactly what a plain heap of (time, key) pops.
         #[test]
         fn near_set_pops_in_plain_heap_order(
-            ops in proptest::collection::vec((0u8..6, 0u64..40), 0..400),
+            ops in proptest::collection::vec((0u8..7, 0u64..40), 0..400),
             perturbation in proptest::option::of((any::<u64>(), 0u64..8, any::<bool>())),
         ) {
             let mut q = EventQueue::with_capacity(2);
@@ -507,6 +589,19 @@ mod tests {
                         if let Some((k, id)) = reserved.pop() {
                             q.schedule_reserved(now + t, k, id);
                             r.push(now + t, k, id);
+                        }
+                    }
+                    // An event that would pop next passes through: the
+                    // same as scheduling it and popping it at once.
+                    6 => {
+                        let passes = q.would_pop_next(now + t);
+                        prop_assert!(!(passes && q.perturbation.is_some()));
+                        if passes {
+                            q.pass_through(now + t);
+                            let k = r.key();
+                            r.push(now + t, k, id);
+                            prop_assert_eq!(r.pop_until(u64::MAX), Some((now + t, id)));
+                            prop_assert_eq!(q.now(), now + t);
                         }
                     }
                     _ => {

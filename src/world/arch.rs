@@ -54,11 +54,19 @@ pub(super) enum OpResult {
 impl World {
     /// What `core` must do now about pending events in guest mode: an exit
     /// (`Ok`), a delivery through the guest's handlers (`Err(vector)`), or
-    /// nothing.
-    #[inline]
-    pub(super) fn arch_pending(&mut self, core: usize) -> Option<Result<ArchExit, u8>> {
+    /// nothing. `(k, c)` is the kernel and CPU the core runs
+    /// ([`World::kcpu`] of [`World::kernel_of`]), which the caller has.
+    #[inline(always)]
+    pub(super) fn arch_pending(
+        &mut self,
+        core: usize,
+        k: usize,
+        c: usize,
+    ) -> Option<Result<ArchExit, u8>> {
         match self.arch {
-            Arch::X86Vmx => self.interrupt_decision(core).map(|r| r.map(ArchExit::Vmx)),
+            Arch::X86Vmx => self
+                .interrupt_decision(core, k, c)
+                .map(|r| r.map(ArchExit::Vmx)),
             Arch::ArmEl2 => self.el2_pending(core),
         }
     }

@@ -2,8 +2,9 @@
 
 use crate::hw::x86::lapic::DeliveryMode;
 
-/// One scheduled occurrence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One scheduled occurrence. (The default only fills the event queue's
+/// unused slots.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Ev {
     /// A guest CPU's polling idle loop sees need_resched set by a sibling
     /// (no IPI: TIF_POLLING_NRFLAG).
@@ -138,6 +139,7 @@ pub enum Ev {
         key: u64,
     },
     /// End of warm-up: statistics restart.
+    #[default]
     WarmupEnd,
     /// The host sends an IPI to a VM's core (Poisson source).
     HostIpi {

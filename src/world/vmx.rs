@@ -114,9 +114,54 @@ impl World {
 
     /// What the core must do now about pending events, in guest mode: an
     /// exit, a delivery through the guest IDT, or nothing.
-    pub(super) fn interrupt_decision(&mut self, core: usize) -> Option<Result<ExitInfo, u8>> {
+    /// `(k, c)`: the kernel and CPU `core` runs ([`World::kcpu`] of
+    /// [`World::kernel_of`]).
+    ///
+    /// It runs before every guest step, and mostly finds nothing: a guest
+    /// core with no emulated-device work, no NMI latched and an empty IRR
+    /// (so nothing deliverable) only has virtual-interrupt delivery and
+    /// interrupt-window exiting left to look at, which this does here in
+    /// the order [`Self::interrupt_decision_full`] does; anything else
+    /// goes there. Always inlined into the guest's step loop, where its
+    /// lookups join the loop's own.
+    #[inline(always)]
+    pub(super) fn interrupt_decision(
+        &mut self,
+        core: usize,
+        k: usize,
+        c: usize,
+    ) -> Option<Result<ExitInfo, u8>> {
+        if let CoreMode::Guest { vcpu } = self.m.cores[core].mode {
+            let lapic = &self.m.lapics[core];
+            if self.bg_pending[vcpu] == 0 && !lapic.nmi_pending() && lapic.irr.is_empty() {
+                let vmcs = &self.m.vmcs[vcpu];
+                let vid = vmcs.proc2.virtual_interrupt_delivery;
+                let window = vmcs.proc.interrupt_window_exiting;
+                if !(vid || window) || !self.guests[k].interrupts_enabled(c) {
+                    return None;
+                }
+                if vid {
+                    // Virtual-interrupt delivery (SDM 29.2): RVI above VPPR.
+                    if let Some(v) = self.m.vapic[vcpu].deliver() {
+                        return Some(self.through_idt(vcpu, v));
+                    }
+                }
+                return window.then_some(Ok(ExitInfo::PendingInterrupt));
+            }
+        }
+        self.interrupt_decision_full(core, k, c)
+    }
+
+    /// [`Self::interrupt_decision`] in full.
+    #[inline(never)]
+    fn interrupt_decision_full(
+        &mut self,
+        core: usize,
+        k: usize,
+        c: usize,
+    ) -> Option<Result<ExitInfo, u8>> {
         let mode = self.m.cores[core].mode;
-        let (k, c) = self.kcpu(self.kernel_of(core));
+        debug_assert_eq!((k, c), self.kcpu(self.kernel_of(core)));
         let if_on = self.guests[k].interrupts_enabled(c);
         let lapic = &mut self.m.lapics[core];
         match mode {
@@ -152,7 +197,7 @@ impl World {
                         lapic.eoi();
                         let pir = self.m.pi_desc[vcpu].take();
                         self.m.vapic[vcpu].sync_pir(pir);
-                        return self.interrupt_decision(core);
+                        return self.interrupt_decision(core, k, c);
                     }
                     if vmcs.external_interrupt_exits() {
                         // SDM 27.2.2: with "acknowledge interrupt on exit" the

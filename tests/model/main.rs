@@ -29,6 +29,7 @@ mod preemption;
 mod pv;
 mod rps;
 mod rss;
+mod segments;
 mod sip;
 mod smp;
 mod vcanal;

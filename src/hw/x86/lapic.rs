@@ -60,7 +60,8 @@ impl ApicBitmap {
 
     /// Whether no vector is set.
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|w| *w == 0)
+        let [a, b, c, d] = self.0;
+        (a | b | c | d) == 0
     }
 
     /// How many vectors are set.

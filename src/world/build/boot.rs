@@ -377,6 +377,7 @@ impl World {
             event_exits: None,
             canal: None,
             vsock: None,
+            segments_in_place: 0,
         }
     }
 }
