@@ -158,7 +158,7 @@ pub struct World {
     event_exits: Option<Box<event_exits::EventExits>>,
     /// vCanal's service, host stack and client hosts, if a VM uses it.
     canal: Option<Box<vcanal::CanalPath>>,
-    /// virtio-vsock's device, worker, relay and client host, if a VM uses it.
+    /// virtio-vsock's devices, workers, relays and client host, if VMs use it.
     vsock: Option<Box<vsock::VsockPath>>,
 }
 
@@ -1012,8 +1012,8 @@ impl World {
                     None => None,
                 },
                 vsock: match self.vsock.as_deref_mut() {
-                    Some(v) if v.vm == k => Some(&mut v.dev),
-                    _ => None,
+                    Some(v) => v.vms.iter_mut().find(|m| m.vm == k).map(|m| &mut m.dev),
+                    None => None,
                 },
             };
             let action = self.guests[k].next(c, now, &mut dev);
