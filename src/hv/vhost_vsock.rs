@@ -484,6 +484,38 @@ mod tests {
         (dev, b, g)
     }
 
+    /// A guest speaking as another VM (source CID 4 on CID 3's device)
+    /// reaches no host socket: its REQUEST opens nothing and its RW bytes
+    /// land nowhere, while the device's own guest is served.
+    #[test]
+    fn packets_not_from_the_devices_guest_cid_are_dropped() {
+        let mut dev = VirtioVsockDev::new(64, true, 3).unwrap();
+        let mut b = VhostVsock::new(0, [1, 2], 5000).with_guest_cid(3);
+        for _ in 0..16 {
+            assert!(dev.post_rx_buffer());
+        }
+        let (_, forged) = VsockConn::connect((4, 1025), (CID_HOST, 5000));
+        assert!(dev.send(forged));
+        let mut rw = forged;
+        rw.op = crate::hw::virtio_vsock::Op::Rw;
+        rw.len = 100;
+        assert!(dev.send(rw));
+        dev.tx.kick_prepare();
+        let t = b.handle_tx(&mut dev, &costs());
+        assert_eq!(t.pkts, 2);
+        assert_eq!(b.counters.misaddressed, 2);
+        assert!(
+            b.conn.is_none() && b.send_pkt.is_empty(),
+            "no socket, no reply"
+        );
+        let (_, ok) = VsockConn::connect((3, 1025), (CID_HOST, 5000));
+        assert!(dev.send(ok));
+        dev.tx.kick_prepare();
+        b.handle_tx(&mut dev, &costs());
+        assert_eq!(b.counters.misaddressed, 2);
+        assert_eq!(b.conn.as_ref().map(|c| c.peer), Some((3, 1025)));
+    }
+
     #[test]
     fn a_request_to_a_listener_is_accepted_and_a_stranger_reset() {
         let (mut dev, mut b, _g) = connect(true);

@@ -295,11 +295,18 @@ pub(super) struct VsockPath {
     out: Vec<(Time, Frame)>,
     mss: u32,
     counters: Counters,
-    /// Where the round robin over the workers, and over the relays,
-    /// stands (each thread sleeps in its own wait queue and the core's
-    /// scheduler runs the runnable ones in turn).
-    worker_next: usize,
-    relay_next: usize,
+    /// The worker, and the relay, that ran last, and since when: it keeps
+    /// the core while it has work (a thread runs until it blocks: the vhost
+    /// worker until its work list is empty, socat until select() finds
+    /// nothing) or until its CFS slice is used up; then the next runnable
+    /// one in VM order takes its turn.
+    worker_last: usize,
+    worker_since: Time,
+    relay_last: usize,
+    relay_since: Time,
+    /// The CFS slice of one of the core's threads (`sched_slice` with
+    /// every worker and relay runnable, Linux 4.4's tunables).
+    slice: Time,
     /// ApacheBench over vsock: the per-connection relays and their TCP
     /// sockets (None for the netperf stream).
     http: Option<Box<HttpRelay>>,
@@ -443,8 +450,15 @@ pub(super) fn build(
         out: Vec::with_capacity(1024),
         mss: tcp.mss,
         counters: Counters::default(),
-        worker_next: 0,
-        relay_next: 0,
+        worker_last: 0,
+        worker_since: 0,
+        relay_last: 0,
+        relay_since: 0,
+        slice: {
+            let p = crate::hv::sched::CfsParams::linux44(s.machine.cores);
+            let threads = 2 * over.len() as u64;
+            p.period(threads) / threads
+        },
         http,
     }))
 }
@@ -566,10 +580,21 @@ impl VsockPath {
         t - at
     }
 
-    /// The first VM from `from` on (round robin) for which `ready` holds.
-    fn next_ready(&self, from: usize, ready: impl Fn(&Self, usize) -> bool) -> Option<usize> {
+    /// The thread to run among the VMs' workers (or relays): `last`, if
+    /// it has work and its slice since `since` is not used up at `now`,
+    /// else the first after it in VM order (wrapping, `last` itself last)
+    /// for which `ready` holds.
+    fn next_ready(
+        &self,
+        (last, since): (usize, Time),
+        now: Time,
+        ready: impl Fn(&Self, usize) -> bool,
+    ) -> Option<usize> {
         let n = self.vms.len();
-        (0..n).map(|j| (from + j) % n).find(|&k| ready(self, k))
+        if now.saturating_sub(since) < self.slice && ready(self, last) {
+            return Some(last);
+        }
+        (1..=n).map(|j| (last + j) % n).find(|&k| ready(self, k))
     }
 
     /// The host NIC's interrupt and NAPI poll: every waiting frame up the
@@ -950,8 +975,9 @@ impl World {
     }
 
     /// The core finished its last work item: the next one. The host NIC's
-    /// frames first, then the workers' TX and RX handlers (round robin over
-    /// the VMs), then the relays (round robin).
+    /// frames first, then the workers' TX and RX handlers, then the relays
+    /// (among the workers, and among the relays, the last one runs on
+    /// while it has work).
     pub(super) fn vsock_step(&mut self) {
         let now = self.q.now();
         let measuring = now >= self.measure_start;
@@ -967,14 +993,19 @@ impl World {
         v.http_timers(now);
         let mut work = v.flush_all(now);
         work += v.http_flush(now + work);
-        let worker = v.next_ready(v.worker_next, |v, k| v.vms[k].tx_work || v.vms[k].rx_work);
+        let worker = v.next_ready((v.worker_last, v.worker_since), now, |v, k| {
+            v.vms[k].tx_work || v.vms[k].rx_work
+        });
         if !v.rx.is_empty() {
             work += v.receive(now + work);
             if measuring {
                 v.counters.softirq_busy += work;
             }
         } else if let Some(k) = worker {
-            v.worker_next = (k + 1) % v.vms.len();
+            if k != v.worker_last {
+                v.worker_last = k;
+                v.worker_since = now;
+            }
             let mut t = v.switch_to(Thread::Worker(k));
             let vc = v.vc;
             let m = &mut v.vms[k];
@@ -1009,8 +1040,13 @@ impl World {
             if measuring {
                 v.counters.relay_busy += t;
             }
-        } else if let Some(k) = v.next_ready(v.relay_next, |v, k| v.relay_ready(k) > 0) {
-            v.relay_next = (k + 1) % v.vms.len();
+        } else if let Some(k) = v.next_ready((v.relay_last, v.relay_since), now, |v, k| {
+            v.relay_ready(k) > 0
+        }) {
+            if k != v.relay_last {
+                v.relay_last = k;
+                v.relay_since = now;
+            }
             let mut t = v.switch_to(Thread::Relay(k));
             let max = v.relay_ready(k);
             let rc = v.rc;
@@ -1178,11 +1214,16 @@ impl World {
         };
         let s = dur.max(1e-12);
         let pct = |t: Time| 100.0 * t as f64 / (s * crate::engine::SEC as f64);
-        let mut aggregate = 0.0;
+        // Each netserver's bytes over the whole measured interval (its
+        // throughput_gbps spans its first to last byte, which a VM whose
+        // threads wait out others' CFS slices would overstate).
+        let (mut aggregate, mut least) = (0.0, f64::INFINITY);
         for m in &v.vms {
             let mut pm = Metrics::new();
             m.peer.metrics(&mut pm);
-            aggregate += pm.get("netperf.throughput_gbps").copied().unwrap_or(0.0);
+            let gbps = pm.get("netperf.bytes").copied().unwrap_or(0.0) * 8.0 / s / 1e9;
+            aggregate += gbps;
+            least = least.min(gbps);
             let prefix = crate::report::vm_prefix(m.vm);
             for (k, x) in pm {
                 *out.entry(format!("{prefix}{k}")).or_insert(0.0) += x;
@@ -1224,6 +1265,7 @@ impl World {
         out.insert("vsock.vms".into(), v.vms.len() as f64);
         if v.http.is_none() {
             out.insert("vsock.aggregate_gbps".into(), aggregate);
+            out.insert("vsock.min_vm_gbps".into(), least);
         }
         out.insert("vsock.worker_busy_pct".into(), pct(k.worker_busy));
         out.insert("vsock.relay_busy_pct".into(), pct(k.relay_busy));
