@@ -34,10 +34,18 @@
 //! both sockets once both streams ended. The parent and the children take
 //! the relay's place in the core's FIFO.
 //!
-//! Simplifications (named): the worker, the relay and the host NIC's
-//! softirq share the worker's core (`host.io_cores[0]`) as one FIFO of
+//! Several VMs (docs/vcanal.md, "Several VMs over vsock"): each VM over
+//! vsock has its own device and guest CID, its own back end and worker
+//! (`vhost_vsock_dev_open` → `vhost_dev_init`: a worker per device), its
+//! own relay and netserver; they share the core and the wire. Among the
+//! workers, and among the relays, the one that ran last keeps the core
+//! while it has work and its CFS slice lasts (`hv::sched::CfsParams`).
+//! The back end takes only packets from its own guest's CID.
+//!
+//! Simplifications (named): the workers, the relays and the host NIC's
+//! softirq share the workers' core (`host.io_cores[0]`) as one FIFO of
 //! work items, as vCanal's service core runs its poller, pool and softirq
-//! (a switch between the worker and the relay costs a thread switch);
+//! (a switch between threads costs a thread switch);
 //! the host NIC takes an interrupt per batch of frames that wait (no
 //! moderation, as `workload.vcanal.host_nic_itr = "off"`); a handler
 //! turn takes what the ring holds when it starts and its time is charged
