@@ -74,6 +74,9 @@ pub struct VsockCounters {
     /// RW packets the host socket dropped for want of buffer (a sender
     /// past its credit; never with a correct transport).
     pub dropped: u64,
+    /// Packets off the TX ring not addressed from this device's guest CID
+    /// to the host, dropped unread (`vhost_vsock_handle_tx_kick`).
+    pub misaddressed: u64,
 }
 
 /// What one handler turn did, for the platform to carry out.
@@ -111,6 +114,9 @@ pub struct VhostVsock {
     pub socks: Vec<Option<VsockConn>>,
     /// Counters.
     pub counters: VsockCounters,
+    /// The guest CID of the device it serves, when set: packets from any
+    /// other source CID are dropped.
+    pub guest_cid: Option<u64>,
 }
 
 impl VhostVsock {
@@ -124,7 +130,16 @@ impl VhostVsock {
             send_pkt: VecDeque::with_capacity(64),
             socks: Vec::new(),
             counters: VsockCounters::default(),
+            guest_cid: None,
         }
+    }
+
+    /// Accepts from the TX ring only packets from `cid` to the host
+    /// (`VHOST_VSOCK_SET_GUEST_CID`; `vhost_vsock_handle_tx_kick` frees
+    /// any other packet unread, so a guest cannot speak as another VM).
+    pub fn with_guest_cid(mut self, cid: u64) -> Self {
+        self.guest_cid = Some(cid);
+        self
     }
 
     /// Room for `n` host sockets that connect to the guest.
@@ -291,8 +306,15 @@ impl VhostVsock {
             self.counters.tx_pkts += 1;
             self.counters.tx_bytes += u64::from(h.len);
             t.cost += c.tx_per_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
-            self.deliver(&h);
-            seen(&h);
+            let addressed = self.guest_cid.is_none_or(|cid| {
+                h.src_cid == cid && h.dst_cid == crate::hw::virtio_vsock::CID_HOST
+            });
+            if addressed {
+                self.deliver(&h);
+                seen(&h);
+            } else {
+                self.counters.misaddressed += 1;
+            }
             if t.pkts >= VHOST_VSOCK_PKT_WEIGHT || bytes >= VHOST_VSOCK_WEIGHT {
                 // `vhost_exceeds_weight`: requeue, kicks stay off.
                 self.counters.requeues += 1;
@@ -460,6 +482,38 @@ mod tests {
         g.on_packet(&resp);
         assert_eq!(g.state, State::Established);
         (dev, b, g)
+    }
+
+    /// A guest speaking as another VM (source CID 4 on CID 3's device)
+    /// reaches no host socket: its REQUEST opens nothing and its RW bytes
+    /// land nowhere, while the device's own guest is served.
+    #[test]
+    fn packets_not_from_the_devices_guest_cid_are_dropped() {
+        let mut dev = VirtioVsockDev::new(64, true, 3).unwrap();
+        let mut b = VhostVsock::new(0, [1, 2], 5000).with_guest_cid(3);
+        for _ in 0..16 {
+            assert!(dev.post_rx_buffer());
+        }
+        let (_, forged) = VsockConn::connect((4, 1025), (CID_HOST, 5000));
+        assert!(dev.send(forged));
+        let mut rw = forged;
+        rw.op = crate::hw::virtio_vsock::Op::Rw;
+        rw.len = 100;
+        assert!(dev.send(rw));
+        dev.tx.kick_prepare();
+        let t = b.handle_tx(&mut dev, &costs());
+        assert_eq!(t.pkts, 2);
+        assert_eq!(b.counters.misaddressed, 2);
+        assert!(
+            b.conn.is_none() && b.send_pkt.is_empty(),
+            "no socket, no reply"
+        );
+        let (_, ok) = VsockConn::connect((3, 1025), (CID_HOST, 5000));
+        assert!(dev.send(ok));
+        dev.tx.kick_prepare();
+        b.handle_tx(&mut dev, &costs());
+        assert_eq!(b.counters.misaddressed, 2);
+        assert_eq!(b.conn.as_ref().map(|c| c.peer), Some((3, 1025)));
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub struct World {
     /// Work segments that ended in place, without the queue
     /// (`guest_run_from_segment`).
     segments_in_place: u64,
-    /// virtio-vsock's device, worker, relay and client host, if a VM uses it.
+    /// virtio-vsock's devices, workers, relays and client host, if VMs use it.
     vsock: Option<Box<vsock::VsockPath>>,
 }
 
@@ -1055,8 +1055,8 @@ impl World {
                     None => None,
                 },
                 vsock: match self.vsock.as_deref_mut() {
-                    Some(v) if v.vm == k => Some(&mut v.dev),
-                    _ => None,
+                    Some(v) => v.vms.iter_mut().find(|m| m.vm == k).map(|m| &mut m.dev),
+                    None => None,
                 },
             };
             let action = self.guests[k].next(c, now, &mut dev);

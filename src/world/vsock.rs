@@ -34,10 +34,18 @@
 //! both sockets once both streams ended. The parent and the children take
 //! the relay's place in the core's FIFO.
 //!
-//! Simplifications (named): the worker, the relay and the host NIC's
-//! softirq share the worker's core (`host.io_cores[0]`) as one FIFO of
+//! Several VMs (docs/vcanal.md, "Several VMs over vsock"): each VM over
+//! vsock has its own device and guest CID, its own back end and worker
+//! (`vhost_vsock_dev_open` → `vhost_dev_init`: a worker per device), its
+//! own relay and netserver; they share the core and the wire. Among the
+//! workers, and among the relays, the one that ran last keeps the core
+//! while it has work and its CFS slice lasts (`hv::sched::CfsParams`).
+//! The back end takes only packets from its own guest's CID.
+//!
+//! Simplifications (named): the workers, the relays and the host NIC's
+//! softirq share the workers' core (`host.io_cores[0]`) as one FIFO of
 //! work items, as vCanal's service core runs its poller, pool and softirq
-//! (a switch between the worker and the relay costs a thread switch);
+//! (a switch between threads costs a thread switch);
 //! the host NIC takes an interrupt per batch of frames that wait (no
 //! moderation, as `workload.vcanal.host_nic_itr = "off"`); a handler
 //! turn takes what the ring holds when it starts and its time is charged
@@ -135,8 +143,10 @@ struct Stack {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Thread {
     None,
-    Worker,
-    Relay,
+    /// VM k's vhost-vsock worker.
+    Worker(usize),
+    /// VM k's relay.
+    Relay(usize),
     /// socat's listening parent (ApacheBench over vsock).
     Parent,
     /// A relay child, by process id.
@@ -243,49 +253,77 @@ impl HttpRelay {
     }
 }
 
-/// The vsock path of the machine (one VM).
-pub(super) struct VsockPath {
+/// One VM's share of the vsock path: its device, the back end its own
+/// vhost-vsock worker runs (Linux starts one worker per device:
+/// `vhost_vsock_dev_open` → `vhost_dev_init`), its relay and the relay's
+/// TCP connection to its own netserver on the client host.
+pub(super) struct VsockVm {
     /// The VM.
     pub(super) vm: usize,
     /// Its device (the rings the guest driver and the worker share).
     pub(super) dev: VirtioVsockDev,
     back: VhostVsock,
     relay: Relay,
-    vc: VsockCosts,
-    rc: RelayCosts,
-    stack: Stack,
-    /// The worker's (and relay's) core.
-    pub(super) core: usize,
     /// The TX / RX handler is queued (kicked, or requeued at a weight).
     tx_work: bool,
     rx_work: bool,
-    /// The core sleeps (no `VsockStep` queued).
-    asleep: bool,
-    last: Thread,
-    /// The last turn asked to signal the guest: raised when it ends.
-    signal: bool,
     tcp: Tcp,
     peer: PeerHost,
     peer_timer: Option<Time>,
-    rx: VecDeque<Frame>,
-    /// The wire to the client host.
-    wire: HostLink<()>,
-    out: Vec<(Time, Frame)>,
-    mss: u32,
-    counters: Counters,
     /// The back end's counters at the end of the warm-up.
     back_base: VsockCounters,
     /// The most bytes the host socket held unread (at most its
     /// `buf_alloc` when the guest keeps to its credit).
     queued_max: u32,
+    /// Bytes its relay moved since the warm-up.
+    relay_bytes: u64,
+}
+
+/// The vsock path of the machine: one [`VsockVm`] per VM over vsock, all
+/// of whose workers and relays share one host core with the host NIC's
+/// softirq, and one 10 GbE wire to the client host.
+pub(super) struct VsockPath {
+    /// The VMs over vsock, by VM number.
+    pub(super) vms: Vec<VsockVm>,
+    vc: VsockCosts,
+    rc: RelayCosts,
+    stack: Stack,
+    /// The workers' (and relays') core.
+    pub(super) core: usize,
+    /// The core sleeps (no `VsockStep` queued).
+    asleep: bool,
+    last: Thread,
+    /// The last turn asked to signal its VM's guest (the index in `vms`):
+    /// raised when it ends.
+    signal: Option<usize>,
+    /// Frames from the client host, with the VM whose relay they are for.
+    rx: VecDeque<(usize, Frame)>,
+    /// The wire to the client host, frames tagged with their VM's index.
+    wire: HostLink<usize>,
+    out: Vec<(Time, Frame)>,
+    mss: u32,
+    counters: Counters,
+    /// The worker, and the relay, that ran last, and since when: it keeps
+    /// the core while it has work (a thread runs until it blocks: the vhost
+    /// worker until its work list is empty, socat until select() finds
+    /// nothing) or until its CFS slice is used up; then the next runnable
+    /// one in VM order takes its turn.
+    worker_last: usize,
+    worker_since: Time,
+    relay_last: usize,
+    relay_since: Time,
+    /// The CFS slice of one of the core's threads (`sched_slice` with
+    /// every worker and relay runnable, Linux 4.4's tunables).
+    slice: Time,
     /// ApacheBench over vsock: the per-connection relays and their TCP
     /// sockets (None for the netperf stream).
     http: Option<Box<HttpRelay>>,
 }
 
-/// Builds the vsock path: the device, the guest driver and program
-/// (spawned on the VM's application vCPU), the back end, the relay and its
-/// connection to the client host. None when no VM runs over vsock.
+/// Builds the vsock path: per VM over vsock, the device, the guest
+/// driver and program (spawned on the VM's application vCPU), the back
+/// end, the relay and its connection to the client host. None when no VM
+/// runs over vsock.
 pub(super) fn build(
     s: &Scenario,
     cal: &Calibration,
@@ -293,23 +331,24 @@ pub(super) fn build(
     guests: &mut [Kernel],
 ) -> Result<Option<VsockPath>, String> {
     let views = s.vm_views();
-    let mut found = views
+    let over: Vec<usize> = views
         .iter()
         .enumerate()
-        .filter(|(_, v)| runs_over_vsock(s, v.workload));
-    let Some((vm, v)) = found.next() else {
+        .filter(|(_, v)| runs_over_vsock(s, v.workload))
+        .map(|(vm, _)| vm)
+        .collect();
+    if over.is_empty() {
         return Ok(None);
-    };
-    if found.next().is_some() {
+    }
+    if over.len() > 1 && over.iter().any(|&vm| views[vm].workload.nginx.is_some()) {
         return Err(
-            "net.device: virtio-vsock is modelled for one VM (one worker core and relay)".into(),
+            "net.device: ApacheBench over virtio-vsock is modelled for one VM (one socat parent and its children)"
+                .into(),
         );
     }
     let core = *s.host.io_cores.first().ok_or("host.io_cores: empty")?;
     let g = &cal.guest;
     let syscall = t_ns(&g.syscall_ns);
-    let mut dev = VirtioVsockDev::new(QUEUE_SIZE, s.net.event_idx, GUEST_CID)
-        .map_err(|e| format!("net.device: {e}"))?;
     let drv_costs = VsockDriverCosts {
         tx_pkt: t_ns(&cal.vsock.guest_tx_pkt_ns),
         rx_pkt: t_ns(&cal.vsock.guest_rx_pkt_ns),
@@ -319,7 +358,6 @@ pub(super) fn build(
         rx: VSOCK_NOTIFY_PORT,
         tx: VSOCK_NOTIFY_PORT + 1,
     };
-    let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
     // The relay's TCP to the client host: Linux defaults with TSO/GSO as
     // the host's NIC has them, both receive buffers as the other TCP
     // workloads' (as vCanal's host stack).
@@ -332,42 +370,64 @@ pub(super) fn build(
         s.guest.hz,
     );
     let peer_costs = crate::world::build::peer_costs(s, cal);
-    let (host, peer, http) = if let Some(n) = &v.workload.nginx {
-        let (peer, http) = build_http(n, cal, &mut dev, drv_costs, ports, tcp, peer_costs, kernel)?;
-        (
-            Tcp::new(tcp).map_err(|e| e.to_string())?,
-            peer,
-            Some(Box::new(http)),
-        )
-    } else {
-        let n = v.workload.netperf.as_ref().ok_or("netperf missing")?;
-        let (drv, req) = VsockDriver::probe(
-            &mut dev,
-            (GUEST_CID, GUEST_PORT),
-            (CID_HOST, RELAY_PORT),
-            drv_costs,
-        );
-        let app = VsockNetperf::new(drv, req, ports, n.msg_bytes, syscall);
-        kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
-        let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
-        let iperf = IperfCosts {
-            syscall,
-            copy_per_kib: t_ns(&g.copy_per_kib_ns),
+    let mut vms = Vec::with_capacity(over.len());
+    let mut http = None;
+    for (k, &vm) in over.iter().enumerate() {
+        let v = &views[vm];
+        // Each VM its own context id, from the first a guest may have
+        // (`guest-cid=3`, 4, ...: QEMU's vhost-vsock-pci takes one per
+        // device).
+        let cid = GUEST_CID + k as u64;
+        let mut dev = VirtioVsockDev::new(QUEUE_SIZE, s.net.event_idx, cid)
+            .map_err(|e| format!("net.device: {e}"))?;
+        let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
+        let (host, peer) = if let Some(n) = &v.workload.nginx {
+            let (peer, h) =
+                build_http(n, cal, &mut dev, drv_costs, ports, tcp, peer_costs, kernel)?;
+            http = Some(Box::new(h));
+            (Tcp::new(tcp).map_err(|e| e.to_string())?, peer)
+        } else {
+            let n = v.workload.netperf.as_ref().ok_or("netperf missing")?;
+            let (drv, req) = VsockDriver::probe(
+                &mut dev,
+                (cid, GUEST_PORT),
+                (CID_HOST, RELAY_PORT),
+                drv_costs,
+            );
+            let app = VsockNetperf::new(drv, req, ports, n.msg_bytes, syscall);
+            kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
+            let (host, far) = Tcp::pair(tcp, tcp).map_err(|e| e.to_string())?;
+            let iperf = IperfCosts {
+                syscall,
+                copy_per_kib: t_ns(&g.copy_per_kib_ns),
+            };
+            let netserver = IperfPeer::new(false, RECV_BYTES, iperf).instances(1, "netperf");
+            let peer = PeerHost::new(vec![far], FLOW, Box::new(netserver), peer_costs, 1);
+            (host, peer)
         };
-        let netserver = IperfPeer::new(false, RECV_BYTES, iperf).instances(1, "netperf");
-        let peer = PeerHost::new(vec![far], FLOW, Box::new(netserver), peer_costs, 1);
-        (host, peer, None)
-    };
-    let fds = kick_fds(vm);
-    let back = match &http {
-        Some(h) => VhostVsock::new(vm, fds, NO_LISTENER).with_sockets(h.children.capacity()),
-        None => VhostVsock::new(vm, fds, RELAY_PORT),
-    };
+        let fds = kick_fds(vm);
+        let back = match &http {
+            Some(h) => VhostVsock::new(vm, fds, NO_LISTENER).with_sockets(h.children.capacity()),
+            None => VhostVsock::new(vm, fds, RELAY_PORT),
+        }
+        .with_guest_cid(cid);
+        vms.push(VsockVm {
+            vm,
+            dev,
+            back,
+            relay: Relay::new(s.net.vsock_relay_buf_bytes),
+            tx_work: false,
+            rx_work: false,
+            tcp: host,
+            peer,
+            peer_timer: None,
+            back_base: VsockCounters::default(),
+            queued_max: 0,
+            relay_bytes: 0,
+        });
+    }
     Ok(Some(VsockPath {
-        vm,
-        dev,
-        back,
-        relay: Relay::new(s.net.vsock_relay_buf_bytes),
+        vms,
         vc: VsockCosts {
             tx_per_pkt: t_ns(&cal.vsock.tx_pkt_ns),
             rx_per_pkt: t_ns(&cal.vsock.rx_pkt_ns),
@@ -390,21 +450,23 @@ pub(super) fn build(
             wakeup: t_us(&cal.vhost.wakeup_us),
         },
         core,
-        tx_work: false,
-        rx_work: false,
         asleep: true,
         last: Thread::None,
-        signal: false,
-        tcp: host,
-        peer,
-        peer_timer: None,
+        signal: None,
         rx: VecDeque::with_capacity(1024),
         wire: HostLink::new(link),
         out: Vec::with_capacity(1024),
         mss: tcp.mss,
         counters: Counters::default(),
-        back_base: VsockCounters::default(),
-        queued_max: 0,
+        worker_last: 0,
+        worker_since: 0,
+        relay_last: 0,
+        relay_since: 0,
+        slice: {
+            let p = crate::hv::sched::CfsParams::linux44(s.machine.cores);
+            let threads = 2 * over.len() as u64;
+            p.period(threads) / threads
+        },
         http,
     }))
 }
@@ -501,18 +563,46 @@ fn build_http(
 }
 
 impl VsockPath {
-    /// The relay's TCP output from `at`: each segment's transmit path on
-    /// the core, then the host NIC and the link. Returns the time it took.
-    fn flush(&mut self, at: Time) -> Time {
+    /// VM k's relay's TCP output from `at`: each segment's transmit path
+    /// on the core, then the host NIC and the link. Returns the time it
+    /// took.
+    fn flush(&mut self, k: usize, at: Time) -> Time {
         let per = self.stack.tcp_tx_segment + self.stack.xmit;
         let mut t = at;
-        while let Some(seg) = self.tcp.poll_output(t) {
+        let m = &mut self.vms[k];
+        while let Some(seg) = m.tcp.poll_output(t) {
             t += per;
             let f = Frame::tcp_gso(FLOW, seg, self.mss, t);
-            self.wire.send(Towards::Peer, (), f, t);
+            self.wire.send(Towards::Peer, k, f, t);
             self.counters.tx_frames += 1;
         }
         t - at
+    }
+
+    /// Every VM's relay TCP output from `at` (timers and ACKs).
+    fn flush_all(&mut self, at: Time) -> Time {
+        let mut t = at;
+        for k in 0..self.vms.len() {
+            t += self.flush(k, t);
+        }
+        t - at
+    }
+
+    /// The thread to run among the VMs' workers (or relays): `last`, if
+    /// it has work and its slice since `since` is not used up at `now`,
+    /// else the first after it in VM order (wrapping, `last` itself last)
+    /// for which `ready` holds.
+    fn next_ready(
+        &self,
+        (last, since): (usize, Time),
+        now: Time,
+        ready: impl Fn(&Self, usize) -> bool,
+    ) -> Option<usize> {
+        let n = self.vms.len();
+        if now.saturating_sub(since) < self.slice && ready(self, last) {
+            return Some(last);
+        }
+        (1..=n).map(|j| (last + j) % n).find(|&k| ready(self, k))
     }
 
     /// The host NIC's interrupt and NAPI poll: every waiting frame up the
@@ -520,7 +610,7 @@ impl VsockPath {
     fn receive(&mut self, at: Time) -> Time {
         self.counters.nic_irqs += 1;
         let mut t = at + self.stack.nic_irq + self.stack.napi_poll;
-        while let Some(f) = self.rx.pop_front() {
+        while let Some((k, f)) = self.rx.pop_front() {
             self.counters.rx_frames += 1;
             if let Transport::Tcp(seg) = f.transport {
                 t += self.stack.tcp_rx_segment;
@@ -528,18 +618,18 @@ impl VsockPath {
                     t += self.http_segment(f.flow, seg, t);
                     continue;
                 }
-                self.tcp.on_segment(seg, t);
-                t += self.flush(t);
+                self.vms[k].tcp.on_segment(seg, t);
+                t += self.flush(k, t);
             }
         }
         t - at
     }
 
-    /// The client host's output in `out` goes on the link to the host.
-    fn peer_out(&mut self) {
+    /// VM k's netserver's output in `out` goes on the link to the host.
+    fn peer_out(&mut self, k: usize) {
         for i in 0..self.out.len() {
             let (leave, f) = self.out[i];
-            self.wire.send(Towards::Host, (), f, leave);
+            self.wire.send(Towards::Host, k, f, leave);
         }
         self.out.clear();
     }
@@ -567,7 +657,7 @@ impl VsockPath {
         while let Some(seg) = h.socks[i].poll_output(t) {
             t += per;
             let f = Frame::tcp_gso(FLOW + i as u16, seg, self.mss, t);
-            self.wire.send(Towards::Peer, (), f, t);
+            self.wire.send(Towards::Peer, 0, f, t);
             self.counters.tx_frames += 1;
         }
         t - at
@@ -632,7 +722,7 @@ impl VsockPath {
 
     /// Relay child `c`'s vsock socket.
     fn child_sock(&self, c: &Child) -> Option<&crate::guest::vsock::VsockConn> {
-        c.vs.and_then(|i| self.back.socks.get(i))
+        c.vs.and_then(|i| self.vms[0].back.socks.get(i))
             .and_then(|s| s.as_ref())
     }
 
@@ -734,18 +824,21 @@ impl VsockPath {
                 h.next_port + 1
             };
             cost += 2 * rc.syscall;
-            match self.back.connect(port, GUEST_CID, h.guest_port[c.slot]) {
+            match self.vms[0]
+                .back
+                .connect(port, GUEST_CID, h.guest_port[c.slot])
+            {
                 Some(i) => {
                     c.vs = Some(i);
                     c.phase = ChildPhase::Connecting;
-                    self.rx_work = true;
+                    self.vms[0].rx_work = true;
                 }
                 None => exit = true,
             }
         } else if c.phase == ChildPhase::Connecting {
             match c
                 .vs
-                .and_then(|i| self.back.socks[i].as_ref())
+                .and_then(|i| self.vms[0].back.socks[i].as_ref())
                 .map(|s| s.state)
             {
                 Some(VState::Connecting) => {}
@@ -762,7 +855,10 @@ impl VsockPath {
             }
         }
         if c.phase == ChildPhase::Relaying
-            && (c.vs.and_then(|i| self.back.socks[i].as_ref()).is_none()
+            && (c
+                .vs
+                .and_then(|i| self.vms[0].back.socks[i].as_ref())
+                .is_none()
                 || h.socks[c.slot].connections_opened() != c.conn_no)
         {
             // Its vsock socket was freed or ab's connection is gone (not
@@ -771,10 +867,10 @@ impl VsockPath {
         } else if c.phase == ChildPhase::Relaying && !exit {
             // One select(), then each direction that is ready.
             cost += rc.select;
-            let buf = self.relay.buf;
+            let buf = self.vms[0].relay.buf;
             let live = h.socks[c.slot].connections_opened() == c.conn_no;
             let vi = c.vs.expect("connected");
-            if let Some(s) = self.back.socks[vi].as_mut() {
+            if let Some(s) = self.vms[0].back.socks[vi].as_mut() {
                 let tcp = &mut h.socks[c.slot];
                 // ab → guest: read() the TCP socket, write() the vsock one.
                 if live && s.state == VState::Established && tcp.readable() > 0 {
@@ -782,8 +878,8 @@ impl VsockPath {
                     if n > 0 {
                         if let Some(p) = s.send(n) {
                             tcp.recv(p.len);
-                            self.back.send_pkt.push_back(p);
-                            self.rx_work = true;
+                            self.vms[0].back.send_pkt.push_back(p);
+                            self.vms[0].rx_work = true;
                             cost += 2 * rc.syscall
                                 + st.copy_per_kib * u64::from(p.len) / 1024
                                 + rc.copy_per_kib * u64::from(p.len) / 1024;
@@ -791,23 +887,24 @@ impl VsockPath {
                     }
                 }
                 // guest → ab: read() the vsock socket, write() the TCP one.
-                let s = self.back.socks[vi].as_mut().expect("open");
+                let s = self.vms[0].back.socks[vi].as_mut().expect("open");
                 let room = if live { tcp.send_space() } else { 0 };
                 if s.credit.rx_bytes > 0 && room > 0 {
                     let (n, update) = s.recv(buf.min(room));
                     let sent = tcp.send(n);
                     debug_assert_eq!(sent, n, "the relay wrote what its socket had room for");
                     if let Some(u) = update {
-                        self.back.send_pkt.push_back(u);
-                        self.rx_work = true;
+                        self.vms[0].back.send_pkt.push_back(u);
+                        self.vms[0].rx_work = true;
                         self.counters.credit_updates += 1;
                     }
                     self.counters.relay_bytes += u64::from(n);
+                    self.vms[0].relay_bytes += u64::from(n);
                     cost += 2 * rc.syscall
                         + rc.copy_per_kib * u64::from(n) / 1024
                         + st.copy_per_kib * u64::from(n) / 1024;
                 }
-                let s = self.back.socks[vi].as_ref().expect("open");
+                let s = self.vms[0].back.socks[vi].as_ref().expect("open");
                 if s.at_eof() {
                     // The guest's stream ended: shutdown(SHUT_WR) of the
                     // TCP side (its FIN after the data).
@@ -828,15 +925,15 @@ impl VsockPath {
             // shut down both directions).
             cost += 2 * rc.syscall;
             if let Some(i) = c.vs {
-                self.back.close(i);
-                self.rx_work = true;
+                self.vms[0].back.close(i);
+                self.vms[0].rx_work = true;
             }
             exit = true;
         }
         let h = self.http.as_deref_mut().expect("http");
         if exit {
             if let Some(i) = c.vs {
-                self.back.reap(i);
+                self.vms[0].back.reap(i);
             }
             h.children.swap_remove(k);
             h.counters.exits += 1;
@@ -846,11 +943,12 @@ impl VsockPath {
         cost
     }
 
-    /// Bytes the relay can move now: queued on the vsock socket, and room
-    /// in its TCP socket's send buffer.
-    fn relay_ready(&self) -> u32 {
-        let queued = self.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
-        queued.min(self.tcp.send_space())
+    /// Bytes VM k's relay can move now: queued on the vsock socket, and
+    /// room in its TCP socket's send buffer.
+    fn relay_ready(&self, k: usize) -> u32 {
+        let m = &self.vms[k];
+        let queued = m.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
+        queued.min(m.tcp.send_space())
     }
 }
 
@@ -865,10 +963,16 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        match v.back.kicked(fd) {
-            Some(VsockVq::Tx) => v.tx_work = true,
-            Some(VsockVq::Rx) => v.rx_work = true,
-            None => return,
+        // The device whose queue the eventfd belongs to.
+        let Some((m, q)) = v.vms.iter_mut().find_map(|m| {
+            let q = m.back.kicked(fd)?;
+            Some((m, q))
+        }) else {
+            return;
+        };
+        match q {
+            VsockVq::Tx => m.tx_work = true,
+            VsockVq::Rx => m.rx_work = true,
         }
         if std::mem::take(&mut v.asleep) {
             // vhost_work_queue wakes the worker thread.
@@ -879,47 +983,60 @@ impl World {
     }
 
     /// The core finished its last work item: the next one. The host NIC's
-    /// frames first, then the worker's TX and RX handlers, then the relay.
+    /// frames first, then the workers' TX and RX handlers, then the relays
+    /// (among the workers, and among the relays, the last one runs on
+    /// while it has work).
     pub(super) fn vsock_step(&mut self) {
         let now = self.q.now();
         let measuring = now >= self.measure_start;
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let irq = std::mem::take(&mut v.signal);
-        if v.tcp.next_timer().is_some_and(|t| t <= now) {
-            v.tcp.on_timer(now);
+        let irq = v.signal.take();
+        for m in &mut v.vms {
+            if m.tcp.next_timer().is_some_and(|t| t <= now) {
+                m.tcp.on_timer(now);
+            }
         }
         v.http_timers(now);
-        let mut work = v.flush(now);
+        let mut work = v.flush_all(now);
         work += v.http_flush(now + work);
+        let worker = v.next_ready((v.worker_last, v.worker_since), now, |v, k| {
+            v.vms[k].tx_work || v.vms[k].rx_work
+        });
         if !v.rx.is_empty() {
             work += v.receive(now + work);
             if measuring {
                 v.counters.softirq_busy += work;
             }
-        } else if v.tx_work || v.rx_work {
-            let mut t = v.switch_to(Thread::Worker);
-            let turn = if v.tx_work {
+        } else if let Some(k) = worker {
+            if k != v.worker_last {
+                v.worker_last = k;
+                v.worker_since = now;
+            }
+            let mut t = v.switch_to(Thread::Worker(k));
+            let vc = v.vc;
+            let m = &mut v.vms[k];
+            let turn = if m.tx_work {
                 v.counters.tx_turns += 1;
-                let turn = v.back.handle_tx(&mut v.dev, &v.vc);
-                v.tx_work = turn.requeue;
-                let queued = v.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
-                let relays = v.back.socks.iter().flatten().map(|c| c.credit.rx_bytes);
-                v.queued_max = v.queued_max.max(queued).max(relays.max().unwrap_or(0));
+                let turn = m.back.handle_tx(&mut m.dev, &vc);
+                m.tx_work = turn.requeue;
+                let queued = m.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
+                let relays = m.back.socks.iter().flatten().map(|c| c.credit.rx_bytes);
+                m.queued_max = m.queued_max.max(queued).max(relays.max().unwrap_or(0));
                 // Replies (RESPONSE, RST) on send_pkt_list:
                 // vhost_transport_send_pkt queues the RX handler.
-                v.rx_work |= turn.rx_pending;
+                m.rx_work |= turn.rx_pending;
                 turn
             } else {
                 v.counters.rx_turns += 1;
-                let turn = v.back.handle_rx(&mut v.dev, &v.vc);
+                let turn = m.back.handle_rx(&mut m.dev, &vc);
                 // Out of guest buffers, the handler waits for the refill's
                 // kick; at a weight it requeues.
-                v.rx_work = turn.requeue;
+                m.rx_work = turn.requeue;
                 turn
             };
-            v.signal = turn.signal;
+            v.signal = turn.signal.then_some(k);
             t += turn.cost;
             work += t;
             if measuring {
@@ -931,33 +1048,44 @@ impl World {
             if measuring {
                 v.counters.relay_busy += t;
             }
-        } else if v.relay_ready() > 0 {
-            let mut t = v.switch_to(Thread::Relay);
-            let max = v.relay_ready();
-            let (n, cost, update) = v.relay.step_max(&mut v.back, &v.rc, max);
-            let sent = v.tcp.send(n);
+        } else if let Some(k) = v.next_ready((v.relay_last, v.relay_since), now, |v, k| {
+            v.relay_ready(k) > 0
+        }) {
+            if k != v.relay_last {
+                v.relay_last = k;
+                v.relay_since = now;
+            }
+            let mut t = v.switch_to(Thread::Relay(k));
+            let max = v.relay_ready(k);
+            let rc = v.rc;
+            let m = &mut v.vms[k];
+            let (n, cost, update) = m.relay.step_max(&mut m.back, &rc, max);
+            let sent = m.tcp.send(n);
             debug_assert_eq!(sent, n, "the relay wrote what its socket had room for");
+            if update {
+                m.rx_work = true;
+            }
+            m.relay_bytes += u64::from(n);
             t += cost + v.stack.copy_per_kib * u64::from(n) / 1024;
-            t += v.flush(now + work + t);
+            t += v.flush(k, now + work + t);
             v.counters.relay_steps += 1;
             v.counters.relay_bytes += u64::from(n);
             if update {
                 v.counters.credit_updates += 1;
-                v.rx_work = true;
             }
             work += t;
             if measuring {
                 v.counters.relay_busy += t;
             }
         } else if work == 0 {
-            // Nothing to do: the threads sleep (the worker until a kick,
-            // the relay in select(), the softirq until the NIC's next
+            // Nothing to do: the threads sleep (the workers until a kick,
+            // the relays in select(), the softirq until the NIC's next
             // interrupt).
             v.asleep = true;
             v.last = Thread::None;
-            // The relay socket's TCP timer (retransmission, persist) wakes
-            // the core when it is due.
-            if let Some(t) = v.tcp.next_timer() {
+            // The relay sockets' TCP timers (retransmission, persist) wake
+            // the core when the first is due.
+            if let Some(t) = v.vms.iter().filter_map(|m| m.tcp.next_timer()).min() {
                 self.q
                     .schedule(t.max(now + crate::engine::NS), Ev::VsockTcpTimer);
             }
@@ -970,10 +1098,10 @@ impl World {
             self.q.schedule(now + work.max(1), Ev::VsockStep);
         }
         self.vsock_schedule();
-        if irq {
+        if let Some(k) = irq {
             if let Some(v) = self.vsock.as_deref_mut() {
                 v.counters.irqs += 1;
-                let vm = v.vm;
+                let vm = v.vms[k].vm;
                 self.irqfd(vm, VSOCK_VECTOR);
             }
         }
@@ -1005,7 +1133,10 @@ impl World {
             return;
         };
         let now = self.q.now();
-        let due = v.tcp.next_timer().is_some_and(|t| t <= now)
+        let due = v
+            .vms
+            .iter()
+            .any(|m| m.tcp.next_timer().is_some_and(|t| t <= now))
             || v.http_next_timer().is_some_and(|t| t <= now);
         if due && std::mem::take(&mut v.asleep) {
             self.q.schedule_in(0, Ev::VsockStep);
@@ -1018,12 +1149,12 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let Some(((), f)) = v.wire.arrive(Towards::Peer) else {
+        let Some((k, f)) = v.wire.arrive(Towards::Peer) else {
             return;
         };
         v.out.clear();
-        v.peer.receive(f, now, &mut v.out);
-        v.peer_out();
+        v.vms[k].peer.receive(f, now, &mut v.out);
+        v.peer_out(k);
         self.vsock_peer_sync();
     }
 
@@ -1033,8 +1164,8 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        if let Some(((), f)) = v.wire.arrive(Towards::Host) {
-            v.rx.push_back(f);
+        if let Some(kf) = v.wire.arrive(Towards::Host) {
+            v.rx.push_back(kf);
         }
         if std::mem::take(&mut v.asleep) {
             self.q.schedule_in(0, Ev::VsockStep);
@@ -1047,14 +1178,20 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        if v.peer_timer != Some(now) {
-            return;
+        let mut due = false;
+        for k in 0..v.vms.len() {
+            if v.vms[k].peer_timer != Some(now) {
+                continue;
+            }
+            due = true;
+            v.vms[k].peer_timer = None;
+            v.out.clear();
+            v.vms[k].peer.timer(now, &mut v.out);
+            v.peer_out(k);
         }
-        v.peer_timer = None;
-        v.out.clear();
-        v.peer.timer(now, &mut v.out);
-        v.peer_out();
-        self.vsock_peer_sync();
+        if due {
+            self.vsock_peer_sync();
+        }
     }
 
     /// Re-arms the client host's timer if its deadline moved, and
@@ -1064,31 +1201,80 @@ impl World {
         let Some(v) = self.vsock.as_deref_mut() else {
             return;
         };
-        let next = v.peer.next_timer().map(|t| t.max(now));
-        if next.is_some() && next != v.peer_timer {
-            v.peer_timer = next;
-            if let Some(t) = next {
-                self.q.schedule(t, Ev::VsockPeerTimer);
+        for m in &mut v.vms {
+            let next = m.peer.next_timer().map(|t| t.max(now));
+            if next.is_some() && next != m.peer_timer {
+                m.peer_timer = next;
+                if let Some(t) = next {
+                    self.q.schedule(t, Ev::VsockPeerTimer);
+                }
             }
         }
         self.vsock_schedule();
     }
 
-    /// The vsock path's metrics over the measured interval.
+    /// The vsock path's metrics over the measured interval: the shared
+    /// core's, then each VM's (VM 0's unprefixed, the others' as
+    /// `vm<i>.`), and the VMs' aggregate stream.
     pub(super) fn vsock_metrics(&self, out: &mut Metrics, dur: f64) {
         let Some(v) = self.vsock.as_deref() else {
             return;
         };
-        let mut m = Metrics::new();
-        v.peer.metrics(&mut m);
-        let prefix = crate::report::vm_prefix(v.vm);
-        for (k, x) in m {
-            *out.entry(format!("{prefix}{k}")).or_insert(0.0) += x;
-        }
         let s = dur.max(1e-12);
         let pct = |t: Time| 100.0 * t as f64 / (s * crate::engine::SEC as f64);
+        // Each netserver's bytes over the whole measured interval (its
+        // throughput_gbps spans its first to last byte, which a VM whose
+        // threads wait out others' CFS slices would overstate).
+        let (mut aggregate, mut least) = (0.0, f64::INFINITY);
+        for m in &v.vms {
+            let mut pm = Metrics::new();
+            m.peer.metrics(&mut pm);
+            let gbps = pm.get("netperf.bytes").copied().unwrap_or(0.0) * 8.0 / s / 1e9;
+            aggregate += gbps;
+            least = least.min(gbps);
+            let prefix = crate::report::vm_prefix(m.vm);
+            for (k, x) in pm {
+                *out.entry(format!("{prefix}{k}")).or_insert(0.0) += x;
+            }
+            let (b, b0) = (&m.back.counters, &m.back_base);
+            let mut put = |k: &str, x: f64| {
+                out.insert(format!("{prefix}vsock.{k}"), x);
+            };
+            put("kicks_per_s", (b.kicks - b0.kicks) as f64 / s);
+            put("tx_pkts_per_s", (b.tx_pkts - b0.tx_pkts) as f64 / s);
+            put(
+                "signals_suppressed_per_s",
+                (b.signals_suppressed - b0.signals_suppressed) as f64 / s,
+            );
+            put("resets", (b.resets - b0.resets) as f64);
+            put("dropped", (b.dropped - b0.dropped) as f64);
+            put("misaddressed", (b.misaddressed - b0.misaddressed) as f64);
+            // The stream's bytes at each hand-over: what the worker took
+            // off the TX ring and what the relay moved since the warm-up,
+            // what the host socket and the ring hold now, what the client
+            // host's TCP acknowledged since the connection opened (with no
+            // warm-up, tests check that they add up).
+            put("host_rx_bytes", (b.tx_bytes - b0.tx_bytes) as f64);
+            put("relay_bytes", m.relay_bytes as f64);
+            let queued = m.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
+            put("host_queued_bytes", f64::from(queued));
+            put("host_queued_max_bytes", f64::from(m.queued_max));
+            put("tx_ring_bytes", m.dev.tx_bytes_queued() as f64);
+            put("relay_tcp_acked_bytes", m.tcp.bytes_acked() as f64);
+            put("rx_no_buffer", (b.rx_no_buffer - b0.rx_no_buffer) as f64);
+            // The host socket's peer: the device's own guest (no packet of
+            // another VM reached it).
+            if let Some(c) = &m.back.conn {
+                put("host_conn_peer_cid", c.peer.0 as f64);
+            }
+            put("guest_cid", m.dev.guest_cid as f64);
+        }
         let k = &v.counters;
-        let (b, b0) = (&v.back.counters, &v.back_base);
+        out.insert("vsock.vms".into(), v.vms.len() as f64);
+        if v.http.is_none() {
+            out.insert("vsock.aggregate_gbps".into(), aggregate);
+            out.insert("vsock.min_vm_gbps".into(), least);
+        }
         out.insert("vsock.worker_busy_pct".into(), pct(k.worker_busy));
         out.insert("vsock.relay_busy_pct".into(), pct(k.relay_busy));
         out.insert("vsock.softirq_busy_pct".into(), pct(k.softirq_busy));
@@ -1112,42 +1298,6 @@ impl World {
         out.insert("vsock.host_nic_irqs_per_s".into(), k.nic_irqs as f64 / s);
         out.insert("vsock.host_rx_frames_per_s".into(), k.rx_frames as f64 / s);
         out.insert("vsock.host_tx_frames_per_s".into(), k.tx_frames as f64 / s);
-        out.insert("vsock.kicks_per_s".into(), (b.kicks - b0.kicks) as f64 / s);
-        out.insert(
-            "vsock.tx_pkts_per_s".into(),
-            (b.tx_pkts - b0.tx_pkts) as f64 / s,
-        );
-        out.insert(
-            "vsock.signals_suppressed_per_s".into(),
-            (b.signals_suppressed - b0.signals_suppressed) as f64 / s,
-        );
-        out.insert("vsock.resets".into(), (b.resets - b0.resets) as f64);
-        out.insert("vsock.dropped".into(), (b.dropped - b0.dropped) as f64);
-        // The stream's bytes at each hand-over: what the worker took off
-        // the TX ring and what the relay moved since the warm-up, what the
-        // host socket and the ring hold now, what the client host's TCP
-        // acknowledged since the connection opened (with no warm-up, tests
-        // check that they add up).
-        out.insert(
-            "vsock.host_rx_bytes".into(),
-            (b.tx_bytes - b0.tx_bytes) as f64,
-        );
-        out.insert("vsock.relay_bytes".into(), k.relay_bytes as f64);
-        let queued = v.back.conn.as_ref().map_or(0, |c| c.credit.rx_bytes);
-        out.insert("vsock.host_queued_bytes".into(), f64::from(queued));
-        out.insert(
-            "vsock.host_queued_max_bytes".into(),
-            f64::from(v.queued_max),
-        );
-        out.insert("vsock.tx_ring_bytes".into(), v.dev.tx_bytes_queued() as f64);
-        out.insert(
-            "vsock.relay_tcp_acked_bytes".into(),
-            v.tcp.bytes_acked() as f64,
-        );
-        out.insert(
-            "vsock.rx_no_buffer".into(),
-            (b.rx_no_buffer - b0.rx_no_buffer) as f64,
-        );
         if let Some(h) = v.http.as_deref() {
             let k = &h.counters;
             out.insert("vsock.relay_forks_per_s".into(), k.forks as f64 / s);
@@ -1156,7 +1306,10 @@ impl World {
             out.insert("vsock.relay_refused".into(), k.refused as f64);
             out.insert("vsock.relay_children".into(), h.children.len() as f64);
             out.insert("vsock.parent_busy_pct".into(), pct(k.parent_busy));
-            out.insert("vsock.host_socks_open".into(), v.back.sockets_open() as f64);
+            out.insert(
+                "vsock.host_socks_open".into(),
+                v.vms[0].back.sockets_open() as f64,
+            );
         }
     }
 
@@ -1164,8 +1317,11 @@ impl World {
     pub(super) fn vsock_reset(&mut self) {
         if let Some(v) = self.vsock.as_deref_mut() {
             v.counters = Counters::default();
-            v.back_base = v.back.counters;
-            v.peer.reset_metrics();
+            for m in &mut v.vms {
+                m.back_base = m.back.counters;
+                m.relay_bytes = 0;
+                m.peer.reset_metrics();
+            }
             if let Some(h) = v.http.as_deref_mut() {
                 h.counters = HttpCounters::default();
             }

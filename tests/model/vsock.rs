@@ -521,6 +521,138 @@ fn the_world_path_is_deterministic() {
     );
 }
 
+// ---- several VMs over vsock: one worker and relay each, one I/O core ----
+
+/// Three single-vCPU VMs, each its netperf stream over its own
+/// virtio-vsock device (guest CIDs 3, 4, 5), their vhost-vsock workers and
+/// relays sharing core 0 with the host NIC's softirq (as the scalability
+/// run, `vcanal.scalability-vsock-tcp`); no warm-up.
+const MULTI: &str = r#"
+seed = 1
+duration_s = 0.03
+warmup_s = 0.0
+[machine]
+cores = 4
+[host]
+io_cores = [0]
+[net]
+device = "virtio-vsock"
+peer = "remote"
+[[vm]]
+vcpus = 1
+core = 1
+copies = 3
+copies_cores = [1, 2, 3]
+[vm.workload.netperf]
+test = "tcp-stream"
+direction = "send"
+msg_bytes = 16384
+"#;
+
+/// With three VMs each VM's stream arrives whole at its own netserver:
+/// per VM, every byte its guest queued is on its TX ring, in its host
+/// socket or moved by its relay, and its netserver read no more than its
+/// own relay sent;
+/// its host socket never held more than its own credit (256 KiB) and
+/// dropped nothing; the host socket its relay reads was opened by its own
+/// guest's CID and no packet on any TX ring was addressed from another
+/// CID (no byte can cross to another VM's socket). The worker's core was
+/// shared: every VM moved a share of the bytes.
+#[test]
+fn several_vms_each_deliver_their_own_stream_within_their_own_credit() {
+    for scheme in ["kvm", "apicv"] {
+        let r = run_text(MULTI, &[&format!("scheme={scheme}")]);
+        assert_eq!(r.violations(), 0, "{scheme}: {:?}", r.invariants.violations);
+        assert_eq!(metric(&r, "vsock.vms"), 3.0);
+        let mut cids = Vec::new();
+        let mut total = 0.0;
+        for vm in 0..3 {
+            let p = exitless::report::vm_prefix(vm);
+            let m = |k: &str| metric(&r, &format!("{p}{k}"));
+            let (guest, host, ring) = (
+                m("vsock.guest_bytes"),
+                m("vsock.host_rx_bytes"),
+                m("vsock.tx_ring_bytes"),
+            );
+            let (relay, queued, acked, read) = (
+                m("vsock.relay_bytes"),
+                m("vsock.host_queued_bytes"),
+                m("vsock.relay_tcp_acked_bytes"),
+                m("netperf.bytes"),
+            );
+            assert!(
+                relay > 1e6,
+                "{scheme} VM {vm}: its stream flowed ({relay} bytes)"
+            );
+            assert_eq!(guest, host + ring, "{scheme} VM {vm}: ring hand-over");
+            assert_eq!(
+                host,
+                relay + queued,
+                "{scheme} VM {vm}: host socket hand-over"
+            );
+            // Its netserver read no more than its own relay sent (its ACKs
+            // may still be on the wire, so acked can trail what it read).
+            assert!(
+                read > 0.0 && read <= relay && acked <= relay,
+                "{scheme} VM {vm}: read {read}, acked {acked}, relayed {relay}"
+            );
+            assert_eq!(m("vsock.dropped"), 0.0, "{scheme} VM {vm}: credit kept");
+            assert_eq!(m("vsock.misaddressed"), 0.0, "{scheme} VM {vm}");
+            assert_eq!(m("vsock.resets"), 0.0, "{scheme} VM {vm}");
+            let most = m("vsock.host_queued_max_bytes");
+            assert!(
+                most > 0.0 && most <= f64::from(DEFAULT_BUF_SIZE),
+                "{scheme} VM {vm}: its host socket held {most} bytes"
+            );
+            let cid = m("vsock.guest_cid");
+            assert_eq!(m("vsock.host_conn_peer_cid"), cid, "{scheme} VM {vm}");
+            cids.push(cid);
+            total += read;
+        }
+        assert_eq!(cids, [3.0, 4.0, 5.0], "{scheme}: a CID per VM");
+        // The aggregate is the netservers' bytes over the run.
+        let agg = metric(&r, "vsock.aggregate_gbps");
+        assert!(
+            (agg - total * 8.0 / 0.03 / 1e9).abs() < 1e-9,
+            "{scheme}: {agg} Gb/s for {total} bytes"
+        );
+    }
+}
+
+/// Several VMs over vsock: same scenario, same seed, the same run.
+#[test]
+fn several_vms_over_vsock_are_deterministic() {
+    let a = run_text(MULTI, &["scheme=apicv"]);
+    let b = run_text(MULTI, &["scheme=apicv"]);
+    assert_eq!(a.metrics, b.metrics);
+    for vm in 0..3 {
+        assert_eq!(
+            a.vms[vm].exits_per_s_by_reason,
+            b.vms[vm].exits_per_s_by_reason
+        );
+    }
+}
+
+/// ApacheBench over vsock stays a one-VM configuration: a second VM
+/// serving over vsock is refused with the key named.
+#[test]
+fn ab_over_vsock_on_two_vms_is_refused_naming_the_key() {
+    let text = MULTI.replace(
+        "[vm.workload.netperf]\ntest = \"tcp-stream\"\ndirection = \"send\"\nmsg_bytes = 16384\n",
+        "[vm.workload.nginx]\n",
+    );
+    let s =
+        exitless::scenario::Scenario::parse(&text, &["scheme=apicv".to_string()]).expect("parses");
+    let e = exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("net.device: ApacheBench over virtio-vsock is modelled for one VM"),
+        "{e}"
+    );
+}
+
 // ---- ApacheBench over vsock: a connection per request ----
 
 /// vcanal.ab's workload over virtio-vsock (`validation/vcanal/vsock-ab.toml`)
