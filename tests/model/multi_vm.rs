@@ -220,3 +220,40 @@ fn aggregates_over_vms_sum_counts_and_merge_latency_samples() {
         "{all}: the plain mean of means"
     );
 }
+
+/// vCanal's scalability layout (§4.5): VMs sending netperf TCP_STREAM
+/// through one shared I/O core. `netperf.aggregate_gbps` is the VMs'
+/// receivers' bytes over the measured interval, so it is the sum of what
+/// each VM's netserver counted, and it cannot exceed the 10 GbE link,
+/// where the per-VM first-to-last-byte rates may add up past it.
+#[test]
+fn the_stream_aggregate_is_the_bytes_of_every_vm_over_the_interval() {
+    for device in ["virtio", "vf"] {
+        let mut sets = vec!["vm.0.copies=4".to_string(), format!("net.device={device}")];
+        if device == "vf" {
+            sets.push("vm.0.workload.vcanal={service_core=0}".into());
+        }
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let s = load_scenario("validation/vcanal/scalability.toml", &sets);
+        let mut w =
+            exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+                .expect("world builds");
+        w.run(|_| {});
+        let r = w.report();
+        assert_eq!(r.violations(), 0, "{device}");
+        let dur = r.duration_s;
+        let bytes: f64 = (0..4)
+            .map(|vm| metric(&r, &format!("{}netperf.bytes", vm_prefix(vm))))
+            .sum();
+        let agg = metric(&r, "netperf.aggregate_gbps");
+        assert!(bytes > 0.0, "{device}");
+        let want = bytes * 8.0 / dur / 1e9;
+        assert!(
+            (agg - want).abs() <= 1e-9 * want,
+            "{device}: {agg} vs {want}"
+        );
+        assert!(agg <= 10.0, "{device}: {agg} Gb/s is past the link");
+        let vm0 = metric(&r, "netperf.bytes") * 8.0 / dur / 1e9;
+        assert!(agg > 3.0 * vm0, "{device}: four VMs' {agg} vs VM 0's {vm0}");
+    }
+}
