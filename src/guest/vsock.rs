@@ -223,16 +223,64 @@ pub struct VsockDriverCosts {
 #[derive(Clone, Copy, Debug, Default)]
 #[allow(missing_docs)]
 pub struct VsockDriverCounters {
-    pub pkts_sent: u64,
-    pub bytes_sent: u64,
+    pub tx: VsockTxCounters,
     pub rx_bufs: u64,
     pub tx_reclaimed: u64,
-    pub kicks_tx: u64,
     pub kicks_rx: u64,
+}
+
+/// What the send side did: the counters the one-connection driver and the
+/// socket table share.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VsockTxCounters {
+    /// Packets added to the TX ring (RW and control).
+    pub pkts_sent: u64,
+    /// RW payload bytes added.
+    pub bytes_sent: u64,
+    /// TX notifications (`virtqueue_kick_prepare` said yes).
+    pub kicks_tx: u64,
     /// send() found no credit (the sender sleeps until an update).
     pub credit_stalls: u64,
-    /// send() found the TX ring full.
+    /// A packet found the TX ring full.
     pub ring_full: u64,
+}
+
+/// `virtio_transport_stream_enqueue`'s loop, for both the one-connection
+/// driver and the socket table: RW packets of `conn` within the peer's
+/// credit (at most 64 KiB each), each copied and added to the TX ring,
+/// until `bytes` are queued, the ring is full or held by control packets
+/// waiting ahead of them (`ring_held`), or the credit runs out; then the
+/// kick decision for what was added.
+fn enqueue_stream(
+    conn: &mut VsockConn,
+    dev: &mut VirtioVsockDev,
+    bytes: u32,
+    c: &VsockDriverCosts,
+    ring_held: bool,
+    tx: &mut VsockTxCounters,
+) -> SendPass {
+    let mut p = SendPass::default();
+    while p.bytes < bytes {
+        if dev.tx.num_free() == 0 || ring_held {
+            tx.ring_full += 1;
+            p.blocked = true;
+            break;
+        }
+        let Some(h) = conn.send(bytes - p.bytes) else {
+            tx.credit_stalls += 1;
+            p.blocked = true;
+            break;
+        };
+        let ok = dev.send(h);
+        debug_assert!(ok, "a descriptor was free");
+        p.bytes += h.len;
+        p.cost += c.tx_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
+        tx.pkts_sent += 1;
+        tx.bytes_sent += u64::from(h.len);
+    }
+    p.kick = dev.tx.kick_prepare();
+    tx.kicks_tx += u64::from(p.kick);
+    p
 }
 
 /// What one pass of the send path did.
@@ -297,12 +345,12 @@ impl VsockDriver {
     /// the tests would see as a stalled stream).
     pub fn queue_control(&mut self, dev: &mut VirtioVsockDev, h: Hdr) -> bool {
         if !dev.send(h) {
-            self.counters.ring_full += 1;
+            self.counters.tx.ring_full += 1;
             return false;
         }
-        self.counters.pkts_sent += 1;
+        self.counters.tx.pkts_sent += 1;
         let kick = dev.tx.kick_prepare();
-        self.counters.kicks_tx += u64::from(kick);
+        self.counters.tx.kicks_tx += u64::from(kick);
         kick
     }
 
@@ -358,28 +406,7 @@ impl VsockDriver {
     /// ring; then the kick decision for what was added.
     pub fn send(&mut self, dev: &mut VirtioVsockDev, bytes: u32) -> SendPass {
         let c = self.costs;
-        let mut p = SendPass::default();
-        while p.bytes < bytes {
-            if dev.tx.num_free() == 0 {
-                self.counters.ring_full += 1;
-                p.blocked = true;
-                break;
-            }
-            let Some(h) = self.conn.send(bytes - p.bytes) else {
-                self.counters.credit_stalls += 1;
-                p.blocked = true;
-                break;
-            };
-            let ok = dev.send(h);
-            debug_assert!(ok, "a descriptor was free");
-            p.bytes += h.len;
-            p.cost += c.tx_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
-            self.counters.pkts_sent += 1;
-            self.counters.bytes_sent += u64::from(h.len);
-        }
-        p.kick = dev.tx.kick_prepare();
-        self.counters.kicks_tx += u64::from(p.kick);
-        p
+        enqueue_stream(&mut self.conn, dev, bytes, &c, false, &mut self.counters.tx)
     }
 }
 
@@ -428,13 +455,9 @@ struct Listener {
 #[derive(Clone, Copy, Debug, Default)]
 #[allow(missing_docs)]
 pub struct VsockStackCounters {
-    pub pkts_sent: u64,
-    pub bytes_sent: u64,
+    pub tx: VsockTxCounters,
     pub rx_bufs: u64,
-    pub kicks_tx: u64,
     pub kicks_rx: u64,
-    pub credit_stalls: u64,
-    pub ring_full: u64,
     /// REQUESTs that made a connection on a listener.
     pub requests: u64,
     /// Connections taken off an accept queue.
@@ -538,13 +561,13 @@ impl VsockStack {
     /// full (sent at the next completion work). Whether to kick.
     fn queue_control(&mut self, dev: &mut VirtioVsockDev, h: Hdr) -> bool {
         if !self.pending.is_empty() || !dev.send(h) {
-            self.counters.ring_full += 1;
+            self.counters.tx.ring_full += 1;
             self.pending.push_back(h);
             return false;
         }
-        self.counters.pkts_sent += 1;
+        self.counters.tx.pkts_sent += 1;
         let kick = dev.tx.kick_prepare();
-        self.counters.kicks_tx += u64::from(kick);
+        self.counters.tx.kicks_tx += u64::from(kick);
         kick
     }
 
@@ -669,12 +692,12 @@ impl VsockStack {
                 break;
             }
             self.pending.pop_front();
-            self.counters.pkts_sent += 1;
+            self.counters.tx.pkts_sent += 1;
             sent = true;
         }
         if sent {
             let kick = dev.tx.kick_prepare();
-            self.counters.kicks_tx += u64::from(kick);
+            self.counters.tx.kicks_tx += u64::from(kick);
             tx_kick |= kick;
         }
         (cost, rx_kick, tx_kick)
@@ -700,32 +723,14 @@ impl VsockStack {
     /// RW packets within the peer's credit, each copied onto the TX ring.
     pub fn send(&mut self, dev: &mut VirtioVsockDev, i: usize, bytes: u32) -> SendPass {
         let c = self.costs;
-        let mut p = SendPass::default();
         let Some(s) = self.socks.get_mut(i).and_then(|s| s.as_mut()) else {
-            p.blocked = true;
-            return p;
-        };
-        while p.bytes < bytes {
-            if dev.tx.num_free() == 0 || !self.pending.is_empty() {
-                self.counters.ring_full += 1;
-                p.blocked = true;
-                break;
-            }
-            let Some(h) = s.conn.send(bytes - p.bytes) else {
-                self.counters.credit_stalls += 1;
-                p.blocked = true;
-                break;
+            return SendPass {
+                blocked: true,
+                ..SendPass::default()
             };
-            let ok = dev.send(h);
-            debug_assert!(ok, "a descriptor was free");
-            p.bytes += h.len;
-            p.cost += c.tx_pkt + c.copy_per_kib * u64::from(h.len) / 1024;
-            self.counters.pkts_sent += 1;
-            self.counters.bytes_sent += u64::from(h.len);
-        }
-        p.kick = dev.tx.kick_prepare();
-        self.counters.kicks_tx += u64::from(p.kick);
-        p
+        };
+        let held = !self.pending.is_empty();
+        enqueue_stream(&mut s.conn, dev, bytes, &c, held, &mut self.counters.tx)
     }
 
     /// `close()` of socket `i` (`vsock_release` → `virtio_transport_close`):

@@ -30,6 +30,26 @@ pub struct VsockPorts {
     pub tx: u16,
 }
 
+impl VsockPorts {
+    /// A notification decided in an earlier step and not yet sent, TX's
+    /// first (each is a step of its own: one I/O write, one exit).
+    fn take_kick(&self, kick_tx: &mut bool, kick_rx: &mut bool) -> Option<TaskStep> {
+        if std::mem::take(kick_tx) {
+            return Some(TaskStep::Notify {
+                port: self.tx,
+                value: 1,
+            });
+        }
+        if std::mem::take(kick_rx) {
+            return Some(TaskStep::Notify {
+                port: self.rx,
+                value: 0,
+            });
+        }
+        None
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Connect,
@@ -92,17 +112,8 @@ impl VsockNetperf {
 impl App for VsockNetperf {
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
         // Notifications decided in the last step go out first.
-        if std::mem::take(&mut self.kick_tx) {
-            return TaskStep::Notify {
-                port: self.ports.tx,
-                value: 1,
-            };
-        }
-        if std::mem::take(&mut self.kick_rx) {
-            return TaskStep::Notify {
-                port: self.ports.rx,
-                value: 0,
-            };
+        if let Some(kick) = self.ports.take_kick(&mut self.kick_tx, &mut self.kick_rx) {
+            return kick;
         }
         let Some(dev) = sys.vsock.as_deref_mut() else {
             return TaskStep::Exit;
@@ -167,9 +178,12 @@ impl App for VsockNetperf {
         out.insert("vsock.guest_sends".into(), self.sends as f64);
         out.insert("vsock.guest_bytes".into(), self.bytes as f64);
         out.insert("vsock.guest_sleeps".into(), self.sleeps as f64);
-        out.insert("vsock.guest_kicks_tx".into(), c.kicks_tx as f64);
+        out.insert("vsock.guest_kicks_tx".into(), c.tx.kicks_tx as f64);
         out.insert("vsock.guest_kicks_rx".into(), c.kicks_rx as f64);
-        out.insert("vsock.guest_credit_stalls".into(), c.credit_stalls as f64);
+        out.insert(
+            "vsock.guest_credit_stalls".into(),
+            c.tx.credit_stalls as f64,
+        );
         out.insert("vsock.guest_rx_buffers".into(), c.rx_bufs as f64);
     }
 }
@@ -278,17 +292,9 @@ impl VsockHttpThread {
 
 impl App for VsockHttpThread {
     fn step(&mut self, sys: &mut Sys) -> TaskStep {
-        if std::mem::take(&mut self.kick_tx) {
-            return TaskStep::Notify {
-                port: self.ports.tx,
-                value: 1,
-            };
-        }
-        if std::mem::take(&mut self.kick_rx) {
-            return TaskStep::Notify {
-                port: self.ports.rx,
-                value: 0,
-            };
+        // Notifications decided in the last step go out first.
+        if let Some(kick) = self.ports.take_kick(&mut self.kick_tx, &mut self.kick_rx) {
+            return kick;
         }
         let Some(dev) = sys.vsock.as_deref_mut() else {
             return TaskStep::Exit;
@@ -387,10 +393,13 @@ impl App for VsockHttpThread {
             out.insert("vsock.guest_removed".into(), k.removed as f64);
             out.insert("vsock.guest_refused".into(), k.refused as f64);
             out.insert("vsock.guest_dropped".into(), k.dropped as f64);
-            out.insert("vsock.guest_kicks_tx".into(), k.kicks_tx as f64);
+            out.insert("vsock.guest_kicks_tx".into(), k.tx.kicks_tx as f64);
             out.insert("vsock.guest_kicks_rx".into(), k.kicks_rx as f64);
             out.insert("vsock.guest_rx_buffers".into(), k.rx_bufs as f64);
-            out.insert("vsock.guest_credit_stalls".into(), k.credit_stalls as f64);
+            out.insert(
+                "vsock.guest_credit_stalls".into(),
+                k.tx.credit_stalls as f64,
+            );
             out.insert("vsock.guest_socks_open".into(), st.open() as f64);
         }
     }
