@@ -4,7 +4,8 @@
 //! frame's time on the wire (a GSO packet as its train of MSS frames)
 //! plus propagation, and the arrivals not yet put on the event queue.
 
-use crate::engine::Time;
+use crate::calibration::Calibration;
+use crate::engine::{from_ns, from_us, Time};
 use crate::hw::wire::Frame;
 use crate::hw::x86::nic::Link;
 use std::collections::VecDeque;
@@ -97,5 +98,57 @@ impl<T: Copy> HostLink<T> {
             Towards::Host => &mut self.to_host,
         };
         queue.pop_front().map(|(_, tag, f)| (tag, f))
+    }
+}
+
+/// Costs of the host's own stack, under the vCanal service and under the
+/// vsock relay: the host runs the same Linux as the guests on the same
+/// class of NIC, so the guest's per-call and per-segment costs, built from
+/// the same calibration entries in one place.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HostStack {
+    pub(super) syscall: Time,
+    pub(super) copy_per_kib: Time,
+    pub(super) tcp_tx_segment: Time,
+    pub(super) tcp_rx_segment: Time,
+    pub(super) udp_tx: Time,
+    pub(super) rx_per_packet: Time,
+    pub(super) xmit: Time,
+    pub(super) napi_poll: Time,
+    pub(super) nic_irq: Time,
+    pub(super) accept: Time,
+    pub(super) epoll_event: Time,
+    /// A SYN on a passive socket, the final ACK, and close() past the
+    /// system call (the host runs Linux as the guests do).
+    pub(super) conn_request: Time,
+    pub(super) syn_recv_sock: Time,
+    pub(super) close: Time,
+}
+
+impl HostStack {
+    pub(super) fn new(cal: &Calibration) -> Self {
+        let g = &cal.guest;
+        let ns = |e: &crate::calibration::Entry| from_ns(e.value);
+        HostStack {
+            syscall: ns(&g.syscall_ns),
+            copy_per_kib: ns(&g.copy_per_kib_ns),
+            tcp_tx_segment: ns(&g.tcp_tx_segment_ns),
+            tcp_rx_segment: ns(&g.tcp_rx_segment_ns),
+            udp_tx: ns(&g.udp_tx_datagram_ns),
+            rx_per_packet: ns(&g.rx_per_packet_ns),
+            xmit: ns(&g.vf_xmit_ns),
+            napi_poll: ns(&g.napi_poll_base_ns),
+            nic_irq: from_us(cal.host.irq_handler_us.value),
+            accept: ns(&cal.vcanal.host_accept_ns),
+            epoll_event: ns(&cal.vcanal.host_epoll_event_ns),
+            conn_request: ns(&g.tcp_conn_request_ns),
+            syn_recv_sock: ns(&g.tcp_syn_recv_sock_ns),
+            close: ns(&g.tcp_close_ns),
+        }
+    }
+
+    /// Copying `bytes` between a socket and user memory.
+    pub(super) fn copy(&self, bytes: u64) -> Time {
+        self.copy_per_kib * bytes / 1024
     }
 }

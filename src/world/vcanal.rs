@@ -55,6 +55,7 @@
 //! interest list, as Linux's close of the last reference does).
 
 use super::event::Ev;
+use super::host_link::HostStack;
 use super::host_link::{HostLink, Towards};
 use super::World;
 use crate::calibration::Calibration;
@@ -115,35 +116,6 @@ const FLOW: u16 = 1;
 /// the guest's server has had time to boot and bind (a datagram to an
 /// unbound port is dropped, and netperf's RR does not retransmit).
 const RR_CLIENT_START: Time = crate::engine::MS;
-
-/// Costs of the host's own stack under the service (the host runs the same
-/// Linux as the guests on the same class of NIC, so the guest's per-call
-/// and per-segment costs).
-#[derive(Clone, Copy, Debug)]
-struct HostStack {
-    syscall: Time,
-    copy_per_kib: Time,
-    tcp_tx_segment: Time,
-    tcp_rx_segment: Time,
-    udp_tx: Time,
-    rx_per_packet: Time,
-    xmit: Time,
-    napi_poll: Time,
-    nic_irq: Time,
-    accept: Time,
-    epoll_event: Time,
-    /// A SYN on a passive socket, the final ACK, and close() past the
-    /// system call (the host runs Linux as the guests do).
-    conn_request: Time,
-    syn_recv_sock: Time,
-    close: Time,
-}
-
-impl HostStack {
-    fn copy(&self, bytes: u64) -> Time {
-        self.copy_per_kib * bytes / 1024
-    }
-}
 
 /// A host socket the service opened for a guest.
 struct HostSock {
@@ -588,22 +560,7 @@ pub(super) fn build(
     Ok(Some(CanalPath {
         service: Service::new(nvm, ServiceParams::default()),
         costs,
-        stack: HostStack {
-            syscall,
-            copy_per_kib: t_ns(&g.copy_per_kib_ns),
-            tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
-            tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
-            udp_tx: t_ns(&g.udp_tx_datagram_ns),
-            rx_per_packet: t_ns(&g.rx_per_packet_ns),
-            xmit: t_ns(&g.vf_xmit_ns),
-            napi_poll: t_ns(&g.napi_poll_base_ns),
-            nic_irq: t_us(&cal.host.irq_handler_us),
-            accept: t_ns(&cal.vcanal.host_accept_ns),
-            epoll_event: t_ns(&cal.vcanal.host_epoll_event_ns),
-            conn_request: t_ns(&g.tcp_conn_request_ns),
-            syn_recv_sock: t_ns(&g.tcp_syn_recv_sock_ns),
-            close: t_ns(&g.tcp_close_ns),
-        },
+        stack: HostStack::new(cal),
         core,
         vms,
         no_mem: GuestMemory::new(0, 0, 0).map_err(|e| e.to_string())?,

@@ -54,7 +54,7 @@
 //! host is established before the run.
 
 use super::event::Ev;
-use super::host_link::{HostLink, Towards};
+use super::host_link::{HostLink, HostStack, Towards};
 use super::World;
 use crate::calibration::Calibration;
 use crate::engine::Time;
@@ -125,16 +125,10 @@ pub(super) fn wait_driver(
     })
 }
 
-/// Costs of the host's stack under the relay (the host runs the same
-/// Linux as the guests on the same class of NIC, as vCanal's host stack).
+/// Costs of the relay's core beyond the host stack's: a thread switch
+/// and a worker's wake-up.
 #[derive(Clone, Copy, Debug)]
-struct Stack {
-    copy_per_kib: Time,
-    tcp_tx_segment: Time,
-    tcp_rx_segment: Time,
-    xmit: Time,
-    napi_poll: Time,
-    nic_irq: Time,
+struct CoreCosts {
     switch: Time,
     wakeup: Time,
 }
@@ -287,7 +281,8 @@ pub(super) struct VsockPath {
     pub(super) vms: Vec<VsockVm>,
     vc: VsockCosts,
     rc: RelayCosts,
-    stack: Stack,
+    stack: HostStack,
+    cc: CoreCosts,
     /// The workers' (and relays') core.
     pub(super) core: usize,
     /// The core sleeps (no `VsockStep` queued).
@@ -439,13 +434,8 @@ pub(super) fn build(
             copy_per_kib: t_ns(&cal.vsock.relay_copy_per_kib_ns),
             select: t_ns(&cal.vsock.relay_select_ns),
         },
-        stack: Stack {
-            copy_per_kib: t_ns(&g.copy_per_kib_ns),
-            tcp_tx_segment: t_ns(&g.tcp_tx_segment_ns),
-            tcp_rx_segment: t_ns(&g.tcp_rx_segment_ns),
-            xmit: t_ns(&g.vf_xmit_ns),
-            napi_poll: t_ns(&g.napi_poll_base_ns),
-            nic_irq: t_us(&cal.host.irq_handler_us),
+        stack: HostStack::new(cal),
+        cc: CoreCosts {
             switch: t_ns(&g.context_switch_ns),
             wakeup: t_us(&cal.vhost.wakeup_us),
         },
@@ -638,7 +628,7 @@ impl VsockPath {
     /// item ran last.
     fn switch_to(&mut self, th: Thread) -> Time {
         let cost = if self.last != th && self.last != Thread::None {
-            self.stack.switch
+            self.cc.switch
         } else {
             0
         };
@@ -977,7 +967,7 @@ impl World {
         if std::mem::take(&mut v.asleep) {
             // vhost_work_queue wakes the worker thread.
             v.counters.wakeups += 1;
-            let at = self.q.now() + v.stack.wakeup;
+            let at = self.q.now() + v.cc.wakeup;
             self.q.schedule(at, Ev::VsockStep);
         }
     }
