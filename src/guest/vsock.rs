@@ -245,6 +245,21 @@ pub struct VsockTxCounters {
     pub ring_full: u64,
 }
 
+/// `virtio_vsock_rx_fill` once fewer than half of the RX buffers are
+/// posted, then `virtqueue_kick`: whether the RX queue wants a
+/// notification.
+fn refill_rx(dev: &mut VirtioVsockDev, posted: &mut u16, max: u16, kicks_rx: &mut u64) -> bool {
+    if *posted >= max / 2 {
+        return false;
+    }
+    while dev.post_rx_buffer() {
+        *posted += 1;
+    }
+    let kick = dev.rx.kick_prepare();
+    *kicks_rx += u64::from(kick);
+    kick
+}
+
 /// `virtio_transport_stream_enqueue`'s loop, for both the one-connection
 /// driver and the socket table: RW packets of `conn` within the peer's
 /// credit (at most 64 KiB each), each copied and added to the TX ring,
@@ -380,15 +395,12 @@ impl VsockDriver {
                 break;
             }
         }
-        let mut rx_kick = false;
-        if self.rx_buf_nr < self.rx_buf_max_nr / 2 {
-            // virtio_vsock_rx_fill, then virtqueue_kick.
-            while dev.post_rx_buffer() {
-                self.rx_buf_nr += 1;
-            }
-            rx_kick = dev.rx.kick_prepare();
-            self.counters.kicks_rx += u64::from(rx_kick);
-        }
+        let rx_kick = refill_rx(
+            dev,
+            &mut self.rx_buf_nr,
+            self.rx_buf_max_nr,
+            &mut self.counters.kicks_rx,
+        );
         loop {
             dev.tx.disable_cb();
             while dev.tx.get_used().is_some() {
@@ -671,14 +683,12 @@ impl VsockStack {
                 break;
             }
         }
-        let mut rx_kick = false;
-        if self.rx_buf_nr < self.rx_buf_max_nr / 2 {
-            while dev.post_rx_buffer() {
-                self.rx_buf_nr += 1;
-            }
-            rx_kick = dev.rx.kick_prepare();
-            self.counters.kicks_rx += u64::from(rx_kick);
-        }
+        let rx_kick = refill_rx(
+            dev,
+            &mut self.rx_buf_nr,
+            self.rx_buf_max_nr,
+            &mut self.counters.kicks_rx,
+        );
         loop {
             dev.tx.disable_cb();
             while dev.tx.get_used().is_some() {}

@@ -39,6 +39,16 @@ impl DeviceMap {
     pub fn has_virtio_net(&self) -> bool {
         self.net_dev.iter().any(|d| d.is_some())
     }
+
+    /// Each VM that has a virtio-net device, with the device's index: what
+    /// a back end (vhost's workers, kvm-tools' threads) serves.
+    pub fn virtio_net_devs(&self) -> Vec<(usize, usize)> {
+        self.net_dev
+            .iter()
+            .enumerate()
+            .filter_map(|(vm, d)| d.map(|d| (vm, d)))
+            .collect()
+    }
 }
 
 /// A VM's peers reach it through `net.device`; UDP PacketGen always comes

@@ -164,12 +164,7 @@ pub(in crate::world) fn vhost(
     let v = &cal.vhost;
     let es2 = s.hv.es2();
     let per = es2.devices_per_worker();
-    let on: Vec<(usize, usize)> = devs
-        .net_dev
-        .iter()
-        .enumerate()
-        .filter_map(|(vm, d)| d.map(|d| (vm, d)))
-        .collect();
+    let on = devs.virtio_net_devs();
     let nworkers = on.len().div_ceil(per);
     let io_cores = io_cores(s, topo);
     let tap = v.tap_queue_frames.value as usize;
@@ -229,12 +224,7 @@ pub(in crate::world) fn kvmtool(
         return None;
     }
     let k = &cal.kvmtool;
-    let on: Vec<(usize, usize)> = devs
-        .net_dev
-        .iter()
-        .enumerate()
-        .filter_map(|(vm, d)| d.map(|d| (vm, d)))
-        .collect();
+    let on = devs.virtio_net_devs();
     let tap = cal.vhost.tap_queue_frames.value as usize;
     Some(crate::world::kvmtool_net::KvmtoolPath::new(
         on.iter()
