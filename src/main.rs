@@ -382,21 +382,23 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 },
             )
             .map_err(|e| e.to_string())?;
+            let headlines = validation::headlines(&paper, &rows).map_err(|e| e.to_string())?;
             if json {
                 let out = exitless::report::ReproduceOutput {
                     schema_version: exitless::report::SCHEMA_VERSION,
                     tool: exitless::report::tool_version(),
                     paper: &paper,
+                    headlines: &headlines,
                     rows: &rows,
                 };
                 let j = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
                 emit(&format!("{j}\n"))?;
             } else if csv {
-                emit(&cli::reproduce_csv(&rows)?)?;
+                emit(&cli::reproduce_csv(&rows, &headlines)?)?;
             } else if markdown {
-                emit(&validation::to_markdown(&paper, &rows))?;
+                emit(&validation::to_markdown(&paper, &rows, &headlines))?;
             } else {
-                emit(&validation::to_text(&rows))?;
+                emit(&validation::to_text(&rows, &headlines))?;
             }
         }
         Cmd::Schemes => {
