@@ -810,6 +810,47 @@ def _tolerance_band(t: Any, paper: float) -> tuple[float, float] | None:
     return None
 
 
+def headline_table(headlines: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    """The headline claims of ``reproduce --json`` (its ``headlines``) as a
+    table: the claim, the two configurations, the paper's and the model's
+    values and effects, their ratio and the verdict."""
+
+    def eff(h: Mapping[str, Any], key: str) -> str:
+        v = h.get(key)
+        if v is None:
+            return "-"
+        return f"{float(v):+.1f}{' pt' if h.get('effect_unit') == 'points' else '%'}"
+
+    def pair(a: Any, b: Any) -> str:
+        return "-" if a is None or b is None else f"{_num(a)} → {_num(b)}"
+
+    return pl.DataFrame(
+        {
+            "id": [str(h.get("id", "")) for h in headlines],
+            "claim": [str(h.get("claim", "")) for h in headlines],
+            "system vs baseline": [f"{h.get('system')} vs {h.get('baseline')}" for h in headlines],
+            "paper": [pair(h.get("paper_baseline"), h.get("paper_system")) for h in headlines],
+            "model": [pair(h.get("model_baseline"), h.get("model_system")) for h in headlines],
+            "paper effect": [eff(h, "paper_effect") for h in headlines],
+            "model effect": [eff(h, "model_effect") for h in headlines],
+            "verdict": [str(h.get("verdict", "")).replace("_", " ") for h in headlines],
+        },
+        schema={
+            c: pl.String
+            for c in (
+                "id",
+                "claim",
+                "system vs baseline",
+                "paper",
+                "model",
+                "paper effect",
+                "model effect",
+                "verdict",
+            )
+        },
+    )
+
+
 def model_vs_paper_table(rows: Any) -> pl.DataFrame:
     """``exitless reproduce <paper> --json`` rows as a table, in their
     order: experiment, config, params (``k=v``), metric, unit, model, paper,
@@ -1097,13 +1138,27 @@ def build(data: Any, title: str | None = None) -> Report:
     if _is_reproduce(data):
         rs = _reproduce_rows(data)
         rep = Report(title=title or "exitless reproduce: model vs paper", provenance=prov)
-        scored = [r for r in rs if r["within"] is not None]
+        # Only values and effects count as within tolerance; bounds and
+        # structural rows hold or not (rows without a `kind` predate it).
+        scored = [
+            r
+            for r in rs
+            if r["within"] is not None
+            and r.get("kind", "value") in ("value", "effect")
+            and not r.get("calibrated_to")
+        ]
         ok = sum(1 for r in scored if r["within"])
         experiments = list(dict.fromkeys(str(r["experiment"]) for r in rs))
         rep.notes.append(
             f"{len(rs)} rows from {len(experiments)} experiment(s); "
-            f"{ok} of {len(scored)} published values within tolerance."
+            f"{ok} of {len(scored)} values and effects within tolerance."
         )
+        heads = data.get("headlines") if isinstance(data, Mapping) else None
+        if heads:
+            rep.tables.append(("headline claims: paper's effect and the model's", headline_table(heads)))
+            verdicts = [str(h.get("verdict")) for h in heads]
+            counts = ", ".join(f"{verdicts.count(v)} {v.replace('_', ' ')}" for v in dict.fromkeys(verdicts))
+            rep.notes.append(f"{len(heads)} headline claims: {counts}.")
         if any(r["paper"] not in (None, 0) for r in rs):
             rep.figures.append(("model vs paper", model_vs_paper(rs)))
         rep.tables.append(("every row: model, paper, tolerance", model_vs_paper_table(rs)))
@@ -1410,6 +1465,20 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def _file_headlines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ``headlines`` of a ``reproduce --json`` file (none for any
+    other input)."""
+    if os.path.splitext(os.fspath(path))[1].lower() != ".json":
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return []
+    heads = obj.get("headlines") if isinstance(obj, Mapping) else None
+    return [h for h in heads if isinstance(h, Mapping)] if isinstance(heads, list) else []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m exitless.report INPUT --html OUT [--png DIR]``; returns
     the exit status (2 for a usage or input error, with a one-line message
@@ -1428,6 +1497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("nothing to write: give --html OUT and/or --png DIR")
     try:
         data = load(args.input)
+        heads = _file_headlines(args.input)
+        if heads and isinstance(data, list):
+            # `reproduce --json`'s headline claims go first in its report.
+            data = {"rows": data, "headlines": heads}
         rep = build(data, title=args.title)
         rep.provenance.update(_file_provenance(args.input))
         if args.html:

@@ -347,6 +347,31 @@ def test_html_records_the_runs_scenario_calibration_and_tool(tmp_path):
     assert er.main([str(tmp_path / "rep.json"), "--html", str(tmp_path / "r.html")]) == 0
     text = (tmp_path / "r.html").read_text()
     assert "data produced by exitless 9.9.9" in text and "paper: did" in text
+    # Its headline claims, when it has them, are the first table.
+    head = {
+        "id": "did.cyclictest",
+        "claim": "DID cuts timer latency",
+        "system": "did",
+        "baseline": "kvm",
+        "paper_baseline": 14.0,
+        "paper_system": 2.9,
+        "model_baseline": 6.4,
+        "model_system": 1.9,
+        "paper_effect": -79.3,
+        "model_effect": -70.3,
+        "effect_unit": "percent_change",
+        "verdict": "reproduced",
+    }
+    (tmp_path / "rep.json").write_text(
+        json.dumps({"schema_version": 1, "tool": "x", "paper": "did", "headlines": [head], "rows": REPRODUCE})
+    )
+    assert er.main([str(tmp_path / "rep.json"), "--html", str(tmp_path / "h.html")]) == 0
+    text = (tmp_path / "h.html").read_text()
+    assert text.index("headline claims") < text.index("every row")
+    assert "-79.3%" in text and "-70.3%" in text and "1 headline claims: 1 reproduced." in text
+    t = er.headline_table([head, dict(head, paper_effect=None, verdict="no_number", effect_unit="points")])
+    assert t["paper effect"].to_list() == ["-79.3%", "-"]
+    assert t["verdict"].to_list() == ["reproduced", "no number"]
 
 
 def test_sweep_report_html_and_png(frame, tmp_path):

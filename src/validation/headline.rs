@@ -346,6 +346,16 @@ pub fn summary(rows: &[HeadlineRow]) -> String {
     format!("{} headline claims: {}", rows.len(), parts.join(", "))
 }
 
+/// A ratio as the tables print it (`0.88`, `-` when there is none; no
+/// negative zero).
+pub fn ratio_text(q: Option<f64>) -> String {
+    match q {
+        Some(q) if q.abs() < 0.005 => "0.00".into(),
+        Some(q) => format!("{q:.2}"),
+        None => "-".into(),
+    }
+}
+
 /// An effect as the tables print it (`−70.1%`, `+24.2 pt`, `-`).
 pub fn effect_text(e: Option<f64>, unit: EffectUnit) -> String {
     match e {

@@ -1298,6 +1298,9 @@ impl Score {
     /// One line: "12 of 30 values and effects within tolerance; bounds:
     /// 4 of 4 hold (3 reject the configuration they pair with); ...".
     pub fn line(&self) -> String {
+        if self.counted + self.calibrated + self.bounds + self.structural == 0 {
+            return "no published values to compare: every row is the model alone".into();
+        }
         let mut o = format!(
             "{} of {} values and effects within tolerance",
             self.within, self.counted
@@ -1528,9 +1531,7 @@ fn headline_text(hs: &[headline::HeadlineRow], o: &mut String) {
             pair(h.model_baseline, h.model_system),
             headline::effect_text(h.paper_effect, h.effect_unit),
             headline::effect_text(h.model_effect, h.effect_unit),
-            h.ratio
-                .map(|q| format!("{q:.2}"))
-                .unwrap_or_else(|| "-".into()),
+            headline::ratio_text(h.ratio),
             h.verdict.name(),
             h.claim,
             seeds,
@@ -1586,9 +1587,7 @@ pub fn headline_markdown(paper: &str, hs: &[headline::HeadlineRow]) -> String {
             pair(h.model_baseline, h.model_system, &h.unit),
             headline::effect_text(h.paper_effect, h.effect_unit),
             headline::effect_text(h.model_effect, h.effect_unit),
-            h.ratio
-                .map(|q| format!("{q:.2}"))
-                .unwrap_or_else(|| "-".into()),
+            headline::ratio_text(h.ratio),
             match h.verdict {
                 headline::Verdict::Reproduced => "reproduced".to_string(),
                 v => format!("**{}**", v.name()),
