@@ -189,6 +189,9 @@ enum Thread {
 #[derive(Clone, Copy, Debug)]
 struct PoolThread {
     state: Thread,
+    /// When it last went idle (a sequence number): with a condition
+    /// variable the longest-idle thread is woken first.
+    idle_since: u64,
     /// Current on a core.
     on_cpu: bool,
     /// A `CanalPoolStep` for it is queued.
@@ -305,6 +308,10 @@ pub(super) struct CanalPath {
     yields: bool,
     /// The poller's nice level.
     poller_nice: i32,
+    /// Which idle pool thread takes a call.
+    pool_wake: crate::scenario::VcanalPoolWake,
+    /// The next `idle_since` sequence number.
+    idle_seq: u64,
     /// A host thread switch (one of the service's threads switched in
     /// after another thread on its core).
     switch: Time,
@@ -381,6 +388,7 @@ fn canal_costs(cal: &Calibration) -> VcanalCosts {
         inr_build: t_ns(&v.inr_build_ns),
         enqueue: t_ns(&v.enqueue_ns),
         completion_poll: t_ns(&v.completion_poll_ns),
+        spin_poll: t_ns(&v.spin_poll_ns),
         radix_lookup: t_ns(&v.radix_lookup_ns),
         page_walk: t_ns(&v.page_walk_ns),
         dequeue: t_ns(&v.dequeue_ns),
@@ -538,6 +546,7 @@ pub(super) fn build(
     let affinity = first.is_none_or(|(_, c)| c.affinity);
     let yields = first.is_some_and(|(_, c)| c.poller_yield);
     let poller_nice = first.map_or(0, |(_, c)| i32::from(c.poller_nice));
+    let pool_wake = first.map_or(Default::default(), |(_, c)| c.pool_wake);
     let irq_core = match first {
         Some((v, c)) if !c.affinity => {
             let key = format!("{}.vcanal", v.workload_key);
@@ -572,14 +581,17 @@ pub(super) fn build(
             v.extend(http_socks);
             v
         },
-        pool: vec![
-            PoolThread {
+        // Thread 0 waited first (the pool's threads start in order).
+        pool: (0..pool)
+            .map(|i| PoolThread {
                 state: Thread::Idle,
+                idle_since: i as u64,
                 on_cpu: false,
                 step_queued: false,
-            };
-            pool
-        ],
+            })
+            .collect(),
+        pool_wake,
+        idle_seq: pool as u64,
         to_wake: Vec::with_capacity(pool),
         dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
         issued: Vec::with_capacity(pool),
@@ -882,7 +894,7 @@ impl World {
                 // idle thread, woken once the turn is over.
                 for i in 0..c.issued.len() {
                     let d = c.issued[i];
-                    let t = c.pool.iter().position(|t| t.state == Thread::Idle);
+                    let t = c.idle_thread();
                     debug_assert!(t.is_some(), "more calls issued than idle threads");
                     if let Some(t) = t {
                         c.pool[t].state = Thread::Ready(d);
@@ -1882,6 +1894,20 @@ impl CanalPath {
         Ok(n)
     }
 
+    /// The idle pool thread the poller hands the next call to (§2.4): the
+    /// longest-waiting one when the pool waits on a condition variable
+    /// (futex_wake takes waiters first in, first out), else the first idle
+    /// one in the pool's order.
+    fn idle_thread(&self) -> Option<usize> {
+        let idle = self.pool.iter().enumerate().filter(|(_, t)| t.state == Thread::Idle);
+        match self.pool_wake {
+            crate::scenario::VcanalPoolWake::Condvar => {
+                idle.min_by_key(|(_, t)| t.idle_since).map(|(i, _)| i)
+            }
+            crate::scenario::VcanalPoolWake::FirstIdle => idle.map(|(i, _)| i).next(),
+        }
+    }
+
     /// The work item that ran pool thread `t`'s call ended: it writes the
     /// answer into the INR and goes idle. Returns the VM to interrupt, if
     /// its waiter asked for it.
@@ -1895,6 +1921,8 @@ impl CanalPath {
             return None;
         };
         self.pool[t].state = Thread::Idle;
+        self.pool[t].idle_since = self.idle_seq;
+        self.idle_seq += 1;
         let irq = match self.vms.get_mut(d.vm) {
             Some(Some(v)) => self
                 .service
