@@ -1899,7 +1899,11 @@ impl CanalPath {
     /// (futex_wake takes waiters first in, first out), else the first idle
     /// one in the pool's order.
     fn idle_thread(&self) -> Option<usize> {
-        let idle = self.pool.iter().enumerate().filter(|(_, t)| t.state == Thread::Idle);
+        let idle = self
+            .pool
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.state == Thread::Idle);
         match self.pool_wake {
             crate::scenario::VcanalPoolWake::Condvar => {
                 idle.min_by_key(|(_, t)| t.idle_since).map(|(i, _)| i)
@@ -2317,6 +2321,78 @@ mod tests {
         let st = w.sched.as_ref().expect("scheduled");
         let t = st.canal_tid(CanalThread::Pool(7)).expect("pool thread 7");
         assert_eq!(st.s.thread(t).allowed.count(), 4, "free to run anywhere");
+    }
+
+    /// The poller hands a call to the pool thread idle longest when the
+    /// pool waits on a condition variable (futex_wake is FIFO among equal
+    /// waiters), and to the first idle one in order with `first-idle`.
+    #[test]
+    fn the_longest_idle_pool_thread_takes_the_next_call() {
+        let mut w = world(STREAM, &[]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        assert_eq!(c.pool_wake, crate::scenario::VcanalPoolWake::Condvar);
+        for (t, since) in c.pool.iter_mut().zip([5u64, 3, 9, 1, 7, 2, 8, 6]) {
+            t.idle_since = since;
+        }
+        assert_eq!(c.idle_thread(), Some(3));
+        // Thread 3 ran its call and waits again, last in the queue.
+        c.pool[3].idle_since = 10;
+        assert_eq!(c.idle_thread(), Some(5), "the next longest waiter");
+        let mut w = world(STREAM, &["workload.vcanal.pool_wake=first-idle"]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        for (t, since) in c.pool.iter_mut().zip([5u64, 3, 9, 1, 7, 2, 8, 6]) {
+            t.idle_since = since;
+        }
+        assert_eq!(c.idle_thread(), Some(0));
+    }
+
+    /// On a CPU-bound stream (no offloads) one call at a time goes round
+    /// the pool under `condvar`: each thread wakes having slept through
+    /// the others' calls, CFS places it behind the never-sleeping poller
+    /// and it preempts it, so the pool hardly waits for the core. Under
+    /// `first-idle` thread 0 runs every call, is far ahead of the poller in
+    /// virtual time, and the two share the core by weight.
+    #[test]
+    fn a_pool_woken_in_fifo_order_preempts_the_poller() {
+        let stream = ["guest.gso=false", "guest.gro=false", "net.peer_gso=false"];
+        let exec = |w: &World| -> Vec<u64> {
+            let st = w.sched.as_ref().expect("scheduled");
+            (0..8)
+                .map(|i| {
+                    let t = st.canal_tid(CanalThread::Pool(i)).expect("a pool thread");
+                    st.s.thread(t).sum_exec
+                })
+                .collect()
+        };
+        let (fifo_w, fifo) = run(STREAM, &stream);
+        let mut sets = stream.to_vec();
+        sets.push("workload.vcanal.pool_wake=first-idle");
+        let (first_w, first) = run(STREAM, &sets);
+        assert_eq!(fifo.violations(), 0);
+        assert_eq!(first.violations(), 0);
+        let f = exec(&fifo_w);
+        let total: u64 = f.iter().sum();
+        assert!(
+            f.iter().all(|&e| e * 20 > total),
+            "every thread takes calls: {f:?}"
+        );
+        let g = exec(&first_w);
+        let total: u64 = g.iter().sum();
+        assert!(g[0] * 10 > 9 * total, "thread 0 takes them: {g:?}");
+        let wait = |r: &crate::report::RunReport| m(r, "vcanal.pool_runqueue_wait_pct");
+        assert!(
+            wait(&fifo) < 0.5 * wait(&first),
+            "{} vs {}",
+            wait(&fifo),
+            wait(&first)
+        );
+        let gbps = |r: &crate::report::RunReport| m(r, "netperf.throughput_gbps");
+        assert!(
+            gbps(&fifo) > gbps(&first),
+            "{} vs {}",
+            gbps(&fifo),
+            gbps(&first)
+        );
     }
 
     /// A call that waits for the host stack blocks its pool thread only:
