@@ -155,6 +155,7 @@ section!(Vcanal {
     inr_build_ns,
     enqueue_ns,
     completion_poll_ns,
+    spin_poll_ns,
     radix_lookup_ns,
     page_walk_ns,
     dequeue_ns,

@@ -955,6 +955,28 @@ pub enum VcanalNotification {
     Interrupt,
 }
 
+/// Which idle network-pool thread the vCanal polling thread hands a call
+/// to (vcanal.md §2.4: "an idle thread in the network thread pool"; the
+/// paper does not say how the pool waits).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum VcanalPoolWake {
+    /// The pool's threads wait on one work queue's condition variable
+    /// (pthread_cond_wait), and each hand-off is a pthread_cond_signal:
+    /// glibc's FUTEX_WAKE of one waiter, which Linux's futex_wake takes in
+    /// queue order (the hash bucket's plist keeps waiters of equal
+    /// priority first in, first out). The thread idle longest gets the
+    /// call, so calls go round the pool.
+    #[default]
+    Condvar,
+    /// Each thread waits on a semaphore of its own, and the poller scans
+    /// the pool for the first idle one: the same thread takes every call
+    /// of a one-call-at-a-time program.
+    FirstIdle,
+}
+
 /// vCanal for a VM's sockets (vcanal.md §2, §3).
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -980,6 +1002,17 @@ pub struct VcanalSpec {
     /// the host scheduler, on the service core with affinity.
     #[serde(default = "vcanal_pool")]
     pub pool_threads: u16,
+    /// Which idle pool thread takes a call: `condvar` (the default: one
+    /// work queue and condition variable, the longest-waiting thread
+    /// wakes, FIFO as Linux's futex_wake takes waiters) or `first-idle`
+    /// (a semaphore per thread, the first idle one in the pool's order).
+    /// With `condvar` a woken thread has slept through the other threads'
+    /// calls, and CFS places it up to half a latency period behind the
+    /// poller, so it preempts it; with `first-idle` the one busy thread
+    /// runs ahead of the poller in virtual time and shares the core with
+    /// it by weight.
+    #[serde(default)]
+    pub pool_wake: VcanalPoolWake,
     /// The polling thread calls `sched_yield` after a round that found
     /// every channel empty, so that a pool thread waiting for the core
     /// gets it (CFS passes over the yielder for a waiting thread within

@@ -129,9 +129,13 @@ impl CanalCaller {
                 self.pending = None;
                 return CallWait::Done(done);
             }
+            // The INR's line is unchanged until the service writes the
+            // answer: a failed poll hits in the waiter's cache. (The poll
+            // that sees the answer takes the line back from the service
+            // core, one cache-to-cache transfer, not charged.)
             Ok(WaitStep::Spin) => {
                 self.polls += 1;
-                TaskStep::Compute(costs.canal.completion_poll)
+                TaskStep::Compute(costs.canal.spin_poll)
             }
             // The ioctl into the helper driver; the next step re-checks
             // before sleeping.

@@ -189,6 +189,9 @@ enum Thread {
 #[derive(Clone, Copy, Debug)]
 struct PoolThread {
     state: Thread,
+    /// When it last went idle (a sequence number): with a condition
+    /// variable the longest-idle thread is woken first.
+    idle_since: u64,
     /// Current on a core.
     on_cpu: bool,
     /// A `CanalPoolStep` for it is queued.
@@ -305,6 +308,10 @@ pub(super) struct CanalPath {
     yields: bool,
     /// The poller's nice level.
     poller_nice: i32,
+    /// Which idle pool thread takes a call.
+    pool_wake: crate::scenario::VcanalPoolWake,
+    /// The next `idle_since` sequence number.
+    idle_seq: u64,
     /// A host thread switch (one of the service's threads switched in
     /// after another thread on its core).
     switch: Time,
@@ -381,6 +388,7 @@ fn canal_costs(cal: &Calibration) -> VcanalCosts {
         inr_build: t_ns(&v.inr_build_ns),
         enqueue: t_ns(&v.enqueue_ns),
         completion_poll: t_ns(&v.completion_poll_ns),
+        spin_poll: t_ns(&v.spin_poll_ns),
         radix_lookup: t_ns(&v.radix_lookup_ns),
         page_walk: t_ns(&v.page_walk_ns),
         dequeue: t_ns(&v.dequeue_ns),
@@ -538,6 +546,7 @@ pub(super) fn build(
     let affinity = first.is_none_or(|(_, c)| c.affinity);
     let yields = first.is_some_and(|(_, c)| c.poller_yield);
     let poller_nice = first.map_or(0, |(_, c)| i32::from(c.poller_nice));
+    let pool_wake = first.map_or(Default::default(), |(_, c)| c.pool_wake);
     let irq_core = match first {
         Some((v, c)) if !c.affinity => {
             let key = format!("{}.vcanal", v.workload_key);
@@ -572,14 +581,17 @@ pub(super) fn build(
             v.extend(http_socks);
             v
         },
-        pool: vec![
-            PoolThread {
+        // Thread 0 waited first (the pool's threads start in order).
+        pool: (0..pool)
+            .map(|i| PoolThread {
                 state: Thread::Idle,
+                idle_since: i as u64,
                 on_cpu: false,
                 step_queued: false,
-            };
-            pool
-        ],
+            })
+            .collect(),
+        pool_wake,
+        idle_seq: pool as u64,
         to_wake: Vec::with_capacity(pool),
         dispatch: t_ns(&cal.vcanal.pool_dispatch_ns),
         issued: Vec::with_capacity(pool),
@@ -882,7 +894,7 @@ impl World {
                 // idle thread, woken once the turn is over.
                 for i in 0..c.issued.len() {
                     let d = c.issued[i];
-                    let t = c.pool.iter().position(|t| t.state == Thread::Idle);
+                    let t = c.idle_thread();
                     debug_assert!(t.is_some(), "more calls issued than idle threads");
                     if let Some(t) = t {
                         c.pool[t].state = Thread::Ready(d);
@@ -1882,6 +1894,24 @@ impl CanalPath {
         Ok(n)
     }
 
+    /// The idle pool thread the poller hands the next call to (§2.4): the
+    /// longest-waiting one when the pool waits on a condition variable
+    /// (futex_wake takes waiters first in, first out), else the first idle
+    /// one in the pool's order.
+    fn idle_thread(&self) -> Option<usize> {
+        let idle = self
+            .pool
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.state == Thread::Idle);
+        match self.pool_wake {
+            crate::scenario::VcanalPoolWake::Condvar => {
+                idle.min_by_key(|(_, t)| t.idle_since).map(|(i, _)| i)
+            }
+            crate::scenario::VcanalPoolWake::FirstIdle => idle.map(|(i, _)| i).next(),
+        }
+    }
+
     /// The work item that ran pool thread `t`'s call ended: it writes the
     /// answer into the INR and goes idle. Returns the VM to interrupt, if
     /// its waiter asked for it.
@@ -1895,6 +1925,8 @@ impl CanalPath {
             return None;
         };
         self.pool[t].state = Thread::Idle;
+        self.pool[t].idle_since = self.idle_seq;
+        self.idle_seq += 1;
         let irq = match self.vms.get_mut(d.vm) {
             Some(Some(v)) => self
                 .service
@@ -2289,6 +2321,78 @@ mod tests {
         let st = w.sched.as_ref().expect("scheduled");
         let t = st.canal_tid(CanalThread::Pool(7)).expect("pool thread 7");
         assert_eq!(st.s.thread(t).allowed.count(), 4, "free to run anywhere");
+    }
+
+    /// The poller hands a call to the pool thread idle longest when the
+    /// pool waits on a condition variable (futex_wake is FIFO among equal
+    /// waiters), and to the first idle one in order with `first-idle`.
+    #[test]
+    fn the_longest_idle_pool_thread_takes_the_next_call() {
+        let mut w = world(STREAM, &[]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        assert_eq!(c.pool_wake, crate::scenario::VcanalPoolWake::Condvar);
+        for (t, since) in c.pool.iter_mut().zip([5u64, 3, 9, 1, 7, 2, 8, 6]) {
+            t.idle_since = since;
+        }
+        assert_eq!(c.idle_thread(), Some(3));
+        // Thread 3 ran its call and waits again, last in the queue.
+        c.pool[3].idle_since = 10;
+        assert_eq!(c.idle_thread(), Some(5), "the next longest waiter");
+        let mut w = world(STREAM, &["workload.vcanal.pool_wake=first-idle"]);
+        let c = w.canal.as_deref_mut().expect("a vCanal path");
+        for (t, since) in c.pool.iter_mut().zip([5u64, 3, 9, 1, 7, 2, 8, 6]) {
+            t.idle_since = since;
+        }
+        assert_eq!(c.idle_thread(), Some(0));
+    }
+
+    /// On a CPU-bound stream (no offloads) one call at a time goes round
+    /// the pool under `condvar`: each thread wakes having slept through
+    /// the others' calls, CFS places it behind the never-sleeping poller
+    /// and it preempts it, so the pool hardly waits for the core. Under
+    /// `first-idle` thread 0 runs every call, is far ahead of the poller in
+    /// virtual time, and the two share the core by weight.
+    #[test]
+    fn a_pool_woken_in_fifo_order_preempts_the_poller() {
+        let stream = ["guest.gso=false", "guest.gro=false", "net.peer_gso=false"];
+        let exec = |w: &World| -> Vec<u64> {
+            let st = w.sched.as_ref().expect("scheduled");
+            (0..8)
+                .map(|i| {
+                    let t = st.canal_tid(CanalThread::Pool(i)).expect("a pool thread");
+                    st.s.thread(t).sum_exec
+                })
+                .collect()
+        };
+        let (fifo_w, fifo) = run(STREAM, &stream);
+        let mut sets = stream.to_vec();
+        sets.push("workload.vcanal.pool_wake=first-idle");
+        let (first_w, first) = run(STREAM, &sets);
+        assert_eq!(fifo.violations(), 0);
+        assert_eq!(first.violations(), 0);
+        let f = exec(&fifo_w);
+        let total: u64 = f.iter().sum();
+        assert!(
+            f.iter().all(|&e| e * 20 > total),
+            "every thread takes calls: {f:?}"
+        );
+        let g = exec(&first_w);
+        let total: u64 = g.iter().sum();
+        assert!(g[0] * 10 > 9 * total, "thread 0 takes them: {g:?}");
+        let wait = |r: &crate::report::RunReport| m(r, "vcanal.pool_runqueue_wait_pct");
+        assert!(
+            wait(&fifo) < 0.5 * wait(&first),
+            "{} vs {}",
+            wait(&fifo),
+            wait(&first)
+        );
+        let gbps = |r: &crate::report::RunReport| m(r, "netperf.throughput_gbps");
+        assert!(
+            gbps(&fifo) > gbps(&first),
+            "{} vs {}",
+            gbps(&fifo),
+            gbps(&first)
+        );
     }
 
     /// A call that waits for the host stack blocks its pool thread only:

@@ -27,9 +27,14 @@ pub struct VcanalCosts {
     /// Guest: one enqueue, a CAS on the tail and the publish (§2.4,
     /// lock-free, "no exits on enqueue"). No number in §5.
     pub enqueue: Time,
-    /// Guest: one poll of the INR's completion flag in the spin loop
-    /// (§2.5; §5 gives only the count, 100 polls by default).
+    /// Guest: re-reading a line the other core writes (a cache-to-cache
+    /// transfer): the enqueuer's retry on a full ring (§7). No number.
     pub completion_poll: Time,
+    /// Guest: one iteration of the wait loop while the INR's line is
+    /// unchanged (§2.5; §5 gives only the count, 100 polls by default):
+    /// the state word still sits in the waiter's own cache, so an
+    /// iteration is a load that hits, the compare and the loop's pause.
+    pub spin_poll: Time,
     /// Guest: a hybrid-address-space lookup that hits (§2.6). No number.
     pub radix_lookup: Time,
     /// Guest: a miss's GVA → GPA walk through the helper driver (§2.6;
@@ -88,6 +93,7 @@ mod tests {
             inr_build: 1,
             enqueue: 2,
             completion_poll: 3,
+            spin_poll: 1,
             radix_lookup: 5,
             page_walk: 100,
             dequeue: 7,
