@@ -153,9 +153,23 @@ impl World {
                 ("vhost.signals", v.signals),
                 ("vhost.signals_suppressed", v.signals_suppressed),
                 ("vhost.tap_drops", v.tap_drops),
+                ("vhost.tx_kicks", v.tx_kicks),
+                ("vhost.tx_notify_enables", v.tx_notify_enables),
+                ("vhost.tx_slipped_in", v.tx_slipped_in),
             ] {
                 put(k, n as f64);
             }
+            // The driver's side of the same protocol: kicks per frame sent
+            // (1 when handle_tx drains the ring before each next frame, 0
+            // when it never finds it empty).
+            put(
+                "vhost.tx_kicks_per_frame",
+                if v.tx_frames == 0 {
+                    0.0
+                } else {
+                    v.tx_kicks as f64 / v.tx_frames as f64
+                },
+            );
             if hybrid {
                 put("vhost.quota_requeues", v.quota_requeues as f64);
                 put("vhost.polling_turns", v.polling_turns as f64);
