@@ -108,6 +108,7 @@ section!(Guest {
     blk_complete_ns,
     fio_io_ns,
     cyclictest_loop_ns,
+    posix_timer_signal_ns,
     whileloop_cycles_per_iter,
     cost_cv,
 });

@@ -895,6 +895,33 @@ pub struct CyclictestSpec {
     /// Timer interval, µs.
     #[serde(default = "interval")]
     pub interval_us: f64,
+    /// How the thread waits for its next period: `nanosleep` (`-n`,
+    /// `clock_nanosleep(TIMER_ABSTIME)`) or `posix-timer` (rt-tests up to
+    /// 0.8x without `-n`: a periodic POSIX timer whose signal the thread
+    /// takes with `sigwait`).
+    #[serde(default)]
+    pub mode: CyclictestMode,
+}
+
+/// cyclictest's wait for the next period (rt-tests `src/cyclictest`,
+/// `timerthread`; docs/papers.md, "DID cyclictest under KVM 3.6").
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum CyclictestMode {
+    /// `-n`: `clock_nanosleep(TIMER_ABSTIME)` to the next deadline; the
+    /// hrtimer's expiry wakes the thread (`hrtimer_wakeup`) in the
+    /// interrupt.
+    #[default]
+    Nanosleep,
+    /// rt-tests' default before clock_nanosleep became it (v0.83 and
+    /// earlier: `MODE_CYCLIC`): `timer_create(SIGEV_THREAD_ID)` with an
+    /// interval, waited for with `sigwait`. The expiry queues a signal
+    /// (`posix_timer_fn` → `send_sigqueue`), and the woken thread's
+    /// `dequeue_signal` re-arms the timer (`do_schedule_next_timer`)
+    /// before cyclictest reads the clock.
+    PosixTimer,
 }
 
 fn interval() -> f64 {

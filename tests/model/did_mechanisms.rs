@@ -55,6 +55,29 @@ fn timer_path_exits_under_kvm_only() {
     assert_eq!(bm.vms[0].total_samples, 0, "bare metal has no exits");
 }
 
+/// cyclictest without `-n` (rt-tests <= 0.83): the signal's delivery and
+/// the timer's re-arm lie before the clock read in every configuration,
+/// and the re-armed expiry, an interval away, programs no clockevent: the
+/// same exits, a constant more latency.
+#[test]
+fn posix_timer_wait_adds_the_signal_path_but_no_exit() {
+    for scheme in ["bare-metal", "kvm", "did"] {
+        let s = format!("scheme={scheme}");
+        let n = run_file("cyclictest.toml", &[&s, "duration_s=0.3"]);
+        let p = run_file(
+            "cyclictest.toml",
+            &[&s, "duration_s=0.3", "workload.cyclictest.mode=posix-timer"],
+        );
+        let lat = |r: &exitless::report::RunReport| metric(r, "latency_mean_us");
+        let more = lat(&p) - lat(&n);
+        assert!((0.3..0.8).contains(&more), "{scheme}: +{more}");
+        assert_eq!(
+            p.vms[0].total_samples, n.vms[0].total_samples,
+            "{scheme}: the same exits"
+        );
+    }
+}
+
 #[test]
 fn whileloop_is_slowest_under_kvm() {
     let sets = |s: &str| {

@@ -55,12 +55,20 @@ fn spawn_timer_and_cpu_tasks(
         let phase = RngStream::new(s.seed, &rng_stream("cyclictest-phase", vm)).uniform();
         kernel.spawn_on(
             cpu,
-            Box::new(Cyclictest::new(
-                from_us(c.interval_us),
-                from_s(phase * c.interval_us * 1e-6),
-                t_ns(&g.syscall_ns),
-                t_ns(&g.cyclictest_loop_ns),
-            )),
+            Box::new({
+                let ct = Cyclictest::new(
+                    from_us(c.interval_us),
+                    from_s(phase * c.interval_us * 1e-6),
+                    t_ns(&g.syscall_ns),
+                    t_ns(&g.cyclictest_loop_ns),
+                );
+                match c.mode {
+                    crate::scenario::workloads::CyclictestMode::Nanosleep => ct,
+                    crate::scenario::workloads::CyclictestMode::PosixTimer => {
+                        ct.with_posix_timer(t_ns(&g.posix_timer_signal_ns))
+                    }
+                }
+            }),
             99,
             false,
         );
