@@ -386,14 +386,17 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 },
             )
             .map_err(|e| e.to_string())?;
+            let headlines = validation::headlines(&paper, &rows).map_err(|e| e.to_string())?;
             if json {
-                emit(&cli::reproduce_json(&paper, &rows, &sets, &cal)?)?;
+                emit(&cli::reproduce_json(
+                    &paper, &rows, &headlines, &sets, &cal,
+                )?)?;
             } else if csv {
-                emit(&cli::reproduce_csv(&rows)?)?;
+                emit(&cli::reproduce_csv(&rows, &headlines)?)?;
             } else if markdown {
-                emit(&validation::to_markdown(&paper, &rows))?;
+                emit(&validation::to_markdown(&paper, &rows, &headlines))?;
             } else {
-                emit(&validation::to_text(&rows))?;
+                emit(&validation::to_text(&rows, &headlines))?;
             }
         }
         Cmd::Schemes => {

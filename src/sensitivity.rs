@@ -35,6 +35,7 @@ use crate::calibration::{range_of, Calibration};
 use crate::calibration_overlay::{apply_to, OverlayEntry};
 use crate::scenario::Scenario;
 use crate::sweep::{self, Batch, BatchRun, Event, Metrics};
+use crate::validation::headline::{HeadlineRow, Verdict};
 use crate::validation::{self, Row, Seeds};
 use crate::world::World;
 use serde::{Deserialize, Serialize};
@@ -462,6 +463,48 @@ pub fn rows_metrics(rows: &[Row]) -> Metrics {
     m
 }
 
+/// Every verdict, in the order of their codes in a results file.
+pub const VERDICTS: [Verdict; 8] = [
+    Verdict::Reproduced,
+    Verdict::Unsteady,
+    Verdict::Smaller,
+    Verdict::Larger,
+    Verdict::Opposite,
+    Verdict::NoEffect,
+    Verdict::NoNumber,
+    Verdict::NotRun,
+];
+
+/// The output a headline's model effect is recorded under.
+pub fn headline_effect(id: &str) -> String {
+    format!("headline:{id}/effect")
+}
+
+/// The output a headline's verdict is recorded under (its code: the
+/// index in [`VERDICTS`]).
+pub fn headline_verdict(id: &str) -> String {
+    format!("headline:{id}/verdict")
+}
+
+/// A paper's headline table as outputs: each headline's model effect and
+/// verdict code.
+pub fn headline_metrics(hs: &[HeadlineRow], m: &mut Metrics) {
+    for h in hs {
+        m.insert(
+            headline_effect(&h.id),
+            h.model_effect.filter(|x| x.is_finite()),
+        );
+        let code = VERDICTS.iter().position(|v| *v == h.verdict);
+        m.insert(headline_verdict(&h.id), code.map(|c| c as f64));
+    }
+}
+
+fn verdict_name(code: Option<f64>) -> String {
+    code.and_then(|c| VERDICTS.get(c as usize))
+        .map_or("-", |v| v.name())
+        .to_string()
+}
+
 /// One run of the target under `cal` changed by `v` (none: the base run).
 pub fn run_once(
     target: &Target,
@@ -500,7 +543,10 @@ pub fn run_once(
                 Some(&adjust),
             )
             .map_err(|e| e.to_string())?;
-            Ok(rows_metrics(&rows))
+            let mut m = rows_metrics(&rows);
+            let hs = validation::headlines(paper, &rows).map_err(|e| e.to_string())?;
+            headline_metrics(&hs, &mut m);
+            Ok(m)
         }
     }
 }
@@ -717,6 +763,52 @@ pub struct Analysis {
     pub unmoved: Vec<String>,
     /// Per output (by name), the entries that move it.
     pub outputs: Vec<OutputSensitivity>,
+    /// A paper's headlines: per headline, the entries that flip its
+    /// verdict or move its model effect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headlines: Vec<HeadlineSensitivity>,
+}
+
+/// One headline under the variations.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeadlineSensitivity {
+    /// The headline's id.
+    pub id: String,
+    /// Its verdict in the base run.
+    pub verdict: String,
+    /// Its model effect in the base run.
+    pub effect: Option<f64>,
+    /// The entries that flip its verdict or move its effect: those that
+    /// flip first, then by the largest change of the effect.
+    pub entries: Vec<HeadlineEntry>,
+}
+
+/// An entry's effect on a headline.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeadlineEntry {
+    /// The entry.
+    pub entry: String,
+    /// Its source kind.
+    pub kind: String,
+    /// Whether some factor flips the verdict.
+    pub flips: bool,
+    /// The largest |change| of the model effect over the factors, %.
+    pub swing_pct: Option<f64>,
+    /// One per factor.
+    pub sides: Vec<HeadlineSide>,
+}
+
+/// A headline under one factor of an entry.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeadlineSide {
+    /// The factor.
+    pub factor: f64,
+    /// The model effect.
+    pub effect: Option<f64>,
+    /// Its change from the base run's, %.
+    pub change_pct: Option<f64>,
+    /// The verdict.
+    pub verdict: String,
 }
 
 /// A short stable fingerprint of a calibration (FNV-1a of its TOML, both
@@ -764,6 +856,8 @@ pub fn analyze(plan: &Plan, cal: &Calibration, base: &Metrics, results: &[Metric
     }
     names.sort();
     names.dedup();
+    // A verdict's code is not a quantity: the headlines below judge it.
+    names.retain(|n| !(n.starts_with("headline:") && n.ends_with("/verdict")));
     let mut moved: Vec<bool> = vec![false; groups.len()];
     let mut outputs = Vec::new();
     for name in names {
@@ -816,6 +910,66 @@ pub fn analyze(plan: &Plan, cal: &Calibration, base: &Metrics, results: &[Metric
             ranked: ranked.into_iter().map(|(_, e)| e).collect(),
         });
     }
+    let mut headlines = Vec::new();
+    for out in &outputs {
+        let Some(id) = out
+            .output
+            .strip_prefix("headline:")
+            .and_then(|x| x.strip_suffix("/effect"))
+        else {
+            continue;
+        };
+        let vname = headline_verdict(id);
+        let base_verdict = base.get(&vname).copied().flatten();
+        let mut entries = Vec::new();
+        for (v, ix) in &groups {
+            let mut flips = false;
+            let sides: Vec<HeadlineSide> = ix
+                .iter()
+                .map(|&i| {
+                    let code = results[i].get(&vname).copied().flatten();
+                    flips |= code != base_verdict;
+                    let effect = results[i].get(&out.output).copied().flatten();
+                    HeadlineSide {
+                        factor: plan.variations[i].factor,
+                        effect,
+                        change_pct: out
+                            .base
+                            .zip(effect)
+                            .filter(|(b, _)| *b != 0.0)
+                            .map(|(b, e)| (e - b) / b.abs() * 100.0),
+                        verdict: verdict_name(code),
+                    }
+                })
+                .collect();
+            let moved = out.ranked.iter().find(|e| e.entry == v.entry);
+            if !flips && moved.is_none() {
+                continue;
+            }
+            entries.push(HeadlineEntry {
+                entry: v.entry.clone(),
+                kind: info(&v.entry).map_or("other", |e| e.kind).to_string(),
+                flips,
+                swing_pct: moved.and_then(|e| e.swing_pct),
+                sides,
+            });
+        }
+        entries.sort_by(|a, b| {
+            b.flips
+                .cmp(&a.flips)
+                .then_with(|| {
+                    let s = |e: &HeadlineEntry| e.swing_pct.unwrap_or(f64::INFINITY);
+                    s(b).total_cmp(&s(a))
+                })
+                .then_with(|| a.entry.cmp(&b.entry))
+        });
+        headlines.push(HeadlineSensitivity {
+            id: id.to_string(),
+            verdict: verdict_name(base_verdict),
+            effect: out.base,
+            entries,
+        });
+    }
     let target = match &plan.target {
         Target::Scenario { path, .. } => format!("scenario {}", path.display()),
         Target::Paper { paper, only } => format!(
@@ -841,6 +995,7 @@ pub fn analyze(plan: &Plan, cal: &Calibration, base: &Metrics, results: &[Metric
             .map(|((v, _), _)| v.entry.clone())
             .collect(),
         outputs,
+        headlines,
     }
 }
 
@@ -887,6 +1042,41 @@ pub fn to_text(a: &Analysis, top: usize, patterns: &[String]) -> String {
         a.skipped.len(),
         a.unmoved.len()
     );
+    for h in &a.headlines {
+        let shown = |e: &&HeadlineEntry| e.flips || e.swing_pct.is_none_or(|s| s > 10.0);
+        let flips = h.entries.iter().filter(|e| e.flips).count();
+        let big = h.entries.iter().filter(shown).count() - flips;
+        let _ = writeln!(
+            o,
+            "\nheadline {}: {} (model effect {}); {flips} entries flip the verdict, {big} more move the effect by over 10%",
+            h.id,
+            h.verdict,
+            opt(h.effect),
+        );
+        for e in h.entries.iter().filter(shown).take(top.max(flips)) {
+            let sides: Vec<String> = e
+                .sides
+                .iter()
+                .map(|s| {
+                    format!(
+                        "×{}: {} {} ({})",
+                        factor_text(s.factor),
+                        s.verdict,
+                        opt(s.effect),
+                        pct(s.change_pct)
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "  {} {:<34} {:<9} {}",
+                if e.flips { "FLIP" } else { "    " },
+                e.entry,
+                e.kind,
+                sides.join("   ")
+            );
+        }
+    }
     for out in a
         .outputs
         .iter()
@@ -1298,6 +1488,58 @@ mod tests {
         let c = perturb(&cal, &["exit.hlt_us".into()], 0.5).unwrap();
         assert_eq!(c.exit.hlt_us.at_ghz, cal.exit.hlt_us.at_ghz);
         assert_eq!(c.exit.hlt_us.source, cal.exit.hlt_us.source);
+    }
+
+    /// A headline whose verdict an entry changes is flagged as flipping,
+    /// and listed before entries that only move its effect.
+    #[test]
+    fn a_changed_verdict_is_a_flip() {
+        let cal = Calibration::default_host();
+        let keys = ["a.flip", "b.small"];
+        let factors = [0.5, 2.0];
+        let plan = Plan {
+            target: Target::Paper {
+                paper: "synthetic".into(),
+                only: None,
+            },
+            sets: vec![],
+            seeds: Seeds::default(),
+            shown: keys.iter().map(|k| entry(k, "estimate")).collect(),
+            factors: factors.to_vec(),
+            variations: variations(&keys.map(String::from), &factors),
+            skipped: vec![],
+        };
+        let m = |effect: f64, verdict: Verdict| -> Metrics {
+            let code = VERDICTS.iter().position(|v| *v == verdict).unwrap() as f64;
+            [
+                (headline_effect("h"), Some(effect)),
+                (headline_verdict("h"), Some(code)),
+            ]
+            .into_iter()
+            .collect()
+        };
+        let base = m(50.0, Verdict::Reproduced);
+        let results = vec![
+            m(60.0, Verdict::Reproduced),
+            m(10.0, Verdict::Smaller),
+            m(49.0, Verdict::Reproduced),
+            m(51.0, Verdict::Reproduced),
+        ];
+        let a = analyze(&plan, &cal, &base, &results);
+        assert!(a.outputs.iter().all(|o| !o.output.ends_with("/verdict")));
+        let h = &a.headlines[0];
+        assert_eq!((h.id.as_str(), h.verdict.as_str()), ("h", "reproduced"));
+        assert_eq!(h.entries[0].entry, "a.flip");
+        assert!(h.entries[0].flips);
+        assert_eq!(h.entries[0].sides[1].verdict, "smaller");
+        assert_eq!(h.entries[0].swing_pct, Some(80.0));
+        assert_eq!(h.entries[1].entry, "b.small");
+        assert!(!h.entries[1].flips);
+        let t = to_text(&a, 5, &[]);
+        assert!(
+            t.contains("headline h: reproduced") && t.contains("FLIP a.flip"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -169,8 +169,16 @@ pub fn run_csv(rep: &RunReport) -> Result<String, Failure> {
 /// `key=value` pairs joined by `;`, the tolerance as two plain columns
 /// (`tolerance_kind`: rel, abs, max or min; `tolerance_value`: the
 /// relative fraction or absolute amount, empty for max/min), empty cells
-/// for absent values.
-pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failure> {
+/// for absent values; `kind` (value, effect, bound, structural) and
+/// `calibrated_to` after them. The headline table comes first, one record
+/// per claim with experiment `headline`, config `<system> vs <baseline>`,
+/// the two effects as model and paper (unit `% change` or `points`),
+/// tolerance kind `rule`, `within` true when the verdict is "reproduced",
+/// the verdict and the claim as its note, and kind `headline`.
+pub fn reproduce_csv(
+    rows: &[exitless::validation::Row],
+    headlines: &[exitless::validation::headline::HeadlineRow],
+) -> Result<String, Failure> {
     // With `--seeds N`, the spread's columns after the others.
     const SPREAD_COLUMNS: [&str; 6] = ["seeds", "std", "ci_half", "min", "max", "within_seeds"];
     let seeded = rows.iter().any(|r| r.spread.is_some());
@@ -190,6 +198,8 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
             "within",
             "violations",
             "note",
+            "kind",
+            "calibrated_to",
         ]
         .map(String::from)
         .into_iter()
@@ -201,6 +211,51 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
         )
         .collect::<Vec<_>>(),
     )?;
+    let params_cell = |p: &std::collections::BTreeMap<String, serde_json::Value>| {
+        p.iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k}={s}"),
+                v => format!("{k}={v}"),
+            })
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    for h in headlines {
+        use exitless::validation::headline::{EffectUnit, Verdict};
+        let opt = |x: Option<f64>| x.map(|x| x.to_string()).unwrap_or_default();
+        csv_record(
+            &mut w,
+            &[
+                "headline".to_string(),
+                format!("{} vs {}", h.system, h.baseline),
+                params_cell(&h.params),
+                h.metric.clone(),
+                match h.effect_unit {
+                    EffectUnit::PercentChange => "% change",
+                    EffectUnit::Points => "points",
+                }
+                .to_string(),
+                opt(h.model_effect),
+                opt(h.paper_effect),
+                "rule".to_string(),
+                String::new(),
+                match h.verdict {
+                    Verdict::NoNumber | Verdict::NotRun => String::new(),
+                    v => (v == Verdict::Reproduced).to_string(),
+                },
+                String::new(),
+                format!("{}: {} [{}]", h.verdict.name(), h.claim, h.id),
+                "headline".to_string(),
+                String::new(),
+            ]
+            .into_iter()
+            .chain(std::iter::repeat_n(
+                String::new(),
+                if seeded { SPREAD_COLUMNS.len() } else { 0 },
+            ))
+            .collect::<Vec<_>>(),
+        )?;
+    }
     for r in rows {
         let params: Vec<String> = r
             .params
@@ -245,6 +300,15 @@ pub fn reproduce_csv(rows: &[exitless::validation::Row]) -> Result<String, Failu
                 r.within.map(|b| b.to_string()).unwrap_or_default(),
                 r.violations.to_string(),
                 r.note.clone().unwrap_or_default(),
+                r.kind
+                    .map(|k| {
+                        serde_json::to_value(k)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_default(),
+                r.calibrated_to.clone().unwrap_or_default(),
             ]
             .into_iter()
             .chain(spread)
@@ -674,6 +738,7 @@ pub fn run_json(
 pub fn reproduce_json(
     paper: &str,
     rows: &[exitless::validation::Row],
+    headlines: &[exitless::validation::headline::HeadlineRow],
     sets: &[String],
     cal: &Calibration,
 ) -> Result<String, Failure> {
@@ -684,6 +749,7 @@ pub fn reproduce_json(
             schema_version: exitless::report::SCHEMA_VERSION,
             tool: exitless::report::tool_version(),
             paper,
+            headlines,
             rows,
         })
     } else {
@@ -701,11 +767,30 @@ pub fn reproduce_json(
                 sensitivity: prov.get(&sens::row_name(r)),
             })
             .collect();
-        serde_json::to_string_pretty(&exitless::report::ReproduceOutput {
-            schema_version: exitless::report::SCHEMA_VERSION,
-            tool: exitless::report::tool_version(),
-            paper,
-            rows: &out,
+        // The headlines carry theirs beside the table, by id.
+        let by_headline: std::collections::BTreeMap<&str, &sens::Provenance> = headlines
+            .iter()
+            .filter_map(|h| {
+                prov.get(&sens::headline_effect(&h.id))
+                    .map(|p| (h.id.as_str(), p))
+            })
+            .collect();
+        #[derive(serde::Serialize)]
+        struct WithHeadlines<'a, R: serde::Serialize> {
+            #[serde(flatten)]
+            out: exitless::report::ReproduceOutput<'a, R>,
+            #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            headline_sensitivity: std::collections::BTreeMap<&'a str, &'a sens::Provenance>,
+        }
+        serde_json::to_string_pretty(&WithHeadlines {
+            out: exitless::report::ReproduceOutput {
+                schema_version: exitless::report::SCHEMA_VERSION,
+                tool: exitless::report::tool_version(),
+                paper,
+                headlines,
+                rows: &out,
+            },
+            headline_sensitivity: by_headline,
         })
     }
     .map_err(|e| e.to_string())?;

@@ -34,6 +34,8 @@ pub struct ReproduceOutput<'a, R: Serialize> {
     pub tool: String,
     /// The paper reproduced.
     pub paper: &'a str,
+    /// The paper's headline claims as effects, model against paper.
+    pub headlines: &'a [crate::validation::headline::HeadlineRow],
     /// One row per (experiment, config, parameter, metric).
     pub rows: &'a [R],
 }

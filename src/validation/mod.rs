@@ -2,6 +2,8 @@
 //! `validation/<paper>/experiments.toml` and sets the model's numbers beside
 //! the published ones. Published values are only ever compared against.
 
+pub mod headline;
+
 use crate::calibration::Calibration;
 use crate::report::RunReport;
 use crate::scenario::Scenario;
@@ -24,6 +26,10 @@ pub struct ExperimentFile {
     pub calibration: Option<String>,
     /// Experiments.
     pub experiment: Vec<Experiment>,
+    /// The claims of the paper's abstract and conclusion, as effects
+    /// ([`headline`]).
+    #[serde(default)]
+    pub headline: Vec<headline::Headline>,
 }
 
 /// One experiment: a scenario run under each config and each parameter
@@ -162,6 +168,18 @@ pub struct Difference {
     /// mechanism or the paper's own arithmetic); shown beside the row.
     #[serde(default)]
     pub note: Option<String>,
+    /// What the row is ([`RowKind`]).
+    pub kind: RowKind,
+    /// For a `bound`: the configuration (same experiment, parameters and
+    /// metric) that a scheme doing nothing would look like; the report
+    /// says whether the bound rejects it.
+    #[serde(default)]
+    pub against: Option<String>,
+    /// The paper's reference measurement this row's value was used to set
+    /// a testbed parameter from (what, the value, and why): the row is
+    /// listed and never counted as reproduced (issue 34 item 4).
+    #[serde(default)]
+    pub calibrated_to: Option<String>,
 }
 
 /// A metric and its unit.
@@ -194,6 +212,41 @@ pub enum Tolerance {
     Min,
 }
 
+/// What a compared row is, and so how it counts (issue 34): only `value`
+/// and `effect` rows are counted as "within tolerance"; bounds and
+/// structural rows are reported beside them as "holds".
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RowKind {
+    /// A published number the model's value is compared with.
+    Value,
+    /// A published difference or ratio between two configurations.
+    Effect,
+    /// A one-sided limit ("under 1K exits/s"). It must name the
+    /// configuration (`against`) whose value it would reject, so that a
+    /// scheme that did nothing is seen to fail it.
+    Bound,
+    /// A count the mechanism fixes (0 exits per EOI): it restates the
+    /// design rather than measuring it.
+    Structural,
+}
+
+impl RowKind {
+    /// Counted as "within tolerance" (value, effect) or as "holds".
+    pub fn counted(self) -> bool {
+        matches!(self, RowKind::Value | RowKind::Effect)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            RowKind::Value => "value",
+            RowKind::Effect => "effect",
+            RowKind::Bound => "bound",
+            RowKind::Structural => "structural",
+        }
+    }
+}
+
 /// A published value.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -215,6 +268,18 @@ pub struct Expected {
     /// mechanism or the paper's own arithmetic); shown beside the row.
     #[serde(default)]
     pub note: Option<String>,
+    /// What the row is ([`RowKind`]).
+    pub kind: RowKind,
+    /// For a `bound`: the configuration (same experiment, parameters and
+    /// metric) that a scheme doing nothing would look like; the report
+    /// says whether the bound rejects it.
+    #[serde(default)]
+    pub against: Option<String>,
+    /// The paper's reference measurement this row's value was used to set
+    /// a testbed parameter from (what, the value, and why): the row is
+    /// listed and never counted as reproduced (issue 34 item 4).
+    #[serde(default)]
+    pub calibrated_to: Option<String>,
 }
 
 /// One output row.
@@ -236,8 +301,21 @@ pub struct Row {
     pub paper: Option<f64>,
     /// Tolerance, if a paper value exists.
     pub tolerance: Option<Tolerance>,
-    /// Whether the model is within tolerance.
+    /// Whether the model is within tolerance (for a multi-seed row: the
+    /// mean is, and so is at least half of the seeds' own values).
     pub within: Option<bool>,
+    /// What a compared row is (absent without a published value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RowKind>,
+    /// For a bound: the configuration it is paired with and whether the
+    /// bound rejects that configuration's value (if not, a scheme that did
+    /// nothing would pass it too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub against: Option<Against>,
+    /// The testbed parameter this row's published value set (the row is
+    /// not counted as reproduced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibrated_to: Option<String>,
     /// Invariant violations in the run that produced the value.
     pub violations: u64,
     /// The known cause of a gap to the paper (`note` of the published
@@ -252,6 +330,19 @@ pub struct Row {
     /// what it always was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spread: Option<Spread>,
+}
+
+/// A bound's pairing: the configuration a scheme doing nothing would look
+/// like, its value, and whether the bound rejects it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Against {
+    /// The configuration.
+    pub config: String,
+    /// Its value of the row's metric (or difference), when it ran.
+    pub model: Option<f64>,
+    /// The bound fails for it: the bound can tell the scheme from no
+    /// scheme.
+    pub rejects: bool,
 }
 
 /// A row's value over several seeds: a row whose value sits near a
@@ -275,6 +366,10 @@ pub struct Spread {
     /// published value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub within_seeds: Option<usize>,
+    /// Each seed's own value, in seed order (the headline table judges
+    /// each seed's effect).
+    #[serde(skip)]
+    pub values: Vec<f64>,
 }
 
 /// Which seeds `reproduce` runs each job with: `n` seeds from `base`, or
@@ -508,6 +603,99 @@ fn cost_estimate(s: &Scenario, search: Option<&Search>, cal: &Calibration) -> f6
     (s.warmup_s + sim_s) * per_s * runs
 }
 
+/// Reads and checks `validation/<paper>/experiments.toml`.
+fn load(paper: &str) -> Result<(PathBuf, ExperimentFile), ReproduceError> {
+    let dir = validation_root().join(paper);
+    let file = dir.join("experiments.toml");
+    let text = crate::scenario::read_input(&file)
+        .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
+    let ef: ExperimentFile = toml::from_str(&text)
+        .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    check_declarations(&ef).map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    Ok((dir, ef))
+}
+
+/// Every compared row's kind agrees with its tolerance, and every bound
+/// names the configuration it is paired with (issue 34 item 2); every
+/// headline names an experiment of the file and gives the paper's effect
+/// or says why not.
+fn check_declarations(ef: &ExperimentFile) -> Result<(), String> {
+    let rows = ef.experiment.iter().flat_map(|e| {
+        let exp = e
+            .expected
+            .iter()
+            .map(move |x| (e, &x.config, &x.metric, x.tolerance, x.kind, &x.against));
+        let diff = e
+            .differences
+            .iter()
+            .map(move |d| (e, &d.config, &d.metric, d.tolerance, d.kind, &d.against));
+        exp.chain(diff)
+    });
+    for (e, config, metric, tol, kind, against) in rows {
+        let one_sided = matches!(tol, Tolerance::Max | Tolerance::Min);
+        let what = format!("{} {config} {metric}", e.id);
+        match kind {
+            RowKind::Bound if !one_sided => {
+                return Err(format!("{what}: a `bound` needs tolerance \"max\" or \"min\""))
+            }
+            RowKind::Bound => match against {
+                None => {
+                    return Err(format!(
+                        "{what}: a `bound` must name the configuration it is paired with \
+                         (`against`), so that it can fail; a count the mechanism fixes is `structural`"
+                    ))
+                }
+                Some(a) if !e.configs.contains_key(a) => {
+                    return Err(format!("{what}: `against = \"{a}\"` is not a config of {}", e.id))
+                }
+                Some(_) => {}
+            },
+            RowKind::Value | RowKind::Effect if one_sided => {
+                return Err(format!(
+                    "{what}: a one-sided tolerance is a `bound` (or `structural`), not a `{}`",
+                    kind.name()
+                ))
+            }
+            _ if against.is_some() => {
+                return Err(format!("{what}: only a `bound` is paired (`against`)"))
+            }
+            _ => {}
+        }
+    }
+    for h in &ef.headline {
+        let Some(e) = ef.experiment.iter().find(|e| e.id == h.experiment) else {
+            if h.not_run.is_some() {
+                continue;
+            }
+            return Err(format!("headline {}: no experiment {}", h.id, h.experiment));
+        };
+        for c in [&h.system, &h.baseline] {
+            if !e.configs.contains_key(c) && h.not_run.is_none() {
+                return Err(format!(
+                    "headline {}: {c} is not a config of {}",
+                    h.id, e.id
+                ));
+            }
+        }
+        let numbers =
+            h.paper_effect.is_some() || (h.paper_system.is_some() && h.paper_baseline.is_some());
+        if numbers == h.withheld.is_some() {
+            return Err(format!(
+                "headline {}: give the paper's effect (`paper_effect`, or `paper_baseline` and \
+                 `paper_system`) or say why it has none (`withheld`), not both",
+                h.id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The headline table of `paper` from the rows of its `reproduce`.
+pub fn headlines(paper: &str, rows: &[Row]) -> Result<Vec<headline::HeadlineRow>, ReproduceError> {
+    let (_, ef) = load(paper)?;
+    headline::table(&ef.headline, rows)
+}
+
 /// Runs every experiment of `paper` (optionally only those whose id
 /// contains `filter`) with `threads` simulations in parallel, plus extra
 /// `--set` overrides on every run (e.g. a shorter duration).
@@ -534,12 +722,7 @@ pub type Adjust<'a> = dyn Fn(&Calibration) -> Result<Calibration, String> + Sync
 /// The calibration `paper`'s experiments run on: `cal` with the paper's
 /// testbed overlay (its experiment file's `calibration`), if any.
 pub fn paper_calibration(paper: &str, cal: &Calibration) -> Result<Calibration, ReproduceError> {
-    let dir = validation_root().join(paper);
-    let file = dir.join("experiments.toml");
-    let text = crate::scenario::read_input(&file)
-        .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
-    let ef: ExperimentFile = toml::from_str(&text)
-        .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    let (dir, ef) = load(paper)?;
     testbed_calibration(&dir, &ef, cal)
 }
 
@@ -575,12 +758,7 @@ pub fn reproduce_adjusted(
     progress: &(dyn Fn(&str) + Sync),
     adjust: Option<&Adjust<'_>>,
 ) -> Result<Vec<Row>, ReproduceError> {
-    let dir = validation_root().join(paper);
-    let file = dir.join("experiments.toml");
-    let text = crate::scenario::read_input(&file)
-        .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
-    let ef: ExperimentFile = toml::from_str(&text)
-        .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
+    let (dir, ef) = load(paper)?;
     let testbed = match &ef.calibration {
         None => None,
         Some(_) => Some(testbed_calibration(&dir, &ef, cal)?),
@@ -820,9 +998,13 @@ pub fn reproduce_adjusted(
         add_differences(own, &mut means)?;
         let mut diffs = means.split_off(n);
         for (x, s) in diffs.iter_mut().zip(combine_seeds(seed_diffs)) {
+            if let (Some(w), Some(sp)) = (x.within, &s.spread) {
+                x.within = Some(w && sp.within_seeds.is_none_or(|k| 2 * k >= sp.seeds));
+            }
             x.spread = s.spread;
             x.violations = s.violations;
         }
+        pair_bounds(own, &mut means);
         all_metric_rows.extend(means);
         difference_rows.extend(diffs);
         start = end;
@@ -888,6 +1070,9 @@ fn metric_rows(
                 paper: exp.map(|x| x.paper),
                 tolerance: exp.map(|x| x.tolerance),
                 within: exp.map(|x| within(model, x.paper, x.tolerance)),
+                kind: exp.map(|x| x.kind),
+                against: None,
+                calibrated_to: exp.and_then(|x| x.calibrated_to.clone()),
                 violations: rep.violations(),
                 note: exp.and_then(|x| x.note.clone()),
                 table: e.table,
@@ -896,6 +1081,37 @@ fn metric_rows(
         }
     }
     Ok(rows)
+}
+
+/// Resolves each published bound's `against`: the paired configuration's
+/// value of the same metric at the same parameters, and whether the bound
+/// rejects it.
+fn pair_bounds(exps: &[&Experiment], rows: &mut [Row]) {
+    for e in exps {
+        for x in e.expected.iter().filter(|x| x.kind == RowKind::Bound) {
+            let Some(other) = &x.against else { continue };
+            let theirs: Vec<(BTreeMap<String, serde_json::Value>, f64)> = rows
+                .iter()
+                .filter(|r| r.experiment == e.id && &r.config == other && r.metric == x.metric)
+                .map(|r| (r.params.clone(), r.model))
+                .collect();
+            for r in rows.iter_mut().filter(|r| {
+                r.experiment == e.id
+                    && r.config == x.config
+                    && r.metric == x.metric
+                    && x.params
+                        .iter()
+                        .all(|(k, v)| r.params.get(k) == Some(&to_json(v)))
+            }) {
+                let model = theirs.iter().find(|(p, _)| *p == r.params).map(|(_, v)| *v);
+                r.against = Some(Against {
+                    config: other.clone(),
+                    model,
+                    rejects: model.is_some_and(|v| !within(v, x.paper, x.tolerance)),
+                });
+            }
+        }
+    }
 }
 
 /// Appends to `rows` the published differences between configs that
@@ -931,24 +1147,38 @@ fn add_differences(exps: &[&Experiment], rows: &mut Vec<Row>) -> Result<(), Repr
                 }) else {
                     continue;
                 };
-                let (model, config, unit) = if percent {
-                    let pct = if b.model != 0.0 {
-                        100.0 * a.model / b.model
-                    } else {
-                        0.0
-                    };
-                    (pct, format!("{}-pct-of-{other}", d.config), "%".to_string())
+                let model = compare(a.model, b.model, percent);
+                let (config, unit) = if percent {
+                    (format!("{}-pct-of-{other}", d.config), "%".to_string())
                 } else {
-                    (
-                        a.model - b.model,
-                        format!("{}-minus-{other}", d.config),
-                        a.unit.clone(),
-                    )
+                    (format!("{}-minus-{other}", d.config), a.unit.clone())
                 };
                 let (config, metric) = match &d.name {
                     Some(n) => (d.config.clone(), n.clone()),
                     None => (config, d.metric.clone()),
                 };
+                // A bound's pairing: the same comparison with `against`
+                // in place of `config`.
+                let against = d
+                    .against
+                    .as_ref()
+                    .filter(|_| d.kind == RowKind::Bound)
+                    .map(|c| {
+                        let v = rows
+                            .iter()
+                            .find(|r| {
+                                r.experiment == e.id
+                                    && &r.config == c
+                                    && r.metric == d.metric
+                                    && r.params == a.params
+                            })
+                            .map(|x| compare(x.model, b.model, percent));
+                        Against {
+                            config: c.clone(),
+                            model: v,
+                            rejects: v.is_some_and(|v| !within(v, d.paper, d.tolerance)),
+                        }
+                    });
                 extra.push(Row {
                     experiment: e.id.clone(),
                     config,
@@ -959,6 +1189,9 @@ fn add_differences(exps: &[&Experiment], rows: &mut Vec<Row>) -> Result<(), Repr
                     paper: Some(d.paper),
                     tolerance: Some(d.tolerance),
                     within: Some(within(model, d.paper, d.tolerance)),
+                    kind: Some(d.kind),
+                    against,
+                    calibrated_to: d.calibrated_to.clone(),
                     violations: a.violations.max(b.violations),
                     note: d.note.clone(),
                     table: false,
@@ -969,6 +1202,15 @@ fn add_differences(exps: &[&Experiment], rows: &mut Vec<Row>) -> Result<(), Repr
         }
     }
     Ok(())
+}
+
+/// `a` as a percentage of `b` (0 when `b` is 0), or `a − b`.
+fn compare(a: f64, b: f64, percent: bool) -> f64 {
+    match (percent, b != 0.0) {
+        (true, true) => 100.0 * a / b,
+        (true, false) => 0.0,
+        (false, _) => a - b,
+    }
 }
 
 /// One seed's rows as they are, or several seeds' rows (the same rows in
@@ -988,8 +1230,15 @@ fn combine_seeds(mut per_seed: Vec<Vec<Row>>) -> Vec<Row> {
             .map(|rs| rs[i].violations)
             .max()
             .unwrap_or(0);
-        if let (Some(p), Some(t)) = (r.paper, r.tolerance) {
-            r.within = Some(within(r.model, p, t));
+        let within_seeds = r
+            .paper
+            .zip(r.tolerance)
+            .map(|(p, t)| xs.iter().filter(|&&x| within(x, p, t)).count());
+        if let (Some(p), Some(t), Some(k)) = (r.paper, r.tolerance, within_seeds) {
+            // Spread decides (issue 34 item 3): the mean within and at
+            // least half of the seeds, so a mean that lands inside a wide
+            // interval by averaging seeds that mostly miss is not within.
+            r.within = Some(within(r.model, p, t) && 2 * k >= n);
         }
         r.spread = Some(Spread {
             seeds: n,
@@ -997,10 +1246,8 @@ fn combine_seeds(mut per_seed: Vec<Vec<Row>>) -> Vec<Row> {
             ci_half: half.unwrap_or(0.0),
             min: xs.iter().copied().fold(f64::INFINITY, f64::min),
             max: xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            within_seeds: r
-                .paper
-                .zip(r.tolerance)
-                .map(|(p, t)| xs.iter().filter(|&&x| within(x, p, t)).count()),
+            within_seeds,
+            values: xs,
         });
     }
     rows
@@ -1045,69 +1292,195 @@ fn note_number<'a>(notes: &mut Vec<&'a str>, note: Option<&'a str>) -> Option<us
     Some(i + 1)
 }
 
-/// Text table of rows.
-pub fn to_text(rows: &[Row]) -> String {
+/// How the compared rows of some experiment(s) stand: value and effect
+/// rows within tolerance (testbed-calibrated ones apart), bounds and
+/// structural rows that hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Score {
+    /// Value and effect rows, not calibrated.
+    pub counted: usize,
+    /// Of those, within tolerance.
+    pub within: usize,
+    /// Rows whose published value set a testbed parameter.
+    pub calibrated: usize,
+    /// Bounds.
+    pub bounds: usize,
+    /// Bounds that hold.
+    pub bounds_hold: usize,
+    /// Bounds that hold and reject the configuration they are paired with.
+    pub bounds_discriminate: usize,
+    /// Structural rows.
+    pub structural: usize,
+    /// Structural rows that hold.
+    pub structural_hold: usize,
+}
+
+impl Score {
+    /// The score of `rows` (those with a published value).
+    pub fn of<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Score {
+        let mut s = Score::default();
+        for r in rows {
+            let (Some(kind), Some(w)) = (r.kind, r.within) else {
+                continue;
+            };
+            match kind {
+                _ if r.calibrated_to.is_some() => s.calibrated += 1,
+                RowKind::Value | RowKind::Effect => {
+                    s.counted += 1;
+                    s.within += usize::from(w);
+                }
+                RowKind::Bound => {
+                    s.bounds += 1;
+                    s.bounds_hold += usize::from(w);
+                    s.bounds_discriminate +=
+                        usize::from(w && r.against.as_ref().is_some_and(|a| a.rejects));
+                }
+                RowKind::Structural => {
+                    s.structural += 1;
+                    s.structural_hold += usize::from(w);
+                }
+            }
+        }
+        s
+    }
+
+    /// One line: "12 of 30 values and effects within tolerance; bounds:
+    /// 4 of 4 hold (3 reject the configuration they pair with); ...".
+    pub fn line(&self) -> String {
+        let mut o = format!(
+            "{} of {} values and effects within tolerance",
+            self.within, self.counted
+        );
+        if self.calibrated > 0 {
+            o += &format!(
+                " ({} more set the testbed from the paper's reference measurement, not counted)",
+                self.calibrated
+            );
+        }
+        if self.bounds > 0 {
+            o += &format!(
+                "; bounds: {} of {} hold, {} of them reject the configuration they pair with",
+                self.bounds_hold, self.bounds, self.bounds_discriminate
+            );
+        }
+        if self.structural > 0 {
+            o += &format!(
+                "; structural: {} of {} hold",
+                self.structural_hold, self.structural
+            );
+        }
+        o
+    }
+}
+
+/// The verdict cell of a compared row.
+fn within_text(r: &Row) -> String {
+    let base = match (r.within, r.kind) {
+        (None, _) => return String::new(),
+        (Some(_), _) if r.calibrated_to.is_some() => "calibrated".to_string(),
+        (Some(true), Some(RowKind::Bound | RowKind::Structural)) => "holds".to_string(),
+        (Some(false), Some(RowKind::Bound | RowKind::Structural)) => "FAILS".to_string(),
+        (Some(true), _) => "yes".to_string(),
+        (Some(false), _) => "NO".to_string(),
+    };
+    match r.against.as_ref() {
+        Some(a) if r.within == Some(true) && !a.rejects => format!("{base} (so does {})", a.config),
+        _ => base,
+    }
+}
+
+/// Text report: the headline table, a scorecard per experiment, then the
+/// compared rows, the other rows, notes, tables and the counts.
+pub fn to_text(rows: &[Row], headlines: &[headline::HeadlineRow]) -> String {
     use std::fmt::Write;
     let mut o = String::new();
+    if !headlines.is_empty() {
+        headline_text(headlines, &mut o);
+        o.push('\n');
+    }
+    scorecard_text(rows, &mut o);
     // With several seeds: the mean's 95% interval and how many seeds'
     // own values are within tolerance, after `within`.
     let seeded = rows.iter().any(|r| r.spread.is_some());
-    let _ = writeln!(
-        o,
-        "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12} {:>12} {:>10} {:>7}{} note",
-        "experiment",
-        "config",
-        "params",
-        "metric",
-        "unit",
-        if seeded { "mean" } else { "model" },
-        "paper",
-        "tolerance",
-        "within",
-        if seeded {
-            format!(" {:>12} {:>8}", "±ci95", "in/seeds")
-        } else {
-            String::new()
-        }
-    );
-    // Each distinct note once, numbered in order of first use.
-    let mut notes: Vec<&str> = Vec::new();
-    for r in rows {
-        let params = params_text(r, ",");
-        let tol = tolerance_text(r.tolerance, "paper");
-        let mark = note_number(&mut notes, r.note.as_deref())
-            .map(|i| format!(" [{i}]"))
-            .unwrap_or_default();
-        let spread = match (&r.spread, seeded) {
-            (Some(sp), _) => format!(
-                " {:>12.3} {:>8}",
-                sp.ci_half,
-                sp.within_seeds
-                    .map(|k| format!("{k}/{}", sp.seeds))
-                    .unwrap_or_default()
-            ),
-            (None, true) => format!(" {:>12} {:>8}", "", ""),
-            (None, false) => String::new(),
-        };
+    let compared: Vec<&Row> = rows.iter().filter(|r| r.paper.is_some()).collect();
+    let others: Vec<&Row> = rows.iter().filter(|r| r.paper.is_none()).collect();
+    // Column widths from the rows themselves, so a long config name does
+    // not shift the columns after it.
+    let width =
+        |f: &dyn Fn(&Row) -> usize, min: usize| rows.iter().map(f).max().unwrap_or(0).max(min);
+    let we = width(&|r| r.experiment.chars().count(), 10);
+    let wc = width(&|r| r.config.chars().count(), 6);
+    let wp = width(&|r| params_text(r, ",").chars().count(), 6);
+    let wm = width(&|r| r.metric.chars().count(), 6);
+    let wu = width(&|r| r.unit.chars().count(), 4);
+    let header = |o: &mut String, title: &str| {
         let _ = writeln!(
             o,
-            "{:<16} {:<11} {:<18} {:<32} {:<6} {:>12.3} {:>12} {:>10} {:>7}{spread}{mark}",
-            r.experiment,
-            r.config,
-            params,
-            r.metric,
-            r.unit,
-            r.model,
-            r.paper
-                .map(|p| format!("{p:.3}"))
-                .unwrap_or_else(|| "-".into()),
-            tol,
-            match r.within {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "",
+            "\n{title}\n{:<we$} {:<wc$} {:<wp$} {:<wm$} {:<wu$} {:>12} {:>12} {:>10} {:<10} {:>7}{} note",
+            "experiment",
+            "config",
+            "params",
+            "metric",
+            "unit",
+            if seeded { "mean" } else { "model" },
+            "paper",
+            "tolerance",
+            "kind",
+            "within",
+            if seeded {
+                format!(" {:>12} {:>8}", "±ci95", "in/seeds")
+            } else {
+                String::new()
             }
         );
+    };
+    // Each distinct note once, numbered in order of first use.
+    let mut notes: Vec<&str> = Vec::new();
+    for (title, set) in [
+        ("rows with a published value", &compared),
+        (
+            "rows without a published value (withheld, sensitivities, beyond the paper)",
+            &others,
+        ),
+    ] {
+        if set.is_empty() {
+            continue;
+        }
+        header(&mut o, title);
+        for r in set.iter() {
+            let params = params_text(r, ",");
+            let tol = tolerance_text(r.tolerance, "paper");
+            let mark = note_number(&mut notes, r.note.as_deref())
+                .map(|i| format!(" [{i}]"))
+                .unwrap_or_default();
+            let spread = match (&r.spread, seeded) {
+                (Some(sp), _) => format!(
+                    " {:>12.3} {:>8}",
+                    sp.ci_half,
+                    sp.within_seeds
+                        .map(|k| format!("{k}/{}", sp.seeds))
+                        .unwrap_or_default()
+                ),
+                (None, true) => format!(" {:>12} {:>8}", "", ""),
+                (None, false) => String::new(),
+            };
+            let _ = writeln!(
+                o,
+                "{:<we$} {:<wc$} {:<wp$} {:<wm$} {:<wu$} {:>12.3} {:>12} {:>10} {:<10} {:>7}{spread}{mark}",
+                r.experiment,
+                r.config,
+                params,
+                r.metric,
+                r.unit,
+                r.model,
+                r.paper
+                    .map(|p| format!("{p:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                tol,
+                r.kind.map(RowKind::name).unwrap_or(""),
+                within_text(r),
+            );
+        }
     }
     if !notes.is_empty() {
         let _ = writeln!(o, "\nnotes (known causes of gaps to the paper):");
@@ -1115,35 +1488,186 @@ pub fn to_text(rows: &[Row]) -> String {
             let _ = writeln!(o, "[{}] {n}", i + 1);
         }
     }
+    calibrated_text(rows, &mut o);
     tables(rows, &mut o);
-    let scored: Vec<&Row> = rows.iter().filter(|r| r.within.is_some()).collect();
-    let ok = scored.iter().filter(|r| r.within == Some(true)).count();
     let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
+    if !headlines.is_empty() {
+        let _ = write!(o, "\n{}.", headline::summary(headlines));
+    }
     let _ = writeln!(
         o,
-        "\n{ok} of {} published values within tolerance; max invariant violations in any run: {viol}",
-        scored.len()
+        "\n{}; max invariant violations in any run: {viol}",
+        Score::of(rows).line()
     );
     o
 }
 
-/// The published comparisons of `paper` as Markdown: one table of the
-/// rows with a paper value (notes as numbered footnotes), and the counts.
-/// Rows with paper = null (withheld values, sensitivities) are left to
-/// the full outputs.
-pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
+/// The rows whose published value set a testbed parameter, listed.
+fn calibrated_text(rows: &[Row], o: &mut String) {
+    use std::fmt::Write;
+    let cal: Vec<&Row> = rows.iter().filter(|r| r.calibrated_to.is_some()).collect();
+    if cal.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\ntestbed calibration (a paper's own reference measurement set an unstated parameter; not counted as reproduced):"
+    );
+    for r in cal {
+        let _ = writeln!(
+            o,
+            "- {} {} {}: {}",
+            r.experiment,
+            r.config,
+            r.metric,
+            r.calibrated_to.as_deref().unwrap_or_default()
+        );
+    }
+}
+
+/// One line per experiment with compared rows: its score.
+fn scorecard_text(rows: &[Row], o: &mut String) {
+    use std::fmt::Write;
+    let mut ids: Vec<&str> = Vec::new();
+    for r in rows.iter().filter(|r| r.paper.is_some()) {
+        if !ids.contains(&r.experiment.as_str()) {
+            ids.push(&r.experiment);
+        }
+    }
+    if ids.is_empty() {
+        return;
+    }
+    let w = ids
+        .iter()
+        .map(|i| i.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    let _ = writeln!(o, "scorecard (compared rows per experiment)");
+    for id in ids {
+        let s = Score::of(rows.iter().filter(|r| r.experiment == id));
+        let _ = writeln!(o, "{id:<w$} {}", s.line());
+    }
+}
+
+/// The headline table as text.
+fn headline_text(hs: &[headline::HeadlineRow], o: &mut String) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        o,
+        "headline claims: the paper's effect (system against the configuration it is compared with) \
+         and the model's\n{:<26} {:<24} {:>14} {:>14} {:>11} {:>11} {:>7}  {:<10} claim",
+        "id", "system vs baseline", "paper", "model", "paper eff.", "model eff.", "ratio", "verdict"
+    );
+    let pair = |b: Option<f64>, s: Option<f64>| match (b, s) {
+        (Some(b), Some(s)) => format!("{} -> {}", significant(b), significant(s)),
+        _ => "-".into(),
+    };
+    for h in hs {
+        let seeds = h
+            .seeds_reproduced
+            .map(|(k, n)| format!(" ({k}/{n} seeds)"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "{:<26} {:<24} {:>14} {:>14} {:>11} {:>11} {:>7}  {:<10} {}{}",
+            h.id,
+            format!("{} vs {}", h.system, h.baseline),
+            pair(h.paper_baseline, h.paper_system),
+            pair(h.model_baseline, h.model_system),
+            headline::effect_text(h.paper_effect, h.effect_unit),
+            headline::effect_text(h.model_effect, h.effect_unit),
+            h.ratio
+                .map(|q| format!("{q:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            h.verdict.name(),
+            h.claim,
+            seeds,
+        );
+        if let Some(n) = &h.note {
+            let _ = writeln!(o, "{:<26} note: {n}", "");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "rule: an effect is the percent change from baseline to system (points for a share of time in %); \
+         reproduced = within {} of the paper's, or same sign and ratio in [{}, {}] \
+         (else smaller, larger, opposite, or no effect under {}); with seeds, at least half of them too",
+        headline::RESOLUTION,
+        headline::RATIO_LO,
+        headline::RATIO_HI,
+        headline::NO_EFFECT
+    );
+}
+
+/// The headline table as Markdown.
+pub fn headline_markdown(paper: &str, hs: &[headline::HeadlineRow]) -> String {
+    use std::fmt::Write;
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "| {paper} | claim | system vs baseline | paper | model | paper effect | model effect | ratio | verdict |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    let pair = |b: Option<f64>, s: Option<f64>, unit: &str| match (b, s) {
+        (Some(b), Some(s)) => format!("{} → {} {}", significant(b), significant(s), unit),
+        _ => "-".into(),
+    };
+    for h in hs {
+        let seeds = h
+            .seeds_reproduced
+            .map(|(k, n)| format!(" ({k}/{n} seeds)"))
+            .unwrap_or_default();
+        let note = h
+            .note
+            .as_deref()
+            .map(|n| format!(" *{}*", cell(n)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "| {} | {}{note} | {} vs {} | {} | {} | {} | {} | {} | {}{seeds} |",
+            cell(&h.id),
+            cell(&h.claim),
+            cell(&h.system),
+            cell(&h.baseline),
+            pair(h.paper_baseline, h.paper_system, &h.unit),
+            pair(h.model_baseline, h.model_system, &h.unit),
+            headline::effect_text(h.paper_effect, h.effect_unit),
+            headline::effect_text(h.model_effect, h.effect_unit),
+            h.ratio
+                .map(|q| format!("{q:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            match h.verdict {
+                headline::Verdict::Reproduced => "reproduced".to_string(),
+                v => format!("**{}**", v.name()),
+            },
+        );
+    }
+    o
+}
+
+/// The published comparisons of `paper` as Markdown: the headline table,
+/// then one table of the rows with a paper value (notes as numbered
+/// footnotes), and the counts. Rows with paper = null (withheld values,
+/// sensitivities) are left to the full outputs.
+pub fn to_markdown(paper: &str, rows: &[Row], headlines: &[headline::HeadlineRow]) -> String {
     use std::fmt::Write;
     let scored: Vec<&Row> = rows.iter().filter(|r| r.paper.is_some()).collect();
-    let ok = scored.iter().filter(|r| r.within == Some(true)).count();
     let viol: u64 = rows.iter().map(|r| r.violations).max().unwrap_or(0);
     let mut o = String::new();
     let _ = writeln!(o, "## `exitless reproduce {paper}`\n");
+    if !headlines.is_empty() {
+        let _ = writeln!(o, "{}.\n", headline::summary(headlines));
+        o += &headline_markdown(paper, headlines);
+        o.push('\n');
+    }
     let _ = writeln!(
         o,
-        "{ok} of {} published values within tolerance; max invariant violations in any run: {viol}. \
+        "{}; max invariant violations in any run: {viol}. \
          Rows without a published value (withheld by the paper, or beyond it): {}; \
          `exitless reproduce {paper}` prints them all.\n",
-        scored.len(),
+        Score::of(rows.iter()).line(),
         rows.len() - scored.len()
     );
     let cell = |s: &str| s.replace('|', "\\|");
@@ -1153,7 +1677,8 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
         let _ = writeln!(
             o,
             "{} the mean of {} seeds ± the half-width of its 95% interval; \
-             `within` judges the mean, with the seeds whose own value is within in brackets.\n",
+             `within` judges the mean and needs at least half of the seeds within too \
+             (the seeds whose own value is within in brackets).\n",
             if all {
                 "Each model value is"
             } else {
@@ -1164,8 +1689,8 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
     }
     let _ = writeln!(
         o,
-        "| experiment | config | params | metric | {} | paper | tolerance | within | note |\n\
-         |---|---|---|---|---|---|---|---|---|",
+        "| experiment | config | params | metric | {} | paper | tolerance | kind | within | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|",
         if seeded {
             "model (mean ± ci95)"
         } else {
@@ -1179,9 +1704,14 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
         let mark = note_number(&mut notes, r.note.as_deref())
             .map(|i| format!("[{i}]"))
             .unwrap_or_default();
+        let verdict = within_text(r);
+        let verdict = match r.within {
+            Some(false) if r.calibrated_to.is_none() => format!("**{}**", verdict.to_lowercase()),
+            _ => verdict,
+        };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} {} | {} | {} | {} | {mark} |",
+            "| {} | {} | {} | {} | {} {} | {} | {} | {} | {} | {mark} |",
             cell(&r.experiment),
             cell(&r.config),
             cell(&params),
@@ -1193,16 +1723,14 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
             cell(&r.unit),
             r.paper.map(significant).unwrap_or_default(),
             tol,
-            match (
-                r.within,
-                r.spread
-                    .as_ref()
-                    .and_then(|sp| sp.within_seeds.zip(Some(sp.seeds)))
-            ) {
-                (Some(true), None) => "yes".to_string(),
-                (_, None) => "**no**".to_string(),
-                (Some(true), Some((k, n))) => format!("yes ({k}/{n})"),
-                (_, Some((k, n))) => format!("**no** ({k}/{n})"),
+            r.kind.map(RowKind::name).unwrap_or(""),
+            match r
+                .spread
+                .as_ref()
+                .and_then(|sp| sp.within_seeds.zip(Some(sp.seeds)))
+            {
+                None => verdict,
+                Some((k, n)) => format!("{verdict} ({k}/{n})"),
             }
         );
     }
@@ -1212,6 +1740,9 @@ pub fn to_markdown(paper: &str, rows: &[Row]) -> String {
             let _ = writeln!(o, "{}. {}", i + 1, cell(n));
         }
     }
+    let mut cal = String::new();
+    calibrated_text(rows, &mut cal);
+    o += &cal;
     o
 }
 
@@ -1289,6 +1820,9 @@ mod tests {
             paper,
             tolerance: paper.map(|_| Tolerance::Rel(0.25)),
             within: paper.map(|p| within(model, p, Tolerance::Rel(0.25))),
+            kind: paper.map(|_| RowKind::Value),
+            against: None,
+            calibrated_to: None,
             violations: 0,
             note: note.map(String::from),
             table: false,
@@ -1313,13 +1847,23 @@ mod tests {
         assert_eq!(rows.len(), 2);
         let a = &rows[0];
         assert!((a.model - 280.0 / 3.0).abs() < 1e-9, "{}", a.model);
-        assert_eq!(a.within, Some(true));
+        // The mean is within, but two of the three seeds are not: spread
+        // decides, so the row is not within (issue 34 item 3).
+        assert_eq!(a.within, Some(false));
         let sp = a.spread.as_ref().unwrap();
         assert_eq!((sp.seeds, sp.min, sp.max), (3, 70.0, 130.0));
         assert_eq!(sp.within_seeds, Some(1));
         // Sample std of 70, 80, 130 is sqrt(1033.3); t(0.975, 2) = 4.303.
         assert!((sp.std - 1033.333_f64.sqrt()).abs() < 1e-3, "{}", sp.std);
         assert!((sp.ci_half - 4.303 * sp.std / 3f64.sqrt()).abs() < 0.01);
+        // Two of three seeds within (80, 110, 130 -> mean 106.7): within.
+        let seeds: Vec<Vec<Row>> = [80.0, 110.0, 130.0]
+            .iter()
+            .map(|&m| vec![row("a", m, Some(100.0), None)])
+            .collect();
+        let two = combine_seeds(seeds);
+        assert_eq!(two[0].spread.as_ref().unwrap().within_seeds, Some(2));
+        assert_eq!(two[0].within, Some(true));
         // Without a published value there is nothing to count.
         assert_eq!(rows[1].spread.as_ref().unwrap().within_seeds, None);
         assert_eq!(rows[1].within, None);
@@ -1337,9 +1881,9 @@ mod tests {
             row("unpublished_metric", 7.0, None, None),
             row("d", 10.0, Some(100.0), Some("a known gap | with a pipe")),
         ];
-        let md = to_markdown("did", &rows);
+        let md = to_markdown("did", &rows, &[]);
         assert!(
-            md.contains("1 of 3 published values within tolerance"),
+            md.contains("1 of 3 values and effects within tolerance"),
             "{md}"
         );
         assert!(
@@ -1365,6 +1909,108 @@ mod tests {
             1,
             "{md}"
         );
+    }
+
+    #[test]
+    fn bounds_and_structural_rows_hold_apart_and_a_bound_is_paired() {
+        let e: Experiment = toml::from_str(
+            r#"
+id = "x.exp"
+configs = { kvm = [], did = [] }
+config_order = ["kvm", "did"]
+metrics = []
+expected = [
+  { config = "did", metric = "exits", paper = 1000, tolerance = "max", kind = "bound", against = "kvm", source = "s" },
+  { config = "did", metric = "eoi", paper = 0, tolerance = { abs = 0.05 }, kind = "structural", source = "s" },
+  { config = "kvm", metric = "lat", paper = 14, tolerance = { rel = 0.25 }, kind = "value", source = "s" },
+]
+"#,
+        )
+        .expect("experiment");
+        let mut rows = vec![
+            Row {
+                config: "kvm".into(),
+                ..row("exits", 80_000.0, None, None)
+            },
+            Row {
+                config: "did".into(),
+                kind: Some(RowKind::Bound),
+                tolerance: Some(Tolerance::Max),
+                ..row("exits", 95.0, Some(1000.0), None)
+            },
+            Row {
+                config: "did".into(),
+                kind: Some(RowKind::Structural),
+                ..row("eoi", 0.0, Some(0.0), None)
+            },
+            row("lat", 6.4, Some(14.0), None),
+        ];
+        rows[1].within = Some(true);
+        rows[2].within = Some(true);
+        pair_bounds(&[&e], &mut rows);
+        let a = rows[1].against.as_ref().expect("paired");
+        assert_eq!(
+            (a.config.as_str(), a.model, a.rejects),
+            ("kvm", Some(80_000.0), true)
+        );
+        let s = Score::of(&rows);
+        assert_eq!((s.counted, s.within), (1, 0));
+        assert_eq!((s.bounds, s.bounds_hold, s.bounds_discriminate), (1, 1, 1));
+        assert_eq!((s.structural, s.structural_hold), (1, 1));
+        assert!(
+            s.line()
+                .starts_with("0 of 1 values and effects within tolerance"),
+            "{}",
+            s.line()
+        );
+        // A bound that a do-nothing scheme also meets is said to be one.
+        rows[0].model = 500.0;
+        pair_bounds(&[&e], &mut rows);
+        assert!(!rows[1].against.as_ref().unwrap().rejects);
+        assert_eq!(within_text(&rows[1]), "holds (so does kvm)");
+        // A calibrated row is listed, not counted.
+        rows[3].calibrated_to = Some("native sets the host stack".into());
+        let s = Score::of(&rows);
+        assert_eq!((s.counted, s.calibrated), (0, 1));
+    }
+
+    #[test]
+    fn a_bound_without_a_pairing_or_a_one_sided_value_is_refused() {
+        let file = |row: &str| {
+            format!(
+                "[[experiment]]\nid = \"x\"\nscenario = \"s.toml\"\nconfigs = {{ a = [], b = [] }}\n\
+                 config_order = [\"a\", \"b\"]\nmetrics = []\nexpected = [{row}]\n"
+            )
+        };
+        let check = |row: &str| {
+            let ef: ExperimentFile = toml::from_str(&file(row)).expect("parses");
+            check_declarations(&ef)
+        };
+        let base = "config = \"a\", metric = \"m\", paper = 1, source = \"s\"";
+        assert!(check(&format!(
+            "{{ {base}, tolerance = \"max\", kind = \"bound\", against = \"b\" }}"
+        ))
+        .is_ok());
+        let e = check(&format!(
+            "{{ {base}, tolerance = \"max\", kind = \"bound\" }}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("against"), "{e}");
+        let e = check(&format!(
+            "{{ {base}, tolerance = \"max\", kind = \"value\" }}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("one-sided"), "{e}");
+        let e = check(&format!(
+            "{{ {base}, tolerance = \"max\", kind = \"bound\", against = \"zz\" }}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("zz"), "{e}");
+        // `kind` is required.
+        assert!(toml::from_str::<ExperimentFile>(&file(&format!(
+            "{{ {base}, tolerance = {{ rel = 0.1 }} }}"
+        )))
+        .is_err());
     }
 
     #[test]
