@@ -1048,7 +1048,7 @@ pub fn to_text(a: &Analysis, top: usize, patterns: &[String]) -> String {
         let big = h.entries.iter().filter(shown).count() - flips;
         let _ = writeln!(
             o,
-            "\nheadline {}: {} (model effect {}); {flips} entries flip the verdict, {big} more move the effect by over 10%",
+            "\nheadline {}: {} (model effect {}); {flips} entries flip the verdict, {big} more move the effect by over 10% (or away from 0)",
             h.id,
             h.verdict,
             opt(h.effect),

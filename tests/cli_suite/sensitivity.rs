@@ -153,3 +153,19 @@ fn calibration_lists_both_files_with_counts_by_kind() {
     let o = ok(&["calibration", "--calibration-set", "exit.hlt_us=2"]);
     assert!(String::from_utf8(o.stdout).unwrap().contains("1 overlay"));
 }
+
+/// docs/calibration-sources.md §21 holds the tables `calibration
+/// --markdown` prints, as they are now.
+#[test]
+fn the_docs_tables_of_every_entry_are_current() {
+    let t = String::from_utf8(ok(&["calibration", "--markdown"]).stdout).unwrap();
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/calibration-sources.md"
+    ))
+    .unwrap();
+    assert!(
+        doc.contains(&t),
+        "docs/calibration-sources.md §21 is stale: paste `exitless calibration --markdown` there"
+    );
+}
