@@ -541,7 +541,7 @@ pub fn calibration_cmd(a: CalibrationArgs, cal: &Calibration) -> Result<(), Fail
                 counts(&es)
             ));
             for e in &es {
-                text.push_str(&format!("  {:<42} {:>10}  {}\n", e.key, e.value, e.source));
+                text.push_str(&format!("{:<42} {:>10}  {}\n", e.key, e.value, e.source));
             }
             text.push('\n');
         }
