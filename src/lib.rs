@@ -19,6 +19,7 @@ pub mod keys;
 pub mod perf_kvm_stat;
 pub mod report;
 pub mod scenario;
+pub mod sensitivity;
 pub mod sweep;
 pub mod validation;
 pub mod workloads;

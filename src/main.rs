@@ -114,8 +114,9 @@ enum Cmd {
     },
     /// List the delivery schemes.
     Schemes,
-    /// Print the calibration with each value's source.
-    Calibration,
+    /// List every calibration entry of both files (x86 and ARM) with its
+    /// value and source, each file headed by its counts by source kind.
+    Calibration(cli::CalibrationArgs),
     /// Race explorer: run a small scenario under many perturbed event
     /// orders (tie-breaks, in-flight jitter) and print a minimal
     /// counterexample trace for the first interleaving the invariant
@@ -134,6 +135,10 @@ enum Cmd {
     /// Compare two `run --json` reports or two `reproduce --json` outputs
     /// metric by metric; exit status 1 when they differ (as diff(1)).
     Diff(cli::DiffArgs),
+    /// Vary each calibration entry by ×0.5 and ×2 (one at a time), rerun a
+    /// scenario or a paper's experiments, and rank per output the entries
+    /// that move it most (text, --json, --csv, --html tornado charts).
+    Sensitivity(cli::SensitivityArgs),
 }
 
 #[derive(clap::Args)]
@@ -337,8 +342,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 );
             }
             if json {
-                let j = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"))?;
+                emit(&cli::run_json(&rep, &scenario, &sets, &cal)?)?;
             } else if csv {
                 emit(&cli::run_csv(&rep)?)?;
             } else {
@@ -384,15 +388,9 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             .map_err(|e| e.to_string())?;
             let headlines = validation::headlines(&paper, &rows).map_err(|e| e.to_string())?;
             if json {
-                let out = exitless::report::ReproduceOutput {
-                    schema_version: exitless::report::SCHEMA_VERSION,
-                    tool: exitless::report::tool_version(),
-                    paper: &paper,
-                    headlines: &headlines,
-                    rows: &rows,
-                };
-                let j = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
-                emit(&format!("{j}\n"))?;
+                emit(&cli::reproduce_json(
+                    &paper, &rows, &headlines, &sets, &cal,
+                )?)?;
             } else if csv {
                 emit(&cli::reproduce_csv(&rows, &headlines)?)?;
             } else if markdown {
@@ -416,22 +414,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             }
             emit(&text)?;
         }
-        Cmd::Calibration => {
-            let v = toml::Value::try_from(&cal).map_err(|e| e.to_string())?;
-            let mut text = String::new();
-            if let Some(t) = v.as_table() {
-                for (sec, entries) in t {
-                    if let Some(e) = entries.as_table() {
-                        for (k, x) in e {
-                            let val = x.get("value").map(|v| v.to_string()).unwrap_or_default();
-                            let src = x.get("source").and_then(|v| v.as_str()).unwrap_or("");
-                            text.push_str(&format!("{sec}.{k:<34} {val:>10}  {src}\n"));
-                        }
-                    }
-                }
-            }
-            emit(&text)?;
-        }
+        Cmd::Calibration(a) => cli::calibration_cmd(a, &cal)?,
         Cmd::Explore(a) => {
             // The global options the replay line must repeat.
             let mut global = Vec::new();
@@ -449,6 +432,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
         Cmd::Calibrate(a) => cli::calibrate_cmd(a, cli.quiet)?,
         Cmd::Keys(a) => cli::keys_cmd(a)?,
         Cmd::Diff(a) => return cli::diff_cmd(a),
+        Cmd::Sensitivity(a) => cli::sensitivity_cmd(a, &cal, cli.quiet, show)?,
     }
     Ok(ExitCode::SUCCESS)
 }

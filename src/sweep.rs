@@ -625,10 +625,119 @@ pub fn execute(
     progress: &mut dyn FnMut(Event),
 ) -> Result<Outcome, String> {
     let format = Format::of(out)?;
-    let table = Table {
+    let runs: Vec<BatchRun> = plan
+        .tasks
+        .iter()
+        .map(|t| {
+            let p = &plan.points[t.point];
+            BatchRun {
+                point: t.point,
+                values: p.values.clone(),
+                scheme: p.scheme.clone(),
+                seed: t.seed,
+            }
+        })
+        .collect();
+    let batch = Batch {
         keys: &plan.keys,
+        runs: &runs,
+        scenario: plan.inputs.0.clone(),
+        sets: plan.inputs.1.clone(),
+    };
+    let run = |i: usize| -> Result<Metrics, String> {
+        let t = plan.tasks[i];
+        let mut s = plan.points[t.point].scenario.clone();
+        s.seed = t.seed;
+        World::build(&s, cal)
+            .map_err(|e| e.to_string())
+            .and_then(|mut w| {
+                w.run(|_| {});
+                flatten(&w.report())
+            })
+    };
+    let describe = |i: usize| {
+        let t = plan.tasks[i];
+        format!("point ({}), seed {}", plan.describe(t.point), t.seed)
+    };
+    let done = execute_batch(&batch, cal, out, jobs, &run, &describe, progress)?;
+    let summary = if plan.seeds > 1 {
+        let path = summary_path(out, format);
+        let results: Vec<Option<Metrics>> = done.results.into_iter().map(Some).collect();
+        let text = summarize(plan, &results, format);
+        crate::report::write_file_atomically(&path, |w| w.write_all(text.as_bytes()))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Some(path)
+    } else {
+        None
+    };
+    Ok(Outcome {
+        ran: done.ran,
+        skipped: done.skipped,
+        summary,
+    })
+}
+
+/// One run of a [`Batch`]: its identity in the results file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchRun {
+    /// The `point` column.
+    pub point: usize,
+    /// One value per key of the batch (the grid columns).
+    pub values: Vec<String>,
+    /// The `scheme` column.
+    pub scheme: String,
+    /// The `seed` column.
+    pub seed: u64,
+}
+
+/// Runs journaled in one results file: a sweep's grid points, or a
+/// sensitivity analysis's calibration variations (`crate::sensitivity`).
+/// `scenario` and `sets` are what every run is made from besides the
+/// calibration (recorded beside the file, [`inputs_path`]).
+pub struct Batch<'a> {
+    /// The file's columns between `point` and `scheme`.
+    pub keys: &'a [String],
+    /// Every run, in output order.
+    pub runs: &'a [BatchRun],
+    /// The input text the runs are made from (a scenario file's, or a
+    /// description of a paper's experiments).
+    pub scenario: String,
+    /// The overrides of every run.
+    pub sets: Vec<String>,
+}
+
+/// What [`execute_batch`] did.
+pub struct BatchDone {
+    /// Each run's metrics, in the batch's order, every run with every
+    /// metric any run reported.
+    pub results: Vec<Metrics>,
+    /// Runs simulated now.
+    pub ran: usize,
+    /// Runs taken from the results file.
+    pub skipped: usize,
+}
+
+/// Runs a batch with `jobs` runs at a time (`run(i)` makes run `i`'s
+/// metrics; `describe(i)` names it in a message), appending each run's
+/// rows to `out` as it finishes and skipping runs `out` already holds;
+/// then rewrites `out` in the batch's order, every run with every metric
+/// any run reported (absent counts and rates 0, other absent values
+/// null). Its bytes depend neither on `jobs` nor on resumptions.
+pub fn execute_batch(
+    batch: &Batch,
+    cal: &Calibration,
+    out: &Path,
+    jobs: usize,
+    run: &(dyn Fn(usize) -> Result<Metrics, String> + Sync),
+    describe: &dyn Fn(usize) -> String,
+    progress: &mut dyn FnMut(Event),
+) -> Result<BatchDone, String> {
+    let format = Format::of(out)?;
+    let table = Table {
+        keys: batch.keys,
         format,
     };
+    let run_key = |r: &BatchRun| -> RunKey { (r.values.clone(), r.scheme.clone(), r.seed) };
     let origin = out.display().to_string();
     let existing = match std::fs::read(out) {
         Ok(b) => {
@@ -639,17 +748,17 @@ pub fn execute(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(format!("cannot read {origin}: {e}")),
     };
-    let index: HashMap<RunKey, usize> = plan
-        .tasks
+    let index: HashMap<RunKey, usize> = batch
+        .runs
         .iter()
         .enumerate()
-        .map(|(i, t)| (plan.run_key(t), i))
+        .map(|(i, r)| (run_key(r), i))
         .collect();
-    let mut results: Vec<Option<Metrics>> = vec![None; plan.tasks.len()];
+    let mut results: Vec<Option<Metrics>> = vec![None; batch.runs.len()];
     for (key, m) in existing {
         let Some(&i) = index.get(&key) else {
             let (values, scheme, seed) = &key;
-            let mut what: Vec<String> = plan
+            let mut what: Vec<String> = batch
                 .keys
                 .iter()
                 .zip(values)
@@ -667,8 +776,8 @@ pub fn execute(
     let skipped = results.iter().filter(|r| r.is_some()).count();
     // The inputs the file's runs were made from must be this sweep's.
     let inputs = Inputs {
-        scenario: plan.inputs.0.clone(),
-        sets: plan.inputs.1.clone(),
+        scenario: batch.scenario.clone(),
+        sets: batch.sets.clone(),
         calibration: toml::to_string(cal).map_err(|e| e.to_string())?,
     };
     let ipath = inputs_path(out);
@@ -709,12 +818,11 @@ pub fn execute(
     let write_all = |results: &[Option<Metrics>]| -> Result<(), String> {
         crate::report::write_file_atomically(out, |w| {
             w.write_all(table.header().as_bytes())?;
-            for (t, m) in plan.tasks.iter().zip(results) {
+            for (r, m) in batch.runs.iter().zip(results) {
                 if let Some(m) = m {
-                    let p = &plan.points[t.point];
                     w.write_all(
                         table
-                            .rows(t.point, &p.values, &p.scheme, t.seed, m, false)
+                            .rows(r.point, &r.values, &r.scheme, r.seed, m, false)
                             .as_bytes(),
                     )?;
                 }
@@ -725,7 +833,7 @@ pub fn execute(
     };
     // The file as it stands (a run cut short dropped), ready to append to.
     write_all(&results)?;
-    let todo: Vec<usize> = (0..plan.tasks.len())
+    let todo: Vec<usize> = (0..batch.runs.len())
         .filter(|&i| results[i].is_none())
         .collect();
     progress(Event::Start {
@@ -752,15 +860,7 @@ pub fn execute(
                     }
                     let k = next.fetch_add(1, Ordering::SeqCst);
                     let Some(&ti) = todo.get(k) else { break };
-                    let t = plan.tasks[ti];
-                    let mut s = plan.points[t.point].scenario.clone();
-                    s.seed = t.seed;
-                    let r = World::build(&s, cal)
-                        .map_err(|e| e.to_string())
-                        .and_then(|mut w| {
-                            w.run(|_| {});
-                            flatten(&w.report())
-                        });
+                    let r = run(ti);
                     if tx.send((ti, r)).is_err() {
                         break;
                     }
@@ -770,9 +870,8 @@ pub fn execute(
             for (ti, r) in rx {
                 match r {
                     Ok(m) => {
-                        let t = plan.tasks[ti];
-                        let p = &plan.points[t.point];
-                        let rows = table.rows(t.point, &p.values, &p.scheme, t.seed, &m, true);
+                        let b = &batch.runs[ti];
+                        let rows = table.rows(b.point, &b.values, &b.scheme, b.seed, &m, true);
                         // One write per run: only the last run can be cut.
                         if let Err(e) = file.write_all(rows.as_bytes()) {
                             stop.store(true, Ordering::SeqCst);
@@ -783,9 +882,7 @@ pub fn execute(
                     }
                     Err(e) => {
                         stop.store(true, Ordering::SeqCst);
-                        let t = plan.tasks[ti];
-                        let msg =
-                            format!("point ({}), seed {}: {e}", plan.describe(t.point), t.seed);
+                        let msg = format!("{}: {e}", describe(ti));
                         if failure.as_ref().is_none_or(|(i, _)| ti < *i) {
                             failure = Some((ti, msg));
                         }
@@ -812,19 +909,10 @@ pub fn execute(
         }
     }
     write_all(&results)?;
-    let summary = if plan.seeds > 1 {
-        let path = summary_path(out, format);
-        let text = summarize(plan, &results, format);
-        crate::report::write_file_atomically(&path, |w| w.write_all(text.as_bytes()))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Some(path)
-    } else {
-        None
-    };
-    Ok(Outcome {
+    Ok(BatchDone {
+        results: results.into_iter().map(|m| m.unwrap_or_default()).collect(),
         ran: todo.len(),
         skipped,
-        summary,
     })
 }
 

@@ -38,6 +38,7 @@ __all__ = [
     "resolve",
     "sweep",
     "summarize",
+    "sensitivity",
     "flatten",
     "write_results",
     "schemes",
@@ -216,3 +217,4 @@ def default_calibration() -> str:
 # The sweep half needs polars; imported here so `exitless.sweep` is a plain
 # attribute, but polars itself is only imported when a sweep runs.
 from ._sweep import flatten, summarize, sweep, write_results  # noqa: E402
+from ._sensitivity import sensitivity  # noqa: E402

@@ -40,3 +40,26 @@ def schemes() -> list[tuple[str, str]]:
 
 def default_calibration() -> str:
     """The shipped calibration's TOML text."""
+
+def sensitivity_plan(
+    *,
+    text: str,
+    sets: list[str] = ...,
+    calibration_text: str | None = None,
+    entries: list[str] = ...,
+    factors: list[float] = ...,
+) -> str:
+    """JSON: the variations (entry, factor, calibration_text), skipped entries."""
+
+def sensitivity_analyze(
+    *,
+    text: str,
+    base: str,
+    results: str,
+    sets: list[str] = ...,
+    calibration_text: str | None = None,
+    entries: list[str] = ...,
+    factors: list[float] = ...,
+    origin: str = ...,
+) -> str:
+    """JSON: the analysis (`exitless sensitivity --json`'s schema)."""

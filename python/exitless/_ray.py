@@ -59,3 +59,28 @@ def run_ray(
             if ready:
                 report(done, len(refs))
     return list(ray.get(refs))
+
+
+def run_ray_calibrations(
+    text: str,
+    sets: list[str],
+    calibration_texts: list[str | None],
+    report: Callable[[int, int], None] | None,
+) -> list[dict[str, float | None]]:
+    """One Ray task per calibration (a sensitivity analysis's variations),
+    the same scenario and overrides each; results in submission order."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    task = _task()
+    text_ref = ray.put(text)
+    refs = [task.remote(text_ref, sets, c) for c in calibration_texts]
+    if report:
+        pending = list(refs)
+        done = 0
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=min(len(pending), 64), timeout=1.0)
+            done += len(ready)
+            if ready:
+                report(done, len(refs))
+    return list(ray.get(refs))

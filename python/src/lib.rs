@@ -235,6 +235,79 @@ fn default_calibration() -> &'static str {
     DEFAULT_TOML
 }
 
+/// The plan of a sensitivity analysis of a scenario (its text and
+/// overrides) on a calibration: JSON `{"variations": [{"entry", "factor",
+/// "calibration_text"}], "skipped": [...]}`, each variation's calibration
+/// as one overlay text (both files) for the workers.
+#[pyfunction]
+#[pyo3(signature = (*, text, sets=Vec::new(), calibration_text=None, entries=Vec::new(), factors=Vec::new()))]
+fn sensitivity_plan(
+    text: String,
+    sets: Vec<String>,
+    calibration_text: Option<String>,
+    entries: Vec<String>,
+    factors: Vec<f64>,
+) -> PyResult<String> {
+    use exitless::sensitivity as sens;
+    let cal = calibration(calibration_text.map(Source::Text).as_ref())?;
+    let target = sens::Target::scenario_text("scenario", &text, &sets).map_err(Failure::Invalid)?;
+    let plan = sens::plan(target, &sets, Default::default(), &cal, &entries, &factors)
+        .map_err(Failure::Invalid)?;
+    let mut vars = Vec::new();
+    for v in &plan.variations {
+        let c = sens::perturb(&cal, &v.members, v.factor).map_err(Failure::Invalid)?;
+        vars.push(serde_json::json!({
+            "entry": v.entry,
+            "factor": v.factor,
+            "calibration_text": sens::overlay_text(&c).map_err(Failure::Invalid)?,
+        }));
+    }
+    let out = serde_json::json!({
+        "variations": vars,
+        "skipped": plan.skipped,
+        "base_calibration_text": sens::overlay_text(&cal).map_err(Failure::Invalid)?,
+    });
+    Ok(out.to_string())
+}
+
+/// The analysis (`exitless sensitivity --json`'s schema) of a plan made by
+/// `sensitivity_plan` with the same arguments, from the base run's flat
+/// metrics and each variation's (JSON objects, in the plan's order).
+#[pyfunction]
+#[pyo3(signature = (*, text, base, results, sets=Vec::new(), calibration_text=None, entries=Vec::new(), factors=Vec::new(), origin="scenario".to_string()))]
+#[allow(clippy::too_many_arguments)]
+fn sensitivity_analyze(
+    text: String,
+    base: String,
+    results: String,
+    sets: Vec<String>,
+    calibration_text: Option<String>,
+    entries: Vec<String>,
+    factors: Vec<f64>,
+    origin: String,
+) -> PyResult<String> {
+    use exitless::sensitivity as sens;
+    use exitless::sweep::Metrics;
+    let cal = calibration(calibration_text.map(Source::Text).as_ref())?;
+    let target = sens::Target::scenario_text(&origin, &text, &sets).map_err(Failure::Invalid)?;
+    let plan = sens::plan(target, &sets, Default::default(), &cal, &entries, &factors)
+        .map_err(Failure::Invalid)?;
+    let base: Metrics =
+        serde_json::from_str(&base).map_err(|e| Failure::Invalid(format!("base: {e}")))?;
+    let results: Vec<Metrics> =
+        serde_json::from_str(&results).map_err(|e| Failure::Invalid(format!("results: {e}")))?;
+    if results.len() != plan.variations.len() {
+        return Err(Failure::Invalid(format!(
+            "{} results for {} variations",
+            results.len(),
+            plan.variations.len()
+        ))
+        .into());
+    }
+    let a = sens::analyze(&plan, &cal, &base, &results);
+    serde_json::to_string(&a).map_err(|e| Failure::Invalid(e.to_string()).into())
+}
+
 #[pymodule]
 fn _exitless(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -246,5 +319,7 @@ fn _exitless(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_string, m)?)?;
     m.add_function(wrap_pyfunction!(schemes, m)?)?;
     m.add_function(wrap_pyfunction!(default_calibration, m)?)?;
+    m.add_function(wrap_pyfunction!(sensitivity_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(sensitivity_analyze, m)?)?;
     Ok(())
 }

@@ -462,3 +462,337 @@ pub fn diff_cmd(a: DiffArgs) -> Result<std::process::ExitCode, Failure> {
         std::process::ExitCode::from(1)
     })
 }
+
+// ---- calibration listing, sensitivity analyses and their provenance
+// (issue 37) ----
+
+/// `exitless calibration`.
+#[derive(clap::Args)]
+pub struct CalibrationArgs {
+    /// JSON: every entry with its file, value, source and kind, and the
+    /// counts by kind per file.
+    #[arg(long, conflicts_with = "markdown")]
+    pub json: bool,
+    /// Markdown: one table per file (docs/calibration-sources.md's).
+    #[arg(long)]
+    pub markdown: bool,
+}
+
+/// `exitless calibration [--json | --markdown]`: every entry of both
+/// calibration files (x86 and ARM), each file headed by its counts by
+/// source kind.
+pub fn calibration_cmd(a: CalibrationArgs, cal: &Calibration) -> Result<(), Failure> {
+    use exitless::sensitivity::{self as sens, CalEntry};
+    let all = sens::calibration_entries(cal);
+    let files = ["x86", "arm"];
+    let of = |f: &str| -> Vec<&CalEntry> { all.iter().filter(|e| e.file == f).collect() };
+    let counts = |es: &[&CalEntry]| {
+        sens::counts_by_kind(es)
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "files": files.iter().map(|f| {
+                let es = of(f);
+                serde_json::json!({
+                    "file": sens::file_name(f),
+                    "entries": es.len(),
+                    "by_kind": sens::counts_by_kind(&es).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                })
+            }).collect::<Vec<_>>(),
+            "entries": all,
+        });
+        let j = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
+        return emit(&format!("{j}\n"));
+    }
+    let mut text = String::new();
+    for f in files {
+        let es = of(f);
+        if a.markdown {
+            text.push_str(&format!(
+                "### `{}`\n\n{} entries: {}.\n\n| entry | value | clock | kind | source |\n|---|---:|---|---|---|\n",
+                sens::file_name(f),
+                es.len(),
+                counts(&es)
+            ));
+            for e in &es {
+                let clock = match (e.at_ghz, e.wall) {
+                    (Some(g), _) => format!("at {g} GHz"),
+                    (None, true) => "wall".into(),
+                    _ => String::new(),
+                };
+                text.push_str(&format!(
+                    "| `{}` | {} | {clock} | {} | {} |\n",
+                    e.key,
+                    e.value,
+                    e.kind,
+                    e.source.replace('|', "\\|").replace('\n', " ")
+                ));
+            }
+            text.push('\n');
+        } else {
+            text.push_str(&format!(
+                "{} ({} entries: {})\n",
+                sens::file_name(f),
+                es.len(),
+                counts(&es)
+            ));
+            for e in &es {
+                text.push_str(&format!("{:<42} {:>10}  {}\n", e.key, e.value, e.source));
+            }
+            text.push('\n');
+        }
+    }
+    text.pop();
+    emit(&text)
+}
+
+/// `exitless sensitivity`.
+#[derive(clap::Args)]
+pub struct SensitivityArgs {
+    /// Scenario TOML file (or --paper).
+    #[arg(required_unless_present = "paper", conflicts_with = "paper")]
+    pub scenario: Option<PathBuf>,
+    /// A paper's experiments instead (validation/<paper>/): one output per
+    /// `reproduce` row.
+    #[arg(long)]
+    pub paper: Option<String>,
+    /// With --paper: only experiments whose id contains this.
+    #[arg(long, requires = "paper")]
+    pub only: Option<String>,
+    /// Override applied to every run (e.g. duration_s=0.2).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Entries to vary: keys or globs, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub entries: Vec<String>,
+    /// Factors each entry is varied by (default 0.5,2).
+    #[arg(long, value_delimiter = ',')]
+    pub factors: Vec<f64>,
+    /// Simulations in parallel, 1 to 1024 (default: available cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub jobs: Option<u64>,
+    /// Results file of the runs, .csv or .jsonl (a sweep's long form with
+    /// `entry` and `factor` columns); resumable. Default: beside the
+    /// cached analysis (`<scenario>.sensitivity.runs.jsonl`, or
+    /// `validation/<paper>/sensitivity/<only>.runs.jsonl`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print JSON (the whole analysis) instead of text.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV (output, rank, entry, kind, factor, value, output, change).
+    #[arg(long)]
+    pub csv: bool,
+    /// Also write an HTML report with a tornado chart per output.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Entries shown per output in text and HTML.
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    /// Only outputs matching these globs in text, CSV and HTML.
+    #[arg(long, value_delimiter = ',')]
+    pub outputs: Vec<String>,
+    /// Do not write the cached analysis that `run --json` and
+    /// `reproduce --json` read.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+/// `exitless sensitivity`: runs the plan on the sweep machinery, prints
+/// the ranked tables, writes the cache.
+pub fn sensitivity_cmd(
+    a: SensitivityArgs,
+    cal: &Calibration,
+    quiet: bool,
+    show: bool,
+) -> Result<(), Failure> {
+    use exitless::sensitivity as sens;
+    let (target, cache) = match (&a.scenario, &a.paper) {
+        (Some(p), _) => (sens::Target::scenario(p, &a.sets)?, sens::scenario_cache(p)),
+        (None, Some(paper)) => (
+            sens::Target::Paper {
+                paper: paper.clone(),
+                only: a.only.clone(),
+            },
+            sens::paper_cache(paper, a.only.as_deref()),
+        ),
+        (None, None) => return Err(Failure::Input("give a scenario or --paper".into())),
+    };
+    let plan = sens::plan(
+        target,
+        &a.sets,
+        exitless::validation::Seeds::default(),
+        cal,
+        &a.entries,
+        &a.factors,
+    )?;
+    let out = a.out.clone().unwrap_or_else(|| {
+        let stem = cache
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        cache.with_file_name(format!("{stem}.runs.jsonl"))
+    });
+    if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
+    let bar = if show {
+        indicatif::ProgressBar::new(0)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "  sensitivity [{bar:30}] {pos}/{len} runs, {elapsed} elapsed, ~{eta} left",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let t0 = std::time::Instant::now();
+    let r = sens::execute(&plan, cal, &out, threads(a.jobs), &mut |e| match e {
+        Event::Start { to_run, .. } => bar.set_length(to_run as u64),
+        Event::Done => bar.inc(1),
+        Event::Note(n) => bar.suspend(|| crate::note!("exitless: warning: {n}\n")),
+    });
+    bar.finish_and_clear();
+    let (analysis, done) = r?;
+    if !a.no_cache {
+        if let Some(d) = cache.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let j = serde_json::to_string_pretty(&analysis).map_err(|e| e.to_string())?;
+        exitless::report::write_file_atomically(&cache, |w| {
+            w.write_all(format!("{j}\n").as_bytes())
+        })
+        .map_err(|e| format!("cannot write {}: {e}", cache.display()))?;
+    }
+    if let Some(h) = &a.html {
+        let page = sens::to_html(&analysis, a.top, &a.outputs);
+        exitless::report::write_file_atomically(h, |w| w.write_all(page.as_bytes()))
+            .map_err(|e| format!("cannot write {}: {e}", h.display()))?;
+    }
+    if !quiet {
+        crate::note!(
+            "sensitivity: {} entries × {} factors ({} skipped without a run): {} runs in {:.1} s wall ({} taken from {}){}\n",
+            analysis.varied,
+            analysis.factors.len(),
+            analysis.skipped.len(),
+            done.ran,
+            t0.elapsed().as_secs_f64(),
+            done.skipped,
+            out.display(),
+            if a.no_cache {
+                String::new()
+            } else {
+                format!("; cached for run/reproduce --json in {}", cache.display())
+            }
+        );
+    }
+    if a.json {
+        let j = serde_json::to_string_pretty(&analysis).map_err(|e| e.to_string())?;
+        emit(&format!("{j}\n"))
+    } else if a.csv {
+        emit(&sens::to_csv(&analysis, &a.outputs))
+    } else {
+        emit(&sens::to_text(&analysis, a.top, &a.outputs))
+    }
+}
+
+/// `run --json`: the report, and, when a cached analysis of this scenario
+/// on this calibration and overrides exists
+/// (`<scenario>.sensitivity.json`), per metric the entries it is most
+/// sensitive to (`sensitivity`). Without one, the report as it always was.
+pub fn run_json(
+    rep: &RunReport,
+    scenario: &std::path::Path,
+    sets: &[String],
+    cal: &Calibration,
+) -> Result<String, Failure> {
+    use exitless::sensitivity as sens;
+    let prov = sens::cached_provenance(&[sens::scenario_cache(scenario)], cal, sets);
+    let j = if prov.is_empty() {
+        serde_json::to_string_pretty(rep)
+    } else {
+        #[derive(serde::Serialize)]
+        struct WithProvenance<'a> {
+            #[serde(flatten)]
+            report: &'a RunReport,
+            sensitivity: &'a std::collections::BTreeMap<String, sens::Provenance>,
+        }
+        serde_json::to_string_pretty(&WithProvenance {
+            report: rep,
+            sensitivity: &prov,
+        })
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(format!("{j}\n"))
+}
+
+/// `reproduce --json`: the rows, each with the entries it is most
+/// sensitive to when a cached analysis of the paper on this calibration
+/// and overrides has it (`validation/<paper>/sensitivity/*.json`).
+/// Without one, the rows as they always were.
+pub fn reproduce_json(
+    paper: &str,
+    rows: &[exitless::validation::Row],
+    headlines: &[exitless::validation::headline::HeadlineRow],
+    sets: &[String],
+    cal: &Calibration,
+) -> Result<String, Failure> {
+    use exitless::sensitivity as sens;
+    let prov = sens::cached_provenance(&sens::paper_cache_files(paper), cal, sets);
+    let j = if prov.is_empty() {
+        serde_json::to_string_pretty(&exitless::report::ReproduceOutput {
+            schema_version: exitless::report::SCHEMA_VERSION,
+            tool: exitless::report::tool_version(),
+            paper,
+            headlines,
+            rows,
+        })
+    } else {
+        #[derive(serde::Serialize)]
+        struct RowOut<'a> {
+            #[serde(flatten)]
+            row: &'a exitless::validation::Row,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sensitivity: Option<&'a sens::Provenance>,
+        }
+        let out: Vec<RowOut> = rows
+            .iter()
+            .map(|r| RowOut {
+                row: r,
+                sensitivity: prov.get(&sens::row_name(r)),
+            })
+            .collect();
+        // The headlines carry theirs beside the table, by id.
+        let by_headline: std::collections::BTreeMap<&str, &sens::Provenance> = headlines
+            .iter()
+            .filter_map(|h| {
+                prov.get(&sens::headline_effect(&h.id))
+                    .map(|p| (h.id.as_str(), p))
+            })
+            .collect();
+        #[derive(serde::Serialize)]
+        struct WithHeadlines<'a, R: serde::Serialize> {
+            #[serde(flatten)]
+            out: exitless::report::ReproduceOutput<'a, R>,
+            #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            headline_sensitivity: std::collections::BTreeMap<&'a str, &'a sens::Provenance>,
+        }
+        serde_json::to_string_pretty(&WithHeadlines {
+            out: exitless::report::ReproduceOutput {
+                schema_version: exitless::report::SCHEMA_VERSION,
+                tool: exitless::report::tool_version(),
+                paper,
+                headlines,
+                rows: &out,
+            },
+            headline_sensitivity: by_headline,
+        })
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(format!("{j}\n"))
+}

@@ -708,10 +708,31 @@ pub fn reproduce(
     threads: usize,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<Row>, ReproduceError> {
+    reproduce_adjusted(
+        paper, filter, extra_sets, seeds, cal, threads, progress, None,
+    )
+}
+
+/// A change made to every job's calibration after all of its layers (the
+/// testbed overlay, a config's `calibration.` entries): what
+/// `exitless sensitivity` varies. It is given the calibration before any
+/// change, so it never applies twice.
+pub type Adjust<'a> = dyn Fn(&Calibration) -> Result<Calibration, String> + Sync + 'a;
+
+/// The calibration `paper`'s experiments run on: `cal` with the paper's
+/// testbed overlay (its experiment file's `calibration`), if any.
+pub fn paper_calibration(paper: &str, cal: &Calibration) -> Result<Calibration, ReproduceError> {
     let (dir, ef) = load(paper)?;
-    let testbed;
-    let cal = match &ef.calibration {
-        None => cal,
+    testbed_calibration(&dir, &ef, cal)
+}
+
+fn testbed_calibration(
+    dir: &Path,
+    ef: &ExperimentFile,
+    cal: &Calibration,
+) -> Result<Calibration, ReproduceError> {
+    match &ef.calibration {
+        None => Ok(cal.clone()),
         Some(name) => {
             let p = dir.join(name);
             let text = crate::scenario::read_input(&p)
@@ -719,11 +740,35 @@ pub fn reproduce(
             let origin = p.display().to_string();
             let entries = crate::calibration_overlay::parse_overlay(&text, &origin)
                 .map_err(|e| ReproduceError::Bad(format!("{origin}: {e}")))?;
-            testbed = crate::calibration_overlay::apply_to(cal, &entries)
-                .map_err(|e| ReproduceError::Bad(format!("{origin}: {e}")))?;
-            &testbed
+            crate::calibration_overlay::apply_to(cal, &entries)
+                .map_err(|e| ReproduceError::Bad(format!("{origin}: {e}")))
         }
+    }
+}
+
+/// [`reproduce`], with `adjust` applied to every job's calibration last.
+#[allow(clippy::too_many_arguments)]
+pub fn reproduce_adjusted(
+    paper: &str,
+    filter: Option<&str>,
+    extra_sets: &[String],
+    seeds: Seeds,
+    cal: &Calibration,
+    threads: usize,
+    progress: &(dyn Fn(&str) + Sync),
+    adjust: Option<&Adjust<'_>>,
+) -> Result<Vec<Row>, ReproduceError> {
+    let (dir, ef) = load(paper)?;
+    let testbed = match &ef.calibration {
+        None => None,
+        Some(_) => Some(testbed_calibration(&dir, &ef, cal)?),
     };
+    let unadjusted = testbed.as_ref().unwrap_or(cal);
+    let adjusted = match adjust {
+        None => None,
+        Some(f) => Some(f(unadjusted).map_err(ReproduceError::Bad)?),
+    };
+    let cal = adjusted.as_ref().unwrap_or(unadjusted);
     let exps: Vec<&Experiment> = ef
         .experiment
         .iter()
@@ -795,7 +840,11 @@ pub fn reproduce(
             };
             for (param, scenario, before, after) in &variants {
                 let sets = [before, base, after, extra_sets].concat();
-                let (sets, job_cal) = split_calibration_sets(sets, cal)?;
+                let (sets, job_cal) = split_calibration_sets(sets, unadjusted)?;
+                let job_cal = match (job_cal, adjust) {
+                    (Some(c), Some(f)) => Some(f(&c).map_err(ReproduceError::Bad)?),
+                    (c, _) => c,
+                };
                 jobs.push(Job {
                     exp: ei,
                     seed: None,
