@@ -630,6 +630,20 @@ pub fn execute(
         format,
     };
     let origin = out.display().to_string();
+    // The results file is read back to resume, appended to and rewritten
+    // in plan order: only a regular file (or none yet) can be. A FIFO's
+    // resume read waited forever for a writer.
+    for p in [out.to_path_buf(), inputs_path(out)] {
+        match std::fs::metadata(&p) {
+            Ok(m) if !m.is_file() => {
+                return Err(format!(
+                    "{}: not a regular file (a sweep re-reads its results to resume and rewrites them in plan order): give a file path, then read it from there",
+                    p.display()
+                ))
+            }
+            _ => {}
+        }
+    }
     let existing = match std::fs::read(out) {
         Ok(b) => {
             let text = String::from_utf8(b)
