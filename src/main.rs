@@ -327,7 +327,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 exitless::report::write_file_atomically(path, |out| {
                     t.write_chrome_json(out, &title, &names)
                 })
-                .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
+                .map_err(|e| {
+                    let p = path.display().to_string();
+                    format!(
+                        "cannot write trace {}: {e}",
+                        exitless::scenario::overrides::shown(&p)
+                    )
+                })?;
                 if !cli.quiet {
                     note!(
                         "trace: {} events to {}{}\n",

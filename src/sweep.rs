@@ -362,11 +362,22 @@ pub fn inputs_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{stem}.sweep.json"))
 }
 
-#[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Inputs {
     scenario: String,
     sets: Vec<String>,
     calibration: String,
+    /// The tool that made the runs (`exitless x.y.z`), for a report's
+    /// provenance; a record written before it existed has none. Not part of
+    /// the inputs' identity: a newer build resumes an older one's sweep.
+    #[serde(default)]
+    tool: String,
+}
+
+impl PartialEq for Inputs {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.scenario, &self.sets, &self.calibration) == (&o.scenario, &o.sets, &o.calibration)
+    }
 }
 
 /// A run's identity in a results file: grid values, scheme, seed.
@@ -684,6 +695,7 @@ pub fn execute(
         scenario: plan.inputs.0.clone(),
         sets: plan.inputs.1.clone(),
         calibration: toml::to_string(cal).map_err(|e| e.to_string())?,
+        tool: crate::report::tool_version(),
     };
     let ipath = inputs_path(out);
     let iorigin = ipath.display().to_string();

@@ -318,8 +318,15 @@ pub fn calibrate_cmd(a: CalibrateArgs, quiet: bool) -> Result<(), Failure> {
                 p,
                 &[("the --from file", a.from.as_path())],
             )?;
-            exitless::report::write_file_atomically(p, |w| w.write_all(toml.as_bytes()))
-                .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            exitless::report::write_file_atomically(p, |w| w.write_all(toml.as_bytes())).map_err(
+                |e| {
+                    let shown = p.display().to_string();
+                    format!(
+                        "cannot write {}: {e}",
+                        exitless::scenario::overrides::shown(&shown)
+                    )
+                },
+            )?;
             if !quiet {
                 crate::note!(
                     "calibrate: {} entries to {} (use it with --calibration {})\n",

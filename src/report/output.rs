@@ -122,7 +122,7 @@ pub fn write_file_atomically(
 ) -> std::io::Result<()> {
     let target = match resolve(path)? {
         Target::WriteThrough(dev) => {
-            let f = std::fs::OpenOptions::new().write(true).open(&dev)?;
+            let f = open_write_through(&dev)?;
             let mut out = std::io::BufWriter::new(f);
             write(&mut out)?;
             return out.into_inner().map(drop).map_err(|e| e.into_error());
@@ -164,6 +164,51 @@ pub fn write_file_atomically(
         let _ = std::fs::remove_file(&tmp.0);
     }
     done
+}
+
+/// How long a FIFO may wait for its reader before the write is an error.
+const FIFO_READER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens a character device or FIFO for writing. open(2) of a FIFO
+/// without a reader blocks until one comes, forever if none does: it is
+/// opened non-blocking (ENXIO while no reader has it open) and retried
+/// for [`FIFO_READER_WAIT`], then made blocking again for the writes.
+fn open_write_through(dev: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let t0 = std::time::Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(dev)
+        {
+            Ok(f) => {
+                // SAFETY: fcntl on a descriptor this function owns.
+                unsafe {
+                    let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                    if fl >= 0 {
+                        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                    }
+                }
+                return Ok(f);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && t0.elapsed() < FIFO_READER_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!(
+                        "{} is a FIFO nobody reads (waited {} s): start its reader first",
+                        dev.display(),
+                        FIFO_READER_WAIT.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Longest part of the target's name a temporary file's name repeats: a

@@ -157,7 +157,7 @@ const MAX_ECHO: usize = 120;
 /// `text` as an error message shows it: in full when short, else its
 /// start, its length and its end (an error must not echo a 100 KB value
 /// back, and the end of a message says what was expected).
-pub(crate) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     if text.len() <= MAX_ECHO {
         return text.into();
     }

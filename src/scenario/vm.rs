@@ -769,7 +769,7 @@ mod tests {
         assert_eq!((v[0].cores.clone(), v[1].cores.clone()), (vec![1], vec![2]));
         for (extra, key) in [
             ("core = 0", "vm[0].core"),
-            ("core = 9223372036854775808", "vm[0].core"),
+            ("core = 9223372036854775807", "vm[0].core"),
             ("cores = [7]", "vm[0].cores"),
         ] {
             let e = err(&vm(extra), &[]);

@@ -10,3 +10,4 @@ mod cli_tools;
 mod determinism;
 mod docs;
 mod input_bounds;
+mod newcomer;
