@@ -413,7 +413,6 @@ impl Scenario {
                 format!("{vcpus} vCPUs in all: at most {}", Self::MAX_TOTAL_VCPUS),
             );
         }
-        self.validate_totals()?;
         if let Some(&i) = self.hv.directvisor_plain_vms.iter().find(|&&i| i >= total) {
             return bad(
                 "hv",
@@ -434,6 +433,8 @@ impl Scenario {
         for (i, v) in self.vms.iter().enumerate() {
             v.validate(i, self.machine.cores, &self.scheme, several)?;
         }
+        // After each VM's own bounds, which name the key a value breaks.
+        self.validate_totals()?;
         if several && (!self.preemptions.is_empty() || self.host.ipi_per_s > 0.0) {
             return bad(
                 "",
