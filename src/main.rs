@@ -81,9 +81,7 @@ enum Cmd {
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
         /// Paper (its experiments are validation/<paper>/experiments.toml).
-        #[arg(value_parser = clap::builder::PossibleValuesParser::new(
-            validation::paper_names()
-        ))]
+        #[arg(value_parser = PaperName)]
         paper: String,
         /// Print JSON rows instead of a table.
         #[arg(long, conflicts_with = "csv")]
@@ -167,6 +165,46 @@ struct ExploreArgs {
     /// Simulations in parallel, 1 to 1024 (default: available cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
+}
+
+/// `reproduce`'s paper: a name of the registry (`validation::PAPERS`,
+/// which `--help` lists), or of the user's own validation root
+/// (`$EXITLESS_VALIDATION`); never a path.
+#[derive(Clone)]
+struct PaperName;
+
+impl clap::builder::TypedValueParser for PaperName {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let v = value.to_string_lossy();
+        if validation::known_paper(&v) {
+            return Ok(v.into_owned());
+        }
+        let names: Vec<&str> = validation::paper_names().collect();
+        Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidValue,
+            format!(
+                "unknown paper `{}`: the papers are {}\n",
+                exitless::scenario::overrides::shown(&v),
+                names.join(", ")
+            ),
+        )
+        .with_cmd(cmd))
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            validation::paper_names().map(clap::builder::PossibleValue::new),
+        ))
+    }
 }
 
 /// Most interleavings `explore --runs` takes per scheme: at a few ms of

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 mod papers;
-pub use papers::{paper, paper_names, Paper, PAPERS};
+pub use papers::{known_paper, paper, paper_names, Paper, PAPERS};
 
 /// The experiment file of one paper.
 #[derive(Debug, Deserialize)]
@@ -524,7 +524,7 @@ pub fn reproduce(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<Row>, ReproduceError> {
     // Only a registered name: a path (`../../etc`) is never a paper.
-    if self::paper(paper).is_none() {
+    if !known_paper(paper) {
         return Err(ReproduceError::UnknownPaper(
             crate::scenario::overrides::shown(paper).into_owned(),
             format!("known: {}", paper_names().collect::<Vec<_>>().join(", ")),

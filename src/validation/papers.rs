@@ -63,6 +63,26 @@ pub fn paper(name: &str) -> Option<&'static Paper> {
     PAPERS.iter().find(|p| p.name == name)
 }
 
+/// Whether `reproduce` takes `name`: a registered paper, or, with
+/// `$EXITLESS_VALIDATION` pointing at a validation root of the user's own,
+/// a plain name (letters, digits, `-`, `_`; never a path) of one of its
+/// directories that holds an `experiments.toml`.
+pub fn known_paper(name: &str) -> bool {
+    if paper(name).is_some() {
+        return true;
+    }
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    plain
+        && std::env::var_os("EXITLESS_VALIDATION").is_some()
+        && super::validation_root()
+            .join(name)
+            .join("experiments.toml")
+            .is_file()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +115,7 @@ mod tests {
     #[test]
     fn a_path_is_not_a_paper() {
         assert!(paper("../../etc").is_none());
+        assert!(!known_paper("../../etc") && !known_paper("") && !known_paper("a/b"));
         assert!(paper("did/..").is_none());
         assert!(paper("did").is_some());
     }
