@@ -391,13 +391,81 @@ pub fn render_counterexample(c: &Counterexample, scheme: &str, replay: &str) -> 
     );
     for (t, e) in &c.trace {
         let mark = if *t == c.origin { " <-" } else { "" };
-        let _ = writeln!(o, "    {:>14.6} us  {:?}{mark}", as_us(*t), e);
+        let _ = writeln!(o, "    {:>14.6} us  {}{mark}", as_us(*t), describe(e));
     }
     o
 }
 
+/// An event of a counterexample trace in words: what happens, where, with
+/// vectors in hex (the SDM's and Linux's notation). Generations (which
+/// make a stale event harmless) are shown as such. Events without a
+/// sentence of their own keep their field names.
+pub fn describe(e: &Ev) -> String {
+    use crate::hw::x86::lapic::DeliveryMode;
+    match *e {
+        Ev::GuestPoke { vcpu } => format!("vCPU {vcpu}: its polling idle loop sees need_resched"),
+        Ev::Segment { core, gen } => {
+            format!("core {core}: its work segment ends (segment generation {gen})")
+        }
+        Ev::LapicTimer { core, gen } => {
+            format!("core {core}: LAPIC timer deadline due (timer generation {gen})")
+        }
+        Ev::ApicArrive { core, vector, mode } => match mode {
+            DeliveryMode::Nmi => format!("core {core}: an NMI reaches its LAPIC"),
+            DeliveryMode::Fixed => {
+                format!("core {core}: vector {vector:#04x} (fixed) reaches its LAPIC")
+            }
+            DeliveryMode::LowestPriority => {
+                format!("core {core}: vector {vector:#04x} (lowest priority) reaches its LAPIC")
+            }
+        },
+        Ev::Msi {
+            handle,
+            requester_id,
+        } => format!(
+            "device {requester_id:#06x}: its MSI (IRT entry {handle}) reaches the IOMMU"
+        ),
+        Ev::NicItr { vf, vector, gen } => format!(
+            "VF {vf}: the ITR interval of its MSI-X vector {vector} expires (countdown generation {gen})"
+        ),
+        Ev::PreemptionTimer { core, gen } => format!(
+            "core {core}: VMX-preemption timer reaches zero (arming generation {gen})"
+        ),
+        Ev::WireRx { vf, len, seq, .. } => {
+            format!("VF {vf}: frame {seq} ({len} bytes) arrives from the wire")
+        }
+        Ev::ClientTx { vm } => format!("load generator: sends to VM {vm}"),
+        Ev::Eventfd { fd } => format!("eventfd {fd} signalled"),
+        Ev::VhostStep { worker } => format!("vhost worker {worker}: next unit of work"),
+        Ev::HostIpi { core } => format!("core {core}: a host IPI arrives"),
+        Ev::Deschedule { vcpu } => format!("vCPU {vcpu}: the host deschedules it"),
+        Ev::Reschedule { vcpu } => format!("vCPU {vcpu}: the host schedules it back in"),
+        Ev::SchedTick { core } => format!("core {core}: host scheduler tick"),
+        Ev::WakeVcpu { vcpu } => format!("vCPU {vcpu}: its halted thread is woken"),
+        Ev::Resched { core } => format!("core {core}: host scheduler reschedules"),
+        Ev::HaltPollEnd { vcpu, gen } => {
+            format!("vCPU {vcpu}: halt polling window ends (generation {gen})")
+        }
+        Ev::WarmupEnd => "warm-up ends: measuring starts".into(),
+        ref other => format!("{other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counterexample_events_read_as_sentences_with_hex_vectors() {
+        use crate::hw::x86::lapic::DeliveryMode;
+        let d = super::describe(&super::Ev::Segment { core: 1, gen: 5 });
+        assert_eq!(d, "core 1: its work segment ends (segment generation 5)");
+        let d = super::describe(&super::Ev::ApicArrive {
+            core: 2,
+            vector: 0xef,
+            mode: DeliveryMode::Fixed,
+        });
+        assert!(d.contains("0xef") && !d.contains("239"), "{d}");
+    }
+
     use super::*;
 
     fn scenario(scheme: &str) -> Scenario {

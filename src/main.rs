@@ -80,7 +80,8 @@ enum Cmd {
     },
     /// Run a paper's experiments from validation/<paper>/ and compare with the published values.
     Reproduce {
-        /// Paper: did, eli, es2, or consolidation (a directory under validation/).
+        /// Paper (its experiments are validation/<paper>/experiments.toml).
+        #[arg(value_parser = PaperName)]
         paper: String,
         /// Print JSON rows instead of a table.
         #[arg(long, conflicts_with = "csv")]
@@ -152,8 +153,9 @@ struct ExploreArgs {
     /// the scenario's).
     #[arg(long, value_delimiter = ',')]
     schemes: Vec<String>,
-    /// Interleavings (perturbed runs) per scheme.
-    #[arg(long, default_value_t = 200)]
+    /// Interleavings (perturbed runs) per scheme, 1 to 10,000,000.
+    #[arg(long, default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_EXPLORE_RUNS))]
     runs: u64,
     /// Largest extra latency of a message in flight (MSI, IPI, the host's
     /// schedule-out/in), ns.
@@ -169,6 +171,50 @@ struct ExploreArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
 }
+
+/// `reproduce`'s paper: a name of the registry (`validation::PAPERS`,
+/// which `--help` lists), or of the user's own validation root
+/// (`$EXITLESS_VALIDATION`); never a path.
+#[derive(Clone)]
+struct PaperName;
+
+impl clap::builder::TypedValueParser for PaperName {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let v = value.to_string_lossy();
+        if validation::known_paper(&v) {
+            return Ok(v.into_owned());
+        }
+        let names: Vec<&str> = validation::paper_names().collect();
+        Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidValue,
+            format!(
+                "unknown paper `{}`: the papers are {}\n",
+                exitless::scenario::overrides::shown(&v),
+                names.join(", ")
+            ),
+        )
+        .with_cmd(cmd))
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            validation::paper_names().map(clap::builder::PossibleValue::new),
+        ))
+    }
+}
+
+/// Most interleavings `explore --runs` takes per scheme: at a few ms of
+/// wall each, about a day on one core; more is a typo, not a plan.
+const MAX_EXPLORE_RUNS: u64 = 10_000_000;
 
 /// Largest `--trace-limit`: the events are kept in memory and then
 /// written as ~100 bytes of JSON each.
@@ -283,6 +329,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             trace_window,
             trace_limit,
         } => {
+            if let Some(t) = &trace {
+                let mut inputs = vec![("the scenario file", scenario.as_path())];
+                if let Some(c) = &cli.calibration {
+                    inputs.push(("the calibration file", c.as_path()));
+                }
+                exitless::report::refuse_overwriting_input("--trace", t, &inputs)?;
+            }
             let s = Scenario::load(&scenario, &sets).map_err(|e| e.to_string())?;
             for w in &s.warnings {
                 note!("exitless: warning: {w}\n");
@@ -304,6 +357,11 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 note!("\r  simulating 100.0%\n");
             }
             let rep = w.report();
+            // What the run could not compute (the scenario's own warnings
+            // were printed before it).
+            for warning in rep.warnings.iter().skip(s.warnings.len()) {
+                note!("exitless: warning: {warning}\n");
+            }
             if let (Some(path), Some(t)) = (&trace, w.trace()) {
                 let title = format!("exitless {} ({})", s.name, rep.scheme);
                 let names = w.trace_names();
@@ -312,7 +370,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
                 exitless::report::write_file_atomically(path, |out| {
                     t.write_chrome_json(out, &title, &names)
                 })
-                .map_err(|e| format!("cannot write trace {}: {e}", path.display()))?;
+                .map_err(|e| {
+                    let p = path.display().to_string();
+                    format!(
+                        "cannot write trace {}: {e}",
+                        exitless::scenario::overrides::shown(&p)
+                    )
+                })?;
                 if !cli.quiet {
                     note!(
                         "trace: {} events to {}{}\n",
@@ -428,7 +492,7 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             }
             return explore_cmd(a, &cal, cli.quiet, &global);
         }
-        Cmd::Sweep(a) => cli::sweep_cmd(a, &cal, cli.quiet, show)?,
+        Cmd::Sweep(a) => cli::sweep_cmd(a, &cal, cli.calibration.as_deref(), cli.quiet, show)?,
         Cmd::Calibrate(a) => cli::calibrate_cmd(a, cli.quiet)?,
         Cmd::Keys(a) => cli::keys_cmd(a)?,
         Cmd::Diff(a) => return cli::diff_cmd(a),

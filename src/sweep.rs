@@ -362,11 +362,22 @@ pub fn inputs_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{stem}.sweep.json"))
 }
 
-#[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Inputs {
     scenario: String,
     sets: Vec<String>,
     calibration: String,
+    /// The tool that made the runs (`exitless x.y.z`), for a report's
+    /// provenance; a record written before it existed has none. Not part of
+    /// the inputs' identity: a newer build resumes an older one's sweep.
+    #[serde(default)]
+    tool: String,
+}
+
+impl PartialEq for Inputs {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.scenario, &self.sets, &self.calibration) == (&o.scenario, &o.sets, &o.calibration)
+    }
 }
 
 /// A run's identity in a results file: grid values, scheme, seed.
@@ -739,6 +750,20 @@ pub fn execute_batch(
     };
     let run_key = |r: &BatchRun| -> RunKey { (r.values.clone(), r.scheme.clone(), r.seed) };
     let origin = out.display().to_string();
+    // The results file is read back to resume, appended to and rewritten
+    // in plan order: only a regular file (or none yet) can be. A FIFO's
+    // resume read waited forever for a writer.
+    for p in [out.to_path_buf(), inputs_path(out)] {
+        match std::fs::metadata(&p) {
+            Ok(m) if !m.is_file() => {
+                return Err(format!(
+                    "{}: not a regular file (a sweep re-reads its results to resume and rewrites them in plan order): give a file path, then read it from there",
+                    p.display()
+                ))
+            }
+            _ => {}
+        }
+    }
     let existing = match std::fs::read(out) {
         Ok(b) => {
             let text = String::from_utf8(b)
@@ -779,6 +804,7 @@ pub fn execute_batch(
         scenario: batch.scenario.clone(),
         sets: batch.sets.clone(),
         calibration: toml::to_string(cal).map_err(|e| e.to_string())?,
+        tool: crate::report::tool_version(),
     };
     let ipath = inputs_path(out);
     let iorigin = ipath.display().to_string();

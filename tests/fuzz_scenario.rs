@@ -1,9 +1,13 @@
 //! Fuzzing of scenario parsing, calibration parsing and World building
 //! (issue 8 item 7): generated scenario TOML, both structurally valid with
 //! random and extreme values for every key and garbled by random edits,
-//! and calibrations with one entry pushed to an extreme. Whatever is
-//! accepted is built and run briefly. Nothing may panic, hang, or
-//! allocate beyond a budget.
+//! and calibrations with one entry pushed to an extreme, and (issue 38)
+//! several VMs whose totals (connections, offered rates, vCPUs × copies)
+//! each VM's own bounds do not catch. Whatever is accepted is built and
+//! run briefly. Nothing may panic, hang, or allocate beyond a budget, and
+//! every output stays within its physical bound (a share at most 100%, a
+//! rate on the link at most the link), or docs/metrics.md says why not.
+//! `FUZZ_CLASSES=1` prints the refusals by the key they name.
 //!
 //! Cases per property: `PROPTEST_CASES` (default 200; CI cost about
 //! 10-20 s in release). For a longer local run:
@@ -99,6 +103,65 @@ fn measured<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> (T, is
     }
 }
 
+/// The output metrics a run may report above 100% or above the link,
+/// with why (their definitions in docs/metrics.md say so).
+const BEYOND_BOUNDS: &[(&str, &str)] = &[
+    // "% of one core", summed over every worker thread, which may run on
+    // several cores.
+    (
+        "vhost.io_cpu_pct",
+        "sum over the I/O threads, each a share of one core",
+    ),
+    ("kvmtool.io_cpu_pct", "sum over the back end's threads"),
+    (
+        "vcanal.service_core_busy_pct",
+        "the pool threads' time too, on other cores without affinity",
+    ),
+];
+
+/// Physical bounds of a run's outputs (issue 38): every share (`*_pct`,
+/// time in guest, exit handling time) in [0, 100], every rate (`*_gbps`)
+/// at most the link's `link_gbps` when the traffic crosses the NIC's link
+/// (`None`: a virtio device's peer on the host, through the bridge, which
+/// is memory), unless [`BEYOND_BOUNDS`] says why not. Returns the
+/// breaches, named.
+fn bound_breaches(r: &exitless::report::RunReport, link_gbps: Option<f64>) -> Vec<String> {
+    let mut out = Vec::new();
+    let tol = 1e-6;
+    for (i, vm) in r.vms.iter().enumerate() {
+        for (name, v) in [("tig_pct", vm.tig_pct), ("eht_pct", vm.eht_pct)] {
+            if !(-tol..=100.0 + tol).contains(&v) {
+                out.push(format!("vms[{i}].{name} = {v}"));
+            }
+        }
+    }
+    for (name, &v) in &r.metrics {
+        if v.is_nan() {
+            continue;
+        }
+        // The metric's own name, without a VM prefix (`vm3.`, `all.`).
+        let base = name
+            .strip_prefix("all.")
+            .unwrap_or(name)
+            .split_once('.')
+            .filter(|(p, _)| {
+                p.strip_prefix("vm")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .map_or(name.strip_prefix("all.").unwrap_or(name), |(_, rest)| rest);
+        if BEYOND_BOUNDS.iter().any(|(m, _)| *m == base) {
+            continue;
+        }
+        if base.ends_with("_pct") && !(-tol..=100.0 + tol).contains(&v) {
+            out.push(format!("{name} = {v} (a share above 100%)"));
+        }
+        if let Some(link) = link_gbps.filter(|&l| base.ends_with("_gbps") && v > l * (1.0 + tol)) {
+            out.push(format!("{name} = {v} (above the {link} Gb/s link)"));
+        }
+    }
+    out
+}
+
 /// How far a case got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -109,6 +172,8 @@ enum Outcome {
     NotBuilt,
     /// Built and run.
     Ran,
+    /// Built and run, with outputs beyond their physical bounds.
+    OutOfBounds(Vec<String>),
 }
 
 /// Parses `text` and, if it is accepted, builds it and runs 2 ms after a
@@ -136,7 +201,18 @@ fn parse_build_run(text: String, cal: Calibration) -> (Outcome, isize) {
         let r = w.report();
         let _ = r.to_text();
         serde_json::to_string(&r).expect("the report serializes");
-        Outcome::Ran
+        use exitless::scenario::{NetDevice, VirtioPeer};
+        let over_link = match s.net.device {
+            NetDevice::Virtio => s.net.peer == VirtioPeer::Remote,
+            NetDevice::VirtioVsock => false,
+            _ => true,
+        };
+        let breaches = bound_breaches(&r, over_link.then_some(cal.nic.link_gbps.value));
+        if breaches.is_empty() {
+            Outcome::Ran
+        } else {
+            Outcome::OutOfBounds(breaches)
+        }
     })
 }
 
@@ -515,6 +591,10 @@ struct Tally {
     cases: u32,
     accepted: u32,
     ran: u32,
+    /// Runs with an output beyond its physical bound.
+    out_of_bounds: u32,
+    /// Refusals by the key they name (the top-level key or table).
+    refused_by: std::collections::BTreeMap<String, u32>,
     peak: isize,
 }
 
@@ -522,7 +602,24 @@ impl Tally {
     fn add(&mut self, o: Outcome, peak: isize) {
         self.cases += 1;
         self.accepted += u32::from(!matches!(o, Outcome::Refused(_)));
-        self.ran += u32::from(o == Outcome::Ran);
+        self.ran += u32::from(matches!(o, Outcome::Ran | Outcome::OutOfBounds(_)));
+        self.out_of_bounds += u32::from(matches!(o, Outcome::OutOfBounds(_)));
+        if let Outcome::Refused(k) = &o {
+            let k = k.as_deref().unwrap_or("(parse error)");
+            // The class: the key without indices and with its leaf.
+            let class: String = k
+                .split('[')
+                .enumerate()
+                .map(|(i, p)| {
+                    if i == 0 {
+                        p
+                    } else {
+                        p.split_once(']').map_or(p, |x| x.1)
+                    }
+                })
+                .collect();
+            *self.refused_by.entry(class).or_default() += 1;
+        }
         self.peak = self.peak.max(peak);
     }
 }
@@ -550,12 +647,18 @@ fn fuzz<S: Strategy>(
     });
     let t = tally.into_inner().unwrap();
     eprintln!(
-        "{name}: {} cases, {} accepted, {} built and ran; peak {} MiB",
+        "{name}: {} cases, {} accepted, {} built and ran ({} beyond a physical bound); peak {} MiB",
         t.cases,
         t.accepted,
         t.ran,
+        t.out_of_bounds,
         t.peak >> 20
     );
+    if std::env::var_os("FUZZ_CLASSES").is_some() {
+        for (k, n) in &t.refused_by {
+            eprintln!("{name}:   refused naming {k}: {n}");
+        }
+    }
     if let Err(e) = r {
         panic!("{name}: {e}");
     }
@@ -566,6 +669,10 @@ fn generated_scenarios_never_panic_or_allocate_without_bound() {
     fuzz("generated", scenario_text(), |text| {
         let (o, peak) = parse_build_run(text.clone(), Calibration::default_host());
         prop_assert!(peak <= BUDGET, "{peak} bytes for\n{text}");
+        prop_assert!(
+            !matches!(o, Outcome::OutOfBounds(_)),
+            "outputs beyond their bounds: {o:?}\n{text}"
+        );
         // The text is well-formed TOML: a refusal names a key (perhaps
         // one left at its default, which clashes with one given).
         if let Outcome::Refused(key) = &o {
@@ -577,6 +684,72 @@ fn generated_scenarios_never_panic_or_allocate_without_bound() {
     });
 }
 
+/// Several VMs (issue 38): `[[vm]]` tables with copies up to the limit,
+/// placement by `core`, `cores` or `copies_cores`, and workloads whose
+/// per-VM values pass but whose totals across the VMs (connections,
+/// offered rates, vCPUs × copies) may not. Whatever is accepted builds
+/// and runs within the memory budget, and its outputs stay within their
+/// physical bounds.
+fn multi_vm_text() -> impl Strategy<Value = String> {
+    let vm = (
+        1u32..=4,
+        prop::sample::select(vec!["1", "2", "8", "64", "1024", "0", "4294967296"]),
+        prop::sample::select(vec![
+            "core = 1",
+            "core = 2",
+            "cores = [1, 2, 3, 4]",
+            "copies_cores = [1, 2, 3]",
+            "copies_cores = [1, 2]\ncore = 0",
+            "allowed_cores = \"any\"",
+        ]),
+        prop::sample::select(vec![
+            "[vm.workload.udp]\nrate_pps = 14880952\npayload_bytes = 1472",
+            "[vm.workload.udp]\nrate_pps = 400000\npayload_bytes = 128",
+            "[vm.workload.udp]\nrate_pps = 5000000\npayload_bytes = 18",
+            "[vm.workload.memcached]\nrate_rps = 1e6\nconnections = 4000",
+            "[vm.workload.memcached]\nrate_rps = 1e5\nconnections = 200",
+            "[vm.workload.nginx]\nab_processes = 4\nconcurrency = 64",
+            "[vm.workload.cyclictest]",
+            "[vm.workload.whileloop]\niterations = 1e7",
+            "",
+        ]),
+    );
+    (
+        prop::sample::select(vec!["kvm", "apicv", "kvm-2026", "did", "eli", "directvisor"]),
+        prop::sample::select(vec!["vf", "virtio"]),
+        2usize..=16,
+        prop::collection::vec(vm, 1..4),
+        any::<bool>(),
+    )
+        .prop_map(|(scheme, device, cores, vms, halt)| {
+            let mut t = format!(
+                "scheme = \"{scheme}\"\nduration_s = 0.002\nwarmup_s = 0.001\n[machine]\ncores = {cores}\n[net]\ndevice = \"{device}\"\n"
+            );
+            if halt {
+                t.push_str("[guest]\nidle = \"halt\"\n");
+            }
+            for (vcpus, copies, place, workload) in vms {
+                t.push_str(&format!(
+                    "[[vm]]\nvcpus = {vcpus}\ncopies = {copies}\n{place}\n{workload}\n"
+                ));
+            }
+            t
+        })
+}
+
+#[test]
+fn several_vms_stay_within_their_totals_and_bounds() {
+    fuzz("several VMs", multi_vm_text(), |text| {
+        let (o, peak) = parse_build_run(text.clone(), Calibration::default_host());
+        prop_assert!(peak <= BUDGET, "{} MiB for\n{text}", peak >> 20);
+        prop_assert!(
+            !matches!(o, Outcome::OutOfBounds(_)),
+            "outputs beyond their bounds: {o:?}\n{text}"
+        );
+        Ok((o, peak))
+    });
+}
+
 #[test]
 fn garbled_scenarios_never_panic() {
     let garbled = (scenario_text(), prop::collection::vec(edit(), 1..6))
@@ -584,6 +757,10 @@ fn garbled_scenarios_never_panic() {
     fuzz("garbled", garbled, |text| {
         let (o, peak) = parse_build_run(text.clone(), Calibration::default_host());
         prop_assert!(peak <= BUDGET, "{peak} bytes for\n{text}");
+        prop_assert!(
+            !matches!(o, Outcome::OutOfBounds(_)),
+            "outputs beyond their bounds: {o:?}\n{text}"
+        );
         Ok((o, peak))
     });
 }
@@ -624,6 +801,10 @@ fn calibration_extremes_are_refused_or_run() {
             };
             let (o, peak) = parse_build_run(base.replace("SCHEME", scheme), cal);
             prop_assert!(peak <= BUDGET, "{peak} bytes with {sec}.{key} = {value}");
+            prop_assert!(
+                !matches!(o, Outcome::OutOfBounds(_)),
+                "outputs beyond their bounds with {sec}.{key} = {value}: {o:?}"
+            );
             Ok((o, peak))
         },
     );
@@ -662,7 +843,9 @@ fn every_size_key_at_its_maximum_builds_within_the_budget() {
             "[workload.fio]\n",
             "workload.fio.block_bytes=1048576 workload.fio.disk_bytes=1099511627776",
         ),
-        ("[workload.udp]\nrate_pps = 14880952\npayload_bytes = 1472\n", ""),
+        // The highest rate the link carries: minimum frames (a 1472-byte
+        // payload at this rate would be 183 Gb/s, refused since issue 38).
+        ("[workload.udp]\nrate_pps = 14880952\npayload_bytes = 18\n", ""),
     ];
     for device in ["vf", "virtio"] {
         for (table, extra) in sets {
@@ -749,7 +932,9 @@ fn every_workload_value_is_range_checked_in_both_forms() {
                 let (o, peak) = parse_build_run(text, Calibration::default_host());
                 match o {
                     Outcome::Refused(Some(k)) if k == want => {}
-                    Outcome::Ran if peak <= BUDGET && maybe.contains(&value) => {
+                    Outcome::Ran | Outcome::OutOfBounds(_)
+                        if peak <= BUDGET && maybe.contains(&value) =>
+                    {
                         accepted.push(format!("{want} = {value}"))
                     }
                     o => failures.push(format!("{want} = {value}: {o:?}, peak {peak} bytes")),

@@ -205,7 +205,8 @@ def resolve(
 
 
 def schemes() -> list[tuple[str, str]]:
-    """The delivery schemes as (name, summary) pairs."""
+    """The delivery schemes as (name, summary) pairs: the x86 ones, then the
+    arm64 ones (their summaries start with ``(arch = "arm64")``)."""
     return list(_exitless.schemes())
 
 
@@ -218,3 +219,9 @@ def default_calibration() -> str:
 # attribute, but polars itself is only imported when a sweep runs.
 from ._sweep import flatten, summarize, sweep, write_results  # noqa: E402
 from ._sensitivity import sensitivity  # noqa: E402
+
+
+def __dir__() -> list[str]:
+    """The public names only (PEP 562): what ``import json`` or ``Any`` the
+    module uses for itself is not its interface."""
+    return sorted(__all__ + ["Scenario", "Calibration", "Overrides", "report"])

@@ -36,7 +36,7 @@ def set_string(key: str, value_json: str) -> str:
     """`KEY=VALUE` with the value (given as JSON) written as a TOML literal."""
 
 def schemes() -> list[tuple[str, str]]:
-    """(name, summary) of every delivery scheme."""
+    """(name, summary) of every delivery scheme, x86 then arm64."""
 
 def default_calibration() -> str:
     """The shipped calibration's TOML text."""

@@ -27,7 +27,8 @@ notebooks). Means and 95% confidence intervals across seeds come from
     python -m exitless.report results.parquet|results.csv|reproduce.json \\
         --html out.html [--png DIR]
 
-Needs matplotlib: ``pip install 'exitless[plot]'``.
+Needs matplotlib: ``pip install matplotlib``, or from a clone
+``pip install './python[plot]'`` (the package is not on PyPI).
 """
 
 from __future__ import annotations
@@ -51,10 +52,16 @@ try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    from matplotlib.ticker import (
+        FixedLocator,
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+        NullLocator,
+    )
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"exitless.report needs matplotlib ({e}): pip install 'exitless[plot]'"
+        f"exitless.report needs matplotlib ({e}): pip install matplotlib (or, from a clone, pip install './python[plot]')"
     ) from None
 
 from ._sweep import RESERVED, _zero_when_absent, flatten, summarize
@@ -296,6 +303,15 @@ def _spans_decades(values: Iterable[float], ratio: float) -> bool:
 
 def _si_formatter() -> FuncFormatter:
     return FuncFormatter(lambda v, _pos: _num(v))
+
+
+def _log_axis(axis: Any) -> None:
+    """A log axis labelled at 1, 2 and 5 × 10^k in SI form, minor ticks
+    unlabelled: matplotlib's default labels minor ticks over a short range,
+    and they ran together ("3×10¹4×10¹")."""
+    axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(_si_formatter())
+    axis.set_minor_formatter(NullFormatter())
 
 
 # --------------------------------------------------------------------------
@@ -634,7 +650,7 @@ def latency_cdf(
         for row in axes:
             for ax in row:
                 ax.set_xscale("log")
-                ax.xaxis.set_major_formatter(_si_formatter())
+                _log_axis(ax.xaxis)
     axes[0][ncols - 1].legend(
         title="scheme", loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9
     )
@@ -716,12 +732,14 @@ def metric_vs_param(
             color=_PALETTE[i % len(_PALETTE)],
             label=label,
         )
-    if log_x if log_x is not None else _spans_decades(all_x, 10.0):
-        ax.set_xscale("log")
-    if log_y if log_y is not None else _spans_decades(all_y, 100.0):
-        ax.set_yscale("log")
     ax.xaxis.set_major_formatter(_si_formatter())
     ax.yaxis.set_major_formatter(_si_formatter())
+    if log_x if log_x is not None else _spans_decades(all_x, 10.0):
+        ax.set_xscale("log")
+        _log_axis(ax.xaxis)
+    if log_y if log_y is not None else _spans_decades(all_y, 100.0):
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
     xticks = sorted(set(all_x))
     if 0 < len(xticks) <= 8:
         ax.xaxis.set_major_locator(FixedLocator(xticks))
@@ -1001,6 +1019,9 @@ class Report:
     title: str = "exitless report"
     figures: list[tuple[str, Figure | FigureGroup]] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
+    #: Tables written folded (a ``<details>`` element the reader opens):
+    #: the rows of a paper's experiments without a published value.
+    folded_tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: What produced the data (:func:`provenance`), written into the HTML.
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -1064,6 +1085,14 @@ def _provenance_html(p: Mapping[str, Any]) -> str:
     if p.get("paper"):
         parts.append(f"<li>paper: {html.escape(str(p['paper']))}</li>")
     parts.append("</ul>")
+    sw = p.get("sweep")
+    if isinstance(sw, Mapping):
+        sets = " ".join(f"--set {x}" for x in sw.get("sets") or []) or "(none)"
+        parts.append(
+            f"<details><summary>sweep inputs, from {html.escape(str(sw.get('record')))}</summary>"
+            f"<p>overrides: {html.escape(sets)}</p><p>scenario file:</p>"
+            f"<pre>{html.escape(str(sw.get('scenario') or ''))}</pre></details>"
+        )
     for i, run in enumerate(p.get("runs") or []):
         title = f"run {i + 1}: scenario {run.get('scenario') or '-'}, scheme {run.get('scheme')}, seed {run.get('seed')}"
         changes = run.get("calibration_changes") or {}
@@ -1122,7 +1151,18 @@ def _summary_table(df: pl.DataFrame) -> pl.DataFrame:
         .pivot(on="metric", index=["point", *keys, "scheme"], values="cell")
         .sort("point")
     )
-    return wide.select(*keys, "scheme", *[m for m in metrics if m in wide.columns])
+    out = wide.select(*keys, "scheme", *[m for m in metrics if m in wide.columns])
+    if len(vms_of(df)) > 1:
+        # Beside `all.*` columns a bare name is VM 0's alone: say so.
+        out = out.rename(
+            {
+                m: f"vm0.{m}"
+                for m in out.columns
+                if m in metrics and m != "violations" and not m.startswith("all.")
+                and not _VM_METRIC.match(m)
+            }
+        )
+    return out
 
 
 def build(data: Any, title: str | None = None) -> Report:
@@ -1161,7 +1201,21 @@ def build(data: Any, title: str | None = None) -> Report:
             rep.notes.append(f"{len(heads)} headline claims: {counts}.")
         if any(r["paper"] not in (None, 0) for r in rs):
             rep.figures.append(("model vs paper", model_vs_paper(rs)))
-        rep.tables.append(("every row: model, paper, tolerance", model_vs_paper_table(rs)))
+        published = [r for r in rs if r["paper"] is not None]
+        others = [r for r in rs if r["paper"] is None]
+        if published:
+            rep.tables.append(
+                ("published values: model, paper, tolerance", model_vs_paper_table(published))
+            )
+        if others:
+            # Hundreds of rows of the model alone (a paper's sweeps) would
+            # bury the comparisons: folded, opened on demand.
+            rep.folded_tables.append(
+                (
+                    f"{len(others)} rows without a published value (the model alone)",
+                    model_vs_paper_table(others),
+                )
+            )
         return rep
     df = as_frame(data)
     rep = Report(title=title or "exitless sweep", provenance=prov)
@@ -1290,6 +1344,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; }
 figcaption { color: #555; font-size: 0.9em; }
 table { border-collapse: collapse; font-size: 0.85em; }
+div.wide { overflow-x: auto; max-width: 100%; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; } th { background: #f2f2f2; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.miss td { background: #fde0e0; }
@@ -1335,7 +1390,12 @@ def write_html(
             "</figure>"
         )
     for name, df in all_tables:
-        parts.append(f"<h2>{html.escape(name)}</h2>{table_html(df)}")
+        parts.append(f'<h2>{html.escape(name)}</h2><div class="wide">{table_html(df)}</div>')
+    for name, df in report.folded_tables if isinstance(report, Report) else []:
+        parts.append(
+            f"<details><summary>{html.escape(name)}</summary>"
+            f'<div class="wide">{table_html(df)}</div></details>'
+        )
     prov = report.provenance if isinstance(report, Report) else {}
     parts.append(_provenance_html(prov or {"writer": _writer()}))
     parts.append("</body></html>")
@@ -1445,9 +1505,36 @@ def load(path: str | os.PathLike[str]) -> pl.DataFrame | list[dict[str, Any]]:
     )
 
 
+def _sweep_record(path: str) -> dict[str, Any]:
+    """What ``exitless sweep`` recorded beside its results file
+    ``STEM.csv`` in ``STEM.sweep.json``: the tool, the scenario text, the
+    ``--set`` overrides (the calibration's full text is left out)."""
+    stem, _ = os.path.splitext(path)
+    try:
+        with open(stem + ".sweep.json", encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(rec, Mapping):
+        return {}
+    out: dict[str, Any] = {
+        "sweep": {
+            "record": os.path.basename(stem + ".sweep.json"),
+            "scenario": rec.get("scenario"),
+            "sets": rec.get("sets") or [],
+        }
+    }
+    if rec.get("tool"):
+        out["tools"] = [str(rec["tool"])]
+    return out
+
+
 def _file_provenance(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The tool and paper a ``reproduce --json`` file names (``load``
-    returns its rows alone)."""
+    returns its rows alone), or for a sweep's ``.csv`` / ``.parquet`` what
+    the sweep recorded beside it."""
+    if os.path.splitext(os.fspath(path))[1].lower() in (".csv", ".parquet"):
+        return _sweep_record(os.fspath(path))
     if os.path.splitext(os.fspath(path))[1].lower() != ".json":
         return {}
     try:

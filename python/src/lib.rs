@@ -218,15 +218,22 @@ fn set_string(key: &str, value_json: &str) -> PyResult<String> {
     Ok(format!("{key}={v}"))
 }
 
-/// The delivery schemes: (name, one-line summary).
+/// The delivery schemes: (name, one-line summary), the x86 ones and then
+/// the arm64 ones (`arch = "arm64"`), as `exitless schemes` lists them.
 #[pyfunction]
-fn schemes() -> Vec<(&'static str, &'static str)> {
+fn schemes() -> Vec<(&'static str, String)> {
+    use exitless::hv::arm::{ARM_SCHEMES, ARM_SCHEME_SUMMARIES};
     use exitless::hv::scheme::{SCHEMES, SCHEME_SUMMARIES};
-    SCHEMES
+    let x86 = SCHEMES
         .iter()
         .copied()
-        .zip(SCHEME_SUMMARIES.iter().copied())
-        .collect()
+        .zip(SCHEME_SUMMARIES.iter().map(|s| s.to_string()));
+    let arm = ARM_SCHEMES.iter().copied().zip(
+        ARM_SCHEME_SUMMARIES
+            .iter()
+            .map(|s| format!("(arch = \"arm64\") {s}")),
+    );
+    x86.chain(arm).collect()
 }
 
 /// The shipped calibration's TOML text.

@@ -462,3 +462,51 @@ def test_cli_needs_an_output(capsys):
     with pytest.raises(SystemExit) as e:
         er.main(["x.csv"])
     assert e.value.code == 2 and "--html" in capsys.readouterr().err
+
+
+# -- issue 38: what a newcomer reads -------------------------------------------
+
+
+def test_log_axes_label_no_minor_ticks(frame):
+    fig = er.metric_vs_param(frame, "exits_per_s", "rate_pps", log_x=True, log_y=True)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    for axis in (ax.xaxis, ax.yaxis):
+        minor = [t.get_text() for t in axis.get_minorticklabels()]
+        assert all(m == "" for m in minor), minor
+
+
+def test_a_several_vm_summary_names_vm0_columns(tmp_path):
+    three = REPO / "scenarios" / "explore" / "three-vms.toml"
+    df = exitless.sweep(three, schemes=["kvm"], seeds=1, overrides={"duration_s": 0.03})
+    t = er._summary_table(df)
+    assert "exits_per_s" not in t.columns
+    assert "vm0.exits_per_s" in t.columns, t.columns
+
+
+def test_reproduce_rows_without_a_paper_value_are_folded(tmp_path):
+    many = [dict(REPRODUCE[3], config=f"c{i}") for i in range(50)]
+    rep = er.build([*REPRODUCE[:3], *many])
+    assert [t.height for _, t in rep.tables] == [3]
+    assert [t.height for _, t in rep.folded_tables] == [51]
+    out = tmp_path / "r.html"
+    er.write_html(out, rep)
+    text = out.read_text()
+    assert "<details><summary>51 rows without a published value" in text
+    assert text.count('<div class="wide">') == 2
+
+
+def test_a_cli_sweep_csv_carries_its_recorded_provenance(frame, tmp_path):
+    csv = tmp_path / "s.csv"
+    frame.write_csv(csv)
+    (tmp_path / "s.sweep.json").write_text(
+        json.dumps(
+            {"scenario": "scheme = 'kvm'", "sets": ["duration_s=0.05"], "calibration": "", "tool": "exitless 9.9.9"}
+        )
+    )
+    out = tmp_path / "s.html"
+    assert er.main([str(csv), "--html", str(out)]) == 0
+    text = out.read_text()
+    assert "exitless 9.9.9" in text
+    assert "not recorded in the input" not in text
+    assert "--set duration_s=0.05" in text

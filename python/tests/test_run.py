@@ -153,6 +153,16 @@ def test_bad_calibration_names_the_key(tmp_path):
 def test_schemes_lists_every_scheme():
     names = [n for n, _ in exitless.schemes()]
     assert {"kvm", "apicv", "eli", "elvis", "did", "naive", "bare-metal"} <= set(names)
+    # The arm64 ones too, as `exitless schemes` lists them (issue 38).
+    assert {"kvm-arm", "kvm-arm-v4", "did-arm"} <= set(names)
+
+
+def test_dir_shows_the_public_names_only():
+    names = dir(exitless)
+    for private in ("Any", "json", "os", "Union", "Mapping", "annotations"):
+        assert private not in names, private
+    for public in ("run", "sweep", "schemes", "ScenarioError", "report"):
+        assert public in names, public
 
 
 def test_naive_scheme_violations_reach_python():

@@ -68,12 +68,24 @@ fn threads(n: Option<u64>) -> usize {
 }
 
 /// Runs a sweep; `show`: a progress bar on stderr.
-pub fn sweep_cmd(a: SweepArgs, cal: &Calibration, quiet: bool, show: bool) -> Result<(), Failure> {
+/// `calibration`: the `--calibration` file, an input `--out` must not be.
+pub fn sweep_cmd(
+    a: SweepArgs,
+    cal: &Calibration,
+    calibration: Option<&std::path::Path>,
+    quiet: bool,
+    show: bool,
+) -> Result<(), Failure> {
     let axes = a
         .grids
         .iter()
         .map(|g| Axis::parse(g))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut inputs = vec![("the scenario file", a.scenario.as_path())];
+    if let Some(c) = calibration {
+        inputs.push(("the calibration file", c));
+    }
+    exitless::report::refuse_overwriting_input("--out", &a.out, &inputs)?;
     let plan = sweep::plan(&a.scenario, &a.sets, &axes, &a.schemes, a.seeds, a.seed)?;
     for w in &plan.warnings {
         crate::note!("exitless: warning: {w}\n");
@@ -365,8 +377,20 @@ pub fn calibrate_cmd(a: CalibrateArgs, quiet: bool) -> Result<(), Failure> {
     let toml = pks::to_toml(&c.entries, &input);
     match &a.out {
         Some(p) => {
-            exitless::report::write_file_atomically(p, |w| w.write_all(toml.as_bytes()))
-                .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            exitless::report::refuse_overwriting_input(
+                "--out",
+                p,
+                &[("the --from file", a.from.as_path())],
+            )?;
+            exitless::report::write_file_atomically(p, |w| w.write_all(toml.as_bytes())).map_err(
+                |e| {
+                    let shown = p.display().to_string();
+                    format!(
+                        "cannot write {}: {e}",
+                        exitless::scenario::overrides::shown(&shown)
+                    )
+                },
+            )?;
             if !quiet {
                 crate::note!(
                     "calibrate: {} entries to {} (use it with --calibration {})\n",
@@ -404,6 +428,9 @@ pub struct DiffArgs {
     pub tolerance: f64,
 }
 
+/// Widest `diff` name column, in characters.
+const MAX_NAME_COLUMN: usize = 120;
+
 /// `exitless diff A B`: the names whose values differ, with both values and
 /// the change; exit status 0 if none, 1 if some (as diff(1)), 2 on bad
 /// input.
@@ -425,7 +452,15 @@ pub fn diff_cmd(a: DiffArgs) -> Result<std::process::ExitCode, Failure> {
     let (x, y) = (load(&a.a)?, load(&a.b)?);
     let rows = diff::compare(&x, &y, a.tolerance);
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v}"));
-    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    // A column no wider than a screen: a longer name (a hostile JSON's
+    // 65,536-character key panicked the formatter's width) overflows its
+    // column instead.
+    let width = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, MAX_NAME_COLUMN);
     let mut o = String::new();
     if !rows.is_empty() {
         o += &format!(

@@ -38,6 +38,15 @@ impl Summary {
         self.total.checked_div(self.count).unwrap_or(0)
     }
 
+    /// Mean sample in µs; NaN when empty (a mean over no samples is not
+    /// 0: a report shows it as null).
+    pub fn mean_us(&self) -> f64 {
+        if self.count == 0 {
+            return f64::NAN;
+        }
+        self.mean() as f64 / super::time::US as f64
+    }
+
     /// Sample standard deviation in ns (0 with fewer than two samples).
     pub fn stddev_ns(&self) -> f64 {
         if self.count < 2 {
@@ -111,6 +120,20 @@ impl LatencyHistogram {
         self.sum.max
     }
 
+    /// Exact mean in µs; NaN when empty (see [`Summary::mean_us`]).
+    pub fn mean_us(&self) -> f64 {
+        self.sum.mean_us()
+    }
+
+    /// Value at percentile `p` in units of `unit` picoseconds; NaN when
+    /// empty (a percentile of no samples is not 0).
+    pub fn percentile_in(&self, p: f64, unit: Time) -> f64 {
+        if self.sum.count == 0 {
+            return f64::NAN;
+        }
+        self.percentile(p) as f64 / unit as f64
+    }
+
     /// Adds every sample of `o` (the distribution of both, as if each
     /// sample had been recorded here).
     pub fn merge(&mut self, o: &LatencyHistogram) {
@@ -132,6 +155,17 @@ impl LatencyHistogram {
 mod tests {
     use super::*;
     use crate::engine::time::US;
+
+    #[test]
+    fn no_samples_give_nan_not_zero() {
+        let h = LatencyHistogram::new();
+        assert!(h.mean_us().is_nan());
+        assert!(h.percentile_in(99.0, US).is_nan());
+        assert!(Summary::default().mean_us().is_nan());
+        let mut h = LatencyHistogram::new();
+        h.record(3 * US);
+        assert_eq!(h.mean_us(), 3.0);
+    }
 
     #[test]
     fn summary_tracks_extremes_and_stddev() {

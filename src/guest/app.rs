@@ -257,7 +257,7 @@ impl<'a> LatencyFamily<'a> {
     /// Its percentile metrics' values.
     pub fn insert(&self, out: &mut Metrics) {
         for (name, p, unit) in &self.metrics {
-            out.insert(name.clone(), self.hist.percentile(*p) as f64 / *unit as f64);
+            out.insert(name.clone(), self.hist.percentile_in(*p, *unit));
         }
     }
 
@@ -270,15 +270,16 @@ impl<'a> LatencyFamily<'a> {
         prefix: &str,
     ) {
         for (name, p, unit) in &self.metrics {
-            out.insert(
-                format!("{prefix}{name}"),
-                merged.percentile(*p) as f64 / *unit as f64,
-            );
+            out.insert(format!("{prefix}{name}"), merged.percentile_in(*p, *unit));
         }
         if let Some((name, unit)) = &self.mean {
             out.insert(
                 format!("{prefix}{name}"),
-                merged.mean() as f64 / *unit as f64,
+                if merged.count() == 0 {
+                    f64::NAN
+                } else {
+                    merged.mean() as f64 / *unit as f64
+                },
             );
         }
     }

@@ -17,7 +17,7 @@ pub mod diff;
 pub mod output;
 pub mod trace;
 
-pub use output::{remove_temporaries, write_file_atomically};
+pub use output::{refuse_overwriting_input, remove_temporaries, write_file_atomically};
 
 /// The version of the JSON outputs' schema (`run --json`, `reproduce
 /// --json`): raised when a field is renamed, removed or changes meaning, so
@@ -227,11 +227,52 @@ pub struct RunReport {
     /// Assumptions the scenario makes.
     pub assumptions: Vec<Assumption>,
     /// Options the scenario gives that have no effect (validation's
-    /// warnings); absent when there are none.
+    /// warnings), and metrics without a value (null: a latency over no
+    /// samples, a loop that did not finish); absent when there are none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// What produced this report, enough to run it again.
     pub provenance: Provenance,
+}
+
+/// Most metric names one "no value" warning lists.
+const MAX_NAMED: usize = 8;
+
+/// The scenario's warnings, then one for each kind of metric the run could
+/// not compute (NaN, null in JSON): a latency or mean over no samples, an
+/// elapsed time of a loop that did not end within `duration_s`.
+fn with_result_warnings(scenario: &[String], metrics: &BTreeMap<String, f64>) -> Vec<String> {
+    let mut w = scenario.to_vec();
+    let (unfinished, empty): (Vec<&String>, Vec<&String>) = metrics
+        .iter()
+        .filter(|(_, v)| v.is_nan())
+        .map(|(k, _)| k)
+        .partition(|k| k.ends_with("elapsed_s"));
+    let list = |names: &[&String]| {
+        let mut l = names
+            .iter()
+            .take(MAX_NAMED)
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if names.len() > MAX_NAMED {
+            l += &format!(" and {} more", names.len() - MAX_NAMED);
+        }
+        l
+    };
+    if !unfinished.is_empty() {
+        w.push(format!(
+            "{}: null, the loop did not finish within duration_s (raise duration_s or lower iterations)",
+            list(&unfinished)
+        ));
+    }
+    if !empty.is_empty() {
+        w.push(format!(
+            "{}: null, no samples in the measured interval (a longer duration_s or a higher rate gives some)",
+            list(&empty)
+        ));
+    }
+    w
 }
 
 /// What produced a run report: the tool, the scenario as resolved (every
@@ -406,6 +447,7 @@ impl RunReport {
             .map(|(i, vm)| vm_report(i, vm, &s.exits, s.duration))
             .collect();
         aggregate::add_aggregates(&mut metrics, &vms);
+        let warnings = with_result_warnings(&s.scenario.warnings, &metrics);
         RunReport {
             schema_version: SCHEMA_VERSION,
             scenario: s.scenario.name.clone(),
@@ -421,7 +463,7 @@ impl RunReport {
                 merged: s.checker.merged,
             },
             assumptions: s.scenario.assumptions.clone(),
-            warnings: s.scenario.warnings.clone(),
+            warnings,
             provenance: Provenance {
                 tool: tool_version(),
                 scenario: serde_json::to_value(s.scenario).unwrap_or_default(),

@@ -122,7 +122,7 @@ pub fn write_file_atomically(
 ) -> std::io::Result<()> {
     let target = match resolve(path)? {
         Target::WriteThrough(dev) => {
-            let f = std::fs::OpenOptions::new().write(true).open(&dev)?;
+            let f = open_write_through(&dev)?;
             let mut out = std::io::BufWriter::new(f);
             write(&mut out)?;
             return out.into_inner().map(drop).map_err(|e| e.into_error());
@@ -136,14 +136,15 @@ pub fn write_file_atomically(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    // A run killed by a signal no handler sees (SIGKILL, SIGXCPU, ...)
+    // leaves its temporary behind: the next write of the same target
+    // removes those of processes that no longer exist.
+    remove_stale_temporaries(dir, name);
     // create_new: never follow or clobber something already there (a
     // shared directory such as /tmp may hold a planted symlink).
     let mut attempt = 0u32;
     let (tmp, file) = loop {
-        let mut n = std::ffi::OsString::from(".");
-        n.push(name);
-        n.push(format!(".{}-{attempt}.tmp", std::process::id()));
-        let tmp = dir.join(n);
+        let tmp = dir.join(temporary_name(name, std::process::id(), attempt));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -163,6 +164,163 @@ pub fn write_file_atomically(
         let _ = std::fs::remove_file(&tmp.0);
     }
     done
+}
+
+/// How long a FIFO may wait for its reader before the write is an error.
+const FIFO_READER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens a character device or FIFO for writing. open(2) of a FIFO
+/// without a reader blocks until one comes, forever if none does: it is
+/// opened non-blocking (ENXIO while no reader has it open) and retried
+/// for [`FIFO_READER_WAIT`], then made blocking again for the writes.
+fn open_write_through(dev: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let t0 = std::time::Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(dev)
+        {
+            Ok(f) => {
+                // SAFETY: fcntl on a descriptor this function owns.
+                unsafe {
+                    let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                    if fl >= 0 {
+                        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                    }
+                }
+                return Ok(f);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && t0.elapsed() < FIFO_READER_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    format!(
+                        "{} is a FIFO nobody reads (waited {} s): start its reader first",
+                        dev.display(),
+                        FIFO_READER_WAIT.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Longest part of the target's name a temporary file's name repeats: a
+/// legal target name of up to 255 bytes must leave room for the rest
+/// (`~hash.pid-attempt.tmp`) under NAME_MAX.
+const TMP_NAME_PREFIX: usize = 64;
+
+/// The part of a temporary file's name that names its target: a dot, the
+/// target name's first [`TMP_NAME_PREFIX`] bytes (whole characters), `~`
+/// and a hash of the whole name, then `.`.
+fn temporary_stem(name: &std::ffi::OsStr) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    let mut cut = bytes.len().min(TMP_NAME_PREFIX);
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+    }
+    // FNV-1a, 32 bits: two names sharing their first bytes get different
+    // temporaries, and the stem stays stable across runs.
+    let hash = bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let mut stem = b".".to_vec();
+    stem.extend_from_slice(&bytes[..cut]);
+    stem.extend_from_slice(format!("~{hash:08x}.").as_bytes());
+    stem
+}
+
+/// A temporary file's name for target `name`, written by process `pid`.
+fn temporary_name(name: &std::ffi::OsStr, pid: u32, attempt: u32) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let mut n = temporary_stem(name);
+    n.extend_from_slice(format!("{pid}-{attempt}.tmp").as_bytes());
+    std::ffi::OsString::from_vec(n)
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending one; a
+/// process of another user exists too: EPERM).
+fn process_exists(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with signal 0 sends nothing and touches no memory.
+    let r = unsafe { libc::kill(p, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Removes the temporaries of target `name` in `dir` that processes no
+/// longer running left (this and the earlier `.NAME.PID-N.tmp` form).
+fn remove_stale_temporaries(dir: &Path, name: &std::ffi::OsStr) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let stem = temporary_stem(name);
+    let mut old_stem = b".".to_vec();
+    old_stem.extend_from_slice(name.as_bytes());
+    old_stem.push(b'.');
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let b = file.as_bytes();
+        let Some(rest) = [&stem, &old_stem]
+            .iter()
+            .find_map(|s| b.strip_prefix(s.as_slice()))
+            .and_then(|r| r.strip_suffix(b".tmp"))
+        else {
+            continue;
+        };
+        // PID-ATTEMPT, nothing else.
+        let Some(pid) = std::str::from_utf8(rest)
+            .ok()
+            .and_then(|r| r.split_once('-'))
+            .filter(|(_, a)| a.parse::<u32>().is_ok())
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_file = e.file_type().is_ok_and(|t| t.is_file());
+        if is_file && pid != std::process::id() && !process_exists(pid) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Whether `a` and `b` name the same existing file (same device and
+/// inode, through symlinks and hard links): an output path that is one of
+/// the command's inputs would overwrite it.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// An error if output `out` is one of the command's `inputs` (each with
+/// what it is, e.g. "the scenario file"): writing it would destroy it.
+pub fn refuse_overwriting_input(
+    what: &str,
+    out: &Path,
+    inputs: &[(&str, &Path)],
+) -> Result<(), String> {
+    match inputs.iter().find(|(_, p)| same_file(out, p)) {
+        Some((which, p)) => Err(format!(
+            "{what} {} is {which} ({}): writing it would overwrite that input; give another path",
+            out.display(),
+            p.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -285,6 +443,56 @@ mod tests {
             .unwrap()
             .file_type()
             .is_fifo());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_250_byte_target_name_gets_a_temporary_under_name_max() {
+        let dir = scratch_dir("atomic-long");
+        let name = format!("{}.json", "n".repeat(245));
+        assert_eq!(name.len(), 250);
+        let path = dir.join(&name);
+        write_file_atomically(&path, |w| w.write_all(b"ok")).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "ok");
+        let t = temporary_name(std::ffi::OsStr::new(&name), u32::MAX, u32::MAX);
+        assert!(t.len() <= 255, "{} bytes", t.len());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn stale_temporaries_of_the_target_are_removed_by_the_next_write() {
+        let dir = scratch_dir("atomic-stale");
+        let name = std::ffi::OsStr::new("trace.json");
+        // A pid above pid_max (2^22) never runs: its temporaries are stale.
+        let dead = 4_194_305;
+        let stale = dir.join(temporary_name(name, dead, 0));
+        let old_form = dir.join(format!(".trace.json.{dead}-3.tmp"));
+        // A live process's (ours: the parent of this test, pid 1) stays,
+        // as does another target's.
+        let live = dir.join(temporary_name(name, 1, 0));
+        let other = dir.join(temporary_name(std::ffi::OsStr::new("t.json"), dead, 0));
+        for p in [&stale, &old_form, &live, &other] {
+            std::fs::write(p, "partial").unwrap();
+        }
+        write_file_atomically(&dir.join(name), |w| w.write_all(b"whole")).unwrap();
+        assert!(!stale.exists() && !old_form.exists());
+        assert!(live.exists() && other.exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_output_that_is_an_input_is_refused() {
+        let dir = scratch_dir("atomic-same");
+        let input = dir.join("scenario.toml");
+        std::fs::write(&input, "x").unwrap();
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        let e = refuse_overwriting_input("--trace", &link, &[("the scenario file", &input)])
+            .unwrap_err();
+        assert!(e.contains("the scenario file"), "{e}");
+        assert!(
+            refuse_overwriting_input("--trace", &dir.join("new.json"), &[("s", &input)]).is_ok()
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

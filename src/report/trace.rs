@@ -34,6 +34,9 @@ pub enum TraceKind {
     Guest,
     /// A VM exit, from exit to the next entry (slice; `who` is the vCPU).
     Exit(ExitInfo),
+    /// An arm64 exit to EL2, from the trap to the next entry or to the
+    /// vCPU thread blocking (slice; `who` is the vCPU).
+    El2Exit(crate::hv::arm::ArmExit),
     /// The core was handed to the vCPU by the host scheduler (slice).
     ScheduleIn,
     /// An interrupt reached the guest's handler (`who` is the vCPU).
@@ -59,6 +62,85 @@ pub enum TraceKind {
         /// Runnable threads, the running one included.
         len: u16,
     },
+}
+
+impl TraceKind {
+    /// The slice an arm64 world records where a vCPU's time in EL2 ends:
+    /// an exit's (named by its exception class), or a schedule-in's (the
+    /// load path, no exit).
+    pub fn el2_slice(exit: Option<crate::hv::arm::ArmExit>) -> TraceKind {
+        exit.map_or(TraceKind::ScheduleIn, TraceKind::El2Exit)
+    }
+}
+
+/// The x2APIC registers an MSR_WRITE exit names (MSR 0x800 + offset / 16,
+/// SDM Vol. 3 Table 10-6), by MSR number.
+const X2APIC_MSRS: [(u32, &str); 6] = [
+    (0x80b, "x2APIC EOI"),
+    (0x830, "x2APIC ICR"),
+    (0x832, "x2APIC LVT timer"),
+    (0x838, "x2APIC TMICT"),
+    (0x83e, "x2APIC TDCR"),
+    (0x6e0, "IA32_TSC_DEADLINE"),
+];
+
+/// An exit's qualification as a reader of the SDM writes it: registers,
+/// ports and vectors in hex, an MSR with its name.
+pub fn qualification(info: &ExitInfo) -> String {
+    match *info {
+        ExitInfo::MsrWrite { msr, value } => {
+            let name = X2APIC_MSRS
+                .iter()
+                .find(|(m, _)| *m == msr)
+                .map_or(String::new(), |(_, n)| format!(" ({n})"));
+            format!("WRMSR {msr:#x}{name} <- {value:#x}")
+        }
+        ExitInfo::ExternalInterrupt { vector: Some(v) } => {
+            format!("external interrupt, vector {v:#04x} acknowledged on exit")
+        }
+        ExitInfo::ExternalInterrupt { vector: None } => {
+            "external interrupt, still requested in the LAPIC".into()
+        }
+        ExitInfo::IoInstruction { port } => format!("OUT to port {port:#06x}"),
+        ExitInfo::Exception {
+            vector,
+            idt_vectoring,
+        } => match idt_vectoring {
+            Some(i) => format!("exception {vector} while delivering vector {i:#04x}"),
+            None => format!("exception {vector}"),
+        },
+        ExitInfo::EoiInduced { vector } => format!("EOI of vector {vector:#04x}"),
+        ExitInfo::ApicAccess { offset, value } => {
+            format!("APIC page offset {offset:#05x} <- {value:#x}")
+        }
+        ref other => format!("{other:?}"),
+    }
+}
+
+/// An arm64 exit's qualification: the trapped register access (ESR_EL2's
+/// ISS for EC 0x18) or the exception class.
+fn el2_qualification(exit: &crate::hv::arm::ArmExit) -> String {
+    use crate::hv::arm::ArmExit;
+    match *exit {
+        ArmExit::Sys64 { reg, value } => format!("MSR {reg:?} <- {value:#x}"),
+        ArmExit::Irq => "physical IRQ (HCR_EL2.IMO)".into(),
+        ArmExit::Fiq => "physical FIQ (HCR_EL2.FMO)".into(),
+        ArmExit::Wfx => "WFI trapped (HCR_EL2.TWI)".into(),
+    }
+}
+
+/// How a GICv3 INTID reads: its class and, for the ones Linux's arm64
+/// guest uses, what it is.
+fn intid_label(intid: u32) -> String {
+    let what = match intid {
+        0..=15 => "SGI",
+        27 => "PPI, virtual timer",
+        16..=31 => "PPI",
+        32..=1019 => "SPI",
+        8192.. => "LPI",
+        _ => "special",
+    };
+    format!("INTID {intid} ({what})")
 }
 
 /// One event.
@@ -87,6 +169,22 @@ pub struct TraceNames {
     pub host_threads: Vec<String>,
     /// VMs.
     pub vms: usize,
+    /// arm64: per VM, the INTID of each guest handler vector (the guest's
+    /// irq domain; empty on x86, whose interrupts are named by vector).
+    pub intids: Vec<Vec<u32>>,
+}
+
+impl TraceNames {
+    /// An interrupt of VM `vm` with guest handler `vector`, as its
+    /// architecture names it: `INTID 27 (PPI, virtual timer)` on arm64,
+    /// `0xef` on x86.
+    pub fn irq(&self, vm: usize, vector: u8) -> String {
+        match self.intids.get(vm).and_then(|t| t.get(vector as usize)) {
+            // 1023: no INTID for that vector (spurious): keep the vector.
+            Some(&i) if i != 1023 => intid_label(i),
+            _ => format!("0x{vector:02x}"),
+        }
+    }
 }
 
 /// A bounded trace of one run.
@@ -270,14 +368,18 @@ impl Trace {
                         us(e.dur)
                     )?;
                 }
-                TraceKind::Exit(info) => {
+                TraceKind::Exit(_) | TraceKind::El2Exit(_) => {
                     let (vm, i) = vcpu(e.who);
-                    let reason = info.reason().name();
+                    let (reason, q) = match e.kind {
+                        TraceKind::Exit(info) => (info.reason().name(), qualification(&info)),
+                        TraceKind::El2Exit(x) => (x.reason().name(), el2_qualification(&x)),
+                        _ => unreachable!("matched above"),
+                    };
                     write!(
                         out,
                         "{{\"name\":\"vm{vm} vcpu{i}: {reason}\",\"cat\":\"exit\",\"ph\":\"X\",\"ts\":{ts},\"dur\":{},\"pid\":{PID_CORES},\"tid\":{tid},\"args\":{{\"vm\":{vm},\"vcpu\":{i},\"reason\":\"{reason}\",\"qualification\":{}}}}}",
                         us(e.dur),
-                        json_string(&format!("{info:?}"))
+                        json_string(&q)
                     )?;
                 }
                 TraceKind::Raise { vector } => {
@@ -292,7 +394,8 @@ impl Trace {
                     }
                     write!(
                         out,
-                        "{{\"name\":\"raise 0x{vector:02x}\",\"cat\":\"interrupt\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_DEVICES},\"tid\":{vm},\"bind_id\":{id},\"flow_out\":true,\"args\":{{\"vm\":{vm},\"vector\":{vector},\"core\":{}}}}},",
+                        "{{\"name\":\"raise {}\",\"cat\":\"interrupt\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_DEVICES},\"tid\":{vm},\"bind_id\":{id},\"flow_out\":true,\"args\":{{\"vm\":{vm},\"vector\":{vector},\"core\":{}}}}},",
+                        names.irq(vm, vector),
                         e.core
                     )?;
                     out.write_all(b"\n")?;
@@ -307,7 +410,8 @@ impl Trace {
                     let flow = raised.remove(&(vm, vector));
                     write!(
                         out,
-                        "{{\"name\":\"vm{vm} vcpu{i}: irq 0x{vector:02x}\",\"cat\":\"interrupt\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_CORES},\"tid\":{tid},"
+                        "{{\"name\":\"vm{vm} vcpu{i}: irq {}\",\"cat\":\"interrupt\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_CORES},\"tid\":{tid},",
+                        names.irq(vm, vector)
                     )?;
                     if let Some(id) = flow {
                         in_service.insert((e.who, vector), id);
@@ -332,7 +436,8 @@ impl Trace {
                     let (vm, i) = vcpu(e.who);
                     write!(
                         out,
-                        "{{\"name\":\"vm{vm} vcpu{i}: eoi 0x{vector:02x}\",\"cat\":\"eoi\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_CORES},\"tid\":{tid},"
+                        "{{\"name\":\"vm{vm} vcpu{i}: eoi {}\",\"cat\":\"eoi\",\"ph\":\"X\",\"ts\":{ts},\"dur\":0,\"pid\":{PID_CORES},\"tid\":{tid},",
+                        names.irq(vm, vector)
                     )?;
                     if let Some(id) = in_service.remove(&(e.who, vector)) {
                         write!(out, "\"bind_id\":{id},\"flow_in\":true,")?;
@@ -407,7 +512,54 @@ mod tests {
             vcpus: vec![(0, 0), (1, 0)],
             host_threads: vec!["vhost worker 0".into()],
             vms: 2,
+            intids: Vec::new(),
         }
+    }
+
+    #[test]
+    fn arm_exits_are_exit_slices_and_interrupts_are_named_by_intid() {
+        use crate::hv::arm::ArmExit;
+        let mut t = Trace::new(0, Time::MAX, 20);
+        t.record(TraceKind::el2_slice(Some(ArmExit::Wfx)), 1, 0, 0, 1_000_000);
+        t.record(TraceKind::el2_slice(None), 1, 0, 1_000_000, 2_000_000);
+        t.record(
+            TraceKind::Raise { vector: 0xef },
+            1,
+            0,
+            2_000_000,
+            2_000_000,
+        );
+        t.record(
+            TraceKind::Deliver { vector: 0xef },
+            1,
+            0,
+            3_000_000,
+            3_000_000,
+        );
+        t.record(TraceKind::Eoi { vector: 0xef }, 1, 0, 4_000_000, 4_000_000);
+        let mut n = names();
+        // VM 0's guest: vector 0xef is its virtual timer, PPI 27.
+        let mut v0 = vec![1023; 256];
+        v0[0xef] = 27;
+        n.intids = vec![v0, vec![1023; 256]];
+        let v: serde_json::Value = serde_json::from_str(&t.to_chrome_json("arm", &n)).unwrap();
+        let ev = v["traceEvents"].as_array().unwrap();
+        let exits: Vec<&serde_json::Value> = ev.iter().filter(|e| e["cat"] == "exit").collect();
+        assert_eq!(exits.len(), 1);
+        assert_eq!(exits[0]["name"], "vm0 vcpu0: WFx");
+        let names: Vec<&str> = ev.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert!(
+            names.contains(&"vm0 vcpu0: irq INTID 27 (PPI, virtual timer)"),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&"raise INTID 27 (PPI, virtual timer)"),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n.contains("0xef")), "{names:?}");
+        // The raise still flows to the delivery and the EOI.
+        let flows = ev.iter().filter(|e| e.get("bind_id").is_some()).count();
+        assert_eq!(flows, 3);
     }
 
     #[test]
@@ -438,7 +590,7 @@ mod tests {
         assert_eq!(slices[1]["args"]["reason"], "MSR_WRITE");
         assert_eq!(
             slices[1]["args"]["qualification"],
-            "MsrWrite { msr: 2059, value: 0 }"
+            "WRMSR 0x80b (x2APIC EOI) <- 0x0"
         );
         assert_eq!(slices[1]["ts"].as_f64(), Some(1.5));
         assert_eq!(slices[1]["dur"].as_f64(), Some(0.85));

@@ -75,7 +75,8 @@ pub(super) fn typed_error(text: &str, e: &toml::de::Error) -> ScenarioError {
         sec
     };
     let join = |sec: Option<String>, leaf: &str| super::key(&sec.unwrap_or_default(), leaf);
-    let msg = e.message().trim();
+    let msg = &with_suggestion(e.message().trim());
+    let msg = msg.as_str();
     let key = if let Some(field) = msg
         .strip_prefix("missing field `")
         .and_then(|r| r.split('`').next())
@@ -88,12 +89,60 @@ pub(super) fn typed_error(text: &str, e: &toml::de::Error) -> ScenarioError {
         join(section(), line.split('=').next().unwrap_or("").trim())
     };
     if key.is_empty() {
-        return ScenarioError::Parse(shown(msg).into_owned());
+        return ScenarioError::Parse(elide_quoted(msg).into_owned());
     }
+    // The whole message, only the user's own text in it shortened: the
+    // list of valid names after it is what the user needs.
     ScenarioError::Invalid {
         key: shown(&key).into_owned(),
-        problem: shown(msg).into_owned(),
+        problem: elide_quoted(msg).into_owned(),
     }
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown
+/// variant"), with "did you mean `a`?" added for a near miss: the valid
+/// name at the smallest edit distance, if it is at most a third of the
+/// name's length (and at least 1).
+pub(crate) fn with_suggestion(msg: &str) -> String {
+    let given = ["unknown field `", "unknown variant `"]
+        .iter()
+        .find_map(|p| msg.strip_prefix(p))
+        .and_then(|r| r.split('`').next());
+    let (Some(given), Some((_, expected))) = (given, msg.split_once("expected")) else {
+        return msg.to_string();
+    };
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|c| (edit_distance(given, c), c))
+        .min();
+    match best {
+        Some((d, c)) if d > 0 && d <= (given.chars().count() / 3).max(1) => {
+            format!("{msg}; did you mean `{c}`?")
+        }
+        _ => msg.to_string(),
+    }
+}
+
+/// Levenshtein distance between `a` and `b`, by characters (a name longer
+/// than a key could be is not compared: its distance is its length).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len() > 256 || b.len() > 256 {
+        return a.len().max(b.len());
+    }
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = (diag + usize::from(ca != cb)).min(up + 1).min(row[j] + 1);
+            diag = up;
+        }
+    }
+    row[b.len()]
 }
 
 /// The deepest key a scenario has is five parts (`vm.2.workload.udp.
@@ -108,7 +157,7 @@ const MAX_ECHO: usize = 120;
 /// `text` as an error message shows it: in full when short, else its
 /// start, its length and its end (an error must not echo a 100 KB value
 /// back, and the end of a message says what was expected).
-pub(crate) fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     if text.len() <= MAX_ECHO {
         return text.into();
     }
@@ -237,4 +286,33 @@ pub fn apply_set(tree: &mut toml::Table, kv: &str) -> Result<(), ScenarioError> 
     }
     t.insert(parts[parts.len() - 1].to_string(), scalar(v.trim()));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_near_miss_gets_a_suggestion_and_a_far_one_does_not() {
+        let m = "unknown field `rate_ps`, expected one of `rate_pps`, `burst`";
+        assert!(with_suggestion(m).ends_with("did you mean `rate_pps`?"));
+        let m = "unknown field `zzz`, expected one of `rate_pps`, `burst`";
+        assert_eq!(with_suggestion(m), m);
+        let m = "unknown variant `kvm2026`, expected one of `kvm`, `kvm-2026`";
+        assert!(with_suggestion(m).ends_with("did you mean `kvm-2026`?"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn an_unknown_key_error_lists_every_valid_key() {
+        let text = "scheme = \"kvm\"\nduration_s = 0.01\n[workload.udp]\nrate_pps = 1000\n[nic]\nitr_intervall_us = 5\n";
+        let e = crate::scenario::Scenario::parse(text, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("bytes in all"), "{e}");
+        assert!(e.contains("did you mean `itr_interval_us`?"), "{e}");
+        // The last of the valid names is there, not cut off.
+        let names = e.split("expected").nth(1).unwrap_or("");
+        assert!(names.matches('`').count() >= 6, "{e}");
+    }
 }

@@ -203,7 +203,9 @@ impl VmSpec {
     pub fn vcpu_cores(&self) -> Vec<usize> {
         match (&self.cores, self.core) {
             (Some(c), _) => c.clone(),
-            (None, Some(c)) => (0..self.vcpus as usize).map(|i| c + i).collect(),
+            (None, Some(c)) => (0..self.vcpus as usize)
+                .map(|i| c.saturating_add(i))
+                .collect(),
             (None, None) => (0..self.vcpus as usize).map(|i| 1 + i).collect(),
         }
     }
@@ -411,6 +413,13 @@ impl Scenario {
                 format!("{vcpus} vCPUs in all: at most {}", Self::MAX_TOTAL_VCPUS),
             );
         }
+        if let Some(&i) = self.hv.directvisor_plain_vms.iter().find(|&&i| i >= total) {
+            return bad(
+                "hv",
+                "directvisor_plain_vms",
+                format!("VM {i}: the scenario has VMs 0..{total} (copies included)"),
+            );
+        }
         // The single-VM form moved the top-level workload into its VM:
         // one left here was written beside `[[vm]]` tables.
         if !self.workload.is_empty() {
@@ -424,11 +433,75 @@ impl Scenario {
         for (i, v) in self.vms.iter().enumerate() {
             v.validate(i, self.machine.cores, &self.scheme, several)?;
         }
+        // After each VM's own bounds, which name the key a value breaks.
+        self.validate_totals()?;
         if several && (!self.preemptions.is_empty() || self.host.ipi_per_s > 0.0) {
             return bad(
                 "",
                 "preemptions / host.ipi_per_s",
                 "scripted preemptions and host IPIs target one VM: use them with a single VM",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Scenario {
+    /// Most TCP connections the client hosts open to all VMs together
+    /// (memcached's, ApacheBench's). Each is a socket pair with its
+    /// state in the model, about 2.3 KB (16 memcached VMs of 4,000
+    /// connections: 157 MB of RSS); 1,024 such VMs passed every per-VM
+    /// bound and grew past 4 GB before the run began. This bound keeps a
+    /// build under ~160 MB of connections.
+    pub const MAX_TOTAL_CONNECTIONS: u64 = 65_536;
+
+    /// Most requests per second the open-loop memcached clients offer all
+    /// VMs together: one VM's own bound, since they share the load
+    /// generator and its link.
+    pub const MAX_TOTAL_RPS: f64 = 1e7;
+
+    /// Bounds on the sums over VMs (copies included) that no VM's own
+    /// bounds catch.
+    fn validate_totals(&self) -> Result<(), ScenarioError> {
+        let mut connections = 0u64;
+        let mut rps = 0.0;
+        for v in &self.vms {
+            let active = u64::from(v.active_copies.unwrap_or(v.copies));
+            let w = &v.workload;
+            let mut per_vm = 0u64;
+            if let Some(m) = &w.memcached {
+                per_vm += u64::from(m.connections);
+                rps += m.rate_rps.unwrap_or(0.0) * active as f64;
+            }
+            for (ab, c) in [
+                w.nginx.as_ref().map(|n| (n.ab_processes, n.concurrency)),
+                w.apache.as_ref().map(|n| (n.ab_processes, n.concurrency)),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                per_vm += u64::from(ab) * u64::from(c);
+            }
+            connections += per_vm * active;
+        }
+        if connections > Self::MAX_TOTAL_CONNECTIONS {
+            return bad(
+                "",
+                "vm",
+                format!(
+                    "{connections} TCP connections to the VMs in all (connections / ab_processes × concurrency, times copies): at most {}",
+                    Self::MAX_TOTAL_CONNECTIONS
+                ),
+            );
+        }
+        if rps > Self::MAX_TOTAL_RPS {
+            return bad(
+                "",
+                "vm",
+                format!(
+                    "memcached rate_rps {rps} requests/s to the VMs in all (times copies): at most {} from the one load generator",
+                    Self::MAX_TOTAL_RPS
+                ),
             );
         }
         Ok(())
@@ -490,12 +563,33 @@ impl VmSpec {
         if self.core.is_some() && self.cores.is_some() {
             return bad(at, "cores", "give `core` or `cores`, not both");
         }
-        if self.core.is_none() && self.cores.is_none() && self.allowed_cores.is_none() {
+        if self.core.is_none()
+            && self.cores.is_none()
+            && self.allowed_cores.is_none()
+            && self.copies_cores.is_none()
+        {
             return bad(
                 at,
                 "core",
-                "missing: the core its vCPU runs on (or `cores`, one per vCPU, or `allowed_cores`)",
+                "missing: the core its vCPU runs on (or `cores`, one per vCPU, `allowed_cores` or `copies_cores`)",
             );
+        }
+        // `copies_cores` decides where copies run, but a `core` / `cores`
+        // written beside it is still a core of this machine (it used to go
+        // unchecked: 0 and 2^63 ran).
+        if self.copies_cores.is_some() && (self.core.is_some() || self.cores.is_some()) {
+            let given = self.vcpu_cores();
+            if let Some(c) = given.iter().find(|&&c| c == 0 || c >= machine_cores) {
+                return bad(
+                    at,
+                    if self.cores.is_some() {
+                        "cores"
+                    } else {
+                        "core"
+                    },
+                    format!("core {c} must be in 1..{machine_cores} (core 0 is the host's)"),
+                );
+            }
         }
         self.validate_allowed_cores(at, machine_cores)?;
         let cores = self.copy_cores(0, machine_cores);
@@ -660,6 +754,32 @@ fn distinct(list: &[u32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{err, ok, BASE};
+
+    /// `copies_cores` places the copies on its own (no `core` needed),
+    /// and a `core` / `cores` written beside it is still checked.
+    #[test]
+    fn copies_cores_needs_no_core_and_a_core_beside_it_is_checked() {
+        let vm = |extra: &str| {
+            format!(
+                "scheme = \"kvm\"\nduration_s = 0.1\n[machine]\ncores = 4\n[[vm]]\ncopies = 2\n\
+                 copies_cores = [1, 2]\n{extra}\n"
+            )
+        };
+        let s = ok(&vm(""), &[]);
+        let v = s.vm_views();
+        assert_eq!((v[0].cores.clone(), v[1].cores.clone()), (vec![1], vec![2]));
+        for (extra, key) in [
+            ("core = 0", "vm[0].core"),
+            ("core = 9223372036854775807", "vm[0].core"),
+            ("cores = [7]", "vm[0].cores"),
+        ] {
+            let e = err(&vm(extra), &[]);
+            assert!(
+                e.contains(key) && e.contains("must be in 1..4"),
+                "{extra}: {e}"
+            );
+        }
+    }
 
     /// `allowed_cores`: "any", one set, one set per vCPU; start cores
     /// spread over the set unless given; bad sets are errors naming the key.

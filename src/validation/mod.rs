@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+mod papers;
+pub use papers::{known_paper, paper, paper_names, Paper, PAPERS};
+
 /// The experiment file of one paper.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -388,7 +391,7 @@ pub struct Seeds {
 #[derive(Debug, thiserror::Error)]
 pub enum ReproduceError {
     /// No such paper directory.
-    #[error("no experiments for `{0}` (looked for {1})")]
+    #[error("no experiments for `{0}` ({1})")]
     UnknownPaper(String, String),
     /// Unreadable or malformed experiment file.
     #[error("{0}")]
@@ -605,10 +608,18 @@ fn cost_estimate(s: &Scenario, search: Option<&Search>, cal: &Calibration) -> f6
 
 /// Reads and checks `validation/<paper>/experiments.toml`.
 fn load(paper: &str) -> Result<(PathBuf, ExperimentFile), ReproduceError> {
+    // Only a registered name: a path (`../../etc`) is never a paper.
+    if !known_paper(paper) {
+        return Err(ReproduceError::UnknownPaper(
+            crate::scenario::overrides::shown(paper).into_owned(),
+            format!("known: {}", paper_names().collect::<Vec<_>>().join(", ")),
+        ));
+    }
     let dir = validation_root().join(paper);
     let file = dir.join("experiments.toml");
-    let text = crate::scenario::read_input(&file)
-        .map_err(|_| ReproduceError::UnknownPaper(paper.into(), file.display().to_string()))?;
+    let text = crate::scenario::read_input(&file).map_err(|_| {
+        ReproduceError::UnknownPaper(paper.into(), format!("looked for {}", file.display()))
+    })?;
     let ef: ExperimentFile = toml::from_str(&text)
         .map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;
     check_declarations(&ef).map_err(|e| ReproduceError::Bad(format!("{}: {e}", file.display())))?;

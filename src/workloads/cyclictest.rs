@@ -94,7 +94,7 @@ impl App for Cyclictest {
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        out.insert("latency_mean_us".into(), as_us(self.hist.mean()));
+        out.insert("latency_mean_us".into(), self.hist.mean_us());
         // The percentile curve (p50 .. p99.9), for latency plots.
         insert_percentiles_us(out, "latency", &self.hist);
         out.insert("latency_max_us".into(), as_us(self.hist.max()));

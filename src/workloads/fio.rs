@@ -7,7 +7,7 @@
 //! new I/O's issue time and enters the kernel (`syscall`): the completion
 //! time runs from that stamp, as fio's does.
 
-use crate::engine::{as_us, LatencyHistogram, RngStream, Time, SEC};
+use crate::engine::{LatencyHistogram, RngStream, Time, SEC};
 use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::hw::virtio_blk::BlkRequest;
 
@@ -101,7 +101,7 @@ impl App for Fio {
             _ => 0.0,
         };
         out.insert("fio.iops".into(), iops);
-        out.insert("fio.completion_us".into(), as_us(self.latency.mean()));
+        out.insert("fio.completion_us".into(), self.latency.mean_us());
         // The percentile curve (p50 .. p99.9), for latency plots.
         insert_percentiles_us(out, "fio.completion", &self.latency);
     }

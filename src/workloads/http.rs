@@ -31,7 +31,7 @@
 //! runs connection i's segments on CPU i mod ab_processes, the process's).
 
 use super::peer::{PeerApp, PeerIo};
-use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::engine::{LatencyHistogram, Time};
 use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::guest::tcp::{Tcp, TcpState};
 
@@ -468,7 +468,7 @@ impl PeerApp for AbClient {
         insert_percentiles_us(out, &prefix, &self.latency);
         out.insert(
             format!("{p}.{}_mean_us", self.names.percentiles),
-            as_us(self.latency.mean()),
+            self.latency.mean_us(),
         );
     }
 }

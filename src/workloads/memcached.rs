@@ -200,7 +200,11 @@ fn latency_metrics(out: &mut Metrics, latency: &LatencyHistogram, outstanding: u
     // In ms like the percentiles beside it (latency.mean() is in ps).
     out.insert(
         "memcached.mean_ms".into(),
-        latency.mean() as f64 / MS as f64,
+        if latency.count() == 0 {
+            f64::NAN
+        } else {
+            latency.mean() as f64 / MS as f64
+        },
     );
     out.insert("memcached.outstanding".into(), outstanding as f64);
 }

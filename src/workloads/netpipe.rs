@@ -4,7 +4,7 @@
 //! bridge) and the receiver echoes each message from inside the guest.
 
 use super::peer::{PeerApp, PeerIo};
-use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::engine::{LatencyHistogram, Time};
 use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 
 /// The peer's transmitter: send a message, wait for the whole echo, record
@@ -73,7 +73,7 @@ impl PeerApp for NetpipeTransmitter {
 
     fn metrics(&self, out: &mut Metrics) {
         out.insert("netpipe.round_trips".into(), self.round_trips as f64);
-        out.insert("netpipe.half_rtt_us".into(), as_us(self.half_rtt.mean()));
+        out.insert("netpipe.half_rtt_us".into(), self.half_rtt.mean_us());
         // The percentile curve (p50 .. p99.9), for latency plots.
         insert_percentiles_us(out, "netpipe.half_rtt", &self.half_rtt);
     }

@@ -5,7 +5,7 @@
 //! carries back (ping's payload) to its receipt by the ping process.
 
 use super::peer::{PeerApp, PeerIo};
-use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::engine::{LatencyHistogram, Time};
 use crate::guest::app::{insert_percentiles_us, Datagram, LatencyFamily, Metrics};
 
 /// The ping process on the client host (a raw ICMP socket: its datagrams
@@ -90,7 +90,7 @@ impl PeerApp for PingClient {
         out.insert("ping.sent".into(), self.sent as f64);
         out.insert("ping.received".into(), self.received as f64);
         insert_percentiles_us(out, "ping.rtt", &self.rtt);
-        out.insert("ping.rtt_mean_us".into(), as_us(self.rtt.mean()));
+        out.insert("ping.rtt_mean_us".into(), self.rtt.mean_us());
     }
 }
 

@@ -1,7 +1,7 @@
 //! UDP PacketGen (DID §5.2): an external sender at a fixed packet rate and an
 //! in-guest receiver at the lowest priority.
 
-use crate::engine::{as_us, LatencyHistogram, Time, SEC};
+use crate::engine::{LatencyHistogram, Time, SEC};
 use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 
 /// Ethernet (14) + IPv4 (20) + UDP (8) header bytes in front of the payload.
@@ -133,7 +133,7 @@ impl App for UdpReceiver {
 
     fn metrics(&self, out: &mut Metrics) {
         out.insert("udp.received".into(), self.received as f64);
-        out.insert("udp.latency_mean_us".into(), as_us(self.latency.mean()));
+        out.insert("udp.latency_mean_us".into(), self.latency.mean_us());
         // The percentile curve (p50 .. p99.9), for latency plots.
         insert_percentiles_us(out, "udp.latency", &self.latency);
     }

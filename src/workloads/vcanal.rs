@@ -10,7 +10,7 @@
 //! interrupt mode (an ioctl, one system call) and sleeps on the driver's
 //! wait queue (`TaskStep::WaitDriver`) until the completion interrupt.
 
-use crate::engine::{as_us, LatencyHistogram, Time};
+use crate::engine::{LatencyHistogram, Time};
 use crate::guest::app::{insert_percentiles_us, App, LatencyFamily, Metrics, Sys, TaskStep};
 use crate::guest::libcanal::inr::{Buf, Call, SockAddr, SockType};
 use crate::guest::libcanal::radix::PAGE_SIZE;
@@ -369,7 +369,7 @@ impl App for CanalNetperf {
             CanalTest::UdpRrClient => {
                 out.insert("udp_rr.transactions".into(), self.transactions as f64);
                 if self.rtt.count() > 0 {
-                    out.insert("udp_rr.latency_us".into(), as_us(self.rtt.mean()));
+                    out.insert("udp_rr.latency_us".into(), self.rtt.mean_us());
                     insert_percentiles_us(out, "udp_rr.latency", &self.rtt);
                 }
             }

@@ -174,7 +174,7 @@ impl El2World {
     /// The guest of VM `vm`'s INTID for its handler `vector` (its irq
     /// domain: Linux numbers arm64 IPIs from SGI 0, the virtual timer is
     /// PPI 27, the VF's MSI its first LPI, a wired NIC its SPI).
-    fn intid_of(&self, vector: u8, vm: usize) -> u32 {
+    pub(super) fn intid_of(&self, vector: u8, vm: usize) -> u32 {
         match vector {
             v if v == self.timer_vector => VTIMER_PPI,
             v if v == self.vf_vector && self.wired_nic => nic_spi(vm),
@@ -757,7 +757,7 @@ impl World {
         let level = a.m.vifs[vcpu].maintenance_line();
         let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, level);
         a.doorbell_at[vcpu] = None;
-        self.trace_event(TraceKind::ScheduleIn, core, e.vcpu, e.start, now);
+        self.trace_event(TraceKind::el2_slice(e.exit), core, e.vcpu, e.start, now);
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;
         self.guest_run(core);
@@ -773,6 +773,7 @@ impl World {
         // The WFx exit ends here: the thread blocks instead of entering.
         if let Some(e) = self.arm().exits[core].take() {
             self.el2_exit_done(e.vcpu, e.exit, e.start);
+            self.trace_event(TraceKind::el2_slice(e.exit), core, e.vcpu, e.start, now);
         }
         self.arm().polling[vcpu] = None;
         {

@@ -368,6 +368,11 @@ impl World {
             vcpus,
             host_threads,
             vms: self.hv.vms.len(),
+            intids: self.el2.as_deref().map_or_else(Vec::new, |a| {
+                (0..self.hv.vms.len())
+                    .map(|vm| (0..=255u8).map(|v| a.intid_of(v, vm)).collect())
+                    .collect()
+            }),
         }
     }
 

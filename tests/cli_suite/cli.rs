@@ -274,7 +274,7 @@ fn trace_writes_a_perfetto_timeline_of_the_window() {
     assert!(eoi_exit["args"]["qualification"]
         .as_str()
         .unwrap()
-        .starts_with("MsrWrite { msr: 2059"));
+        .starts_with("WRMSR 0x80b (x2APIC EOI)"));
     // Each VF interrupt: an arrow from its raise (device track) to its
     // delivery in the guest and on to the guest's EOI of it.
     let mut flows: std::collections::BTreeMap<u64, Vec<&serde_json::Value>> = Default::default();

@@ -11,3 +11,4 @@ mod determinism;
 mod docs;
 mod input_bounds;
 mod sensitivity;
+mod newcomer;

@@ -40,7 +40,9 @@ fn the_largest_layouts_are_accepted_and_one_more_is_refused() {
 #[test]
 fn a_thousand_vm_host_on_384_cores_runs_clean() {
     let r = run_text(
-        &layout(384, 1000, 1, "[vm.workload.udp]\nrate_pps = 20000\n"),
+        // 6,000 packets/s each: the 1,000 VMs' VFs share the NIC's one
+        // 10 GbE port, which carries 6.44 Mpps of 128-byte datagrams.
+        &layout(384, 1000, 1, "[vm.workload.udp]\nrate_pps = 6000\n"),
         &["duration_s=0.003"],
     );
     assert_eq!(r.vms.len(), 1000);
@@ -54,7 +56,7 @@ fn a_thousand_vm_host_on_384_cores_runs_clean() {
             format!("vm{vm}.udp.received")
         };
         let got = metric(&r, &key);
-        assert!(got >= 30.0, "vm{vm}: {got}");
+        assert!(got >= 9.0, "vm{vm}: {got}");
     }
 }
 
