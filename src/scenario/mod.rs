@@ -471,12 +471,12 @@ impl Scenario {
     fn validate(&self) -> Result<(), ScenarioError> {
         let arm_scheme = crate::hv::arm::ARM_SCHEMES.contains(&self.scheme.as_str());
         match self.arch {
-            ArchSpec::Arm64 if !arm_scheme => {
+            ArchSpec::Arm64 if !crate::hv::arm::runs_on_arm(&self.scheme) => {
                 return bad(
                     "",
                     "arch",
                     format!(
-                        "`arm64` runs the ARM schemes ({}); scheme `{}` is not one",
+                        "`arm64` runs the ARM schemes ({}) and bare-metal; scheme `{}` is not one",
                         crate::hv::arm::ARM_SCHEMES.join(", "),
                         self.scheme
                     ),

@@ -6,6 +6,7 @@
 //! and commands, GICR residency, the generic timer's registers).
 //! Specification: did-arm.md and kvm-arm-and-peers.md §2.
 
+pub mod bare_metal;
 pub mod did_arm;
 pub mod kvm_arm;
 pub mod kvm_arm_v4;
@@ -30,9 +31,21 @@ pub const ARM_SCHEME_SUMMARIES: [&str; 3] = [
     "DID on ARM: dedicated cores whose guest owns the physical CPU interface (HCR_EL2.IMO = 0, FMO = 1, TWI = 0); timer, SGIs and the VF's LPIs reach the guest without exits; host traffic as Group-0 FIQs",
 ];
 
+/// `bare-metal` runs on ARM too (`arch = "arm64"`): the same guest kernel
+/// on the board with no hypervisor ([`bare_metal::BareMetalArm`]). The
+/// name is the x86 scheme's, so it is not in [`ARM_SCHEMES`] (which lists
+/// the schemes that exist only on ARM).
+pub const ARM_BARE_METAL: &str = "bare-metal";
+
+/// Whether `arch = "arm64"` runs scheme `name`.
+pub fn runs_on_arm(name: &str) -> bool {
+    name == ARM_BARE_METAL || ARM_SCHEMES.contains(&name)
+}
+
 /// The ARM scheme `name` for a host in `hyp` mode.
 pub fn by_name(name: &str, hyp: HypMode) -> Option<Box<dyn ArmScheme>> {
     Some(match name {
+        ARM_BARE_METAL => Box::new(bare_metal::BareMetalArm),
         "kvm-arm" => Box::new(kvm_arm::KvmArm::new(hyp)),
         "kvm-arm-v4" => Box::new(kvm_arm_v4::kvm_arm_v4(hyp)),
         "did-arm" => Box::new(did_arm::DidArm::new(hyp)),

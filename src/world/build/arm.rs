@@ -29,11 +29,22 @@ use crate::world::{sched, BuildError, World};
 /// The x86 scheme slot of an ARM world. The generic world keeps one; on
 /// ARM its x86-only paths (LAPIC and VMX events, the x86 exit path) never
 /// run, and the topology stage only asks whether guests are virtualized.
-struct ArmHost;
+/// `native`: the ARM scheme is `bare-metal` (no hypervisor: one kernel,
+/// a core per CPU, as the topology stage checks for x86's).
+struct ArmHost {
+    native: bool,
+}
 
 impl Scheme for ArmHost {
     fn name(&self) -> &'static str {
-        "arm64"
+        if self.native {
+            crate::hv::arm::ARM_BARE_METAL
+        } else {
+            "arm64"
+        }
+    }
+    fn virtualized(&self) -> bool {
+        !self.native
     }
     fn setup_vm(&mut self, _cx: &mut HvCx, _vm: usize) {}
 }
@@ -93,6 +104,13 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(),
         // Host threads (burners, scripted preemptions) may share a
         // vCPU's core: the guest's interrupts wait in the redistributor
         // while it is off (did_arm.rs, vcpu_put).
+    }
+    if scheme == crate::hv::arm::ARM_BARE_METAL && !s.host.burners.is_empty() {
+        return Err(BuildError::Scenario(
+            "scheme bare-metal: `host.burners` are host threads beside a hypervisor's vCPUs; \
+             a native kernel has none"
+                .into(),
+        ));
     }
     if !s.net.device.nic_rings() {
         return no(
@@ -191,7 +209,8 @@ pub(in crate::world) fn build(
     // the built-in ARM schemes and a caller's alike.
     let cal = &cal.at_cpu_clock();
     let acal = cal.arm.clone();
-    let host = ArmHost;
+    let native = scheme.name() == crate::hv::arm::ARM_BARE_METAL;
+    let host = ArmHost { native };
     let topo = Topology::plan(s, &host)?;
     refuse_unsupported(s, &topo, scheme.name())?;
     let (mut m, devs) = devices::build(s, cal, &topo)?;
@@ -291,13 +310,16 @@ pub(in crate::world) fn build(
         }
     }
     q.schedule(warm, Ev::WarmupEnd);
-    if s.host.ipi_per_s > 0.0 {
+    // (Bare metal has no host beside its kernel: the scenario warns that
+    // host.ipi_per_s and preemptions have no effect, and none is sent.)
+    if s.host.ipi_per_s > 0.0 && !native {
         let core = topo.vcpus[0].core as u16;
         q.schedule(0, Ev::HostIpi { core });
     }
     // Scripted preemptions of the first vCPU, as on x86 (the scenario
     // refuses them with several VMs).
-    for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+    let preemptions = s.preemptions.iter().filter(|_| !native);
+    for (at_ms, for_ms) in preemptions.flat_map(|p| p.occurrences()) {
         let at = from_us(at_ms * 1000.0);
         q.schedule_async(at, Ev::Deschedule { vcpu: 0 });
         q.schedule_async(at + from_us(for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
