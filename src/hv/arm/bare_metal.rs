@@ -110,7 +110,7 @@ impl ArmScheme for BareMetalArm {
         false
     }
 
-    fn halt_poll(&self, _cx: &ArmCx) -> Time {
+    fn halt_poll(&self, _cx: &ArmCx, _vcpu: usize) -> Time {
         0
     }
 

@@ -70,7 +70,36 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
         its_translate: ns(&a.gic.its_translate_ns),
         sgi_latency: ns(&a.gic.sgi_latency_ns),
         spi_line: ns(&a.gic.spi_line_ns),
+        halt_poll_dynamic: false,
+        halt_poll_max: us(&a.jetson.halt_poll_max_us),
+        halt_poll_grow_start: us(&a.jetson.halt_poll_grow_start_us),
+        mmio_decode: ns(&a.jetson.mmio_decode_ns),
     }
+}
+
+/// The board's KVM/ARM: its cycle-bound costs (measured on Ampere Altra)
+/// at the Carmel clock, and JetPack 4.9's dynamic halt polling.
+fn board_costs(c: &mut ArmCosts, j: &crate::calibration::ArmJetson) {
+    let f = j.altra_ghz.value / j.carmel_ghz.value;
+    let scale = |t: &mut crate::engine::Time| *t = (*t as f64 * f).round() as crate::engine::Time;
+    for t in [
+        &mut c.world_switch,
+        &mut c.sysreg_decode,
+        &mut c.vgic_emulate,
+        &mut c.host_irq,
+        &mut c.vgic_flush_sync,
+        &mut c.wfi_emulate,
+        &mut c.timer_load_put,
+        &mut c.vgic_load_put,
+        &mut c.vsgi_send,
+        &mut c.vpe_residency,
+        &mut c.doorbell_handler,
+        &mut c.vcpu_wakeup,
+        &mut c.mmio_decode,
+    ] {
+        scale(t);
+    }
+    c.halt_poll_dynamic = true;
 }
 
 /// What the ARM platform does not model yet, refused with the key that
@@ -112,11 +141,26 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(),
                 .into(),
         ));
     }
-    if !s.net.device.nic_rings() {
+    let virtio = s.net.device == NetDevice::Virtio;
+    if !s.net.device.nic_rings() && !virtio {
         return no(
             "net.device",
-            "only the VF (an MSI device through the ITS) and spi-nic (a NIC on a wired SPI) are",
+            "the VF (an MSI device through the ITS), spi-nic (a NIC on a wired SPI) and virtio \
+             (virtio-net-pci over vhost-net) are",
         );
+    }
+    if virtio && s.net.backend != crate::scenario::NetBackend::Vhost {
+        return no(
+            "net.backend",
+            "virtio-net on ARM runs with the vhost-net back end (QEMU's vhost=on)",
+        );
+    }
+    if virtio && scheme == crate::hv::arm::ARM_BARE_METAL {
+        return Err(BuildError::Scenario(
+            "scheme bare-metal: `net.device = \"virtio\"` is a VM's paravirtual NIC; \
+             bare metal drives the board's own NIC (vf or spi-nic)"
+                .into(),
+        ));
     }
     if s.net.device == NetDevice::SpiNic {
         let spis = (SPI_LIMIT - NIC_SPI_BASE) as usize;
@@ -205,9 +249,30 @@ pub(in crate::world) fn build(
     cal.check()?;
     // What the user changed, before the clock scaling derives the rest.
     let changes = cal.changes_from_shipped();
+    // A board (`[machine] board`): its cores' clock for the guest
+    // kernel's cycle-bound costs, its peer's for the peer's.
+    let board = s.machine.board.map(|_| cal.arm.jetson.clone());
+    let boarded;
+    let cal = match &board {
+        Some(j) => {
+            let mut c = cal.clone();
+            c.cpu.ghz = crate::calibration::Entry {
+                value: j.carmel_ghz.value,
+                source: format!("[machine] board: {}", j.carmel_ghz.source),
+                at_ghz: None,
+                wall: false,
+            };
+            boarded = c;
+            &boarded
+        }
+        None => cal,
+    };
     // Cycle-bound costs at the experiment's core clock (`cpu.ghz`), for
     // the built-in ARM schemes and a caller's alike.
-    let cal = &cal.at_cpu_clock();
+    let cal = &match &board {
+        Some(j) => cal.at_cpu_clock().peer_at_clock(j.rpi4_ghz.value),
+        None => cal.at_cpu_clock(),
+    };
     let acal = cal.arm.clone();
     let native = scheme.name() == crate::hv::arm::ARM_BARE_METAL;
     let host = ArmHost { native };
@@ -216,6 +281,11 @@ pub(in crate::world) fn build(
     let (mut m, devs) = devices::build(s, cal, &topo)?;
     let mut hv = hypervisor::state(s, cal, &topo, &devs);
     let costs = hypervisor::costs(cal, devs.apic_timer_period);
+    // virtio-net-pci over vhost-net (QEMU's virt machine, vhost=on): the
+    // same back end as on x86; its kicks reach it through the ioeventfds
+    // the hypervisor stage registered, its completions come back through
+    // the irqfd as the ARM scheme's virtual SPIs.
+    let pv = hypervisor::vhost(s, cal, &topo, &devs);
     let nvcpu = topo.vcpus.len();
     let nvm = topo.vms();
     let cores = topo.cores;
@@ -267,9 +337,18 @@ pub(in crate::world) fn build(
             in_wfi: false,
             pending_last: false,
             kick_class: EventClass::Other,
+            poll_window: 0,
         })
         .collect();
-    let acosts = arm_costs(&acal);
+    let mut acosts = arm_costs(&acal);
+    let cpuidle = board.as_ref().map(|j| {
+        board_costs(&mut acosts, j);
+        crate::world::el2::CpuIdle {
+            c1_exit: from_us(j.c1_exit_latency_us.value),
+            c6_exit: from_us(j.c6_exit_latency_us.value),
+            c6_residency: from_us(j.c6_min_residency_us.value),
+        }
+    });
     let mut q = EventQueue::with_capacity(4096);
     let mut kicks = 0u64;
     {
@@ -352,7 +431,10 @@ pub(in crate::world) fn build(
         warm,
         arch: crate::world::arch::Arch::ArmEl2,
     });
+    let mut el2 = el2;
+    el2.cpuidle = cpuidle;
     w.el2 = Some(Box::new(el2));
+    w.pv = pv.map(Box::new);
     w.calibration_changes = changes;
     w.event_exits = Some(Box::new(crate::world::event_exits::EventExits::new(
         nvm, cores,
@@ -368,10 +450,18 @@ pub(in crate::world) fn build(
         n > 1 || (n == 1 && first.is_none())
     });
     let floating = topo.allowed.iter().any(|a| a.count() > 1);
+    // vhost's worker threads are host threads on the I/O cores: under the
+    // host scheduler when it runs; otherwise each runs at once on its own
+    // core (`vhost_run_after` with no thread id).
+    let io_cores: Vec<usize> =
+        w.pv.as_ref()
+            .map(|pv| pv.workers.iter().map(|k| k.core).collect())
+            .unwrap_or_default();
     if shared || floating || !s.host.burners.is_empty() {
         let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
-        w.sched = sched::SchedState::build(s, &vcpus, &[], None, &[], tick).map(Box::new);
+        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, None, &[], tick).map(Box::new);
+        w.sched_io_threads();
         w.sched_start();
     }
     for (c, first) in topo.first_on_core.iter().enumerate() {
