@@ -291,6 +291,24 @@ pub struct ArmCalibration {
     pub kvm: ArmKvm,
     pub gic: ArmGic,
     pub guest: ArmGuest,
+    pub jetson: ArmJetson,
+}
+
+/// ARM section `jetson`: the NVIDIA Jetson Xavier NX board
+/// (`[machine] board = "jetson-xavier-nx"`, did-arm.md §4) and its peer.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct ArmJetson {
+    pub carmel_ghz: Entry,
+    pub altra_ghz: Entry,
+    pub rpi4_ghz: Entry,
+    pub c1_exit_latency_us: Entry,
+    pub c6_exit_latency_us: Entry,
+    pub c6_min_residency_us: Entry,
+    pub halt_poll_max_us: Entry,
+    pub halt_poll_grow_start_us: Entry,
+    pub mmio_decode_ns: Entry,
 }
 
 /// The ARM calibration shipped with exitless.
@@ -419,6 +437,7 @@ pub fn range_of(key: &str) -> Option<Range> {
     Some(match key {
         // Frequencies, divided by: > 0.
         "cpu.ghz" => Range::closed(0.01, 100.0),
+        "jetson.carmel_ghz" | "jetson.altra_ghz" | "jetson.rpi4_ghz" => Range::closed(0.01, 100.0),
         "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
         "host.hz" => Range::closed(1.0, 10_000.0),
         "nic.link_gbps" => Range::closed(0.001, 1000.0),
@@ -486,6 +505,20 @@ impl Calibration {
         // The ARM entries are not clock-tagged (the ARM host's file gives
         // costs at its own core): carried over as they are.
         out.arm = self.arm.clone();
+        out
+    }
+
+    /// This calibration with the peer hosts' cycle-bound costs (`[peer]`)
+    /// at a clock of their own, `ghz` (a board whose peer is another
+    /// machine: the Jetson's Raspberry Pi 4); the rest unchanged.
+    pub fn peer_at_clock(&self, ghz: f64) -> Calibration {
+        let mut out = self.clone();
+        if let Ok(mut v) = toml::Value::try_from(&self.peer) {
+            rescale(&mut v, ghz);
+            if let Ok(p) = v.try_into() {
+                out.peer = p;
+            }
+        }
         out
     }
 

@@ -14,11 +14,18 @@ pub struct MachineSpec {
     /// Physical cores. Core 0 is host-only (DID's designated timer core);
     /// the VM's vCPU is pinned to core 1.
     pub cores: usize,
+    /// A named board whose parameters come from its public sources
+    /// (`jetson-xavier-nx`, arch = "arm64"; calibration `[jetson]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board: Option<super::board::BoardSpec>,
 }
 
 impl Default for MachineSpec {
     fn default() -> Self {
-        MachineSpec { cores: 2 }
+        MachineSpec {
+            cores: 2,
+            board: None,
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 //! without `[[vm]]` tables is sugar for one VM (see [`Scenario::parse`]).
 
 mod arm;
+mod board;
 pub mod hv;
 pub mod machine;
 pub mod net;
@@ -17,6 +18,7 @@ pub mod vm;
 pub mod workloads;
 
 pub use arm::{ArchSpec, ArmSpec, GicVersionSpec, HypModeSpec, ReportSpec, SpiAffinitySpec};
+pub use board::BoardSpec;
 pub use machine::*;
 pub use net::*;
 pub use overrides::apply_set;
@@ -510,12 +512,12 @@ impl Scenario {
     fn validate(&self) -> Result<(), ScenarioError> {
         let arm_scheme = crate::hv::arm::ARM_SCHEMES.contains(&self.scheme.as_str());
         match self.arch {
-            ArchSpec::Arm64 if !arm_scheme => {
+            ArchSpec::Arm64 if !crate::hv::arm::runs_on_arm(&self.scheme) => {
                 return bad(
                     "",
                     "arch",
                     format!(
-                        "`arm64` runs the ARM schemes ({}); scheme `{}` is not one",
+                        "`arm64` runs the ARM schemes ({}) and bare-metal; scheme `{}` is not one",
                         crate::hv::arm::ARM_SCHEMES.join(", "),
                         self.scheme
                     ),
@@ -572,6 +574,9 @@ impl Scenario {
         let w = self.warmup_s;
         require((0.0..=60.0).contains(&w), "", "warmup_s", w, "in [0, 60]")?;
         self.machine.validate()?;
+        if let Some(b) = self.machine.board {
+            b.validate(self)?;
+        }
         self.guest.validate()?;
         self.nic.validate()?;
         let peers = self.vms.iter().any(|v| v.workload.peers());

@@ -9,14 +9,15 @@
 //! (`hv::arm::ArmScheme`) acts only through `hv::arm::ArmCx`.
 
 use super::arch::{ArchExit, OpResult};
+use super::build::VIRTIO_NET_VECTORS;
 use super::event::Ev;
 use super::World;
 use crate::engine::{Summary, Time, SEC};
 use crate::guest::app::Metrics;
 use crate::guest::{Clockevent, KernelOp, RESCHEDULE_VECTOR};
 use crate::hv::arm::intids::{
-    nic_spi, DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI, NIC_SPI_BASE,
-    VF_VLPI,
+    nic_spi, virtio_spi, DOORBELL_LPI_BASE, GUEST_CALL_FUNC_SGI, GUEST_RESCHEDULE_SGI, KICK_SGI,
+    NIC_SPI_BASE, VF_VLPI, VIRTIO_SPI_BASE,
 };
 use crate::hv::arm::{
     vtimer_write, ArmCosts, ArmCx, ArmExit, ArmExitReason, ArmScheme, ArmVcpu, EventClass,
@@ -76,8 +77,8 @@ enum El2Stage {
 /// metrics: an exit counts when it begins, its time when it resumes).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ArmVmStats {
-    exits: [u64; 4],
-    exit_time: [Time; 4],
+    exits: [u64; ArmExitReason::ALL.len()],
+    exit_time: [Time; ArmExitReason::ALL.len()],
 }
 
 /// The ARM side of a world.
@@ -107,7 +108,7 @@ pub(super) struct El2World {
     /// Per vCPU: the service time of each completed exit that began in
     /// the measured interval, by reason (the exit table, as x86's
     /// `ExitStats` records at VM entry or at the block that ends a WFx).
-    exit_table: Vec<[Summary; 4]>,
+    exit_table: Vec<[Summary; ArmExitReason::ALL.len()]>,
     timer_vector: u8,
     vf_vector: u8,
     measuring: bool,
@@ -123,6 +124,55 @@ pub(super) struct El2World {
     /// Per VM: its NIC drives its interrupt line high (from an interrupt
     /// until its driver masks it at the device).
     nic_line: Vec<bool>,
+    /// Per vCPU: since when it halts in a WFI that trapped (until it runs
+    /// again): KVM's halt-poll bookkeeping.
+    halt_start: Vec<Option<Time>>,
+    /// Per vCPU: since when KVM halt-polls for it.
+    poll_since: Vec<Option<Time>>,
+    /// Halt polling in the measured interval: its time and episodes.
+    poll_time: Time,
+    polls: u64,
+    /// Per vCPU: since when its guest kernel runs its idle task (from its
+    /// WFI, trapped or not, or its idle=poll loop, to the interrupt that
+    /// ends it): /proc/stat's idle as the guest's mpstat reads it.
+    idle_task_since: Vec<Option<Time>>,
+    /// Per vCPU: that idle-task time in the measured interval.
+    idle_task_time: Vec<Time>,
+    /// The board's cpuidle states (`[machine] board`), if any.
+    pub(in crate::world) cpuidle: Option<CpuIdle>,
+    /// Per core: a core leaving an idle state is awake at this time.
+    idle_exit_at: Vec<Option<Time>>,
+    /// Per vCPU: in an untrapped WFI, the exit latency of the idle state
+    /// its core entered.
+    wfi_exit_latency: Vec<Option<Time>>,
+    /// Per core: the host interrupt work just taken on it, which a kick
+    /// it caused on that core (a halt-polling or blocked vCPU's) follows.
+    irq_charge: Vec<Time>,
+}
+
+/// A board's cpuidle states (tegra194: C1 = WFI, C6 = core power-gated),
+/// as the menu governor uses them: the deepest state whose target
+/// residency the predicted idle covers.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::world) struct CpuIdle {
+    /// C1's exit latency.
+    pub c1_exit: Time,
+    /// C6's exit latency.
+    pub c6_exit: Time,
+    /// C6's target residency.
+    pub c6_residency: Time,
+}
+
+impl CpuIdle {
+    /// The exit latency of the state an idle predicted to last `predicted`
+    /// enters.
+    pub(super) fn exit_latency(&self, predicted: Time) -> Time {
+        if predicted >= self.c6_residency {
+            self.c6_exit
+        } else {
+            self.c1_exit
+        }
+    }
 }
 
 impl El2World {
@@ -155,7 +205,7 @@ impl El2World {
             doorbell_class: vec![EventClass::Device; n],
             idle_current: vec![None; cores],
             stats: vec![ArmVmStats::default(); vms],
-            exit_table: vec![[Summary::default(); 4]; n],
+            exit_table: vec![[Summary::default(); ArmExitReason::ALL.len()]; n],
             timer_vector,
             vf_vector,
             measuring: false,
@@ -163,6 +213,16 @@ impl El2World {
             idle_time: vec![0; n],
             wired_nic,
             nic_line: vec![false; vms],
+            halt_start: vec![None; n],
+            poll_since: vec![None; n],
+            poll_time: 0,
+            polls: 0,
+            idle_task_since: vec![None; n],
+            idle_task_time: vec![0; n],
+            cpuidle: None,
+            idle_exit_at: vec![None; cores],
+            wfi_exit_latency: vec![None; n],
+            irq_charge: vec![0; cores],
         }
     }
 
@@ -179,6 +239,8 @@ impl El2World {
             v if v == self.timer_vector => VTIMER_PPI,
             v if v == self.vf_vector && self.wired_nic => nic_spi(vm),
             v if v == self.vf_vector => VF_VLPI,
+            v if v == VIRTIO_NET_VECTORS[0] => virtio_spi(vm, 0),
+            v if v == VIRTIO_NET_VECTORS[1] => virtio_spi(vm, 1),
             RESCHEDULE_VECTOR => GUEST_RESCHEDULE_SGI,
             crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR => GUEST_CALL_FUNC_SGI,
             _ => SPURIOUS,
@@ -197,7 +259,35 @@ impl El2World {
             }
             GUEST_RESCHEDULE_SGI => RESCHEDULE_VECTOR,
             GUEST_CALL_FUNC_SGI => crate::guest::rps::CALL_FUNCTION_SINGLE_VECTOR,
+            i if (VIRTIO_SPI_BASE..VIRTIO_SPI_BASE + 2 * self.nic_line.len() as u32)
+                .contains(&i) =>
+            {
+                VIRTIO_NET_VECTORS[((i - VIRTIO_SPI_BASE) % 2) as usize]
+            }
             _ => UNEXPECTED_VECTOR,
+        }
+    }
+
+    /// `vcpu`'s halt polling (if any) ended at `now`: its time counts if
+    /// it began in the measured interval.
+    fn poll_end(&mut self, vcpu: usize, now: Time, measure_start: Time) {
+        if let Some(since) = self.poll_since[vcpu].take() {
+            if self.measuring && since >= measure_start {
+                self.poll_time += now - since;
+                self.polls += 1;
+            }
+        }
+    }
+
+    /// `vcpu`'s guest kernel enters its idle task at `now`.
+    pub(super) fn idle_task_start(&mut self, vcpu: usize, now: Time) {
+        self.idle_task_since[vcpu].get_or_insert(now);
+    }
+
+    /// `vcpu`'s idle task ends at `now` (an interrupt reached it).
+    fn idle_task_end(&mut self, vcpu: usize, now: Time, measure_start: Time) {
+        if let Some(since) = self.idle_task_since[vcpu].take() {
+            self.idle_task_time[vcpu] += now.saturating_sub(since.max(measure_start));
         }
     }
 
@@ -213,6 +303,9 @@ impl El2World {
             .iter_mut()
             .for_each(|t| *t = Default::default());
         self.idle_time.fill(0);
+        self.idle_task_time.fill(0);
+        self.poll_time = 0;
+        self.polls = 0;
         self.measuring = true;
     }
 
@@ -220,6 +313,7 @@ impl El2World {
     /// or the idle=poll loop), unless it already does.
     pub(super) fn guest_idle_start(&mut self, vcpu: usize, now: Time) {
         self.idle_since[vcpu].get_or_insert(now);
+        self.idle_task_start(vcpu, now);
     }
 
     /// `vcpu`'s guest-mode idle (if any) ends at `until`: its part in the
@@ -240,6 +334,9 @@ impl El2World {
             }
             let total: u64 = s.exits.iter().sum();
             out.insert(format!("{p}arm.exits_per_s"), total as f64 / dur);
+            if let Some(v) = vms.get(vm) {
+                self.mpstat_metrics(&p, v, out, dur);
+            }
             for r in ArmExitReason::ALL {
                 let n = s.exits[r as usize];
                 if n > 0 {
@@ -288,6 +385,38 @@ impl El2World {
             format!("{p}cpu.guest_busy_pct"),
             pct(guest.saturating_sub(idle)),
         );
+    }
+
+    /// CPU utilisation as mpstat computes it inside the guest (the
+    /// client's view of its own CPUs: 100 − %idle from /proc/stat, where
+    /// idle is the time its idle task runs, trapped WFI included, since
+    /// the guest has no steal-time source on this host): per vCPU
+    /// (`cpu.mpstat.cpuN.busy_pct`) and averaged (`cpu.mpstat.busy_pct`).
+    /// Also KVM's halt polling: its mean time per episode and episodes/s.
+    fn mpstat_metrics(&self, p: &str, vm: &crate::hv::VmState, out: &mut Metrics, dur: f64) {
+        let span = dur * crate::engine::SEC as f64;
+        if span <= 0.0 || vm.vcpus.is_empty() {
+            return;
+        }
+        let mut sum = 0.0;
+        for (i, &v) in vm.vcpus.iter().enumerate() {
+            let busy = 100.0 * (1.0 - (self.idle_task_time[v] as f64 / span).min(1.0));
+            out.insert(format!("{p}cpu.mpstat.cpu{i}.busy_pct"), busy);
+            sum += busy;
+        }
+        out.insert(
+            format!("{p}cpu.mpstat.busy_pct"),
+            sum / vm.vcpus.len() as f64,
+        );
+        if p.is_empty() {
+            let mean = if self.polls > 0 {
+                crate::engine::as_us(self.poll_time) / self.polls as f64
+            } else {
+                0.0
+            };
+            out.insert("arm.halt_poll_us_mean".into(), mean);
+            out.insert("arm.halt_polls_per_s".into(), self.polls as f64 / dur);
+        }
     }
 
     /// The exit tables by arm64 exception class ([`ArmExitReason`]): per
@@ -365,7 +494,28 @@ impl World {
         };
         let (k, c) = self.kcpu(vcpu);
         let if_on = self.guests[k].interrupts_enabled(c);
+        let now = self.q.now();
         let a = self.el2.as_deref_mut().expect("an ARM world");
+        // A core in an idle state wakes after its exit latency: what is
+        // pending waits until then.
+        if let Some(lat) = a.wfi_exit_latency[vcpu].filter(|&l| l > 0) {
+            let m = &a.m;
+            if m.irq_line(core) || m.fiq_line(core) {
+                match a.idle_exit_at[core] {
+                    None => {
+                        a.idle_exit_at[core] = Some(now + lat);
+                        self.q
+                            .schedule_in(lat, Ev::ArmIdleExit { core: core as u16 });
+                        return None;
+                    }
+                    Some(t) if now < t => return None,
+                    Some(_) => {
+                        a.idle_exit_at[core] = None;
+                        a.wfi_exit_latency[vcpu] = None;
+                    }
+                }
+            }
+        }
         let m = &mut a.m;
         let ctl = m.el2[core];
         if ctl.physical_fiq_exits() && m.fiq_line(core) {
@@ -399,7 +549,13 @@ impl World {
     /// which drops its output.
     fn el2_taken(&mut self, core: usize, intid: u32) -> u8 {
         let now = self.q.now();
+        let ms = self.measure_start;
+        let vcpu = self.kernel_of(core);
         let a = self.el2.as_deref_mut().expect("an ARM world");
+        if vcpu < a.idle_task_since.len() {
+            a.idle_task_end(vcpu, now, ms);
+            a.wfi_exit_latency[vcpu] = None;
+        }
         let vector = a.vector_of(intid);
         if intid == VTIMER_PPI {
             let ctl = a.m.timers[core].read(CntReg::VCtl, now) & (CTL_ENABLE | CTL_IMASK);
@@ -531,11 +687,20 @@ impl World {
             }
             KernelOp::Idle => {
                 let a = self.arm();
+                a.idle_task_start(vcpu, now);
                 if a.m.el2[core].wfi_traps() {
                     OpResult::Exit(ArchExit::El2(ArmExit::Wfx), None)
                 } else {
-                    // WFI in the guest: the core waits for its IRQ.
+                    // WFI in the guest: the core waits for its IRQ, in the
+                    // idle state the board's governor picks for the time
+                    // to its next timer event.
                     a.guest_idle_start(vcpu, now);
+                    if let Some(c) = a.cpuidle {
+                        let predicted = a.m.timers[core]
+                            .next_fire(crate::hw::arm::timer::TimerChannel::Virtual, now)
+                            .map_or(Time::MAX, |t| t.saturating_sub(now));
+                        a.wfi_exit_latency[vcpu] = Some(c.exit_latency(predicted));
+                    }
                     OpResult::Wait
                 }
             }
@@ -543,11 +708,20 @@ impl World {
                 self.vf_store(vf, reg, now);
                 OpResult::Continue
             }
-            // Refused at build on ARM (virtio devices, the x86 DID module).
-            KernelOp::QueueNotify { .. }
-            | KernelOp::Hypercall { .. }
-            | KernelOp::PirSet { .. }
-            | KernelOp::PostedIpi { .. } => OpResult::Continue,
+            // A virtio-pci queue notify: a store to the notify region of
+            // the device's BAR, which the VM's stage 2 leaves unmapped so
+            // that it aborts to EL2 (KVM's ioeventfd on its MMIO bus).
+            KernelOp::QueueNotify { port, .. } => {
+                if self.arm().m.el2[core].hcr.vm {
+                    OpResult::Exit(ArchExit::El2(ArmExit::DataAbort { port }), None)
+                } else {
+                    OpResult::Continue
+                }
+            }
+            // Refused at build on ARM (the x86 DID module).
+            KernelOp::Hypercall { .. } | KernelOp::PirSet { .. } | KernelOp::PostedIpi { .. } => {
+                OpResult::Continue
+            }
         }
     }
 
@@ -561,7 +735,7 @@ impl World {
             ArmExit::Sys64 {
                 reg: IccReg::Eoir1, ..
             } => EventClass::Eoi,
-            ArmExit::Sys64 { .. } => EventClass::Other,
+            ArmExit::Sys64 { .. } | ArmExit::DataAbort { .. } => EventClass::Other,
             ArmExit::Wfx => EventClass::Idle,
             ArmExit::Fiq => EventClass::HostIpi,
             ArmExit::Irq => {
@@ -602,8 +776,13 @@ impl World {
         let _ = a.m.redists[core].set_ppi_line(MAINTENANCE_PPI, false);
         let switches = Time::from(a.m.el2[core].world_switches_per_exit());
         let mut base = switches * a.costs.world_switch;
-        if matches!(exit, ArmExit::Sys64 { .. }) {
-            base += a.costs.sysreg_decode;
+        match exit {
+            ArmExit::Sys64 { .. } => base += a.costs.sysreg_decode,
+            ArmExit::DataAbort { .. } => base += a.costs.mmio_decode,
+            _ => {}
+        }
+        if exit == ArmExit::Wfx {
+            a.halt_start[vcpu] = Some(now);
         }
         if a.measuring {
             a.stats[vm].exits[exit.reason() as usize] += 1;
@@ -667,7 +846,10 @@ impl World {
                 let _ = m.cpus[core].write_dir(intid, &mut m.dist, &mut m.redists[core]);
             }
         }
+        // A polling or idle core's kick (below) runs after this work.
+        self.arm().irq_charge[core] = charged;
         self.el2_kicks();
+        self.arm().irq_charge[core] = 0;
         charged
     }
 
@@ -691,7 +873,7 @@ impl World {
         if self.hv.vcpus[vcpu].halted {
             let (runnable, window) = {
                 let (cx, scheme) = self.arm_cx();
-                (scheme.has_pending(&cx, vcpu), scheme.halt_poll(&cx))
+                (scheme.has_pending(&cx, vcpu), scheme.halt_poll(&cx, vcpu))
             };
             if runnable {
                 self.hv.vcpus[vcpu].halted = false;
@@ -701,10 +883,12 @@ impl World {
                 // kvm_vcpu_halt: poll for an interrupt before blocking.
                 e.stage = El2Stage::Polling;
                 e.polled = true;
+                let now = self.q.now();
                 let a = self.arm();
                 a.poll_gen += 1;
                 let gen = a.poll_gen;
                 a.polling[vcpu] = Some(gen);
+                a.poll_since[vcpu] = Some(now);
                 a.exits[core] = Some(e);
                 self.q.schedule_in(
                     window,
@@ -749,6 +933,11 @@ impl World {
             }
         }
         self.el2_exit_done(vcpu, e.exit, e.start);
+        if let Some(since) = self.arm().halt_start[vcpu].take() {
+            // The WFI's halt is over: KVM's halt-poll bookkeeping.
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.halt_ended(&mut cx, vcpu, now - since);
+        }
         if std::mem::take(&mut self.deschedule_pending[vcpu]) {
             // The schedule-out waited for the exit to end.
             return self.el2_put(core, vcpu);
@@ -776,6 +965,8 @@ impl World {
             self.trace_event(TraceKind::el2_slice(e.exit), core, e.vcpu, e.start, now);
         }
         self.arm().polling[vcpu] = None;
+        let ms = self.measure_start;
+        self.arm().poll_end(vcpu, now, ms);
         {
             let (mut cx, scheme) = self.arm_cx();
             scheme.vcpu_put(&mut cx, vcpu, true);
@@ -975,6 +1166,11 @@ impl World {
 
     fn el2_kick(&mut self, vcpu: usize) {
         let core = self.hv.vcpus[vcpu].core;
+        let now = self.q.now();
+        // A blocked vCPU's core idles in the board's idle state for the
+        // time to its next timer event (its background hrtimer at the
+        // guest's CNTV_CVAL): the wake-up waits for the state's exit.
+        let idle_exit = self.el2_host_idle_exit(vcpu, now);
         let a = self.el2.as_deref_mut().expect("an ARM world");
         let why = a.vcpus[vcpu].kick_class;
         match self.m.cores[core].mode {
@@ -990,17 +1186,29 @@ impl World {
             }
             // Halt polling saw the interrupt: on to the entry.
             CoreMode::Host { vcpu: v } if v == vcpu && a.polling[vcpu].take().is_some() => {
+                let (now, ms) = (self.q.now(), self.measure_start);
+                a.poll_end(vcpu, now, ms);
                 if let Some(e) = &mut a.exits[core] {
                     e.stage = El2Stage::HostIrq;
                 }
-                self.el2_stage_done(core);
+                // The host's handler for the interrupt that ended the
+                // poll runs first, on this core.
+                let c = std::mem::take(&mut a.irq_charge[core]);
+                if c > 0 {
+                    self.start_segment(core, c);
+                } else {
+                    self.el2_stage_done(core);
+                }
             }
             CoreMode::Idle
                 if self.sched.is_none() && self.hv.vcpus[vcpu].halted && !a.waking[vcpu] =>
             {
                 a.waking[vcpu] = true;
-                self.q
-                    .schedule_in(a.costs.vcpu_wakeup, Ev::ArmWake { vcpu: vcpu as u16 });
+                let irq = std::mem::take(&mut a.irq_charge[core]);
+                self.q.schedule_in(
+                    a.costs.vcpu_wakeup + idle_exit + irq,
+                    Ev::ArmWake { vcpu: vcpu as u16 },
+                );
             }
             // Under the host scheduler: the blocked vCPU's thread wakes
             // (kvm_vcpu_wake_up) and runs after a trip through the
@@ -1010,13 +1218,36 @@ impl World {
                 && self.hv.vcpus[vcpu].halted
                 && !self.hv.vcpus[vcpu].loaded =>
             {
-                let lat = a.costs.vcpu_wakeup;
+                let idle_core = self.m.cores[core].mode == CoreMode::Idle;
+                let irq = std::mem::take(&mut a.irq_charge[core]);
+                let lat = a.costs.vcpu_wakeup + if idle_core { idle_exit + irq } else { 0 };
                 self.hv.vcpus[vcpu].halted = false;
                 self.checker.set_blocked(vcpu, false, self.q.now());
                 self.sched_wake_thread(vcpu, lat);
             }
             _ => {}
         }
+    }
+
+    /// The exit latency of the idle state the core of blocked `vcpu` is
+    /// in (0 without a board's cpuidle states): the host's governor
+    /// predicts the idle to last until the vCPU's background timer (its
+    /// saved CNTV_CVAL), or long if its timer is off.
+    fn el2_host_idle_exit(&self, vcpu: usize, now: Time) -> Time {
+        let a = self.el2.as_deref().expect("an ARM world");
+        let Some(c) = a.cpuidle else { return 0 };
+        let core = self.hv.vcpus[vcpu].core;
+        let (ctl, cval) = a.vcpus[vcpu].saved_timer;
+        let t = &a.m.timers[core];
+        let predicted = if ctl & CTL_ENABLE != 0 {
+            let ticks = cval.saturating_sub(t.cntvct(now));
+            let hz = a.m.params.timer.frequency_hz.max(1);
+            Time::try_from(u128::from(ticks) * u128::from(SEC) / u128::from(hz))
+                .unwrap_or(Time::MAX)
+        } else {
+            Time::MAX
+        };
+        c.exit_latency(predicted)
     }
 
     /// A blocked vCPU's thread runs again: kvm_arch_vcpu_load, then the
@@ -1116,6 +1347,7 @@ impl World {
                 }
             }
             Ev::ArmWake { vcpu } => self.el2_wake(vcpu as usize),
+            Ev::ArmIdleExit { core } => self.el2_poke(core as usize),
             Ev::NicSpi { vm, assert } => self.el2_nic_spi(usize::from(vm), assert),
             _ => {}
         }
@@ -1226,6 +1458,29 @@ impl World {
                 event: u16::from(vector),
             },
         );
+    }
+
+    /// A back end signalled VM `vm`'s irqfd for guest handler `vector`
+    /// (vhost's completion of a virtio-net queue): the ARM scheme
+    /// delivers the device's SPI (`intids::virtio_spi`). A scheme that
+    /// made it pending at the distributor has its target core look.
+    pub(super) fn el2_irqfd(&mut self, vm: usize, vector: u8) {
+        let now = self.q.now();
+        self.checker.raised(vm, vector, now);
+        let vcpu = self.hv.msi_destination(vm);
+        let intid = self.arm().intid_of(vector, vm);
+        {
+            let (mut cx, scheme) = self.arm_cx();
+            scheme.irqfd(&mut cx, vcpu, intid);
+        }
+        self.el2_kicks();
+        let d = &self.arm().m.dist;
+        let b = d.bank();
+        if b.is_pending(intid) && b.is_enabled(intid) && !b.is_active(intid) {
+            if let Some(c) = d.target(intid) {
+                self.el2_poke(c);
+            }
+        }
     }
 
     /// The host, from its own core, sends a virtual interrupt (the guest's

@@ -264,6 +264,13 @@ pub enum Ev {
         /// vCPU.
         vcpu: u16,
     },
+    /// ARM: a core that was in an idle state (a board's cpuidle state,
+    /// entered by an untrapped WFI) is awake after the state's exit
+    /// latency and takes what is pending.
+    ArmIdleExit {
+        /// Core.
+        core: u16,
+    },
     /// ARM: VM `vm`'s NIC on a wired SPI. `assert`: its line, driven
     /// high by the device, reaches the distributor (ignored if the driver
     /// masked the device meanwhile); otherwise the SPI was deactivated

@@ -598,6 +598,7 @@ impl World {
             | Ev::BgTimer { .. }
             | Ev::ArmPollEnd { .. }
             | Ev::ArmWake { .. }
+            | Ev::ArmIdleExit { .. }
             | Ev::NicSpi { .. } => self.el2_event(ev, now),
             Ev::CanalStep => self.canal_step(),
             Ev::VsockStep => self.vsock_step(),

@@ -372,6 +372,10 @@ impl World {
     /// ES2's redirection may rewrite it → the VM's LAPIC as the scheme
     /// keeps it).
     pub(super) fn irqfd(&mut self, vm: usize, vector: u8) {
+        // ARM: the ARM scheme injects it (a virtio SPI through the vgic).
+        if self.el2.is_some() {
+            return self.el2_irqfd(vm, vector);
+        }
         let now = self.q.now();
         self.checker.raised(vm, vector, now);
         let vcpu = self.hv.msi_destination(vm);

@@ -6,6 +6,7 @@
 mod common;
 
 mod arm;
+mod arm_board;
 mod arm_preemption;
 mod cost_variance;
 mod custom_scheme;

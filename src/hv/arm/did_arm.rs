@@ -33,7 +33,7 @@
 //! interrupt aimed at such a core configured Group 0, and host LPIs kept
 //! in collections of host cores. The build refuses shared cores.
 
-use super::intids::{nic_spi, HOST_FIQ_SGI, VF_VLPI};
+use super::intids::{nic_spi, virtio_spi, HOST_FIQ_SGI, PRIORITY, VF_VLPI};
 use super::{vtimer_write, ArmCx, ArmExit, ArmScheme, EventClass, ExitAction};
 use crate::engine::Time;
 use crate::hw::arm::cpu_interface::CTLR_EOIMODE;
@@ -103,6 +103,15 @@ impl ArmScheme for DidArm {
         // core of the vCPU that takes its interrupts, where the guest
         // acknowledges the physical SPI itself (IMO = 0) and its EOI
         // (EOImode 0) deactivates it. Group 1, as the host set it.
+        // The VM's virtio-net SPIs (RX and TX queue vectors): edge, Group
+        // 1, routed to the core of the vCPU its MSIs name.
+        let home = cx.hv.vcpus[cx.hv.device_home(vm)].core;
+        for q in 0..2 {
+            let route = Route::Affinity(cx.m.params.topology.affinity(home));
+            let _ =
+                cx.m.dist
+                    .configure(virtio_spi(vm, q), PRIORITY, Group::G1, true, route);
+        }
         let spi = nic_spi(vm);
         if cx.m.dist.bank().is_enabled(spi) {
             let core = cx.hv.vcpus[cx.hv.device_home(vm)].core;
@@ -155,9 +164,15 @@ impl ArmScheme for DidArm {
         cx.hv.vcpus[vcpu].loaded = false;
     }
 
-    fn handle_exit(&mut self, _cx: &mut ArmCx, _vcpu: usize, _exit: ArmExit) -> ExitAction {
-        // Only FIQs exit; the host takes them when it enables interrupts.
-        ExitAction::Resume
+    fn handle_exit(&mut self, cx: &mut ArmCx, vcpu: usize, exit: ArmExit) -> ExitAction {
+        match exit {
+            // A virtio queue's notify store still aborts at stage 2 (DID
+            // §4 leaves device emulation's exits alone): KVM's ioeventfd.
+            ArmExit::DataAbort { .. } => super::kvm_arm::kvm_exit(cx, vcpu, exit, false, false),
+            // Otherwise only FIQs exit; the host takes them when it
+            // enables interrupts.
+            _ => ExitAction::Resume,
+        }
     }
 
     fn host_irq(&mut self, cx: &mut ArmCx, _core: usize, _intid: u32) -> bool {
@@ -171,7 +186,7 @@ impl ArmScheme for DidArm {
         false
     }
 
-    fn halt_poll(&self, _cx: &ArmCx) -> Time {
+    fn halt_poll(&self, _cx: &ArmCx, _vcpu: usize) -> Time {
         0
     }
 
@@ -189,4 +204,13 @@ impl ArmScheme for DidArm {
     }
 
     fn bg_timer(&mut self, _cx: &mut ArmCx, _vcpu: usize) {}
+
+    /// A back end's completion (vhost's irqfd) as DID delivers a virtual
+    /// device interrupt (DID §4.3: a real interrupt to the vCPU's core):
+    /// the host makes the VM's virtio SPI pending at the distributor
+    /// (GICD_SETSPI_NSR, a message-based SPI), routed (setup_vm) to the
+    /// dedicated core, where the guest acknowledges and ends it itself.
+    fn irqfd(&mut self, cx: &mut ArmCx, _vcpu: usize, intid: u32) {
+        let _ = cx.m.dist.set_pending(intid);
+    }
 }

@@ -278,6 +278,17 @@ pub(super) fn kvm_exit(
             cx.charge(cx.costs.vgic_emulate);
             ExitAction::Resume
         }
+        // io_mem_abort → kvm_io_bus_write: the notify store's ioeventfd
+        // is signalled (its decode is charged with the exit); a store
+        // with none behind it would go to QEMU (not modelled: every
+        // virtio-net queue has one).
+        ArmExit::DataAbort { port } => {
+            let vm = cx.hv.vcpus[vcpu].vm;
+            if let Some(fd) = cx.hv.ioeventfd(vm, port) {
+                cx.q.schedule_in(0, Ev::Eventfd { fd });
+            }
+            ExitAction::Resume
+        }
         ArmExit::Wfx => {
             // kvm_handle_wfx → kvm_vcpu_wfi: IN_WFI, vgic_v4_put (the
             // doorbell armed), then kvm_vcpu_halt.
@@ -434,8 +445,38 @@ impl ArmScheme for KvmArm {
         vgic_pending(cx, vcpu) || (self.gicv4 && super::kvm_arm_v4::vpe_pending(cx, vcpu))
     }
 
-    fn halt_poll(&self, cx: &ArmCx) -> Time {
-        cx.costs.halt_poll
+    fn halt_poll(&self, cx: &ArmCx, vcpu: usize) -> Time {
+        if cx.costs.halt_poll_dynamic {
+            cx.vcpus[vcpu].poll_window
+        } else {
+            cx.costs.halt_poll
+        }
+    }
+
+    fn halt_ended(&mut self, cx: &mut ArmCx, vcpu: usize, block: Time) {
+        if cx.costs.halt_poll_dynamic {
+            let v = &mut cx.vcpus[vcpu];
+            v.poll_window = super::halt_poll_update(
+                v.poll_window,
+                block,
+                cx.costs.halt_poll_max,
+                cx.costs.halt_poll_grow_start,
+            );
+        }
+    }
+
+    /// vhost's irqfd (irqfd_wakeup → kvm_set_irq → kvm_vgic_inject_irq):
+    /// the virtio SPI joins the ap_list as an edge with no physical
+    /// interrupt behind it (HW = 0), and the vCPU is kicked: a running
+    /// one exits on the kick SGI, a blocked one wakes. GICv4 changes
+    /// nothing here: only VFIO's MSIs are forwarded as vLPIs.
+    fn irqfd(&mut self, cx: &mut ArmCx, vcpu: usize, intid: u32) {
+        let irq = ApIrq {
+            vintid: intid,
+            hw: None,
+            priority: PRIORITY,
+        };
+        vgic_inject(cx, vcpu, irq, EventClass::Device);
     }
 
     fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32) {

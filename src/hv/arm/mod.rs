@@ -6,6 +6,7 @@
 //! and commands, GICR residency, the generic timer's registers).
 //! Specification: did-arm.md and kvm-arm-and-peers.md §2.
 
+pub mod bare_metal;
 pub mod did_arm;
 pub mod kvm_arm;
 pub mod kvm_arm_v4;
@@ -30,9 +31,21 @@ pub const ARM_SCHEME_SUMMARIES: [&str; 3] = [
     "DID on ARM: dedicated cores whose guest owns the physical CPU interface (HCR_EL2.IMO = 0, FMO = 1, TWI = 0); timer, SGIs and the VF's LPIs reach the guest without exits; host traffic as Group-0 FIQs",
 ];
 
+/// `bare-metal` runs on ARM too (`arch = "arm64"`): the same guest kernel
+/// on the board with no hypervisor ([`bare_metal::BareMetalArm`]). The
+/// name is the x86 scheme's, so it is not in [`ARM_SCHEMES`] (which lists
+/// the schemes that exist only on ARM).
+pub const ARM_BARE_METAL: &str = "bare-metal";
+
+/// Whether `arch = "arm64"` runs scheme `name`.
+pub fn runs_on_arm(name: &str) -> bool {
+    name == ARM_BARE_METAL || ARM_SCHEMES.contains(&name)
+}
+
 /// The ARM scheme `name` for a host in `hyp` mode.
 pub fn by_name(name: &str, hyp: HypMode) -> Option<Box<dyn ArmScheme>> {
     Some(match name {
+        ARM_BARE_METAL => Box::new(bare_metal::BareMetalArm),
         "kvm-arm" => Box::new(kvm_arm::KvmArm::new(hyp)),
         "kvm-arm-v4" => Box::new(kvm_arm_v4::kvm_arm_v4(hyp)),
         "did-arm" => Box::new(did_arm::DidArm::new(hyp)),
@@ -65,6 +78,15 @@ pub mod intids {
     pub const fn vf_device(vm: usize) -> u32 {
         vm as u32
     }
+    /// The SPI of VM `vm`'s virtio-net interrupt: QEMU `virt`'s GICv2m
+    /// frame starts at SPI 48 (INTID 80, `VIRT_GIC_V2M` irq base in
+    /// hw/arm/virt.c); virtio-pci's MSI-X vector lands on it.
+    pub const VIRTIO_SPI_BASE: u32 = 80;
+    /// VM `vm`'s virtio-net SPI for queue vector `q` (0: RX, 1: TX):
+    /// consecutive SPIs, as the GICv2m frame hands them out.
+    pub const fn virtio_spi(vm: usize, q: usize) -> u32 {
+        VIRTIO_SPI_BASE + 2 * vm as u32 + q as u32
+    }
     /// The SPI of VM `vm`'s NIC on a wired line (`net.device =
     /// "spi-nic"`): this plus `vm`. The guest's device tree names the
     /// same INTID (KVM forwards virtual SPI n to physical SPI n).
@@ -92,6 +114,14 @@ pub enum ArmExit {
         /// The value written.
         value: u64,
     },
+    /// A stage-2 data abort from the guest (EC 0x24, DABT_LOW): a store
+    /// to MMIO the VM's stage 2 does not map (a virtio-pci notify
+    /// register). `port` names the queue notify the store stands for (the
+    /// key the device's ioeventfd is registered under).
+    DataAbort {
+        /// The notify address's key.
+        port: u16,
+    },
 }
 
 /// [`ArmExit`] without its data: the per-reason accounting key.
@@ -105,15 +135,18 @@ pub enum ArmExitReason {
     Wfx,
     /// SYS64.
     Sys64,
+    /// DABT_LOW.
+    DataAbort,
 }
 
 impl ArmExitReason {
     /// Every reason, in report order.
-    pub const ALL: [ArmExitReason; 4] = [
+    pub const ALL: [ArmExitReason; 5] = [
         ArmExitReason::Irq,
         ArmExitReason::Fiq,
         ArmExitReason::Wfx,
         ArmExitReason::Sys64,
+        ArmExitReason::DataAbort,
     ];
 
     /// perf kvm stat's name.
@@ -123,6 +156,7 @@ impl ArmExitReason {
             ArmExitReason::Fiq => "FIQ",
             ArmExitReason::Wfx => "WFx",
             ArmExitReason::Sys64 => "SYS64",
+            ArmExitReason::DataAbort => "DABT_LOW",
         }
     }
 }
@@ -135,6 +169,7 @@ impl ArmExit {
             ArmExit::Fiq => ArmExitReason::Fiq,
             ArmExit::Wfx => ArmExitReason::Wfx,
             ArmExit::Sys64 { .. } => ArmExitReason::Sys64,
+            ArmExit::DataAbort { .. } => ArmExitReason::DataAbort,
         }
     }
 }
@@ -177,6 +212,17 @@ pub struct ArmCosts {
     pub sgi_latency: Time,
     /// A wired device line to its SPI signalled at the CPU interface.
     pub spi_line: Time,
+    /// KVM's halt polling grows and shrinks a per-vCPU window (Linux
+    /// 4.9's kvm_vcpu_block, a board preset) instead of polling
+    /// `halt_poll` at every WFI.
+    pub halt_poll_dynamic: bool,
+    /// The dynamic window's cap (`halt_poll_ns`).
+    pub halt_poll_max: Time,
+    /// The dynamic window's first value after a short halt.
+    pub halt_poll_grow_start: Time,
+    /// Decoding a stage-2 data abort and finding its ioeventfd
+    /// (io_mem_abort -> kvm_io_bus_write).
+    pub mmio_decode: Time,
 }
 
 /// A virtual interrupt KVM holds for a vCPU that is not in a list
@@ -213,6 +259,28 @@ pub struct ArmVcpu {
     pub pending_last: bool,
     /// What the last kick asked of it (for exit attribution).
     pub kick_class: EventClass,
+    /// Its dynamic halt-polling window (`vcpu->halt_poll_ns`).
+    pub poll_window: Time,
+}
+
+/// `kvm_vcpu_block`'s window update after a halt of `block` (Linux 4.9,
+/// virt/kvm/kvm_main.c): a halt that ended within the window keeps it; a
+/// longer one than the cap resets it to 0 (`halt_poll_ns_shrink` = 0); a
+/// shorter one grows it (from `grow_start`, then x2, up to the cap).
+pub fn halt_poll_update(window: Time, block: Time, max: Time, grow_start: Time) -> Time {
+    if block <= window {
+        window
+    } else if window > 0 && block > max {
+        0
+    } else if window < max && block < max {
+        if window == 0 {
+            grow_start.min(max)
+        } else {
+            (window * 2).min(max)
+        }
+    } else {
+        window
+    }
 }
 
 /// ARM per-exit result of a scheme's handler.
@@ -286,8 +354,15 @@ pub trait ArmScheme {
     fn flush(&mut self, cx: &mut ArmCx, vcpu: usize);
     /// kvm_arch_vcpu_runnable: something is pending for a halted `vcpu`.
     fn has_pending(&self, cx: &ArmCx, vcpu: usize) -> bool;
-    /// The halt-polling window.
-    fn halt_poll(&self, cx: &ArmCx) -> Time;
+    /// The halt-polling window of `vcpu`'s WFI.
+    fn halt_poll(&self, cx: &ArmCx, vcpu: usize) -> Time;
+    /// `vcpu`'s halt ended after `block` (from the WFI trap to the
+    /// vCPU runnable again): KVM's halt-poll bookkeeping.
+    fn halt_ended(&mut self, _cx: &mut ArmCx, _vcpu: usize, _block: Time) {}
+    /// A back end's irqfd for VM `vm`'s paravirtual device fired (vhost's
+    /// completion signal): virtual interrupt `intid` (an edge SPI, the
+    /// device's MSI through QEMU virt's GICv2m frame) for `vcpu`.
+    fn irqfd(&mut self, _cx: &mut ArmCx, _vcpu: usize, _intid: u32) {}
     /// The host, on another core, makes virtual SGI `vintid` pending for
     /// `vcpu` (did-arm.md §2.7 "pCPU0 → vCPU1").
     fn host_vipi(&mut self, cx: &mut ArmCx, vcpu: usize, vintid: u32);

@@ -29,11 +29,22 @@ use crate::world::{sched, BuildError, World};
 /// The x86 scheme slot of an ARM world. The generic world keeps one; on
 /// ARM its x86-only paths (LAPIC and VMX events, the x86 exit path) never
 /// run, and the topology stage only asks whether guests are virtualized.
-struct ArmHost;
+/// `native`: the ARM scheme is `bare-metal` (no hypervisor: one kernel,
+/// a core per CPU, as the topology stage checks for x86's).
+struct ArmHost {
+    native: bool,
+}
 
 impl Scheme for ArmHost {
     fn name(&self) -> &'static str {
-        "arm64"
+        if self.native {
+            crate::hv::arm::ARM_BARE_METAL
+        } else {
+            "arm64"
+        }
+    }
+    fn virtualized(&self) -> bool {
+        !self.native
     }
     fn setup_vm(&mut self, _cx: &mut HvCx, _vm: usize) {}
 }
@@ -59,7 +70,36 @@ fn arm_costs(a: &ArmCalibration) -> ArmCosts {
         its_translate: ns(&a.gic.its_translate_ns),
         sgi_latency: ns(&a.gic.sgi_latency_ns),
         spi_line: ns(&a.gic.spi_line_ns),
+        halt_poll_dynamic: false,
+        halt_poll_max: us(&a.jetson.halt_poll_max_us),
+        halt_poll_grow_start: us(&a.jetson.halt_poll_grow_start_us),
+        mmio_decode: ns(&a.jetson.mmio_decode_ns),
     }
+}
+
+/// The board's KVM/ARM: its cycle-bound costs (measured on Ampere Altra)
+/// at the Carmel clock, and JetPack 4.9's dynamic halt polling.
+fn board_costs(c: &mut ArmCosts, j: &crate::calibration::ArmJetson) {
+    let f = j.altra_ghz.value / j.carmel_ghz.value;
+    let scale = |t: &mut crate::engine::Time| *t = (*t as f64 * f).round() as crate::engine::Time;
+    for t in [
+        &mut c.world_switch,
+        &mut c.sysreg_decode,
+        &mut c.vgic_emulate,
+        &mut c.host_irq,
+        &mut c.vgic_flush_sync,
+        &mut c.wfi_emulate,
+        &mut c.timer_load_put,
+        &mut c.vgic_load_put,
+        &mut c.vsgi_send,
+        &mut c.vpe_residency,
+        &mut c.doorbell_handler,
+        &mut c.vcpu_wakeup,
+        &mut c.mmio_decode,
+    ] {
+        scale(t);
+    }
+    c.halt_poll_dynamic = true;
 }
 
 /// What the ARM platform does not model yet, refused with the key that
@@ -94,11 +134,33 @@ fn refuse_unsupported(s: &Scenario, topo: &Topology, scheme: &str) -> Result<(),
         // vCPU's core: the guest's interrupts wait in the redistributor
         // while it is off (did_arm.rs, vcpu_put).
     }
-    if !s.net.device.nic_rings() {
+    if scheme == crate::hv::arm::ARM_BARE_METAL && !s.host.burners.is_empty() {
+        return Err(BuildError::Scenario(
+            "scheme bare-metal: `host.burners` are host threads beside a hypervisor's vCPUs; \
+             a native kernel has none"
+                .into(),
+        ));
+    }
+    let virtio = s.net.device == NetDevice::Virtio;
+    if !s.net.device.nic_rings() && !virtio {
         return no(
             "net.device",
-            "only the VF (an MSI device through the ITS) and spi-nic (a NIC on a wired SPI) are",
+            "the VF (an MSI device through the ITS), spi-nic (a NIC on a wired SPI) and virtio \
+             (virtio-net-pci over vhost-net) are",
         );
+    }
+    if virtio && s.net.backend != crate::scenario::NetBackend::Vhost {
+        return no(
+            "net.backend",
+            "virtio-net on ARM runs with the vhost-net back end (QEMU's vhost=on)",
+        );
+    }
+    if virtio && scheme == crate::hv::arm::ARM_BARE_METAL {
+        return Err(BuildError::Scenario(
+            "scheme bare-metal: `net.device = \"virtio\"` is a VM's paravirtual NIC; \
+             bare metal drives the board's own NIC (vf or spi-nic)"
+                .into(),
+        ));
     }
     if s.net.device == NetDevice::SpiNic {
         let spis = (SPI_LIMIT - NIC_SPI_BASE) as usize;
@@ -187,16 +249,43 @@ pub(in crate::world) fn build(
     cal.check()?;
     // What the user changed, before the clock scaling derives the rest.
     let changes = cal.changes_from_shipped();
+    // A board (`[machine] board`): its cores' clock for the guest
+    // kernel's cycle-bound costs, its peer's for the peer's.
+    let board = s.machine.board.map(|_| cal.arm.jetson.clone());
+    let boarded;
+    let cal = match &board {
+        Some(j) => {
+            let mut c = cal.clone();
+            c.cpu.ghz = crate::calibration::Entry {
+                value: j.carmel_ghz.value,
+                source: format!("[machine] board: {}", j.carmel_ghz.source),
+                at_ghz: None,
+                wall: false,
+            };
+            boarded = c;
+            &boarded
+        }
+        None => cal,
+    };
     // Cycle-bound costs at the experiment's core clock (`cpu.ghz`), for
     // the built-in ARM schemes and a caller's alike.
-    let cal = &cal.at_cpu_clock();
+    let cal = &match &board {
+        Some(j) => cal.at_cpu_clock().peer_at_clock(j.rpi4_ghz.value),
+        None => cal.at_cpu_clock(),
+    };
     let acal = cal.arm.clone();
-    let host = ArmHost;
+    let native = scheme.name() == crate::hv::arm::ARM_BARE_METAL;
+    let host = ArmHost { native };
     let topo = Topology::plan(s, &host)?;
     refuse_unsupported(s, &topo, scheme.name())?;
     let (mut m, devs) = devices::build(s, cal, &topo)?;
     let mut hv = hypervisor::state(s, cal, &topo, &devs);
     let costs = hypervisor::costs(cal, devs.apic_timer_period);
+    // virtio-net-pci over vhost-net (QEMU's virt machine, vhost=on): the
+    // same back end as on x86; its kicks reach it through the ioeventfds
+    // the hypervisor stage registered, its completions come back through
+    // the irqfd as the ARM scheme's virtual SPIs.
+    let pv = hypervisor::vhost(s, cal, &topo, &devs);
     let nvcpu = topo.vcpus.len();
     let nvm = topo.vms();
     let cores = topo.cores;
@@ -248,9 +337,18 @@ pub(in crate::world) fn build(
             in_wfi: false,
             pending_last: false,
             kick_class: EventClass::Other,
+            poll_window: 0,
         })
         .collect();
-    let acosts = arm_costs(&acal);
+    let mut acosts = arm_costs(&acal);
+    let cpuidle = board.as_ref().map(|j| {
+        board_costs(&mut acosts, j);
+        crate::world::el2::CpuIdle {
+            c1_exit: from_us(j.c1_exit_latency_us.value),
+            c6_exit: from_us(j.c6_exit_latency_us.value),
+            c6_residency: from_us(j.c6_min_residency_us.value),
+        }
+    });
     let mut q = EventQueue::with_capacity(4096);
     let mut kicks = 0u64;
     {
@@ -291,13 +389,16 @@ pub(in crate::world) fn build(
         }
     }
     q.schedule(warm, Ev::WarmupEnd);
-    if s.host.ipi_per_s > 0.0 {
+    // (Bare metal has no host beside its kernel: the scenario warns that
+    // host.ipi_per_s and preemptions have no effect, and none is sent.)
+    if s.host.ipi_per_s > 0.0 && !native {
         let core = topo.vcpus[0].core as u16;
         q.schedule(0, Ev::HostIpi { core });
     }
     // Scripted preemptions of the first vCPU, as on x86 (the scenario
     // refuses them with several VMs).
-    for (at_ms, for_ms) in s.preemptions.iter().flat_map(|p| p.occurrences()) {
+    let preemptions = s.preemptions.iter().filter(|_| !native);
+    for (at_ms, for_ms) in preemptions.flat_map(|p| p.occurrences()) {
         let at = from_us(at_ms * 1000.0);
         q.schedule_async(at, Ev::Deschedule { vcpu: 0 });
         q.schedule_async(at + from_us(for_ms * 1000.0), Ev::Reschedule { vcpu: 0 });
@@ -330,7 +431,10 @@ pub(in crate::world) fn build(
         warm,
         arch: crate::world::arch::Arch::ArmEl2,
     });
+    let mut el2 = el2;
+    el2.cpuidle = cpuidle;
     w.el2 = Some(Box::new(el2));
+    w.pv = pv.map(Box::new);
     w.calibration_changes = changes;
     w.event_exits = Some(Box::new(crate::world::event_exits::EventExits::new(
         nvm, cores,
@@ -346,10 +450,18 @@ pub(in crate::world) fn build(
         n > 1 || (n == 1 && first.is_none())
     });
     let floating = topo.allowed.iter().any(|a| a.count() > 1);
+    // vhost's worker threads are host threads on the I/O cores: under the
+    // host scheduler when it runs; otherwise each runs at once on its own
+    // core (`vhost_run_after` with no thread id).
+    let io_cores: Vec<usize> =
+        w.pv.as_ref()
+            .map(|pv| pv.workers.iter().map(|k| k.core).collect())
+            .unwrap_or_default();
     if shared || floating || !s.host.burners.is_empty() {
         let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
-        w.sched = sched::SchedState::build(s, &vcpus, &[], None, &[], tick).map(Box::new);
+        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, None, &[], tick).map(Box::new);
+        w.sched_io_threads();
         w.sched_start();
     }
     for (c, first) in topo.first_on_core.iter().enumerate() {
