@@ -126,6 +126,9 @@ fn el2_qualification(exit: &crate::hv::arm::ArmExit) -> String {
         ArmExit::Irq => "physical IRQ (HCR_EL2.IMO)".into(),
         ArmExit::Fiq => "physical FIQ (HCR_EL2.FMO)".into(),
         ArmExit::Wfx => "WFI trapped (HCR_EL2.TWI)".into(),
+        ArmExit::DataAbort { port } => {
+            format!("stage-2 data abort on MMIO (virtio notify {port:#x}, ioeventfd)")
+        }
     }
 }
 
