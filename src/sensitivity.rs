@@ -430,18 +430,10 @@ fn paper_scenarios(paper: &str, only: Option<&str>) -> Option<Vec<PathBuf>> {
 
 /// A reproduce row's name as an output: `experiment/config[/k=v,...]/metric`.
 pub fn row_name(r: &Row) -> String {
-    let params: Vec<String> = r
-        .params
-        .iter()
-        .map(|(k, v)| match v.as_str() {
-            Some(s) => format!("{k}={s}"),
-            None => format!("{k}={v}"),
-        })
-        .collect();
-    let p = if params.is_empty() {
+    let p = if r.params.is_empty() {
         String::new()
     } else {
-        format!("/{}", params.join(","))
+        format!("/{}", crate::validation::params_text(r, ","))
     };
     format!("{}/{}{p}/{}", r.experiment, r.config, r.metric)
 }
@@ -464,16 +456,7 @@ pub fn rows_metrics(rows: &[Row]) -> Metrics {
 }
 
 /// Every verdict, in the order of their codes in a results file.
-pub const VERDICTS: [Verdict; 8] = [
-    Verdict::Reproduced,
-    Verdict::Unsteady,
-    Verdict::Smaller,
-    Verdict::Larger,
-    Verdict::Opposite,
-    Verdict::NoEffect,
-    Verdict::NoNumber,
-    Verdict::NotRun,
-];
+pub const VERDICTS: [Verdict; 8] = Verdict::ALL;
 
 /// The output a headline's model effect is recorded under.
 pub fn headline_effect(id: &str) -> String {

@@ -1265,7 +1265,7 @@ fn combine_seeds(mut per_seed: Vec<Vec<Row>>) -> Vec<Row> {
 }
 
 /// A row's parameters as `key=value` joined by `sep` (strings unquoted).
-fn params_text(r: &Row, sep: &str) -> String {
+pub(crate) fn params_text(r: &Row, sep: &str) -> String {
     let params: Vec<String> = r
         .params
         .iter()

@@ -10,5 +10,5 @@ mod cli_tools;
 mod determinism;
 mod docs;
 mod input_bounds;
-mod sensitivity;
 mod newcomer;
+mod sensitivity;
