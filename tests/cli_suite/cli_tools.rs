@@ -2,30 +2,9 @@
 //! and CSV output.
 
 use crate::common;
-use common::exitless;
-use std::path::{Path, PathBuf};
+use common::{exitless, ok, s, scratch};
+use std::path::Path;
 use std::process::Output;
-
-fn ok(args: &[&str]) -> Output {
-    let o = exitless(args);
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exitless-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// A small sweep: 2 rates × 2 schemes, `seeds` seeds, 20 ms each.
 fn sweep(out: &Path, rates: &str, seeds: &str, jobs: &str) -> Output {

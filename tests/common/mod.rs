@@ -17,6 +17,30 @@ pub fn exitless(args: &[&str]) -> std::process::Output {
 }
 
 /// A scenario file (`rel`: from the repository root) with overrides.
+/// `exitless ARGS`, which must succeed (its stderr in the failure).
+pub fn ok(args: &[&str]) -> std::process::Output {
+    let o = exitless(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// A fresh, empty scratch directory for one test (`tag` unique per test).
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("exitless-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A path as the `&str` an argument list takes.
+pub fn s(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
+
 pub fn load_scenario(rel: &str, sets: &[&str]) -> Scenario {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
