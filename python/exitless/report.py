@@ -557,8 +557,8 @@ def latency_cdf(
     p99.9 evenly spaced) so the tail is visible. Points are joined by
     straight lines; nothing is drawn between them that was not measured.
 
-    ``family``: a key of :func:`latency_families` (``"latency_p*_us"``) or
-    its stem (``"latency"``, ``"udp.latency"``); needed when the data has
+    ``family``: a key of :func:`latency_families` (``"cyclictest.latency_p*_us"``) or
+    its stem (``"cyclictest.latency"``, ``"udp.latency"``); needed when the data has
     several.
     """
     df = as_frame(data)

@@ -90,14 +90,17 @@ impl App for Cyclictest {
     }
 
     fn latencies<'a>(&'a self, out: &mut Vec<LatencyFamily<'a>>) {
-        out.push(LatencyFamily::us("latency", &self.hist).with_mean_us("latency_mean_us"));
+        out.push(
+            LatencyFamily::us("cyclictest.latency", &self.hist)
+                .with_mean_us("cyclictest.latency_mean_us"),
+        );
     }
 
     fn metrics(&self, out: &mut Metrics) {
-        out.insert("latency_mean_us".into(), self.hist.mean_us());
+        out.insert("cyclictest.latency_mean_us".into(), self.hist.mean_us());
         // The percentile curve (p50 .. p99.9), for latency plots.
-        insert_percentiles_us(out, "latency", &self.hist);
-        out.insert("latency_max_us".into(), as_us(self.hist.max()));
+        insert_percentiles_us(out, "cyclictest.latency", &self.hist);
+        out.insert("cyclictest.latency_max_us".into(), as_us(self.hist.max()));
         out.insert("cyclictest.samples".into(), self.hist.count() as f64);
     }
 }

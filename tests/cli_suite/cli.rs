@@ -190,7 +190,7 @@ fn reproduce_json_rows_have_the_documented_fields() {
         .find(|r| {
             r["experiment"] == "did.cyclictest"
                 && r["config"] == "did"
-                && r["metric"] == "latency_mean_us"
+                && r["metric"] == "cyclictest.latency_mean_us"
         })
         .unwrap();
     assert_eq!(did_mean["paper"].as_f64(), Some(2.9));
@@ -225,8 +225,8 @@ fn did_apicv_runs_each_workload_with_its_own_metrics() {
         assert!(of(w, "exits_per_s").iter().all(|r| r["paper"].is_null()));
     }
     // Workload-specific metrics appear only for their workloads.
-    assert_eq!(of("cyclictest", "latency_mean_us").len(), 3);
-    assert!(of("iperf-pv", "latency_mean_us").is_empty());
+    assert_eq!(of("cyclictest", "cyclictest.latency_mean_us").len(), 3);
+    assert!(of("iperf-pv", "cyclictest.latency_mean_us").is_empty());
     assert_eq!(of("iperf-sriov", "throughput_gbps").len(), 3);
     // The PV variant really runs virtio (kicks exit), the SR-IOV one not.
     let io = |w: &str| {

@@ -362,7 +362,7 @@ fn run_and_reproduce_print_csv_rows() {
     );
     let bare = text
         .lines()
-        .find(|l| l.contains(",bare-metal,") && l.contains(",latency_mean_us,"))
+        .find(|l| l.contains(",bare-metal,") && l.contains(",cyclictest.latency_mean_us,"))
         .unwrap();
     assert!(bare.ends_with(",0,,value,"), "{bare}");
     // The text table marks the row and lists the note once below it.

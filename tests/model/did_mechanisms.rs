@@ -39,7 +39,7 @@ fn timer_path_exits_under_kvm_only() {
     assert!(per_timer >= 3.0, "{per_timer}");
     assert_eq!(rate(&did, "MSR_WRITE"), 0.0);
     assert_eq!(rate(&did, "EXTERNAL_INTERRUPT"), 0.0);
-    let lat = |r: &exitless::report::RunReport| metric(r, "latency_mean_us");
+    let lat = |r: &exitless::report::RunReport| metric(r, "cyclictest.latency_mean_us");
     assert!(
         lat(&bm) <= lat(&did) + 0.05,
         "bm {} did {}",
@@ -68,7 +68,7 @@ fn posix_timer_wait_adds_the_signal_path_but_no_exit() {
             "cyclictest.toml",
             &[&s, "duration_s=0.3", "workload.cyclictest.mode=posix-timer"],
         );
-        let lat = |r: &exitless::report::RunReport| metric(r, "latency_mean_us");
+        let lat = |r: &exitless::report::RunReport| metric(r, "cyclictest.latency_mean_us");
         let more = lat(&p) - lat(&n);
         assert!((0.3..0.8).contains(&more), "{scheme}: +{more}");
         assert_eq!(
@@ -126,7 +126,7 @@ fn apicv_removes_the_eoi_exits_but_not_the_timer_writes() {
     }
     // Posted timer interrupts reach a running guest without an injection
     // exit, so APICv's latency sits between DID's and KVM's.
-    let lat = |r: &exitless::report::RunReport| metric(r, "latency_mean_us");
+    let lat = |r: &exitless::report::RunReport| metric(r, "cyclictest.latency_mean_us");
     assert!(lat(&did) < lat(&apicv) && lat(&apicv) < lat(&kvm));
 }
 

@@ -70,7 +70,7 @@ fn injection_mode_mixes_assigned_and_virtual_interrupts_cleanly() {
         let kvm = run_file("figure3.toml", &["scheme=kvm"]);
         let ext = rate(&r, "EXTERNAL_INTERRUPT");
         assert!(ext < 0.1 * rate(&kvm, "EXTERNAL_INTERRUPT"), "{ext}");
-        assert!(metric(&r, "latency_mean_us") > 0.0);
+        assert!(metric(&r, "cyclictest.latency_mean_us") > 0.0);
     }
 }
 

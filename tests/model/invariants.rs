@@ -29,7 +29,7 @@ fn kvm_did_and_bare_metal_are_clean_on_figure3() {
             r.invariants.delivered
         );
         assert!(
-            metric(&r, "latency_mean_us") > 0.0,
+            metric(&r, "cyclictest.latency_mean_us") > 0.0,
             "{scheme}: timer never woke cyclictest"
         );
     }
@@ -101,7 +101,7 @@ fn did_survives_deschedules_and_host_ipis() {
     );
     assert_eq!(rate(&r, "EXTERNAL_INTERRUPT"), 0.0);
     // The 3 ms preemption shows up as one late cyclictest wakeup, not a loss.
-    let max = metric(&r, "latency_max_us");
+    let max = metric(&r, "cyclictest.latency_max_us");
     assert!(max > 1000.0 && max < 4000.0, "{max}");
 }
 

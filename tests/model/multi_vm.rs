@@ -35,7 +35,7 @@ fn vms_sharing_a_core_split_it_and_a_vm_alone_keeps_its_own() {
         assert!(metric(&r, "irq.descheduled_delay_mean_us") > 1000.0);
         assert!(metric(&r, "udp.latency_mean_us") > 100.0);
         // The cyclictest VM got its timer interrupts on its own vector.
-        assert!(metric(&r, "vm1.latency_mean_us") > 0.0);
+        assert!(metric(&r, "vm1.cyclictest.latency_mean_us") > 0.0);
         assert!(metric(&r, "vm1.guest.timer_irqs_per_s") > 0.0);
     }
 }
