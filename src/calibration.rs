@@ -309,6 +309,7 @@ pub struct ArmJetson {
     pub halt_poll_max_us: Entry,
     pub halt_poll_grow_start_us: Entry,
     pub mmio_decode_ns: Entry,
+    pub link_gbps: Entry,
 }
 
 /// The ARM calibration shipped with exitless.
@@ -440,7 +441,7 @@ pub fn range_of(key: &str) -> Option<Range> {
         "jetson.carmel_ghz" | "jetson.altra_ghz" | "jetson.rpi4_ghz" => Range::closed(0.01, 100.0),
         "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
         "host.hz" => Range::closed(1.0, 10_000.0),
-        "nic.link_gbps" => Range::closed(0.001, 1000.0),
+        "nic.link_gbps" | "jetson.link_gbps" => Range::closed(0.001, 1000.0),
         // 82599 EITR interval granularity: 2.048 µs at 10 GbE, and larger
         // at lower link speeds.
         "nic.itr_unit_us" => Range::closed(0.001, 100.0),

@@ -219,3 +219,20 @@ fn the_4_9_halt_poll_window_grows_keeps_and_resets() {
     assert_eq!(up(320 * US, 900 * US, max, start), 0);
     assert_eq!(up(400 * US, 450 * US, max, start), 500 * US);
 }
+
+/// The board preset carries its own Ethernet: a board scenario run with the
+/// shipped calibration alone (no testbed overlay) sends at the board's
+/// 1 GbE, where the same scenario without `board` runs on the x86 file's
+/// 10 GbE link.
+#[test]
+fn the_board_brings_its_own_gigabit_link() {
+    let text = format!(
+        "{}[machine]\ncores = 6\n[net]\ndevice = \"virtio\"\npeer = \"remote\"\n[host]\nio_cores = [2]\n",
+        IPERF
+    );
+    let on_board = run_text(&text, &["machine.board=jetson-xavier-nx", "scheme=kvm-arm"]);
+    let g = metric(&on_board, "iperf.throughput_gbps");
+    assert!((0.9..=1.0).contains(&g), "board: {g} Gb/s");
+    let plain = run_text(&text, &["scheme=kvm-arm"]);
+    assert!(metric(&plain, "iperf.throughput_gbps") > 2.0);
+}

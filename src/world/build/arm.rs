@@ -250,7 +250,8 @@ pub(in crate::world) fn build(
     // What the user changed, before the clock scaling derives the rest.
     let changes = cal.changes_from_shipped();
     // A board (`[machine] board`): its cores' clock for the guest
-    // kernel's cycle-bound costs, its peer's for the peer's.
+    // kernel's cycle-bound costs, its peer's for the peer's, and its
+    // Ethernet's link speed.
     let board = s.machine.board.map(|_| cal.arm.jetson.clone());
     let boarded;
     let cal = match &board {
@@ -259,6 +260,13 @@ pub(in crate::world) fn build(
             c.cpu.ghz = crate::calibration::Entry {
                 value: j.carmel_ghz.value,
                 source: format!("[machine] board: {}", j.carmel_ghz.source),
+                at_ghz: None,
+                wall: false,
+            };
+            // The board's own Ethernet: its link speed is the board's.
+            c.nic.link_gbps = crate::calibration::Entry {
+                value: j.link_gbps.value,
+                source: format!("[machine] board: {}", j.link_gbps.source),
                 at_ghz: None,
                 wall: false,
             };
