@@ -1073,6 +1073,11 @@ impl World {
             return;
         };
         let now = self.q.now();
+        // The core is no longer idle under this thread: a tick that finds
+        // it idle under a vCPU again starts a new episode (two ticks that
+        // each fall in a different wake-up's latency are not a lost
+        // schedule-in).
+        self.arm().idle_current[core] = None;
         self.el2_check_core_left_clean(core, vcpu);
         let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
         self.m.cores[core].mode = CoreMode::Host { vcpu };

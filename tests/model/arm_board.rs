@@ -236,3 +236,34 @@ fn the_board_brings_its_own_gigabit_link() {
     let plain = run_text(&text, &["scheme=kvm-arm"]);
     assert!(metric(&plain, "iperf.throughput_gbps") > 2.0);
 }
+
+/// The board's ping under the host scheduler (a burner on another core
+/// starts it): the vCPU wakes for a timer at one scheduler tick and for a
+/// frame just before the next, each schedule-in a few microseconds after
+/// its tick. The checker's lost-schedule-in rule (idle under a runnable
+/// vCPU for a whole tick) must not join the two wake-ups into one episode.
+#[test]
+fn wake_ups_at_consecutive_ticks_are_not_a_lost_schedule_in() {
+    for scheme in ["kvm-arm", "kvm-arm-v4"] {
+        let s = load_scenario(
+            "validation/did-arm/board-ping.toml",
+            &[
+                &format!("scheme={scheme}"),
+                "host.burners=[{cores=[3]}]",
+                "duration_s=0.5",
+            ],
+        );
+        let mut w =
+            exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
+                .expect("builds");
+        w.run(|_| {});
+        let r = w.report();
+        assert_eq!(
+            r.violations(),
+            0,
+            "{scheme}: {:?}",
+            r.invariants.violations.first()
+        );
+        assert!(metric(&r, "ping.received") > 10.0, "{scheme}");
+    }
+}

@@ -465,7 +465,12 @@ pub(in crate::world) fn build(
         w.pv.as_ref()
             .map(|pv| pv.workers.iter().map(|k| k.core).collect())
             .unwrap_or_default();
-    if shared || floating || !s.host.burners.is_empty() {
+    // A worker on a vCPU's core or beside another worker shares it too.
+    let io_shared = io_cores
+        .iter()
+        .enumerate()
+        .any(|(i, &c)| topo.vcpus.iter().any(|p| p.core == c) || io_cores[..i].contains(&c));
+    if shared || io_shared || floating || !s.host.burners.is_empty() {
         let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
         w.sched = sched::SchedState::build(s, &vcpus, &io_cores, None, &[], tick).map(Box::new);
