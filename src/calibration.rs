@@ -157,6 +157,7 @@ section!(Vcanal {
     enqueue_ns,
     completion_poll_ns,
     spin_poll_ns,
+    sched_yield_ns,
     radix_lookup_ns,
     page_walk_ns,
     dequeue_ns,

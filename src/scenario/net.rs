@@ -123,6 +123,11 @@ pub struct NetSpec {
     /// guest (the peer, the VM's host) takes such a train back to back as
     /// one GRO packet.
     pub peer_gso: bool,
+    /// GRO on the peer host's receive path (its Linux default): its NIC
+    /// poll merges a connection's in-order frames into one packet, which
+    /// TCP acknowledges once. `false` (`ethtool -K gro off`): every frame
+    /// goes up alone and is acknowledged as a segment of its own.
+    pub peer_gro: bool,
     /// The receive interrupt moderation of a peer host's NIC (the load
     /// generator, the VM's host through the embedded switch): `adaptive`
     /// (the default: the ixgbe-family update of `nic.itr = "dynamic"`,
@@ -219,6 +224,7 @@ impl Default for NetSpec {
             queue_size: 256,
             peer: VirtioPeer::Host,
             peer_gso: true,
+            peer_gro: true,
             peer_itr: PeerItr::Adaptive,
             backend: NetBackend::Vhost,
             kvmtool_affinity: true,

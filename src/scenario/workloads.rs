@@ -982,6 +982,29 @@ pub enum VcanalNotification {
     Interrupt,
 }
 
+/// What libCanal does in one iteration of its wait loop besides looking at
+/// the INR's state (vcanal.md §2.5: it polls "for a while", a count of
+/// polls, 100 by default, "instead of waiting a specific period"; the
+/// paper does not say what else an iteration does).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum VcanalSpin {
+    /// The load of the state word, the compare and the loop's PAUSE, as
+    /// glibc's adaptive mutex spins before its futex wait (at most 100
+    /// iterations, the "futex-like" precedent of a counted spin):
+    /// `vcanal.spin_poll_ns` per iteration.
+    #[default]
+    Pause,
+    /// Each iteration also calls `sched_yield()` (a 2012 user-space
+    /// spin-wait that lets other runnable threads have the CPU): the
+    /// system call's entry and exit (`guest.syscall_ns`) and the
+    /// scheduler's yield with nothing else to run on the vCPU
+    /// (`vcanal.sched_yield_ns`), past the poll itself.
+    Yield,
+}
+
 /// Which idle network-pool thread the vCanal polling thread hands a call
 /// to (vcanal.md §2.4: "an idle thread in the network thread pool"; the
 /// paper does not say how the pool waits).
@@ -1014,6 +1037,11 @@ pub struct VcanalSpec {
     /// Polls before interrupt mode under `switching` (§2.5: 100).
     #[serde(default = "vcanal_poll_budget")]
     pub poll_budget: u32,
+    /// What one wait-loop iteration does besides the poll: `pause` (the
+    /// default: a cache hit and a PAUSE) or `yield` (a `sched_yield()`
+    /// system call each iteration). See [`VcanalSpin`].
+    #[serde(default)]
+    pub spin: VcanalSpin,
     /// libCanal's hybrid address space (§2.6); off: every buffer page is
     /// walked by the helper driver on every call ("w/o Hybrid Address
     /// Space").

@@ -38,6 +38,12 @@ pub struct PeerCosts {
     /// update, [`crate::guest::itr`]), its register counting units of the
     /// given length; `None`: `rx_itr` stays.
     pub rx_adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
+    /// The receiving host's GRO is off (`net.peer_gro = false`,
+    /// `ethtool -K gro off`): each frame of a poll goes up the stack
+    /// alone, paying `rx_segment`, and TCP acknowledges them as they come
+    /// (a delayed ACK per two full-sized segments) instead of once per
+    /// merged packet.
+    pub gro_off: bool,
 }
 
 /// What a peer program reaches through its sockets.
@@ -317,6 +323,10 @@ impl PeerHost {
                 self.ingest(f, 0, now, out);
                 continue;
             };
+            if self.costs.gro_off {
+                self.ingest(f, f.gso_segs() - 1, now, out);
+                continue;
+            }
             let size = |f: &Frame, s: &crate::hw::wire::TcpSegment| {
                 if f.gso_size > 0 {
                     u32::from(f.gso_size)
@@ -609,12 +619,14 @@ mod tests {
     }
 
     /// Ten MSS frames of one connection, 1 us apart, into a peer whose NIC
-    /// interrupts at most every `itr`: the ACKs it sends.
-    fn acks_for_ten_frames(itr: Time) -> (usize, u64) {
+    /// interrupts at most every `itr` (GRO off or on): the ACKs it sends
+    /// and the interrupts it took.
+    fn acks_for_ten_frames(itr: Time, gro_off: bool) -> (usize, u64) {
         use crate::guest::tcp::{Segment, TcpConfig};
         let costs = PeerCosts {
             rx_segment: US,
             rx_itr: itr,
+            gro_off,
             ..PeerCosts::default()
         };
         let conn = Tcp::new(TcpConfig::default()).unwrap();
@@ -658,8 +670,18 @@ mod tests {
     /// one packet and one ACK.
     #[test]
     fn moderation_and_gro_make_one_ack_per_merged_packet() {
-        assert_eq!(acks_for_ten_frames(0), (10, 0));
-        assert_eq!(acks_for_ten_frames(50 * US), (2, 2));
+        assert_eq!(acks_for_ten_frames(0, false), (10, 0));
+        assert_eq!(acks_for_ten_frames(50 * US, false), (2, 2));
+    }
+
+    /// With GRO off the same two interrupts take the ten frames, but the
+    /// nine of the second poll go up one by one: TCP acknowledges them as
+    /// single segments, several ACKs where GRO sent one.
+    #[test]
+    fn without_gro_a_poll_acks_its_frames_one_by_one() {
+        let (acks, irqs) = acks_for_ten_frames(50 * US, true);
+        assert_eq!(irqs, 2);
+        assert!(acks >= 5, "{acks} ACKs");
     }
 
     #[test]

@@ -389,6 +389,7 @@ fn canal_costs(cal: &Calibration) -> VcanalCosts {
         enqueue: t_ns(&v.enqueue_ns),
         completion_poll: t_ns(&v.completion_poll_ns),
         spin_poll: t_ns(&v.spin_poll_ns),
+        sched_yield: t_ns(&v.sched_yield_ns),
         radix_lookup: t_ns(&v.radix_lookup_ns),
         page_walk: t_ns(&v.page_walk_ns),
         dequeue: t_ns(&v.dequeue_ns),
@@ -482,12 +483,7 @@ pub(super) fn build(
                 lib,
                 test,
                 n.msg_bytes,
-                CanalAppCosts {
-                    canal: costs,
-                    syscall,
-                    hybrid: spec.hybrid_address_space,
-                    kick: spec.kick,
-                },
+                CanalAppCosts::new(costs, syscall, spec),
             );
             let kernel = guests.get_mut(vm).ok_or("VM count mismatch")?;
             kernel.spawn_on(v.app_vcpu, Box::new(app), 0, false);
@@ -692,12 +688,7 @@ fn build_http(
     let backed = events + (MAX_THREADS as u64) * 4096 - CHANNEL.base;
     let (mem, lib) = channel(spec, backed)?;
     let lib = std::rc::Rc::new(std::cell::RefCell::new(lib));
-    let app_costs = CanalAppCosts {
-        canal: costs,
-        syscall,
-        hybrid: spec.hybrid_address_space,
-        kick: spec.kick,
-    };
+    let app_costs = CanalAppCosts::new(costs, syscall, spec);
     let shape = CanalHttpShape {
         request: n.request_bytes,
         response: n.header_bytes + n.page_bytes,

@@ -204,6 +204,34 @@ fn without_affinity_the_nic_interrupt_exits_on_the_vcpu_core() {
     assert_eq!(metric(&floating, "vcanal.service_migrations_per_s"), 0.0);
 }
 
+/// libCanal's two readings of a wait-loop iteration (vcanal.md §2.5,
+/// docs/vcanal.md "libCanal's wait: two readings"): with a poll and a
+/// PAUSE (the default) 100 iterations end before a 16 KiB send completes,
+/// so the waits sleep and each completion is an interrupt (an
+/// external-interrupt and an EOI exit under kvm); with a sched_yield()
+/// each iteration, 100 of them outlast the send, no wait sleeps and the
+/// completion interrupts are gone.
+#[test]
+fn a_yield_in_each_wait_iteration_keeps_the_waits_polling() {
+    let pause = run_text(&stream("", ""), &[]);
+    let yielding = run_text(&stream("spin = \"yield\"\n", ""), &[]);
+    for r in [&pause, &yielding] {
+        assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+        assert!(metric(r, "vcanal.calls") > 50.0);
+    }
+    // Nearly every paused wait sleeps; no yielding one does.
+    assert!(metric(&pause, "vcanal.sleeps") > 0.9 * metric(&pause, "vcanal.calls"));
+    assert_eq!(metric(&yielding, "vcanal.sleeps"), 0.0);
+    assert!(rate(&yielding, "EXTERNAL_INTERRUPT") < 0.5 * rate(&pause, "EXTERNAL_INTERRUPT"));
+    // Fewer polls, each far longer: the yielding loop spent its time in
+    // the system call.
+    let per_call = |r| metric(r, "vcanal.polls") / metric(r, "vcanal.calls");
+    assert!(per_call(&yielding) < per_call(&pause));
+    assert!(
+        metric(&yielding, "netperf.throughput_gbps") > metric(&pause, "netperf.throughput_gbps")
+    );
+}
+
 /// Without affinity the service's thread is a thread of the host
 /// scheduler: a CPU burner on its core makes CFS share that core or move
 /// the thread, so it waits in run queues, where the pinned service core

@@ -35,6 +35,11 @@ pub struct VcanalCosts {
     /// the state word still sits in the waiter's own cache, so an
     /// iteration is a load that hits, the compare and the loop's pause.
     pub spin_poll: Time,
+    /// Guest: the kernel's part of a `sched_yield()` with nothing else to
+    /// run, past the system call's entry and exit: what libCanal's `yield`
+    /// reading adds to each wait-loop iteration (§2.5 does not say what
+    /// an iteration does besides the poll).
+    pub sched_yield: Time,
     /// Guest: a hybrid-address-space lookup that hits (§2.6). No number.
     pub radix_lookup: Time,
     /// Guest: a miss's GVA → GPA walk through the helper driver (§2.6;
@@ -94,6 +99,7 @@ mod tests {
             enqueue: 2,
             completion_poll: 3,
             spin_poll: 1,
+            sched_yield: 1,
             radix_lookup: 5,
             page_walk: 100,
             dequeue: 7,

@@ -140,6 +140,7 @@ pub(in crate::world) fn peer_costs(s: &Scenario, cal: &Calibration) -> PeerCosts
         },
         rx_adaptive: (s.net.peer_itr == PeerItr::Adaptive)
             .then(|| (adaptive, t_us(&n.itr_unit_us))),
+        gro_off: !s.net.peer_gro,
     }
 }
 
