@@ -4,6 +4,7 @@
 //! store to an interrupt file's page to that file.
 
 use super::aplic::Aplic;
+use super::gstage::GStage;
 use super::hart::HartCsrs;
 use super::imsic::Imsic;
 use super::iommu::{MsiTranslation, RiscvIommu};
@@ -39,12 +40,14 @@ pub struct RiscvMachine {
     pub aplic: Aplic,
     /// The IOMMU's MSI translation.
     pub iommu: RiscvIommu,
+    /// The G-stage mappings of the VMs' IMSIC windows.
+    pub gstage: GStage,
 }
 
 impl RiscvMachine {
     /// A machine sized by `p`, with `devices` IOMMU device contexts and
-    /// as many MRIFs, and 32 wired sources.
-    pub fn new(p: AiaParams, devices: usize) -> Result<Self, String> {
+    /// as many MRIFs, 32 wired sources, and VMs of `vm_vcpus[vm]` vCPUs.
+    pub fn new(p: AiaParams, devices: usize, vm_vcpus: &[usize]) -> Result<Self, String> {
         p.validate()?;
         Ok(RiscvMachine {
             params: p,
@@ -54,6 +57,7 @@ impl RiscvMachine {
             imsics: (0..p.harts).map(|_| Imsic::new(&p)).collect(),
             aplic: Aplic::new(32),
             iommu: RiscvIommu::new(devices, devices),
+            gstage: GStage::new(vm_vcpus),
         })
     }
 

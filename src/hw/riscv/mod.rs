@@ -3,7 +3,8 @@
 //! H-extension CSRs ([`hart`]) and an IMSIC with an S-level file and
 //! GEILEN guest files ([`imsic`]); the APLIC for wired sources in MSI
 //! mode ([`aplic`]); the RISC-V IOMMU's MSI translation, flat or MRIF
-//! ([`iommu`]); their layout on one machine ([`machine`]); sizes apart
+//! ([`iommu`]); the G-stage mappings of the guests' IMSIC windows
+//! ([`gstage`]); their layout on one machine ([`machine`]); sizes apart
 //! ([`params`]). The sibling of [`crate::hw::x86`] and [`crate::hw::arm`];
 //! docs/riscv.md is the specification in the project's words.
 //!
@@ -28,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod aplic;
+pub mod gstage;
 pub mod hart;
 pub mod imsic;
 pub mod iommu;
@@ -44,7 +46,7 @@ mod tests {
 
     /// Two harts, two guest files each; the guest's file 1 on hart 1.
     fn machine() -> RiscvMachine {
-        let mut m = RiscvMachine::new(AiaParams::new(2, 2), 1).unwrap();
+        let mut m = RiscvMachine::new(AiaParams::new(2, 2), 1, &[2]).unwrap();
         let f = m.imsics[1].guest_mut(1).unwrap();
         f.write_ireg(ISELECT_EIDELIVERY, 1).unwrap();
         f.set_enabled(40, true);
