@@ -7,6 +7,7 @@ mod arch;
 mod blk;
 mod build;
 mod el2;
+pub mod hs;
 pub mod event;
 mod event_exits;
 mod host_link;

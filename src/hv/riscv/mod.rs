@@ -417,17 +417,23 @@ impl RiscvCx<'_> {
     }
 
     /// Whether anything is pending for halted `vcpu`
-    /// (kvm_arch_vcpu_runnable): its file, its VS software interrupt, its
-    /// timer (Sstc: `vstimecmp` against now; SBI: `hvip.VSTIP`).
+    /// (kvm_arch_vcpu_runnable → kvm_riscv_vcpu_has_interrupts): its
+    /// file, or a VS interrupt pending in `hvip` (the timer's, with Sstc,
+    /// from `vstimecmp` against now) that the guest's `vsie` enables.
     pub fn vcpu_runnable(&self, vcpu: usize, stce: bool) -> bool {
         let v = &self.vcpus[vcpu];
-        let (hvip, cmp) = match v.hart {
-            Some(h) => (self.m.harts[h].hvip, self.m.harts[h].vstimecmp),
-            None => (v.saved.hvip, v.saved.vstimecmp),
+        let (hvip, cmp, vsie) = match v.hart {
+            Some(h) => {
+                let c = &self.m.harts[h];
+                (c.hvip, c.vstimecmp, c.vsie)
+            }
+            None => (v.saved.hvip, v.saved.vstimecmp, v.saved.vsie),
         };
-        self.file_signals(vcpu)
-            || hvip & ((1 << irq::VSSI) | (1 << irq::VSEI) | (1 << irq::VSTI)) != 0
-            || (stce && self.now >= cmp)
+        let mut pending = hvip & VS_BITS;
+        if stce && self.now >= cmp {
+            pending |= 1 << irq::VSTI;
+        }
+        self.file_signals(vcpu) || pending & vsie != 0
     }
 
     /// The guest file hart `hart` has free (none owned by a vCPU), lowest

@@ -226,6 +226,7 @@ fn with_sstc_a_blocked_vcpus_vstimecmp_becomes_an_hrtimer() {
     let mut r = Rig::new(1, 1, 1);
     let mut s = kvm(RiscvConfig::default());
     s.vcpu_load(&mut r.cx(), 0, 0);
+    r.guest_boot(0);
     assert_eq!(r.m.harts[0].vs_csr(VsCsr::Stimecmp), VsOutcome::Executes);
     r.m.harts[0].vstimecmp = 500;
     s.vcpu_put(&mut r.cx(), 0, true);
