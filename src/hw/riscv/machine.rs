@@ -87,6 +87,19 @@ impl RiscvMachine {
         (t, landed)
     }
 
+    /// Wired source `source`'s line changes to `level` at the APLIC; an
+    /// MSI its domain sends is stored to the interrupt file its target
+    /// names (hart, guest index; guest 0 is the S file).
+    pub fn wired(&mut self, source: usize, level: bool) -> Landed {
+        match self.aplic.set_line(source, level) {
+            Some(msi) if msi.hart < self.params.harts => {
+                let addr = self.params.file_address(msi.hart, msi.guest);
+                self.store(addr, msi.eiid)
+            }
+            _ => Landed::Elsewhere,
+        }
+    }
+
     /// `hart`'s `hgeip`.
     pub fn hgeip(&self, hart: usize) -> u64 {
         self.imsics[hart].hgeip()

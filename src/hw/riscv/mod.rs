@@ -22,6 +22,10 @@
 //!                                                       host wakes the file's vCPU)
 //! ```
 //!
+//! A wired device's line goes through the APLIC (`Aplic::set_line`): in MSI
+//! mode its domain sends the MSI its `target` names, which lands in that
+//! hart's file like any other (`RiscvMachine::wired`).
+//!
 //! Without a guest file (KVM's software file) the MSI lands in an MRIF or
 //! the host's S file; the host sets `hvip.VSEIP` and every `vstopei`
 //! access is a virtual-instruction exit it emulates.
@@ -84,6 +88,48 @@ mod tests {
         assert_eq!(m.harts[1].vs_csr(VsCsr::Stopei), VsOutcome::Executes);
         assert_eq!(m.imsics[1].guest_mut(1).unwrap().claim(), 40);
         assert_eq!(m.harts[1].vs_interrupt(m.hgeip(1), 0, true), None);
+    }
+
+    #[test]
+    fn a_wired_source_reaches_a_guest_file_through_the_aplic_in_msi_mode() {
+        use super::aplic::{AplicMsi, DOMAINCFG_DM, DOMAINCFG_IE, SOURCECFG_D};
+        let mut m = machine();
+        for d in 0..2 {
+            m.aplic.write_domaincfg(d, DOMAINCFG_IE | DOMAINCFG_DM);
+        }
+        m.aplic.write_sourcecfg(0, 5, SOURCECFG_D);
+        m.aplic.write_sourcecfg(1, 5, 6); // level high
+        let to = AplicMsi {
+            hart: 1,
+            guest: 1,
+            eiid: 40,
+        };
+        m.aplic.write_target(1, 5, to);
+        m.aplic.set_enabled(1, 5, true);
+        assert_eq!(
+            m.wired(5, true),
+            Landed::File {
+                hart: 1,
+                file: 1,
+                set: true
+            }
+        );
+        assert_eq!(
+            m.harts[1].vs_interrupt(m.hgeip(1), 0, true),
+            Some(irq::VSEI)
+        );
+        // Unrouted: an out-of-range hart is dropped.
+        m.aplic.write_target(
+            1,
+            5,
+            AplicMsi {
+                hart: 9,
+                guest: 0,
+                eiid: 1,
+            },
+        );
+        let _ = m.wired(5, false);
+        assert_eq!(m.wired(5, true), Landed::Elsewhere);
     }
 
     #[test]
