@@ -120,6 +120,19 @@ impl HsStepper {
         home: &[usize],
     ) -> Result<Self, String> {
         let scheme = by_name(scheme, cfg).ok_or_else(|| format!("unknown scheme {scheme}"))?;
+        // did-riscv's vCPUs own their harts (docs/riscv.md, condition 1):
+        // a second vCPU on one would not find VGEIN naming its file.
+        if scheme.name() == "did-riscv" {
+            for (v, h) in home.iter().enumerate() {
+                if home[..v].contains(h) {
+                    return Err(format!(
+                        "scheme did-riscv: vCPUs {} and {v} share hart {h}; each vCPU needs a \
+                         dedicated hart whose guest file stays its own (docs/riscv.md)",
+                        home[..v].iter().position(|x| x == h).unwrap_or(0)
+                    ));
+                }
+            }
+        }
         let m = RiscvMachine::new(AiaParams::new(harts, geilen), 1, &[home.len()])?;
         let nids = m.params.ids;
         let mut s = HsStepper {

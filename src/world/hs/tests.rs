@@ -173,3 +173,10 @@ fn a_migration_that_drops_the_old_files_pending_bits_loses_the_interrupt() {
     let s = migrate(true);
     assert!(s.handled().is_empty(), "lost: {:?}", s.handled());
 }
+
+#[test]
+fn did_riscv_refuses_two_vcpus_on_one_hart() {
+    let two = HsStepper::new("did-riscv", RiscvConfig::default(), 2, 2, &[0, 0]);
+    assert!(two.is_err_and(|e| e.contains("share hart 0")));
+    assert!(HsStepper::new("kvm-riscv", RiscvConfig::default(), 2, 2, &[0, 0]).is_ok());
+}
