@@ -1,7 +1,8 @@
 //! The hypervisor: VMs and vCPUs pinned to cores, VM-exit dispatch with a
 //! handler cost per reason, the host kernel's timers, KVM's emulated LAPIC,
 //! and the interrupt-delivery **schemes**, one module each behind
-//! [`scheme::Scheme`]. Hypervisor code touches the platform only through
+//! [`scheme::Scheme`] (ARM's and RISC-V's behind their own traits in
+//! [`arm`] and [`riscv`]). Hypervisor code touches the platform only through
 //! [`HvCx`]: LAPIC registers, VMCS fields, IRT entries, device registers.
 
 pub mod arm;
@@ -10,6 +11,7 @@ pub mod es2;
 pub mod exits;
 pub mod host;
 pub mod kvmtool_net;
+pub mod riscv;
 pub mod sched;
 pub mod scheme;
 pub mod vcanal;

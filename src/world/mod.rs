@@ -10,6 +10,7 @@ mod el2;
 pub mod event;
 mod event_exits;
 mod host_link;
+pub mod hs;
 mod kvmtool_net;
 mod metrics;
 mod net;
