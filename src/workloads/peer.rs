@@ -272,6 +272,30 @@ impl PeerHost {
         conn % self.busy_until.len()
     }
 
+    /// Its CPUs (threads): connection i is CPU i mod this.
+    pub fn cpus(&self) -> usize {
+        self.busy_until.len()
+    }
+
+    /// The CPU whose thread takes frame `f` (its connection's, or CPU 0
+    /// for a datagram); `None` if the frame is not this peer's.
+    pub fn cpu_of_frame(&self, f: &Frame) -> Option<usize> {
+        let i = usize::from(f.flow.checked_sub(self.first_flow)?);
+        (i < usize::from(self.flows)).then(|| self.cpu_of(i))
+    }
+
+    /// When CPU `cpu` finishes the work planned on it.
+    pub fn busy_until(&self, cpu: usize) -> Time {
+        self.busy_until[cpu]
+    }
+
+    /// CPU `cpu`'s planned work now ends at `t`: a peer whose CPUs are
+    /// host threads under the host scheduler (`host.peer_cores`) resumes
+    /// work it owed when its thread gets the core back.
+    pub fn set_busy_until(&mut self, cpu: usize, t: Time) {
+        self.busy_until[cpu] = t;
+    }
+
     /// A frame reached the peer at `now`. Frames it sends in response are
     /// appended to `out` with the time each leaves. With interrupt
     /// moderation the frame waits in the RX ring for the next interrupt

@@ -102,7 +102,7 @@ pub(super) struct PeerLink {
     pub(super) vm: usize,
     to_peer: VecDeque<Frame>,
     to_guest: VecDeque<Frame>,
-    out: Vec<(Time, Frame)>,
+    pub(super) out: Vec<(Time, Frame)>,
     /// The peer's next deadline, as last seen.
     timer: Option<Time>,
     /// When the peer must run for it and the tie-break key reserved when
@@ -128,6 +128,9 @@ pub(super) struct PeerLink {
     /// since the bridge and this host's stack run in its context
     /// (`netif_rx_ni`); `None` elsewhere.
     stack_in_vhost: Option<(Time, Time)>,
+    /// Its CPUs as host threads on this host (`host.peer_cores`), one per
+    /// CPU; empty: it has CPUs of its own.
+    pub(super) threads: Vec<super::peer_threads::PeerThread>,
 }
 
 impl PeerLink {
@@ -157,6 +160,7 @@ impl PeerLink {
             wire_free: 0,
             to_peer_last: 0,
             stack_in_vhost,
+            threads: Vec::new(),
         }
     }
 }
@@ -440,9 +444,16 @@ impl World {
         let Some(f) = link.to_peer.pop_front() else {
             return;
         };
+        if self.peer_thread_holds(p, f) {
+            return;
+        }
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         link.out.clear();
         link.peer.receive(f, now, &mut link.out);
         self.peer_sent(p);
+        self.peer_threads_settle(p);
     }
 
     /// A timer event of peer `p`, queued with tie-break key `key`, came.
@@ -476,6 +487,7 @@ impl World {
         link.out.clear();
         link.peer.timer(now, &mut link.out);
         self.peer_sent(p);
+        self.peer_threads_settle(p);
     }
 
     /// Puts what peer `p` just sent on its way and re-arms its timer.
