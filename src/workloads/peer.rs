@@ -477,6 +477,13 @@ impl PeerHost {
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
+        self.timer_on(now, None, out);
+    }
+
+    /// [`Self::timer`], the application running on CPU `on` if given
+    /// (the one of the peer's host threads that holds a core), else on
+    /// the least busy CPU.
+    pub fn timer_on(&mut self, now: Time, on: Option<usize>, out: &mut Vec<(Time, Frame)>) {
         if self.rx_irq_at.is_some_and(|t| t <= now) {
             self.rx_poll(now, out);
             // An interrupt alone: the poll ran the process if it had work.
@@ -510,9 +517,11 @@ impl PeerHost {
         }
         // The application runs on the least busy CPU, once that one is
         // free (see `run_app_when_free`).
-        let cpu = (0..self.busy_until.len())
-            .min_by_key(|&c| self.busy_until[c])
-            .unwrap_or(0);
+        let cpu = on.filter(|&c| c < self.busy_until.len()).unwrap_or_else(|| {
+            (0..self.busy_until.len())
+                .min_by_key(|&c| self.busy_until[c])
+                .unwrap_or(0)
+        });
         if self.busy_until[cpu] > now {
             self.send_output(now, out);
             self.defer_app(self.busy_until[cpu]);

@@ -131,6 +131,8 @@ pub(super) struct PeerLink {
     /// Its CPUs as host threads on this host (`host.peer_cores`), one per
     /// CPU; empty: it has CPUs of its own.
     pub(super) threads: Vec<super::peer_threads::PeerThread>,
+    /// A timer came due while none of `threads` held a core.
+    pub(super) timer_held: bool,
 }
 
 impl PeerLink {
@@ -161,6 +163,7 @@ impl PeerLink {
             to_peer_last: 0,
             stack_in_vhost,
             threads: Vec::new(),
+            timer_held: false,
         }
     }
 }
@@ -484,8 +487,16 @@ impl World {
         }
         link.timer = None;
         link.due = None;
+        // A peer whose CPUs are host threads runs its timers on one that
+        // holds a core; with none, when one next does.
+        let Some(on) = self.peer_timer_cpu(p) else {
+            return;
+        };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         link.out.clear();
-        link.peer.timer(now, &mut link.out);
+        link.peer.timer_on(now, on, &mut link.out);
         self.peer_sent(p);
         self.peer_threads_settle(p);
     }
@@ -536,7 +547,8 @@ impl World {
                 self.q.schedule(at, ev);
             }
         }
-        let next = link.peer.next_timer();
+        // A timer held for the peer's threads runs when one gets a core.
+        let next = link.peer.next_timer().filter(|_| !link.timer_held);
         if next != link.timer {
             link.timer = next;
             link.due = next.map(|t| (t.max(now), self.q.reserve()));

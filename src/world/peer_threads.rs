@@ -156,10 +156,44 @@ impl World {
         self.peer_thread_run(p, c);
     }
 
-    /// Thread `c` of peer `p`, on its core: the peer takes the frames that
-    /// waited for it, then the thread runs what is planned or sleeps.
+    /// Where peer `p`'s timer runs: `Some(None)` (its own CPUs: the least
+    /// busy), `Some(Some(c))` (thread c holds a core: the least busy such
+    /// thread), or `None`: no thread holds a core, so the timer is held
+    /// for the first that gets one, and the least busy thread wakes.
+    pub(super) fn peer_timer_cpu(&mut self, p: usize) -> Option<Option<usize>> {
+        let link = self.peers.get_mut(p)?;
+        if link.threads.is_empty() {
+            return Some(None);
+        }
+        let peer = &link.peer;
+        let least_busy = |on: bool| {
+            (0..link.threads.len())
+                .filter(|&c| link.threads[c].on_cpu == on)
+                .min_by_key(|&c| peer.busy_until(c))
+        };
+        if let Some(c) = least_busy(true) {
+            return Some(Some(c));
+        }
+        let wake = least_busy(false).map(|c| link.threads[c].tid);
+        link.timer_held = true;
+        if let Some(tid) = wake {
+            self.peer_thread_wake(tid);
+        }
+        None
+    }
+
+    /// Thread `c` of peer `p`, on its core: a timer held for the peer's
+    /// threads runs, the peer takes the frames that waited for this one,
+    /// then the thread runs what is planned or sleeps.
     fn peer_thread_run(&mut self, p: usize, c: usize) {
         let now = self.q.now();
+        let link = &mut self.peers[p];
+        if link.timer_held {
+            link.timer_held = false;
+            link.out.clear();
+            link.peer.timer_on(now, Some(c), &mut link.out);
+            self.peer_sent(p);
+        }
         let link = &mut self.peers[p];
         if !link.threads[c].inbox.is_empty() {
             link.out.clear();
