@@ -517,11 +517,13 @@ impl PeerHost {
         }
         // The application runs on the least busy CPU, once that one is
         // free (see `run_app_when_free`).
-        let cpu = on.filter(|&c| c < self.busy_until.len()).unwrap_or_else(|| {
-            (0..self.busy_until.len())
-                .min_by_key(|&c| self.busy_until[c])
-                .unwrap_or(0)
-        });
+        let cpu = on
+            .filter(|&c| c < self.busy_until.len())
+            .unwrap_or_else(|| {
+                (0..self.busy_until.len())
+                    .min_by_key(|&c| self.busy_until[c])
+                    .unwrap_or(0)
+            });
         if self.busy_until[cpu] > now {
             self.send_output(now, out);
             self.defer_app(self.busy_until[cpu]);
