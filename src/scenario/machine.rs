@@ -225,6 +225,19 @@ pub struct HostSpec {
     /// the first core from 2 up that runs no vCPU (core 0 on a 2-core
     /// machine).
     pub io_cores: Vec<usize>,
+    /// The vhost worker threads are not pinned: each starts on its
+    /// `io_cores` entry and the host scheduler may run it on every core (a
+    /// host that pins only the vCPU, as DID's §5.1 states). Default false:
+    /// pinned.
+    pub vhost_unpinned: bool,
+    /// The cores the threads of a peer process on this host may run on
+    /// (a client behind the bridge, or reached through the NIC's embedded
+    /// switch: `net.vf_peer = "host"`): each of the peer's CPUs (memcached's
+    /// `client_threads`) becomes a host thread, free to run on these cores
+    /// under the host scheduler beside the vCPU and vhost threads, and
+    /// thread k starts on `peer_cores[k % len]`. Empty (default): the peer
+    /// has CPUs of its own.
+    pub peer_cores: Vec<usize>,
     /// Each vCPU thread starts with a virtual runtime drawn uniformly from
     /// [0, this) ms (seeded): VMs booted at different times, so the host
     /// scheduler's rotation on each core is out of phase with the others'.
@@ -297,6 +310,9 @@ impl HostSpec {
         require(ok, "host", "vcpu_start_skew_ms", skew, "in [0, 10000]")?;
         for (i, &c) in self.io_cores.iter().enumerate() {
             core_exists("host", &format!("io_cores[{i}]"), c, machine_cores)?;
+        }
+        for (i, &c) in self.peer_cores.iter().enumerate() {
+            core_exists("host", &format!("peer_cores[{i}]"), c, machine_cores)?;
         }
         Ok(())
     }

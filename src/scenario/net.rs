@@ -117,6 +117,11 @@ pub struct NetSpec {
     /// load generator across the link, through the bridge and the host's
     /// NIC; ES2's testbed).
     pub peer: VirtioPeer,
+    /// Where a VF guest's TCP peer runs: `remote` (the default: the load
+    /// generator across the link) or `host` (a process on the VM's own
+    /// host, reached through the NIC's embedded switch and the PF, as
+    /// DID's SIPp UAS is).
+    pub vf_peer: VirtioPeer,
     /// TSO/GSO on the peer host's TCP output (its Linux default): it
     /// sends packets of up to 64 KiB that its NIC (or, on the VM's host,
     /// the bridge) carries as MSS frames. A Linux receiver outside the
@@ -223,6 +228,7 @@ impl Default for NetSpec {
             event_idx: true,
             queue_size: 256,
             peer: VirtioPeer::Host,
+            vf_peer: VirtioPeer::Remote,
             peer_gso: true,
             peer_gro: true,
             peer_itr: PeerItr::Adaptive,

@@ -278,6 +278,30 @@ impl PeerHost {
         conn % self.busy_until.len()
     }
 
+    /// Its CPUs (threads): connection i is CPU i mod this.
+    pub fn cpus(&self) -> usize {
+        self.busy_until.len()
+    }
+
+    /// The CPU whose thread takes frame `f` (its connection's, or CPU 0
+    /// for a datagram); `None` if the frame is not this peer's.
+    pub fn cpu_of_frame(&self, f: &Frame) -> Option<usize> {
+        let i = usize::from(f.flow.checked_sub(self.first_flow)?);
+        (i < usize::from(self.flows)).then(|| self.cpu_of(i))
+    }
+
+    /// When CPU `cpu` finishes the work planned on it.
+    pub fn busy_until(&self, cpu: usize) -> Time {
+        self.busy_until[cpu]
+    }
+
+    /// CPU `cpu`'s planned work now ends at `t`: a peer whose CPUs are
+    /// host threads under the host scheduler (`host.peer_cores`) resumes
+    /// work it owed when its thread gets the core back.
+    pub fn set_busy_until(&mut self, cpu: usize, t: Time) {
+        self.busy_until[cpu] = t;
+    }
+
     /// A frame reached the peer at `now`. Frames it sends in response are
     /// appended to `out` with the time each leaves. With interrupt
     /// moderation the frame waits in the RX ring for the next interrupt
@@ -463,6 +487,13 @@ impl PeerHost {
 
     /// A timer of the peer came due at `now`.
     pub fn timer(&mut self, now: Time, out: &mut Vec<(Time, Frame)>) {
+        self.timer_on(now, None, out);
+    }
+
+    /// [`Self::timer`], the application running on CPU `on` if given
+    /// (the one of the peer's host threads that holds a core), else on
+    /// the least busy CPU.
+    pub fn timer_on(&mut self, now: Time, on: Option<usize>, out: &mut Vec<(Time, Frame)>) {
         if self.rx_irq_at.is_some_and(|t| t <= now) {
             self.rx_poll(now, out);
             // An interrupt alone: the poll ran the process if it had work.
@@ -496,9 +527,13 @@ impl PeerHost {
         }
         // The application runs on the least busy CPU, once that one is
         // free (see `run_app_when_free`).
-        let cpu = (0..self.busy_until.len())
-            .min_by_key(|&c| self.busy_until[c])
-            .unwrap_or(0);
+        let cpu = on
+            .filter(|&c| c < self.busy_until.len())
+            .unwrap_or_else(|| {
+                (0..self.busy_until.len())
+                    .min_by_key(|&c| self.busy_until[c])
+                    .unwrap_or(0)
+            });
         if self.busy_until[cpu] > now {
             self.send_output(now, out);
             self.defer_app(self.busy_until[cpu]);

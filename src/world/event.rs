@@ -138,6 +138,16 @@ pub enum Ev {
         /// The tie-break key it was queued with.
         key: u64,
     },
+    /// A peer process's thread on this host finished the work planned on
+    /// it (stale unless `gen` is its current step).
+    PeerThreadStep {
+        /// Which peer.
+        peer: u16,
+        /// Which of its CPUs (threads).
+        cpu: u16,
+        /// Step generation.
+        gen: u32,
+    },
     /// End of warm-up: statistics restart.
     #[default]
     WarmupEnd,

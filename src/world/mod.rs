@@ -14,6 +14,7 @@ pub mod hs;
 mod kvmtool_net;
 mod metrics;
 mod net;
+mod peer_threads;
 mod sched;
 mod vcanal;
 mod vmx;
@@ -354,7 +355,10 @@ impl World {
                             k / crate::hv::kvmtool_net::THREADS,
                             crate::hv::kvmtool_net::Role::of(k).name()
                         ),
-                        (None, None) => format!("host thread {t}"),
+                        (None, None) => match st.peer_of(t) {
+                            Some((l, c)) => format!("peer {l} thread {c}"),
+                            None => format!("host thread {t}"),
+                        },
                     },
                 });
             }
@@ -539,6 +543,9 @@ impl World {
             Ev::ToPeer { peer } => self.peer_receive(peer as usize),
             Ev::ToGuest { peer } => self.peer_frame_arrives(peer as usize),
             Ev::PeerTimer { peer, key } => self.peer_timer(peer as usize, key),
+            Ev::PeerThreadStep { peer, cpu, gen } => {
+                self.peer_thread_step(peer as usize, cpu as usize, gen)
+            }
             Ev::VfTxDone { vf, queue } => self.vf_tx_done(vf, queue),
             Ev::WarmupEnd => self.reset_stats(now),
             Ev::HostIpi { core } => {

@@ -102,7 +102,7 @@ pub(super) struct PeerLink {
     pub(super) vm: usize,
     to_peer: VecDeque<Frame>,
     to_guest: VecDeque<Frame>,
-    out: Vec<(Time, Frame)>,
+    pub(super) out: Vec<(Time, Frame)>,
     /// The peer's next deadline, as last seen.
     timer: Option<Time>,
     /// When the peer must run for it and the tie-break key reserved when
@@ -128,6 +128,11 @@ pub(super) struct PeerLink {
     /// since the bridge and this host's stack run in its context
     /// (`netif_rx_ni`); `None` elsewhere.
     stack_in_vhost: Option<(Time, Time)>,
+    /// Its CPUs as host threads on this host (`host.peer_cores`), one per
+    /// CPU; empty: it has CPUs of its own.
+    pub(super) threads: Vec<super::peer_threads::PeerThread>,
+    /// A timer came due while none of `threads` held a core.
+    pub(super) timer_held: bool,
 }
 
 impl PeerLink {
@@ -157,6 +162,8 @@ impl PeerLink {
             wire_free: 0,
             to_peer_last: 0,
             stack_in_vhost,
+            threads: Vec::new(),
+            timer_held: false,
         }
     }
 }
@@ -440,9 +447,16 @@ impl World {
         let Some(f) = link.to_peer.pop_front() else {
             return;
         };
+        if self.peer_thread_holds(p, f) {
+            return;
+        }
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         link.out.clear();
         link.peer.receive(f, now, &mut link.out);
         self.peer_sent(p);
+        self.peer_threads_settle(p);
     }
 
     /// A timer event of peer `p`, queued with tie-break key `key`, came.
@@ -473,9 +487,18 @@ impl World {
         }
         link.timer = None;
         link.due = None;
+        // A peer whose CPUs are host threads runs its timers on one that
+        // holds a core; with none, when one next does.
+        let Some(on) = self.peer_timer_cpu(p) else {
+            return;
+        };
+        let Some(link) = self.peers.get_mut(p) else {
+            return;
+        };
         link.out.clear();
-        link.peer.timer(now, &mut link.out);
+        link.peer.timer_on(now, on, &mut link.out);
         self.peer_sent(p);
+        self.peer_threads_settle(p);
     }
 
     /// Puts what peer `p` just sent on its way and re-arms its timer.
@@ -524,7 +547,8 @@ impl World {
                 self.q.schedule(at, ev);
             }
         }
-        let next = link.peer.next_timer();
+        // A timer held for the peer's threads runs when one gets a core.
+        let next = link.peer.next_timer().filter(|_| !link.timer_held);
         if next != link.timer {
             link.timer = next;
             link.due = next.map(|t| (t.max(now), self.q.reserve()));

@@ -43,6 +43,20 @@ pub struct CanalThreads {
     pub poller_nice: i32,
 }
 
+/// A thread of a peer process on this host (`host.peer_cores`) as the
+/// scheduler is given it: CPU `cpu` of peer link `link`.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerThreadSpec {
+    /// The peer link.
+    pub link: usize,
+    /// Which of the peer's CPUs it is.
+    pub cpu: usize,
+    /// The core it starts on.
+    pub core: usize,
+    /// The cores it may run on.
+    pub allowed: crate::engine::CpuMask,
+}
+
 /// The scheduler and what the world keeps about it.
 pub struct SchedState {
     /// The policy.
@@ -73,6 +87,11 @@ pub struct SchedState {
     /// (`kvmtool_n` of them; thread i is the back end's thread i).
     kvmtool_base: Tid,
     kvmtool_n: usize,
+    /// Peer processes' threads from `peer_base` on: (link, CPU) of each.
+    peer_base: Tid,
+    peer_threads: Vec<(usize, usize)>,
+    /// Per peer thread: (run time, wait) at the end of the warm-up.
+    peer_stats_base: Vec<(Time, Time)>,
     /// Per vCPU: reported as a lost wake-up.
     stalled: Vec<bool>,
     /// vCPU loads on a core other than the one their VMCS was on.
@@ -100,6 +119,7 @@ impl SchedState {
         io_cores: &[usize],
         canal: Option<CanalThreads>,
         kvmtool_cores: &[usize],
+        peers: &[PeerThreadSpec],
         tick: Time,
     ) -> Option<SchedState> {
         let vcpu_cores: Vec<usize> = vcpus.iter().map(|v| v.core).collect();
@@ -107,11 +127,15 @@ impl SchedState {
         let shared =
             floating || (1..vcpu_cores.len()).any(|i| vcpu_cores[..i].contains(&vcpu_cores[i]));
         let halts = s.guest.idle == crate::guest::IdleMode::Halt;
-        let burner_on = |c: usize| s.host.burners.iter().any(|b| b.cores.contains(&c));
+        let burner_on = |c: usize| {
+            s.host.burners.iter().any(|b| b.cores.contains(&c))
+                || peers.iter().any(|p| p.allowed.contains(c))
+        };
         let io_shared: Vec<usize> = (0..io_cores.len())
             .filter(|&w| {
                 let c = io_cores[w];
-                vcpu_cores.contains(&c)
+                s.host.vhost_unpinned
+                    || vcpu_cores.contains(&c)
                     || burner_on(c)
                     || io_cores.iter().enumerate().any(|(k, &o)| k != w && o == c)
             })
@@ -122,6 +146,7 @@ impl SchedState {
             && io_shared.is_empty()
             && canal.is_none()
             && kvmtool_cores.is_empty()
+            && peers.is_empty()
         {
             return None;
         }
@@ -143,7 +168,12 @@ impl SchedState {
         let io_base = sched.threads();
         for &w in &io_shared {
             let c = io_cores[w];
-            sched.add_thread(0, crate::engine::CpuMask::single(c), c);
+            let allowed = if s.host.vhost_unpinned {
+                crate::engine::CpuMask::EMPTY
+            } else {
+                crate::engine::CpuMask::single(c)
+            };
+            sched.add_thread(0, allowed, c);
         }
         let canal_pool_n = canal.map_or(0, |c| c.pool);
         let poller = canal.map(|c| sched.add_thread(c.poller_nice, c.allowed, c.core));
@@ -162,6 +192,10 @@ impl SchedState {
                 crate::engine::CpuMask::EMPTY
             };
             sched.add_thread(0, allowed, c);
+        }
+        let peer_base = sched.threads();
+        for p in peers {
+            sched.add_thread(0, p.allowed, p.core);
         }
         Some(SchedState {
             s: sched,
@@ -182,6 +216,9 @@ impl SchedState {
             canal_pool_n,
             kvmtool_base,
             kvmtool_n: kvmtool_cores.len(),
+            peer_base,
+            peer_threads: peers.iter().map(|p| (p.link, p.cpu)).collect(),
+            peer_stats_base: vec![(0, 0); peers.len()],
         })
     }
 
@@ -191,7 +228,20 @@ impl SchedState {
             .filter(|&i| i < self.kvmtool_n)
     }
 
-    /// The vhost worker thread `t` is, if it is one.
+    /// Which peer thread (link, CPU) scheduler thread `t` is.
+    pub(super) fn peer_of(&self, t: Tid) -> Option<(usize, usize)> {
+        t.checked_sub(self.peer_base)
+            .and_then(|i| self.peer_threads.get(i).copied())
+    }
+
+    /// The scheduler thread of peer link `link`'s CPU `cpu`.
+    pub(super) fn peer_tid(&self, link: usize, cpu: usize) -> Option<Tid> {
+        self.peer_threads
+            .iter()
+            .position(|&p| p == (link, cpu))
+            .map(|i| self.peer_base + i)
+    }
+
     /// The vhost worker scheduler thread `t` is, if any.
     pub(super) fn io_worker_of(&self, t: Tid) -> Option<usize> {
         self.io_worker(t)
@@ -346,6 +396,16 @@ impl World {
             prev.and_then(|p| st.kvmtool_of(p)),
             next.and_then(|n| st.kvmtool_of(n)),
         );
+        let (prev_peer, next_peer) = (
+            prev.and_then(|p| st.peer_of(p)),
+            next.and_then(|n| st.peer_of(n)),
+        );
+        if let Some((l, c)) = prev_peer {
+            self.peer_thread_switched_out(l, c);
+        }
+        if let Some((l, c)) = next_peer {
+            self.peer_thread_switched_in(l, c);
+        }
         if let Some(w) = prev_io {
             self.vhost_switched_out(w);
         }
@@ -538,6 +598,8 @@ impl World {
             self.vhost_switched_in(w, 0);
         } else if let Some(t) = self.sched.as_ref().and_then(|st| st.kvmtool_of(n)) {
             self.kvmtool_switched_in(t, 0);
+        } else if let Some((l, c)) = self.sched.as_ref().and_then(|st| st.peer_of(n)) {
+            self.peer_thread_switched_in(l, c);
         } else if let Some((who, core)) = self
             .sched
             .as_ref()
@@ -588,6 +650,8 @@ impl World {
                     self.kvmtool_switched_in(t, lat);
                 } else if let Some(who) = st.canal_of(tid) {
                     self.canal_switched_in(who, core, lat);
+                } else if let Some((l, c)) = st.peer_of(tid) {
+                    self.peer_thread_switched_in(l, c);
                 }
             }
             Some(Wake::Preempt { core }) => {
@@ -646,6 +710,9 @@ impl World {
         if let Some(t) = self.sched.as_ref().and_then(|st| st.kvmtool_of(tid)) {
             self.kvmtool_switched_out(t);
         }
+        if let Some((l, c)) = self.sched.as_ref().and_then(|st| st.peer_of(tid)) {
+            self.peer_thread_switched_out(l, c);
+        }
         self.switched_to(next, vcpus);
         self.trace_sched(core);
         true
@@ -662,6 +729,7 @@ impl World {
         st.s.block(core, now);
         let canal = st.canal_of(tid);
         let kt = st.kvmtool_of(tid);
+        let peer = st.peer_of(tid);
         if let Some(w) = st.io_worker(tid) {
             self.vhost_switched_out(w);
         }
@@ -670,6 +738,9 @@ impl World {
         }
         if let Some(who) = canal {
             self.canal_switched_out(who);
+        }
+        if let Some((l, c)) = peer {
+            self.peer_thread_switched_out(l, c);
         }
         let Some(st) = &mut self.sched else { return };
         let (_, next) = st.s.pick_next(core, now);
@@ -724,6 +795,10 @@ impl World {
             let th = st.s.thread(v);
             st.base[v] = (st.s.waited(v, now), th.switches_in);
         }
+        for i in 0..st.peer_stats_base.len() {
+            let t = st.peer_base + i;
+            st.peer_stats_base[i] = (st.s.thread(t).sum_exec, st.s.waited(t, now));
+        }
     }
 
     /// The scheduler's metrics for the measured interval.
@@ -767,6 +842,24 @@ impl World {
             let stacked = st.s.stacked_time(vm, now).saturating_sub(base) as f64;
             let key = format!("{}host.vcpu_stacking_pct", crate::report::vm_prefix(vm));
             out.insert(key, 100.0 * stacked / ps.max(1.0));
+        }
+        if !st.peer_threads.is_empty() {
+            // A peer process's threads on this host, summed: their share of
+            // one core's time running, and waiting in run queues.
+            let (mut ran, mut waited) = (0u64, 0u64);
+            for (i, &(r0, w0)) in st.peer_stats_base.iter().enumerate() {
+                let t = st.peer_base + i;
+                ran += st.s.thread(t).sum_exec.saturating_sub(r0);
+                waited += st.s.waited(t, now).saturating_sub(w0);
+            }
+            out.insert(
+                "host.peer_threads_cpu_pct".into(),
+                100.0 * ran as f64 / ps.max(1.0),
+            );
+            out.insert(
+                "host.peer_threads_wait_pct".into(),
+                100.0 * waited as f64 / ps.max(1.0),
+            );
         }
         for v in 0..st.base.len() {
             let (w0, s0) = st.base[v];

@@ -133,3 +133,91 @@ fn a_rate_beyond_the_client_places_no_more_than_offered_and_stays_bounded() {
     assert!(metric(&r, "memcached.outstanding") <= (200 * PIPELINE_DEPTH) as f64);
     assert!(metric(&r, "memcached.within_10ms_pct") < 95.0);
 }
+
+/// The client as threads on the VM's host (`host.peer_cores`, here core 0,
+/// with the vhost worker on a core of its own; one client thread, whose
+/// sleeper credit of half a CFS period is soon spent): it runs under the
+/// host scheduler, so two host threads at nice -20 on its core leave it
+/// about 1% of it (CFS weights 1024 against 2 x 88761) and the requests it
+/// would send and answer mostly are not.
+#[test]
+fn a_client_on_the_host_runs_only_when_its_core_is_given_to_it() {
+    let run = |burners: &str| {
+        let mut sets = vec![
+            "scheme=kvm",
+            "net.device=virtio",
+            "machine.cores=3",
+            "host.io_cores=[2]",
+            "host.peer_cores=[0]",
+            "workload.memcached.client_threads=1",
+            "rate_rps=30000",
+            "duration_s=0.05",
+        ];
+        if !burners.is_empty() {
+            sets.push(burners);
+        }
+        let r = run_file("memcached.toml", &sets);
+        assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations);
+        r
+    };
+    let alone = run("");
+    let starved = run("host.burners=[{cores=[0],nice=-20}, {cores=[0],nice=-20}]");
+    let done = metric(&alone, "memcached.completed");
+    assert!((1300.0..=1700.0).contains(&done), "{done}");
+    let cpu = metric(&alone, "host.peer_threads_cpu_pct");
+    assert!(cpu > 5.0, "the client used {cpu}% of a core");
+    let starved_done = metric(&starved, "memcached.completed");
+    assert!(starved_done < 0.1 * done, "{starved_done} of {done}");
+    let starved_cpu = metric(&starved, "host.peer_threads_cpu_pct");
+    assert!(starved_cpu < 0.5 * cpu, "{starved_cpu}% vs {cpu}%");
+    assert!(metric(&starved, "host.peer_threads_wait_pct") > 50.0);
+}
+
+/// A client sharing the vhost worker's core keeps the worker from running
+/// the moment it is kicked: the guest's later responses find notification
+/// off (EVENT_IDX) and do not kick. With a client on cores of its own
+/// nearly every response kicks.
+#[test]
+fn a_client_on_the_vhost_core_batches_the_guests_kicks() {
+    let run = |peer_cores: &str| {
+        let r = run_file(
+            "memcached.toml",
+            &[
+                "scheme=did",
+                "net.device=virtio",
+                peer_cores,
+                "rate_rps=140000",
+                "duration_s=0.05",
+            ],
+        );
+        assert_eq!(r.violations(), 0);
+        metric(&r, "vhost.tx_kicks_per_frame")
+    };
+    let own = run("machine.cores=2");
+    let shared = run("host.peer_cores=[0]");
+    assert!(own > 0.5, "{own} kicks per frame");
+    assert!(shared < 0.5 * own, "{shared} vs {own} kicks per frame");
+}
+
+/// `net.vf_peer = "host"`: the VF guest's client is a process on its own
+/// host, reached through the PF and the NIC's embedded switch.
+#[test]
+fn a_vf_client_on_the_host_goes_through_the_embedded_switch() {
+    for scheme in ["kvm", "did"] {
+        let r = run_file(
+            "memcached.toml",
+            &[
+                &format!("scheme={scheme}"),
+                "net.vf_peer=host",
+                "host.peer_cores=[0,1]",
+                "rate_rps=30000",
+                "duration_s=0.05",
+            ],
+        );
+        assert_eq!(r.violations(), 0, "{scheme}");
+        let done = metric(&r, "memcached.completed");
+        assert!((1300.0..=1700.0).contains(&done), "{scheme}: {done}");
+        assert!(metric(&r, "nic.rx_packets") > 1000.0, "{scheme}");
+        assert!(metric(&r, "host.peer_threads_cpu_pct") > 1.0, "{scheme}");
+    }
+}

@@ -473,7 +473,8 @@ pub(in crate::world) fn build(
     if shared || io_shared || floating || !s.host.burners.is_empty() {
         let vcpus = topo.vcpu_threads();
         let tick = w.hv.host.tick_period;
-        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, None, &[], tick).map(Box::new);
+        w.sched =
+            sched::SchedState::build(s, &vcpus, &io_cores, None, &[], &[], tick).map(Box::new);
         w.sched_io_threads();
         w.sched_start();
     }

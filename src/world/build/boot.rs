@@ -268,9 +268,43 @@ pub(in crate::world) fn power_on(
         // core, or ("w/o Affinity") free to run on every core.
         let canal = w.canal.as_ref().map(|c| c.sched_threads());
         let kvmtool_cores = w.kvmtool.as_ref().map(|k| k.cores()).unwrap_or_default();
-        w.sched = sched::SchedState::build(s, &vcpus, &io_cores, canal, &kvmtool_cores, tick)
-            .map(Box::new);
+        // A peer process on this host (behind the bridge, or through the
+        // embedded switch) with `host.peer_cores`: its CPUs are host
+        // threads.
+        let mut peer_threads = Vec::new();
+        if !s.host.peer_cores.is_empty() {
+            let allowed = crate::engine::CpuMask::of(s.host.peer_cores.iter().copied());
+            for (p, l) in w.peers.iter().enumerate() {
+                if !matches!(
+                    l.attach,
+                    net::Attach::Bridge { .. } | net::Attach::Veb { .. }
+                ) {
+                    continue;
+                }
+                for c in 0..l.peer.cpus() {
+                    let k = peer_threads.len();
+                    let core = s.host.peer_cores[k % s.host.peer_cores.len()];
+                    peer_threads.push(sched::PeerThreadSpec {
+                        link: p,
+                        cpu: c,
+                        core,
+                        allowed,
+                    });
+                }
+            }
+        }
+        w.sched = sched::SchedState::build(
+            s,
+            &vcpus,
+            &io_cores,
+            canal,
+            &kvmtool_cores,
+            &peer_threads,
+            tick,
+        )
+        .map(Box::new);
         w.sched_io_threads();
+        w.peer_threads_attach();
         w.sched_start();
         w.kvmtool_start();
     }

@@ -152,6 +152,7 @@ fn tcp_peer(
     side: PeerSide,
     costs: PeerCosts,
     bridge: Time,
+    veb_delay: Time,
 ) -> Result<net::PeerLink, BuildError> {
     let (app, tcp, conns, cpus) = side;
     let conns = (0..conns)
@@ -159,7 +160,16 @@ fn tcp_peer(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| BuildError::Scenario(e.to_string()))?;
     let host = PeerHost::new(conns, TCP_FLOW, app, costs, cpus);
-    let attach = peer_attach(s, devs.net_dev[vm].is_some(), vm, bridge);
+    let bridged = devs.net_dev[vm].is_some();
+    let attach = match (bridged, s.net.vf_peer) {
+        // A process on the VM's host reaches the VF through the PF and the
+        // NIC's embedded switch (`net.vf_peer = "host"`).
+        (false, VirtioPeer::Host) => net::Attach::Veb {
+            vf: vm as u16,
+            delay: veb_delay,
+        },
+        _ => peer_attach(s, bridged, vm, bridge),
+    };
     Ok(net::PeerLink::new(host, attach, vm))
 }
 
@@ -253,7 +263,8 @@ pub(in crate::world) fn spawn(
         if let Some(t) = tcp::tcp_workload(w, seed, cal).filter(|_| !vsock) {
             let rcvbuf = (s.guest.tcp_rcvbuf, s.guest.hz);
             let side = tcp::spawn_tcp(kernel, t, v.app_vcpu, gso, rcvbuf);
-            tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge)?);
+            let veb = t_us(&cal.nic.veb_loopback_us);
+            tcp_peers.push(tcp_peer(s, devs, vm, side, peer_costs, bridge, veb)?);
         }
         // Datagram peers: over the link to the VF; with virtio-net, a
         // process behind the bridge or (`net.peer = "remote"`) the load
