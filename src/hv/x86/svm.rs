@@ -90,11 +90,11 @@ impl KvmSvm {
 
     /// The inhibit `vm` provokes, if any.
     fn inhibit_of(cx: &HvCx, vm: usize, o: AvicOptions) -> Option<Inhibit> {
-        if !cx.hv.vms[vm].xapic && o.mode == AvicMode::XAvic {
-            return Some(Inhibit::X2apic);
-        }
         let ids = cx.hv.vms[vm].vcpus.len() as u32;
-        (ids > 0 && ids - 1 > o.mode.max_physical_id()).then_some(Inhibit::PhysicalIdTooBig)
+        if ids > 0 && ids - 1 > o.mode.max_physical_id() {
+            return Some(Inhibit::PhysicalIdTooBig);
+        }
+        (!cx.hv.vms[vm].xapic && o.mode == AvicMode::XAvic).then_some(Inhibit::X2apic)
     }
 
     fn vcpu_avic(&self, cx: &HvCx, vcpu: usize) -> Option<AvicOptions> {
