@@ -37,6 +37,17 @@ section!(Cpu { ghz });
 section!(Vmx {
     exit_entry_roundtrip_us
 });
+section!(Svm {
+    vmrun_vmexit_roundtrip_us,
+    intr_us,
+    vintr_us,
+    avic_incomplete_ipi_us,
+    avic_trap_us,
+    avic_load_put_us,
+    doorbell_latency_us,
+    ga_log_us,
+    erratum_1235_window_us,
+});
 section!(Exit {
     external_interrupt_us,
     msr_write_eoi_us,
@@ -215,6 +226,8 @@ section!(Peer {
 pub struct Calibration {
     pub cpu: Cpu,
     pub vmx: Vmx,
+    /// AMD SVM and AVIC (`kvm-svm`, `kvm-avic`; docs/amd.md).
+    pub svm: Svm,
     pub exit: Exit,
     pub host: Host,
     pub guest: Guest,

@@ -20,7 +20,7 @@ pub mod vhost_vsock;
 pub mod x86;
 
 // The x86 schemes keep their paths (`hv::did`, ...).
-pub use x86::{apicv, bare_metal, did, directvisor, eli, elvis, kvm, kvm2026, naive, vlapic};
+pub use x86::{apicv, bare_metal, did, directvisor, eli, elvis, kvm, kvm2026, naive, svm, vlapic};
 
 use crate::engine::{EventQueue, Time};
 use crate::guest::Kernel;
@@ -74,6 +74,23 @@ pub struct HvCosts {
     pub apic_access_decode: Time,
     /// APIC timer period after the host's divide-by-16.
     pub apic_timer_period: Time,
+    /// An AMD host's SVM and AVIC costs.
+    pub svm: SvmCosts,
+}
+
+/// The SVM and AVIC costs (calibration `[svm]`, docs/amd.md).
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct SvmCosts {
+    pub roundtrip: Time,
+    pub intr: Time,
+    pub vintr: Time,
+    pub avic_incomplete_ipi: Time,
+    pub avic_trap: Time,
+    pub avic_load_put: Time,
+    pub doorbell_latency: Time,
+    pub ga_log: Time,
+    pub erratum_1235_window: Time,
 }
 
 impl HvCosts {
@@ -164,6 +181,9 @@ pub struct VmState {
     pub stats: ExitStats,
     /// The same per vCPU, by its index in the VM (`perf kvm stat --vcpu`).
     pub vcpu_stats: Vec<ExitStats>,
+    /// On an AMD host: exits by SVM exit code, for the VM and per vCPU
+    /// (`ExitStats` keeps the time in guest for both vendors).
+    pub svm_stats: Vec<[crate::engine::Summary; crate::hw::x86::vmcb::SvmExitCode::ALL.len()]>,
 }
 
 /// One vCPU.

@@ -34,6 +34,23 @@ pub trait Scheme {
         false
     }
 
+    /// Whether the VMs run on AMD SVM (`world::svm`: VMCBs, AVIC) rather
+    /// than VT-x. Default: VT-x.
+    fn svm(&self) -> bool {
+        false
+    }
+
+    /// An SVM #VMEXIT's reason-specific work (`svm_invoke_exit_handler`).
+    /// Default: KVM's SVM handlers.
+    fn handle_svm_exit(
+        &mut self,
+        cx: &mut HvCx,
+        vcpu: usize,
+        exit: crate::hw::x86::vmcb::SvmExit,
+    ) -> ExitOutcome {
+        super::svm::exit(self, cx, vcpu, exit)
+    }
+
     /// A VM was created: program its vCPUs' VMCS controls and MSR bitmaps,
     /// and its devices' IRT entries.
     fn setup_vm(&mut self, cx: &mut HvCx, vm: usize);
@@ -245,6 +262,28 @@ pub struct SchemeOptions {
     /// `directvisor`: VMs whose guest does not load the DID module
     /// (ordinary VMs on the same host).
     pub directvisor_plain_vms: Vec<usize>,
+    /// `kvm-avic`: `x2avic` (Zen 4 and later, the default) or `xavic`
+    /// (an x2APIC guest then inhibits AVIC).
+    pub avic_mode: Option<AvicModeSpec>,
+    /// `kvm-avic`: the IOMMU posts the VF's interrupts in GuestMode
+    /// (default on).
+    pub avic_iommu: Option<bool>,
+    /// `kvm-avic`: the processor has erratum 1235 and KVM keeps IPI
+    /// virtualization on (as before Linux 6.11 disabled it on Zen 1/2):
+    /// an IPI to a vCPU that just cleared IsRunning can be lost.
+    pub avic_erratum_1235: bool,
+}
+
+/// The AVIC flavour (`hv.avic_mode`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum AvicModeSpec {
+    /// xAVIC: the xAPIC page only (Zen 1-3).
+    Xavic,
+    /// x2AVIC: x2APIC MSRs too (Zen 4 and later).
+    X2avic,
 }
 
 impl SchemeOptions {
@@ -256,6 +295,23 @@ impl SchemeOptions {
             halt_poll: self.halt_poll.unwrap_or(d.halt_poll),
             halt_poll_max_us: self.halt_poll_max_us.unwrap_or(d.halt_poll_max_us),
             ipiv: self.ipiv.unwrap_or(d.ipiv),
+        }
+    }
+}
+
+impl SchemeOptions {
+    /// The `kvm-avic` options these give.
+    pub fn avic(&self) -> super::svm::AvicOptions {
+        super::svm::AvicOptions {
+            mode: match self.avic_mode {
+                Some(AvicModeSpec::Xavic) => crate::hw::x86::avic::AvicMode::XAvic,
+                _ => crate::hw::x86::avic::AvicMode::X2Avic,
+            },
+            iommu: self.avic_iommu.unwrap_or(true),
+            // With the erratum fix (Linux 6.11+) an affected processor
+            // runs without IPI virtualization; the option models the
+            // kernel before it.
+            ipiv: true,
         }
     }
 }
@@ -286,6 +342,8 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
         "elvis" => Box::new(super::elvis::Elvis::new(opts.eli_critical)),
         "apicv" => Box::new(super::apicv::Apicv::new(opts.vtd_posted_interrupts)),
         "kvm-2026" => Box::new(super::kvm2026::Kvm2026::new(opts.kvm2026())),
+        "kvm-svm" => Box::new(super::svm::KvmSvm::new(None)),
+        "kvm-avic" => Box::new(super::svm::KvmSvm::new(Some(opts.avic()))),
         "directvisor" => Box::new(super::directvisor::Directvisor::new(
             super::directvisor::DirectvisorOptions {
                 global_msr_bitmap: opts.directvisor_global_msr_bitmap,
@@ -297,11 +355,13 @@ pub fn by_name_with(name: &str, opts: &SchemeOptions) -> Option<Box<dyn Scheme>>
 }
 
 /// Every scheme name `by_name` accepts.
-pub const SCHEMES: [&str; 9] = [
+pub const SCHEMES: [&str; 11] = [
     "bare-metal",
     "kvm",
     "apicv",
     "kvm-2026",
+    "kvm-svm",
+    "kvm-avic",
     "eli",
     "elvis",
     "did",
@@ -310,11 +370,13 @@ pub const SCHEMES: [&str; 9] = [
 ];
 
 /// One line on each scheme, in the order of [`SCHEMES`].
-pub const SCHEME_SUMMARIES: [&str; 9] = [
+pub const SCHEME_SUMMARIES: [&str; 11] = [
     "the same guest on the machine without a hypervisor",
     "stock KVM: external interrupts and EOI/timer writes exit; software-emulated LAPIC and injection",
     "KVM + APICv: posted interrupts, virtual-interrupt delivery, EOI virtualization ([hv] vtd_posted_interrupts for VT-d PI)",
     "KVM today: APICv + VT-d PI, posted timer interrupts, halt polling, IPIv ([hv] posted_timers, halt_poll, halt_poll_max_us, ipiv)",
+    "KVM on AMD SVM without AVIC: INTR, HLT and x2APIC MSR writes intercepted; injection through EVENTINJ, the window through V_IRQ/VINTR",
+    "KVM on AMD with AVIC: backing page, physical APIC ID table and doorbells, IOMMU guest virtual APIC with GA log ([hv] avic_mode, avic_iommu, avic_erratum_1235)",
     "ELI: shadow IDT, direct delivery and EOI of assigned interrupts, injection mode for the rest ([hv] eli_critical)",
     "ELVIS: ELI plus a vhost worker polling the virtqueues and exitless PV interrupts",
     "DID: interrupts and timer in guest mode as real IPIs, direct EOI, host traffic as NMIs (VEE '15)",

@@ -12,23 +12,43 @@
 //! - the exit -> handler -> entry path (`vm_exit`, `exit_stage_done`,
 //!   `vm_entry`), whose stages the generic loop advances as segments end.
 //!
-//! x86 with VT-x is [`Arch::X86Vmx`], implemented in `world::vmx`; ARM
-//! with EL2 (HCR_EL2 traps, the GIC's virtual CPU interface and list
+//! x86 with VT-x is [`Arch::X86Vmx`], implemented in `world::vmx`; x86
+//! with AMD SVM (the VMCB's intercepts, V_IRQ and EVENTINJ, AVIC and the
+//! IOMMU's guest virtual APIC) is [`Arch::X86Svm`], in `world::svm`, which
+//! shares the x86 host path (exit stages, entry, the LAPIC, the IOMMU);
+//! ARM with EL2 (HCR_EL2 traps, the GIC's virtual CPU interface and list
 //! registers, the generic timer) is [`Arch::ArmEl2`], implemented in the
 //! sibling file `world::el2`.
 
 use super::World;
+use crate::engine::Time;
 use crate::guest::KernelOp;
 use crate::hv::arm::ArmExit;
 use crate::hv::exits::ExitInfo;
+use crate::hw::x86::iommu::Remapped;
+use crate::hw::x86::vmcb::SvmExit;
+use crate::report::trace::TraceKind;
 
 /// The virtualization extension the platform runs guests with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Arch {
     /// x86-64 with VT-x, x2APIC/xAPIC LAPICs and VT-d (`world::vmx`).
     X86Vmx,
+    /// x86-64 with AMD SVM, AVIC and the AMD IOMMU (`world::svm`).
+    X86Svm,
     /// AArch64 with EL2 and a GICv3/v4 (`world::el2`).
     ArmEl2,
+}
+
+impl Arch {
+    /// The x86 extension a scheme drives: AMD SVM or VT-x.
+    pub(crate) fn x86(svm: bool) -> Arch {
+        if svm {
+            Arch::X86Svm
+        } else {
+            Arch::X86Vmx
+        }
+    }
 }
 
 /// What caused an exit, in the architecture's terms.
@@ -38,6 +58,19 @@ pub(super) enum ArchExit {
     Vmx(ExitInfo),
     /// An exception to EL2 with its class.
     El2(ArmExit),
+    /// A #VMEXIT with its EXITCODE and EXITINFO.
+    Svm(SvmExit),
+}
+
+impl ArchExit {
+    /// The trace slice of the exit.
+    pub(super) fn trace_kind(self) -> TraceKind {
+        match self {
+            ArchExit::Vmx(i) => TraceKind::Exit(i),
+            ArchExit::Svm(e) => TraceKind::SvmExit(e),
+            ArchExit::El2(e) => TraceKind::El2Exit(e),
+        }
+    }
 }
 
 /// What executing a kernel operation did.
@@ -67,6 +100,7 @@ impl World {
             Arch::X86Vmx => self
                 .interrupt_decision(core, k, c)
                 .map(|r| r.map(ArchExit::Vmx)),
+            Arch::X86Svm => self.svm_pending(core, k, c),
             Arch::ArmEl2 => self.el2_pending(core),
         }
     }
@@ -76,6 +110,7 @@ impl World {
     pub(super) fn arch_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
         match self.arch {
             Arch::X86Vmx => self.vmx_op(core, vcpu, op),
+            Arch::X86Svm => self.svm_op(core, vcpu, op),
             Arch::ArmEl2 => self.el2_op(core, vcpu, op),
         }
     }
@@ -85,6 +120,7 @@ impl World {
     pub(super) fn arch_exit(&mut self, core: usize, exit: ArchExit, eoi: Option<u8>) {
         match exit {
             ArchExit::Vmx(info) => self.vm_exit(core, info, eoi),
+            ArchExit::Svm(e) => self.svm_exit(core, e, eoi),
             ArchExit::El2(e) => self.el2_exit(core, e),
         }
     }
@@ -92,8 +128,71 @@ impl World {
     /// A host-mode work segment on `core` ended: the exit path goes on.
     pub(super) fn arch_stage_done(&mut self, core: usize) {
         match self.arch {
-            Arch::X86Vmx => self.exit_stage_done(core),
+            Arch::X86Vmx | Arch::X86Svm => self.exit_stage_done(core),
             Arch::ArmEl2 => self.el2_stage_done(core),
+        }
+    }
+
+    /// The x86 exit path is done: VM entry (VMRUN) on `core`.
+    pub(super) fn arch_entry(&mut self, core: usize) {
+        self.vm_entry(core);
+    }
+
+    /// An x86 exit's accounting when its vCPU enters again.
+    pub(super) fn arch_record_exit(
+        &mut self,
+        vcpu: usize,
+        exit: ArchExit,
+        service: Time,
+        timer_landed: bool,
+    ) {
+        match exit {
+            ArchExit::Vmx(info) => self.vmx_record_exit(vcpu, info, service, timer_landed),
+            ArchExit::Svm(e) => self.svm_record_exit(vcpu, e, service),
+            ArchExit::El2(_) => {}
+        }
+    }
+
+    /// At x86 VM entry of `vcpu` on `core`: the event the entry injects,
+    /// delivered through the guest's handlers (`Err(vector)`) or exiting
+    /// again (`Ok`).
+    pub(super) fn arch_entry_event(
+        &mut self,
+        core: usize,
+        vcpu: usize,
+    ) -> Option<Result<ArchExit, u8>> {
+        match self.arch {
+            Arch::X86Svm => self.svm_entry_event(vcpu).map(Err),
+            _ => self
+                .vmx_entry_event(core, vcpu)
+                .map(|r| r.map(ArchExit::Vmx)),
+        }
+    }
+
+    /// A doorbell reached `core`.
+    pub(super) fn arch_doorbell(&mut self, core: usize) {
+        if self.arch == Arch::X86Svm {
+            self.svm_doorbell(core);
+        }
+    }
+
+    /// An MSI remapped through an entry format only one IOMMU has (the
+    /// AMD IOMMU's GuestMode).
+    pub(super) fn arch_remapped(&mut self, r: Remapped) {
+        if let Remapped::GuestMode(ga) = r {
+            self.svm_guest_mode_msi(ga);
+        }
+    }
+
+    /// Each VM's exits by the architecture's own reasons.
+    pub(super) fn arch_exit_tables(&self) -> crate::report::ExitTables {
+        match self.arch {
+            Arch::ArmEl2 => match &self.el2 {
+                Some(a) => a.exit_tables(&self.hv.vms),
+                None => crate::report::ExitTables::vmx(&self.hv.vms),
+            },
+            Arch::X86Svm => self.svm_exit_tables(),
+            Arch::X86Vmx => crate::report::ExitTables::vmx(&self.hv.vms),
         }
     }
 }

@@ -35,6 +35,13 @@ pub enum Ev {
         /// Delivery mode.
         mode: DeliveryMode,
     },
+    /// A virtualization extension's doorbell reaches a core: it looks at
+    /// the running guest's pending virtual interrupts again (AMD's AVIC
+    /// doorbell; `world::arch` dispatches it).
+    Doorbell {
+        /// Destination core.
+        core: u16,
+    },
     /// An MSI-X write from a device reaches the IOMMU.
     Msi {
         /// IRT handle.

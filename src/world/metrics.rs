@@ -381,10 +381,7 @@ impl World {
             metrics,
             checker: &self.checker,
             timer_exits: &self.timer_exits,
-            exits: match &self.el2 {
-                Some(a) => a.exit_tables(&self.hv.vms),
-                None => crate::report::ExitTables::vmx(&self.hv.vms),
-            },
+            exits: self.arch_exit_tables(),
             msi_faults: self.msi_faults,
         }
     }

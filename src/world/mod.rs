@@ -16,6 +16,7 @@ mod metrics;
 mod net;
 mod peer_threads;
 mod sched;
+mod svm;
 mod vcanal;
 mod vmx;
 mod vsock;
@@ -59,7 +60,7 @@ enum Stage {
 #[derive(Clone, Copy, Debug)]
 struct ExitState {
     vcpu: usize,
-    info: ExitInfo,
+    info: arch::ArchExit,
     start: Time,
     stage: Stage,
     timer_landed: bool,
@@ -474,9 +475,12 @@ impl World {
                             None => self.msi_faults += 1,
                         }
                     }
+                    // Another IOMMU's entry format: the architecture's.
+                    Ok(other) => self.arch_remapped(other),
                     Err(_) => self.msi_faults += 1,
                 }
             }
+            Ev::Doorbell { core } => self.arch_doorbell(core as usize),
             Ev::NicItr { vf, vector, gen } => {
                 if let Ok(a) = self.m.nic.itr_check(vf, vector, gen, now) {
                     self.nic_action(a);
@@ -633,9 +637,10 @@ impl World {
                 let now = self.q.now();
                 self.pause_guest(core);
                 self.account_guest_time(core, vcpu, now);
-                match self.arch {
-                    arch::Arch::ArmEl2 => self.el2_put(core, vcpu),
-                    arch::Arch::X86Vmx => self.put(core, vcpu),
+                if self.arch == arch::Arch::ArmEl2 {
+                    self.el2_put(core, vcpu);
+                } else {
+                    self.put(core, vcpu);
                 }
             }
             CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
@@ -672,13 +677,13 @@ impl World {
         let now = self.q.now();
         self.exits[core] = Some(ExitState {
             vcpu,
-            info: ExitInfo::Hlt,
+            info: arch::ArchExit::Vmx(ExitInfo::Hlt),
             start: now,
             stage: Stage::HostIrq,
             timer_landed: false,
             record: false,
         });
-        self.exit_stage_done(core);
+        self.arch_stage_done(core);
     }
 
     /// `vmx_vcpu_load` and `kvm_arch_vcpu_load` on a core other than the
@@ -760,7 +765,7 @@ impl World {
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
             vcpu,
-            info: ExitInfo::PreemptionTimer,
+            info: arch::ArchExit::Vmx(ExitInfo::PreemptionTimer),
             start: now,
             stage: Stage::HostIrq,
             timer_landed: false,
@@ -771,7 +776,7 @@ impl World {
             // entries the scheme rewrites), before the entry path goes on.
             self.start_segment(core, load_work);
         } else {
-            self.exit_stage_done(core);
+            self.arch_stage_done(core);
         }
     }
 
@@ -847,17 +852,18 @@ impl World {
                         }
                     }
                 }
-                match self.arch {
-                    arch::Arch::X86Vmx => self.q.schedule_in_async(
+                if self.arch == arch::Arch::ArmEl2 {
+                    // The VF's MSI-X write lands in the ITS's translation
+                    // register: DeviceID the VF, EventID its vector.
+                    self.el2_device_msi(vf, vector);
+                } else {
+                    self.q.schedule_in_async(
                         self.msi_latency,
                         Ev::Msi {
                             handle: msi.handle,
                             requester_id: msi.requester_id,
                         },
-                    ),
-                    // The VF's MSI-X write lands in the ITS's translation
-                    // register: DeviceID the VF, EventID its vector.
-                    arch::Arch::ArmEl2 => self.el2_device_msi(vf, vector),
+                    );
                 }
             }
             IrqAction::CheckAt {

@@ -34,7 +34,7 @@ pub(super) fn lapic_clockevent(apic_timer_period: Time) -> Clockevent {
 }
 
 /// The x86 instruction a kernel operation is.
-fn lower(op: KernelOp) -> Instr {
+pub(super) fn lower(op: KernelOp) -> Instr {
     match op {
         KernelOp::EndOfInterrupt { vector } => Instr::Eoi { vector },
         KernelOp::ProgramClockevent {
@@ -620,7 +620,7 @@ impl World {
         self.m.cores[core].mode = CoreMode::Host { vcpu };
         self.exits[core] = Some(ExitState {
             vcpu,
-            info,
+            info: ArchExit::Vmx(info),
             start: now,
             stage: Stage::Handler,
             timer_landed: false,
@@ -710,20 +710,22 @@ impl World {
                 return;
             }
         }
-        self.vm_entry(core);
+        self.arch_entry(core);
     }
 
+    /// VM entry on `core` once the exit path is done (VMRUN on an AMD
+    /// host: `arch_entry` sends both vendors here, and the vendor's own
+    /// steps, the exit's accounting and the event injected at entry, go
+    /// through `world::arch`).
     pub(super) fn vm_entry(&mut self, core: usize) {
         let Some(e) = self.exits[core].take() else {
             return;
         };
         let now = self.q.now();
         let vcpu = e.vcpu;
-        let vm = self.hv.vcpus[vcpu].vm;
         let service = now - e.start;
-        let reason = e.info.reason();
         let kind = if e.record {
-            TraceKind::Exit(e.info)
+            e.info.trace_kind()
         } else {
             TraceKind::ScheduleIn
         };
@@ -734,12 +736,7 @@ impl World {
             return;
         }
         if e.record && e.start >= self.measure_start {
-            self.hv.vms[vm].stats.record_info(&e.info, service);
-            let index = self.hv.vcpus[vcpu].index;
-            self.hv.vms[vm].vcpu_stats[index].record_info(&e.info, service);
-            if e.timer_landed {
-                self.timer_exits[reason.index()].record(service);
-            }
+            self.arch_record_exit(vcpu, e.info, service, e.timer_landed);
         }
         if self.hv.vcpus[vcpu].halted {
             // kvm_vcpu_block: the vCPU thread sleeps instead of entering,
@@ -763,13 +760,10 @@ impl World {
         }
         self.m.cores[core].mode = CoreMode::Guest { vcpu };
         self.m.cores[core].guest_since = now;
-        self.arm_preemption_timer(core, vcpu);
-        if let Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) =
-            self.m.vmcs[vcpu].entry_event.take()
-        {
-            match self.through_idt(vcpu, v) {
+        if let Some(r) = self.arch_entry_event(core, vcpu) {
+            match r {
                 Err(g) => self.deliver(core, g),
-                Ok(info) => return self.vm_exit(core, info, None),
+                Ok(exit) => return self.arch_exit(core, exit, None),
             }
         }
         let guest_isr = {
@@ -780,6 +774,42 @@ impl World {
         let in_service = self.guests[k].in_service(c);
         self.checker.isr_at_entry(vcpu, in_service, guest_isr, now);
         self.guest_run(core);
+    }
+
+    /// A VT-x exit's accounting at the next entry: by basic exit reason,
+    /// per VM and per vCPU, and the exits the guest's timer landed in.
+    pub(super) fn vmx_record_exit(
+        &mut self,
+        vcpu: usize,
+        info: ExitInfo,
+        service: Time,
+        timer_landed: bool,
+    ) {
+        let vm = self.hv.vcpus[vcpu].vm;
+        self.hv.vms[vm].stats.record_info(&info, service);
+        let index = self.hv.vcpus[vcpu].index;
+        self.hv.vms[vm].vcpu_stats[index].record_info(&info, service);
+        if timer_landed {
+            self.timer_exits[info.reason().index()].record(service);
+        }
+    }
+
+    /// VM entry with the VMX-preemption timer armed and the VM-entry
+    /// interruption-information field's event delivered through the IDT
+    /// (or the exit its delivery causes).
+    pub(super) fn vmx_entry_event(
+        &mut self,
+        core: usize,
+        vcpu: usize,
+    ) -> Option<Result<ExitInfo, u8>> {
+        self.arm_preemption_timer(core, vcpu);
+        match self.m.vmcs[vcpu].entry_event.take() {
+            Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) => {
+                Some(self.through_idt(vcpu, v))
+            }
+            // Taken and dropped, as before: no scheme injects an NMI.
+            Some(crate::hw::x86::vmcs::EntryEvent::Nmi) | None => None,
+        }
     }
 }
 

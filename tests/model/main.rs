@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod amd;
 mod arm;
 mod arm_board;
 mod arm_preemption;

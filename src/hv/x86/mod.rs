@@ -15,4 +15,5 @@ pub mod elvis;
 pub mod kvm;
 pub mod kvm2026;
 pub mod naive;
+pub mod svm;
 pub mod vlapic;

@@ -79,6 +79,9 @@ pub enum Remapped {
         /// Vector to post.
         vector: u8,
     },
+    /// AMD GuestMode format (guest virtual APIC): the entry itself says
+    /// what to do (`iommu_ga::deliver`).
+    GuestMode(super::iommu_ga::GaIrte),
 }
 
 /// A remappable-format MSI as a device emits it: the handle that indexes the IRT and the device's requester id.
@@ -145,6 +148,9 @@ pub struct InterruptRemappingTable {
     /// (VT-d posted interrupts): a matching MSI is posted to that
     /// posted-interrupt descriptor with the entry's vector.
     posted: Vec<Option<u16>>,
+    /// Per entry: the GuestMode entry when the entry is in that format
+    /// (an AMD IOMMU with guest virtual APIC).
+    guest_mode: Vec<Option<super::iommu_ga::GaIrte>>,
     /// Entries written since their last invalidation.
     uninvalidated: Vec<bool>,
     /// Per entry: interrupts it delivered in NMI mode (see [`Self::nmi_deliveries`]).
@@ -160,6 +166,7 @@ impl InterruptRemappingTable {
         InterruptRemappingTable {
             entries: vec![Irte::NOT_PRESENT; n],
             posted: vec![None; n],
+            guest_mode: vec![None; n],
             uninvalidated: vec![false; n],
             nmi_deliveries: vec![0; n],
             counters: IrtCounters::default(),
@@ -198,6 +205,7 @@ impl InterruptRemappingTable {
             .ok_or(RemapFault::OutOfRange(index))?;
         *slot = irte;
         self.posted[i] = None;
+        self.guest_mode[i] = None;
         self.uninvalidated[i] = true;
         self.counters.writes += 1;
         Ok(())
@@ -217,6 +225,37 @@ impl InterruptRemappingTable {
         Ok(())
     }
 
+    /// Writes a GuestMode entry (AMD guest virtual APIC): MSIs that pass
+    /// `irte`'s checks are delivered as `ga` says.
+    pub fn write_guest_mode(
+        &mut self,
+        index: u16,
+        irte: Irte,
+        ga: super::iommu_ga::GaIrte,
+    ) -> Result<(), RemapFault> {
+        self.write(index, irte)?;
+        self.guest_mode[usize::from(index)] = Some(ga);
+        Ok(())
+    }
+
+    /// The GuestMode entry at `index`, if the entry is in that format.
+    pub fn guest_mode(&self, index: u16) -> Option<&super::iommu_ga::GaIrte> {
+        self.guest_mode
+            .get(usize::from(index))
+            .and_then(|g| g.as_ref())
+    }
+
+    /// `amd_iommu_update_ga`: rewrites a GuestMode entry's IsRun and
+    /// destination in place (an IRTE update, counted as a write).
+    pub fn update_ga(&mut self, index: u16, is_run: bool, destination: u32) {
+        if let Some(Some(g)) = self.guest_mode.get_mut(usize::from(index)) {
+            g.is_run = is_run;
+            g.destination = destination;
+            self.uninvalidated[usize::from(index)] = true;
+            self.counters.writes += 1;
+        }
+    }
+
     /// The posted-interrupt descriptor a posted-format entry names, if the
     /// entry is in that format.
     pub fn posted_descriptor(&self, index: u16) -> Option<u16> {
@@ -226,6 +265,9 @@ impl InterruptRemappingTable {
     /// Remaps an MSI through an entry of either format.
     pub fn remap_any(&mut self, msi: RemappableMsi) -> Result<Remapped, RemapFault> {
         let r = self.remap(msi)?;
+        if let Some(ga) = self.guest_mode(msi.handle) {
+            return Ok(Remapped::GuestMode(*ga));
+        }
         Ok(
             match self.posted.get(usize::from(msi.handle)).copied().flatten() {
                 Some(descriptor) => Remapped::Posted {

@@ -4,12 +4,15 @@
 //! MSI to deliver); the platform turns effects into events.
 
 pub mod apicv;
+pub mod avic;
 pub mod core;
 pub mod idt;
 pub mod instr;
 pub mod iommu;
+pub mod iommu_ga;
 pub mod lapic;
 pub mod nic;
+pub mod vmcb;
 pub mod vmcs;
 
 use iommu::InterruptRemappingTable;
@@ -43,6 +46,18 @@ pub struct Machine {
     pub nic: Nic,
     /// Its 10 GbE link to the client host.
     pub link: Link,
+    /// One VMCB per vCPU (an AMD host's: `world::svm` reads these
+    /// instead of the VMCSs).
+    pub vmcb: Vec<vmcb::Vmcb>,
+    /// One AVIC backing page per vCPU.
+    pub avic_pages: Vec<avic::BackingPage>,
+    /// Per VM: its AVIC physical and logical APIC ID tables, once the
+    /// hypervisor set them up.
+    pub avic_tables: Vec<avic::AvicTables>,
+    /// The IOMMU's guest virtual APIC log.
+    pub ga_log: iommu_ga::GaLog,
+    /// Whether the processor has erratum 1235.
+    pub avic_erratum: avic::Erratum1235,
 }
 
 impl Machine {
@@ -62,6 +77,12 @@ impl Machine {
             irt: InterruptRemappingTable::new(vcpus.max(256)),
             nic,
             link,
+            vmcb: vec![vmcb::Vmcb::kvm_default(); vcpus],
+            avic_pages: vec![Default::default(); vcpus],
+            avic_tables: Vec::new(),
+            // The Linux driver's GA log: 512 entries (GA_LOG_ENTRIES).
+            ga_log: iommu_ga::GaLog::new(512),
+            avic_erratum: Default::default(),
         }
     }
 

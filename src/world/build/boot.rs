@@ -159,6 +159,11 @@ pub(in crate::world) fn power_on(
         vsock,
     } = parts;
     let nvm = topo.vms();
+    let svm = scheme.svm();
+    if svm && s.hv.avic_erratum_1235 {
+        // A family 17h processor (AMD revision guide erratum 1235).
+        m.avic_erratum.window = Some(costs.svm.erratum_1235_window);
+    }
     let virtualized = topo.virtualized;
     let mut q = EventQueue::with_capacity(4096);
     let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
@@ -222,7 +227,7 @@ pub(in crate::world) fn power_on(
         net_dev: devs.net_dev,
         blk_dev: devs.blk_dev,
         warm,
-        arch: crate::world::arch::Arch::X86Vmx,
+        arch: crate::world::arch::Arch::x86(svm),
     });
     w.bg_rate = bg_rate;
     w.rng_bg = rng_bg;

@@ -45,6 +45,17 @@ pub(in crate::world) fn costs(cal: &Calibration, apic_timer_period: Time) -> HvC
         vcpu_wakeup: t_us(&cal.host.vcpu_wakeup_us),
         apic_access_decode: t_us(&cal.exit.apic_access_decode_us),
         apic_timer_period,
+        svm: crate::hv::SvmCosts {
+            roundtrip: t_us(&cal.svm.vmrun_vmexit_roundtrip_us),
+            intr: t_us(&cal.svm.intr_us),
+            vintr: t_us(&cal.svm.vintr_us),
+            avic_incomplete_ipi: t_us(&cal.svm.avic_incomplete_ipi_us),
+            avic_trap: t_us(&cal.svm.avic_trap_us),
+            avic_load_put: t_us(&cal.svm.avic_load_put_us),
+            doorbell_latency: t_us(&cal.svm.doorbell_latency_us),
+            ga_log: t_us(&cal.svm.ga_log_us),
+            erratum_1235_window: t_us(&cal.svm.erratum_1235_window_us),
+        },
     }
 }
 
@@ -78,6 +89,8 @@ pub(in crate::world) fn state(
                 pv_vectors,
                 stats: Default::default(),
                 vcpu_stats: vec![Default::default(); vcpus.len()],
+                // Index 0: the VM; 1 + i: its vCPU i.
+                svm_stats: vec![Default::default(); vcpus.len() + 1],
                 xapic: s.guest.apic == crate::guest::ApicMode::Xapic,
             }
         })
