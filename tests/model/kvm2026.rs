@@ -91,16 +91,12 @@ fn bad_halt_poll_cap_is_rejected() {
 /// the runs themselves.
 #[test]
 fn vmexit_micro_benchmarks_move_as_the_mechanisms_say() {
-    let path = concat!(
+    let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/validation/x86-today/vmexit.toml"
-    );
-    let load = |sets: &[&str]| {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let s = exitless::scenario::Scenario::load(std::path::Path::new(path), &sets)
-            .expect("scenario loads");
-        run(&s)
-    };
+    ))
+    .expect("scenario file");
+    let load = |sets: &[&str]| run_text(&text, sets);
     let kvm = load(&["scheme=kvm"]);
     let apicv = load(&["scheme=apicv"]);
     let now = load(&["scheme=kvm-2026"]);
