@@ -345,6 +345,11 @@ impl ArmCalibration {
     }
 }
 
+/// The Sapphire Rapids host (`calibration/x86-spr-host.toml`): an overlay
+/// on the x86 file, for `--calibration` or an experiment file's
+/// `calibration` (docs/x86-today.md §5).
+pub const SPR_OVERLAY_TOML: &str = include_str!("../calibration/x86-spr-host.toml");
+
 /// The calibration shipped with exitless.
 pub const DEFAULT_TOML: &str = include_str!("../calibration/x86-did-host.toml");
 
@@ -705,6 +710,22 @@ fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Sapphire Rapids preset layers over the x86 file: every entry
+    /// tagged, the clock and the round trip as it says.
+    #[test]
+    fn the_sapphire_rapids_overlay_applies() {
+        let base = Calibration::default_host();
+        let o = crate::calibration_overlay::parse_overlay(SPR_OVERLAY_TOML, "x86-spr-host.toml")
+            .expect("parses");
+        assert!(o.len() >= 5);
+        assert!(o
+            .iter()
+            .all(|e| e.source.starts_with("[public]") || e.source.starts_with("[estimate]")));
+        let c = crate::calibration_overlay::apply_to(&base, &o).expect("applies");
+        assert_eq!(c.cpu.ghz.value, 2.0);
+        assert_eq!(c.vmx.exit_entry_roundtrip_us.value, 0.55);
+    }
 
     #[test]
     fn shipped_arm_file_parses_with_tagged_sources_and_rejects_out_of_range() {

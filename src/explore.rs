@@ -407,6 +407,9 @@ pub fn describe(e: &Ev) -> String {
         Ev::Segment { core, gen } => {
             format!("core {core}: its work segment ends (segment generation {gen})")
         }
+        Ev::GuestDeadline { vcpu } => {
+            format!("vCPU {vcpu}: its guest deadline (APIC-timer virtualization) comes due")
+        }
         Ev::LapicTimer { core, gen } => {
             format!("core {core}: LAPIC timer deadline due (timer generation {gen})")
         }

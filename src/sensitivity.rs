@@ -94,6 +94,7 @@ pub struct CalEntry {
 pub fn file_name(file: &str) -> &'static str {
     match file {
         "arm" => "calibration/arm-kvm-host.toml",
+        "x86-spr" => "calibration/x86-spr-host.toml",
         _ => "calibration/x86-did-host.toml",
     }
 }
@@ -106,7 +107,28 @@ pub fn calibration_entries(cal: &Calibration) -> Vec<CalEntry> {
         ("x86", toml::Value::try_from(cal).ok()),
         ("arm", toml::Value::try_from(&cal.arm).ok()),
     ];
+    entries_of(&files, &mut out);
+    out
+}
+
+/// The entries of the preset overlays shipped beside the two files
+/// (`calibration/x86-spr-host.toml`), as the files have them: listed by
+/// `exitless calibration`, never varied (an overlay is applied with
+/// `--calibration`, and its entries are then the calibration's).
+pub fn preset_entries() -> Vec<CalEntry> {
+    let mut out = Vec::new();
+    let files = [(
+        "x86-spr",
+        toml::from_str::<toml::Value>(crate::calibration::SPR_OVERLAY_TOML).ok(),
+    )];
+    entries_of(&files, &mut out);
+    out
+}
+
+/// Walks each file's `[section] key = { value, source, ... }` entries.
+fn entries_of(files: &[(&'static str, Option<toml::Value>)], out: &mut Vec<CalEntry>) {
     for (file, v) in files {
+        let file = *file;
         let Some(t) = v.as_ref().and_then(|v| v.as_table()) else {
             continue;
         };
@@ -136,7 +158,6 @@ pub fn calibration_entries(cal: &Calibration) -> Vec<CalEntry> {
             }
         }
     }
-    out
 }
 
 /// Counts of `entries` by source kind, in [`KINDS`] order (kinds with

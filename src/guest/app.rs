@@ -34,6 +34,22 @@ pub enum TaskStep {
     /// `epoll_wait` with a timeout: block until data arrives on the task's
     /// socket or until this time, whichever comes first.
     WaitUntil(Time),
+    /// A privileged operation of a program that runs as the kernel (a
+    /// kvm-unit-tests test at CPL 0): the platform executes it, then the
+    /// task goes on.
+    Kernel(super::KernelOp),
+    /// `cli`: RFLAGS.IF := 0.
+    Cli,
+    /// `sti`: RFLAGS.IF := 1 (the hardware looks at pending interrupts
+    /// before the next step).
+    Sti,
+    /// `sti; hlt` (`safe_halt`): the HLT executes in the STI's interrupt
+    /// shadow, so an interrupt already pending is taken only after it.
+    SafeHalt,
+    /// Busy-wait on memory (`while (!x) barrier();`): the CPU spins until
+    /// an interrupt, or another CPU's store the program waits for, makes
+    /// it look again.
+    Spin,
     /// The task is finished.
     Exit,
 }
@@ -299,6 +315,13 @@ pub trait App {
     }
 
     fn reset_metrics(&mut self) {}
+    /// A program running as the kernel handles interrupt `vector` on CPU
+    /// `cpu` at `now` (its handler, after the EOI that started at
+    /// `eoi_at`). Returns whether it took it; a program waiting on
+    /// another CPU is then made to look again. Default: not its vector.
+    fn interrupt(&mut self, _cpu: usize, _vector: u8, _now: Time, _eoi_at: Time) -> bool {
+        false
+    }
     /// Adds this program's metrics to `out`.
     fn metrics(&self, out: &mut Metrics);
     /// The latency distributions behind its percentile metrics.

@@ -270,6 +270,19 @@ pub enum KernelOp {
         /// Vector.
         vector: u8,
     },
+    /// A fixed IPI with `vector` to the CPU itself through the interrupt
+    /// controller's self-IPI shorthand (x86: the x2APIC SELF IPI register,
+    /// 83FH).
+    SelfIpi {
+        /// Vector.
+        vector: u8,
+    },
+    /// Sets the CPU's task priority (x86: the x2APIC TPR, 808H; its
+    /// class masks vectors of that class and below).
+    TaskPriority {
+        /// The TPR value.
+        value: u8,
+    },
     /// A virtqueue notify: a write to the device's notify register, which
     /// the hypervisor emulates (x86: OUT to an I/O port).
     QueueNotify {
@@ -490,6 +503,8 @@ struct Cpu {
     ipis_queued: bool,
     /// The DID module's direct timer and posted IPIs are on here.
     dtid: bool,
+    /// When the EOI of the interrupt being handled here was issued.
+    eoi_at: Time,
 }
 
 impl Cpu {
@@ -527,6 +542,7 @@ impl Cpu {
             call_ipi_pending: VcpuMask::EMPTY,
             ipis_queued: false,
             dtid: false,
+            eoi_at: 0,
         }
     }
 }
@@ -1206,6 +1222,19 @@ impl Kernel {
         }
     }
 
+    /// A program that runs as the kernel (the vmexit micro-benchmarks)
+    /// handles `vector` here, if it is its; one waiting on another CPU is
+    /// made to look again.
+    fn app_interrupt(&mut self, vector: u8, now: Time) {
+        let (on, eoi_at) = (self.on, self.cpus[self.on].eoi_at);
+        for t in 0..self.tasks.len() {
+            if self.tasks[t].app.interrupt(on, vector, now, eoi_at) && self.tasks[t].cpu != on {
+                let c = self.tasks[t].cpu;
+                self.cpus[on].poke_pending.insert(c);
+            }
+        }
+    }
+
     fn irq_step(
         &mut self,
         top: usize,
@@ -1239,6 +1268,7 @@ impl Kernel {
                     return None;
                 }
                 self.cpus[self.on].in_service.clear(vector);
+                self.cpus[self.on].eoi_at = now;
                 Some(Action::Op(KernelOp::EndOfInterrupt { vector }))
             }
             // The DID module's timer handler (did-implementation.md §3):
@@ -1264,6 +1294,7 @@ impl Kernel {
                     if ticks > 0 {
                         self.fair_tick();
                     }
+                    self.app_interrupt(vector, now);
                     c.hrtimer_interrupt + ticks as Time * c.tick_handler
                 } else if vector == RESCHEDULE_VECTOR && self.cpus.len() > 1 {
                     // scheduler_ipi: need_resched is already set; the
@@ -1303,6 +1334,7 @@ impl Kernel {
                 } else if self.is_blk_vector(vector) {
                     c.vf_irq_handler + self.blk_irq(now, dev.virtio_blk.as_deref_mut())
                 } else {
+                    self.app_interrupt(vector, now);
                     0
                 };
                 self.set_stage(top, 2, work);
@@ -1655,6 +1687,22 @@ impl Kernel {
                 );
                 None
             }
+            TaskStep::Kernel(op) => Some(Action::Op(op)),
+            TaskStep::Cli => {
+                self.set_if(false);
+                None
+            }
+            TaskStep::Sti => {
+                self.set_if(true);
+                None
+            }
+            TaskStep::SafeHalt => {
+                // IF rises in the STI's shadow: no look at pending
+                // interrupts before the HLT.
+                self.cpus[self.on].if_flag = true;
+                Some(Action::Op(KernelOp::Idle))
+            }
+            TaskStep::Spin => Some(Action::Spin),
             TaskStep::Exit => {
                 self.tasks[t].state = TaskState::Exited;
                 self.counters.tasks_exited += 1;

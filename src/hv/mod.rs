@@ -107,7 +107,9 @@ impl HvCosts {
     pub fn apic_register_write(&self, msr: u32) -> Time {
         match msr {
             msr::EOI => self.msr_write_eoi,
-            msr::TMICT => self.msr_write_tmict,
+            // KVM's TSC-deadline write (kvm_set_lapic_tscdeadline_msr)
+            // restarts the same hrtimer a TMICT write does.
+            msr::TMICT | msr::TSC_DEADLINE => self.msr_write_tmict,
             _ => self.msr_write_other,
         }
     }

@@ -234,6 +234,10 @@ pub struct SchemeOptions {
     pub halt_poll_max_us: Option<f64>,
     /// `kvm-2026`: IPI virtualization (SMP guests' IPIs without sender exits).
     pub ipiv: Option<bool>,
+    /// `kvm-2026`: APIC-timer virtualization (Intel ISE 319433-059 ch. 8):
+    /// a TSC-deadline guest's timer writes and expiries without exits
+    /// (default false; needs `guest.lapic_timer = "tsc-deadline"` to act).
+    pub apic_timer_virt: Option<bool>,
     /// ES2 hybrid I/O handling in the vhost back end (any virtualized
     /// scheme): `off` (stock vhost), `perceptive` or `optimistic`; both
     /// merge devices into joint I/O threads.
@@ -295,6 +299,7 @@ impl SchemeOptions {
             halt_poll: self.halt_poll.unwrap_or(d.halt_poll),
             halt_poll_max_us: self.halt_poll_max_us.unwrap_or(d.halt_poll_max_us),
             ipiv: self.ipiv.unwrap_or(d.ipiv),
+            apic_timer_virt: self.apic_timer_virt.unwrap_or(d.apic_timer_virt),
         }
     }
 }

@@ -91,6 +91,26 @@ pub struct GuestSpec {
     /// or `fixed-512k` (a fixed 512 KiB window, the model's earlier
     /// assumption, for sensitivity runs).
     pub tcp_rcvbuf: TcpRcvbuf,
+    /// x86: how the guest drives its LAPIC timer clockevent: `oneshot`
+    /// (TMICT, Linux booted with lapic=notscdeadline: the default, as in
+    /// the 2012–2015 papers' guests) or `tsc-deadline` (IA32_TSC_DEADLINE,
+    /// what Linux uses when the CPU model advertises it, as KVM's does
+    /// today; what APIC-timer virtualization virtualizes). Ignored on arm64.
+    pub lapic_timer: LapicTimer,
+}
+
+/// `guest.lapic_timer`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize, schemars::JsonSchema,
+)]
+pub enum LapicTimer {
+    /// One-shot mode: TMICT at divide-by-16.
+    #[default]
+    #[serde(rename = "oneshot")]
+    Oneshot,
+    /// TSC-deadline mode: IA32_TSC_DEADLINE.
+    #[serde(rename = "tsc-deadline")]
+    TscDeadline,
 }
 
 /// How TCP sockets size their receive buffer (`guest.tcp_rcvbuf`).
@@ -135,6 +155,7 @@ impl Default for GuestSpec {
             gso: true,
             gro: true,
             tcp_rcvbuf: TcpRcvbuf::Autotune36,
+            lapic_timer: LapicTimer::Oneshot,
         }
     }
 }

@@ -363,6 +363,7 @@ impl Scenario {
             "hv.halt_poll",
             "hv.halt_poll_max_us",
             "hv.ipiv",
+            "hv.apic_timer_virt",
         ] {
             if given.contains(&key) && scheme != "kvm-2026" {
                 w.push(format!(
@@ -372,6 +373,13 @@ impl Scenario {
         }
         if given.contains(&"hv.ipiv") && scheme == "kvm-2026" {
             w.push("hv.ipiv has no effect with one-vCPU guests (they send no IPIs)".into());
+        }
+        if given.contains(&"hv.apic_timer_virt")
+            && scheme == "kvm-2026"
+            && self.hv.apic_timer_virt == Some(true)
+            && self.guest.lapic_timer != LapicTimer::TscDeadline
+        {
+            w.push("hv.apic_timer_virt has no effect with guest.lapic_timer = \"oneshot\" (the hardware virtualizes only TSC-deadline mode; KVM keeps its software timer)".into());
         }
         if given.contains(&"nic.itr_interval_us") && self.nic.itr != ItrMode::Fixed {
             w.push(format!(
@@ -511,6 +519,22 @@ impl Scenario {
     /// Checks every key's range and the combinations, section by section.
     fn validate(&self) -> Result<(), ScenarioError> {
         let arm_scheme = crate::hv::arm::ARM_SCHEMES.contains(&self.scheme.as_str());
+        if self.workload.vmexit.is_some() || self.vms.iter().any(|v| v.workload.vmexit.is_some()) {
+            if self.guest.tick != crate::guest::TickMode::Off {
+                return bad(
+                    "guest",
+                    "tick",
+                    "the vmexit tests own the LAPIC timer (kvm-unit-tests has no tick): set guest.tick = \"off\"",
+                );
+            }
+            if self.arch != ArchSpec::X86_64 {
+                return bad(
+                    "workload",
+                    "vmexit",
+                    "kvm-unit-tests' vmexit tests are x86's",
+                );
+            }
+        }
         match self.arch {
             ArchSpec::Arm64 if !crate::hv::arm::runs_on_arm(&self.scheme) => {
                 return bad(

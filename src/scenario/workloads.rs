@@ -38,6 +38,11 @@ pub struct WorkloadSpec {
     /// posted IPI when loaded); latency = the receiver's handler entry −
     /// the send. Needs 2 vCPUs or more. Metrics `ipi.*`.
     pub ipi_latency: Option<TestModuleSpec>,
+    /// kvm-unit-tests' x86 `vmexit` micro-benchmarks (x86/vmexit.c), run
+    /// as the guest's kernel on CPU 0: cycles per iteration of each test,
+    /// metrics `vmexit.<test>_cycles` (docs/x86-today.md). Needs
+    /// `guest.tick = "off"` (the tests own the LAPIC timer).
+    pub vmexit: Option<VmexitSpec>,
     /// NetPIPE TCP ping-pong with the peer host.
     pub netpipe: Option<NetpipeSpec>,
     /// iperf TCP stream with the peer host.
@@ -78,6 +83,7 @@ impl WorkloadSpec {
             && self.cyclictest.is_none()
             && self.hrtimer_latency.is_none()
             && self.ipi_latency.is_none()
+            && self.vmexit.is_none()
             && self.fio.is_none()
             && !self.peers()
     }
@@ -239,6 +245,18 @@ impl WorkloadSpec {
         }
         if let Some(i) = &self.ipi_latency {
             i.validate(&table("ipi_latency"))?;
+        }
+        if let Some(v) = &self.vmexit {
+            require(
+                (1..=1_000_000).contains(&v.iterations),
+                &table("vmexit"),
+                "iterations",
+                v.iterations,
+                "in [1, 1000000]",
+            )?;
+            if v.tests.is_empty() {
+                return bad(&table("vmexit"), "tests", "names no test");
+            }
         }
         Ok(())
     }
@@ -945,6 +963,30 @@ fn validate_interval_us(at: &str, i: f64) -> Result<(), ScenarioError> {
         i,
         "in [10, 1e6]",
     )
+}
+
+/// `workload.vmexit`: which of kvm-unit-tests' vmexit tests run, and how
+/// many iterations each.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmexitSpec {
+    /// The tests, by their kvm-unit-tests names, in the order they run
+    /// (default: every modelled test).
+    #[serde(default = "vmexit_tests")]
+    pub tests: Vec<crate::workloads::vmexit::Test>,
+    /// Iterations of each test (the real test doubles its count until 2^30
+    /// TSC cycles pass; the model's cycles per iteration settle far
+    /// sooner). Default 200.
+    #[serde(default = "vmexit_iterations")]
+    pub iterations: u32,
+}
+
+fn vmexit_tests() -> Vec<crate::workloads::vmexit::Test> {
+    crate::workloads::vmexit::Test::ALL.to_vec()
+}
+
+fn vmexit_iterations() -> u32 {
+    200
 }
 
 /// The period of a kernel test module's hrtimer (`workload.hrtimer_latency`,

@@ -47,6 +47,11 @@ pub const PAPERS: &[Paper] = &[
         doc: "docs/papers.md",
     },
     Paper {
+        name: "x86-today",
+        what: "KVM on Intel today: kvm, apicv, kvm-2026 (± IPIv, ± APIC-timer virtualization), DID; vmexit micro-benchmarks (no paper)",
+        doc: "docs/x86-today.md",
+    },
+    Paper {
         name: "consolidation",
         what: "1 to 8 four-vCPU VMs on four cores under each scheme (no paper)",
         doc: "docs/multiplexing.md",

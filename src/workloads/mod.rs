@@ -16,6 +16,7 @@ pub mod udp;
 pub mod udp_rr;
 pub mod vcanal;
 pub mod vcanal_http;
+pub mod vmexit;
 pub mod vsock;
 pub mod whileloop;
 

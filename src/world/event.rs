@@ -19,6 +19,11 @@ pub enum Ev {
         /// Segment generation.
         gen: u64,
     },
+    /// A vCPU's guest deadline (APIC-timer virtualization) came due.
+    GuestDeadline {
+        /// The vCPU.
+        vcpu: u16,
+    },
     /// A LAPIC timer deadline came due.
     LapicTimer {
         /// Core.

@@ -98,6 +98,9 @@ pub struct World {
     msi_latency: Time,
     vf_owner: Vec<(usize, u8)>,
     timer_due: Vec<Option<Time>>,
+    /// Per vCPU: the guest deadline (APIC-timer virtualization) an
+    /// `Ev::GuestDeadline` is scheduled for; 0: none.
+    guest_deadline_watch: Vec<u64>,
     /// Exits a guest timer expiry landed in, by reason (service times).
     pub timer_exits: [Summary; crate::hv::exits::ExitReason::COUNT],
     /// MSIs blocked by the IOMMU.
@@ -417,6 +420,7 @@ impl World {
                     CoreMode::Idle => {}
                 }
             }
+            Ev::GuestDeadline { vcpu } => self.guest_deadline_due(vcpu as usize),
             Ev::LapicTimer { core, gen } => {
                 let core = core as usize;
                 if self.m.lapics[core]
@@ -926,7 +930,7 @@ impl World {
     }
 
     /// Something changed in `core`'s LAPIC: let the core react.
-    fn poke(&mut self, core: usize) {
+    pub(super) fn poke(&mut self, core: usize) {
         match self.m.cores[core].mode {
             CoreMode::Guest { .. } | CoreMode::Native { .. } => {
                 self.pause_guest(core);

@@ -90,7 +90,10 @@ impl World {
 
     /// The guest on `core` (kernel CPU of `vcpu`) asks for `op`.
     pub(super) fn svm_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
-        match super::vmx::lower(op) {
+        let tsc_deadline = (self.scenario.guest.lapic_timer
+            == crate::scenario::LapicTimer::TscDeadline)
+            .then_some(self.tsc_hz);
+        match super::vmx::lower(op, tsc_deadline) {
             Instr::Hlt => match self.m.cores[core].mode {
                 CoreMode::Guest { vcpu } if self.m.vmcb[vcpu].intercept.hlt => {
                     OpResult::Exit(ArchExit::Svm(SvmExit::Hlt), None)
@@ -120,17 +123,22 @@ impl World {
                 (msr::EOI, 0, Some(vector))
             }
             Instr::ArmTimer {
-                count,
+                msr: r,
+                value,
                 deadline,
                 vector,
             } => {
                 self.checker.timer_programmed(k, vector, deadline, now);
                 self.timer_due[k] = deadline;
-                (msr::TMICT, count as u64, None)
+                (r, value, None)
             }
             Instr::WrMsr { msr: r, value } => {
                 if r == msr::ICR {
                     self.guest_ipi_sent(k, value, now);
+                }
+                if r == msr::SELF_IPI {
+                    // The x2APIC self-IPI shorthand: a fixed IPI to itself.
+                    self.checker.raised_on(k, value as u8, now);
                 }
                 (r, value, None)
             }

@@ -33,23 +33,61 @@ pub(super) fn lapic_clockevent(apic_timer_period: Time) -> Clockevent {
     }
 }
 
-/// The x86 instruction a kernel operation is.
-pub(super) fn lower(op: KernelOp) -> Instr {
+/// Linux's `TSC_DIVISOR` (arch/x86/kernel/apic/apic.c): the TSC-deadline
+/// clockevent counts in units of 8 TSC cycles.
+const TSC_DIVISOR: u128 = 8;
+
+/// The guest's clockevent in TSC-deadline mode (`guest.lapic_timer =
+/// "tsc-deadline"`): a tick of 8 TSC cycles, `min_delta` 0xF ticks, and a
+/// setup of one write (the LVT timer entry in TSC-deadline mode; no
+/// divider).
+pub(super) fn tsc_deadline_clockevent(tsc_hz: u64) -> Clockevent {
+    Clockevent {
+        tick: ((TSC_DIVISOR * SEC as u128) / u128::from(tsc_hz.max(1))).max(1) as Time,
+        min_delta_ticks: 0xF,
+        init_steps: 1,
+    }
+}
+
+/// LVT timer mode bits 18:17 = 10b: TSC-deadline (SDM 10.5.1).
+const LVTT_TSC_DEADLINE: u64 = 0b10 << 17;
+
+/// The TSC value at `t` on a clock of `tsc_hz` (the guest's TSC: offset 0,
+/// no scaling).
+fn tsc_at(t: Time, tsc_hz: u64) -> u64 {
+    (u128::from(t) * u128::from(tsc_hz) / SEC as u128) as u64
+}
+
+/// The x86 instruction a kernel operation is. `tsc_deadline`: the
+/// guest's clockevent is the TSC-deadline timer, on a TSC of this
+/// frequency (None: one-shot TMICT).
+pub(super) fn lower(op: KernelOp, tsc_deadline: Option<u64>) -> Instr {
     match op {
         KernelOp::EndOfInterrupt { vector } => Instr::Eoi { vector },
         KernelOp::ProgramClockevent {
             ticks,
             deadline,
             vector,
-        } => Instr::ArmTimer {
-            count: ticks,
-            deadline,
-            vector,
+        } => match tsc_deadline {
+            // lapic_next_deadline: WRMSR IA32_TSC_DEADLINE, rdtsc() +
+            // delta * TSC_DIVISOR (the deadline the guest computed).
+            Some(hz) => Instr::ArmTimer {
+                msr: msr::TSC_DEADLINE,
+                value: deadline.map_or(0, |d| tsc_at(d, hz)),
+                deadline,
+                vector,
+            },
+            None => Instr::ArmTimer {
+                msr: msr::TMICT,
+                value: u64::from(ticks),
+                deadline,
+                vector,
+            },
         },
-        // LVTT: one-shot mode on the vector.
+        // LVTT: one-shot (or TSC-deadline) mode on the vector.
         KernelOp::ClockeventInit { step: 0, vector } => Instr::WrMsr {
             msr: msr::LVT_TIMER,
-            value: vector as u64,
+            value: vector as u64 | tsc_deadline.map_or(0, |_| LVTT_TSC_DEADLINE),
         },
         // TDCR: divide by 16.
         KernelOp::ClockeventInit { .. } => Instr::WrMsr {
@@ -61,6 +99,14 @@ pub(super) fn lower(op: KernelOp) -> Instr {
         KernelOp::SendIpi { cpu, vector } => Instr::WrMsr {
             msr: msr::ICR,
             value: ((cpu as u64) << 32) | vector as u64,
+        },
+        KernelOp::SelfIpi { vector } => Instr::WrMsr {
+            msr: msr::SELF_IPI,
+            value: u64::from(vector),
+        },
+        KernelOp::TaskPriority { value } => Instr::WrMsr {
+            msr: msr::TPR,
+            value: u64::from(value),
         },
         KernelOp::QueueNotify { port, value } => Instr::PioWrite { port, value },
         KernelOp::VfWrite { vf, reg } => Instr::VfWrite { vf, reg },
@@ -75,7 +121,10 @@ impl World {
     /// The guest on `core` (kernel CPU of `vcpu`) asks for `op`: its x86
     /// instruction executes.
     pub(super) fn vmx_op(&mut self, core: usize, vcpu: usize, op: KernelOp) -> OpResult {
-        match lower(op) {
+        let tsc_deadline = (self.scenario.guest.lapic_timer
+            == crate::scenario::LapicTimer::TscDeadline)
+            .then_some(self.tsc_hz);
+        match lower(op, tsc_deadline) {
             // sti; hlt: in guest mode with HLT exiting it exits; otherwise
             // the core waits for an interrupt.
             Instr::Hlt => match self.m.cores[core].mode {
@@ -323,17 +372,22 @@ impl World {
                 (msr::EOI, 0, Some(vector))
             }
             Instr::ArmTimer {
-                count,
+                msr: r,
+                value,
                 deadline,
                 vector,
             } => {
                 self.checker.timer_programmed(k, vector, deadline, now);
                 self.timer_due[k] = deadline;
-                (msr::TMICT, count as u64, None)
+                (r, value, None)
             }
             Instr::WrMsr { msr: r, value } => {
                 if r == msr::ICR {
                     self.guest_ipi_sent(k, value, now);
+                }
+                if r == msr::SELF_IPI {
+                    // The x2APIC self-IPI shorthand: a fixed IPI to itself.
+                    self.checker.raised_on(k, value as u8, now);
                 }
                 // A native kernel knows its CPUs' APIC IDs (the MADT's):
                 // CPU n's is the core's own, not n as in a VM's virtual
@@ -417,6 +471,11 @@ impl World {
                 // handles an ICR write.
                 return Some((ExitInfo::MsrWrite { msr: reg, value }, None));
             }
+            Some((vcpu, WrmsrOutcome::TscDeadlineVirtualization)) => {
+                self.m.vmcs[vcpu].write_guest_deadline(value);
+                self.guest_deadline_track(core, vcpu);
+                return None;
+            }
             Some((_, WrmsrOutcome::Msr)) | None => {}
         }
         let eff = self.m.lapics[core].write_msr(reg, value, now);
@@ -433,6 +492,51 @@ impl World {
             }
         }
         None
+    }
+
+    /// APIC-timer virtualization in non-root operation on `core`, running
+    /// `vcpu` (ISE 319433-059 §8.3): an expired guest deadline raises the
+    /// virtual timer vector in the virtual-APIC page now; an armed one is
+    /// watched (an event at its time, unless one is already due then).
+    /// Called after a virtualized TSC-deadline write, at VM entry and when
+    /// the watched deadline comes.
+    pub(super) fn guest_deadline_track(&mut self, core: usize, vcpu: usize) {
+        let tsc = tsc_at(self.q.now(), self.tsc_hz);
+        if let Some(v) = self.m.vmcs[vcpu].guest_deadline_expired(tsc) {
+            self.m.vapic[vcpu].timer_fire(v);
+            self.poke(core);
+            return;
+        }
+        let d = self.m.vmcs[vcpu].guest_deadline;
+        if d == 0 || !self.m.vmcs[vcpu].proc2.apic_timer_virtualization {
+            return;
+        }
+        if self.guest_deadline_watch[vcpu] != d {
+            self.guest_deadline_watch[vcpu] = d;
+            // The first picosecond at which the TSC reads at least d.
+            let at = (u128::from(d) * SEC as u128).div_ceil(u128::from(self.tsc_hz.max(1)));
+            self.q.schedule(
+                at.min(u128::from(u64::MAX)) as Time,
+                Ev::GuestDeadline { vcpu: vcpu as u16 },
+            );
+        }
+    }
+
+    /// The watched guest deadline of `vcpu` came: it fires if the vCPU is
+    /// in non-root operation and the deadline is still armed as watched;
+    /// otherwise the next VM entry looks again.
+    pub(super) fn guest_deadline_due(&mut self, vcpu: usize) {
+        self.guest_deadline_watch[vcpu] = 0;
+        let core = self.hv.vcpus[vcpu].core;
+        if self.m.cores[core].mode == (CoreMode::Guest { vcpu }) {
+            let tsc = tsc_at(self.q.now(), self.tsc_hz);
+            if let Some(v) = self.m.vmcs[vcpu].guest_deadline_expired(tsc) {
+                self.m.vapic[vcpu].timer_fire(v);
+                self.poke(core);
+            } else {
+                self.guest_deadline_track(core, vcpu);
+            }
+        }
     }
 
     /// The guest on `vcpu` wrote its ICR: the checker notes the IPI as
@@ -803,6 +907,9 @@ impl World {
         vcpu: usize,
     ) -> Option<Result<ExitInfo, u8>> {
         self.arm_preemption_timer(core, vcpu);
+        if self.m.vmcs[vcpu].proc2.apic_timer_virtualization {
+            self.guest_deadline_track(core, vcpu);
+        }
         match self.m.vmcs[vcpu].entry_event.take() {
             Some(crate::hw::x86::vmcs::EntryEvent::ExternalInterrupt(v)) => {
                 Some(self.through_idt(vcpu, v))
@@ -820,17 +927,20 @@ mod tests {
     #[test]
     fn kernel_ops_lower_to_the_x2apic_writes_linux_makes() {
         assert_eq!(
-            lower(KernelOp::SendIpi {
-                cpu: 3,
-                vector: 0xfd
-            }),
+            lower(
+                KernelOp::SendIpi {
+                    cpu: 3,
+                    vector: 0xfd
+                },
+                None
+            ),
             Instr::WrMsr {
                 msr: msr::ICR,
                 value: (3 << 32) | 0xfd
             }
         );
         let init: Vec<Instr> = (0..lapic_clockevent(1).init_steps)
-            .map(|step| lower(KernelOp::ClockeventInit { step, vector: 0xef }))
+            .map(|step| lower(KernelOp::ClockeventInit { step, vector: 0xef }, None))
             .collect();
         assert_eq!(
             init,
@@ -846,21 +956,198 @@ mod tests {
             ]
         );
         assert_eq!(
-            lower(KernelOp::ProgramClockevent {
-                ticks: 20,
-                deadline: Some(5),
-                vector: 0xef
-            }),
+            lower(
+                KernelOp::ProgramClockevent {
+                    ticks: 20,
+                    deadline: Some(5),
+                    vector: 0xef
+                },
+                None
+            ),
             Instr::ArmTimer {
-                count: 20,
+                msr: msr::TMICT,
+                value: 20,
                 deadline: Some(5),
                 vector: 0xef
             }
         );
-        assert_eq!(lower(KernelOp::Idle), Instr::Hlt);
+        // TSC-deadline mode (2 GHz TSC): the LVTT write carries mode 10b,
+        // no divider, and the deadline is the TSC at the expected expiry.
+        let ce = tsc_deadline_clockevent(2_000_000_000);
+        assert_eq!((ce.tick, ce.init_steps), (4_000, 1), "8 TSC cycles");
         assert_eq!(
-            lower(KernelOp::EndOfInterrupt { vector: 0x41 }),
+            lower(
+                KernelOp::ClockeventInit {
+                    step: 0,
+                    vector: 0xef
+                },
+                Some(2_000_000_000)
+            ),
+            Instr::WrMsr {
+                msr: msr::LVT_TIMER,
+                value: 0xef | (2 << 17)
+            }
+        );
+        assert_eq!(
+            lower(
+                KernelOp::ProgramClockevent {
+                    ticks: 20,
+                    deadline: Some(3 * crate::engine::US),
+                    vector: 0xef
+                },
+                Some(2_000_000_000)
+            ),
+            Instr::ArmTimer {
+                msr: msr::TSC_DEADLINE,
+                value: 6_000,
+                deadline: Some(3 * crate::engine::US),
+                vector: 0xef
+            }
+        );
+        assert_eq!(lower(KernelOp::Idle, None), Instr::Hlt);
+        assert_eq!(
+            lower(KernelOp::EndOfInterrupt { vector: 0x41 }, None),
             Instr::Eoi { vector: 0x41 }
         );
+    }
+}
+
+/// APIC-timer virtualization under `kvm-2026` (`hv.apic_timer_virt`): the
+/// hardware takes a TSC-deadline guest's timer, and KVM's fallbacks put it
+/// back on the software hrtimer.
+#[cfg(test)]
+mod apic_timer_virt {
+    use super::*;
+    use crate::calibration::Calibration;
+    use crate::engine::MS;
+    use crate::hv::exits::ExitReason;
+    use crate::scenario::Scenario;
+
+    const LVTT_MASKED: u64 = 1 << 16;
+    const LVTT_PERIODIC: u64 = 0b01 << 17;
+
+    /// A 1-vCPU kvm-2026 VM with APIC-timer virtualization on and a
+    /// 100 µs hrtimer module, its guest timer in `lapic_timer` mode, run
+    /// for `ms`.
+    fn world(lapic_timer: &str, idle: &str, ms: u64) -> World {
+        let text = format!(
+            "scheme = \"kvm-2026\"\nduration_s = 0.05\nwarmup_s = 0.0\n\
+             [hv]\napic_timer_virt = true\n\
+             [background]\nenabled = false\n\
+             [guest]\nlapic_timer = \"{lapic_timer}\"\nidle = \"{idle}\"\n\
+             [workload.hrtimer_latency]\ninterval_us = 100\n"
+        );
+        let s = Scenario::parse(&text, &[]).expect("scenario parses");
+        let mut w = World::build(&s, &Calibration::default_host()).expect("world builds");
+        w.end = ms * MS;
+        w.run(|_| {});
+        w
+    }
+
+    fn msr_write_exits(w: &World) -> u64 {
+        w.hv.vms[0].stats.by_reason[ExitReason::MSR_WRITE.index()].count
+    }
+
+    /// The LVTT write that exits: what KVM's handler sees.
+    fn lvtt_write(w: &mut World, value: u64) {
+        let (mut cx, scheme) = w.cx();
+        scheme.handle_exit(
+            &mut cx,
+            0,
+            ExitInfo::MsrWrite {
+                msr: msr::LVT_TIMER,
+                value,
+            },
+        );
+    }
+
+    fn virt_on(w: &World) -> bool {
+        let v = &w.m.vmcs[0];
+        v.proc2.apic_timer_virtualization && !v.msr_write_exits(msr::TSC_DEADLINE)
+    }
+
+    /// TSC-deadline mode, unmasked, running: the guest's deadline writes
+    /// and the expiries take no exit, and every expiry reaches the module.
+    #[test]
+    fn tsc_deadline_writes_and_expiries_take_no_exit() {
+        let w = world("tsc-deadline", "poll", 20);
+        assert!(virt_on(&w));
+        assert_eq!(
+            w.m.vmcs[0].virtual_timer_vector,
+            w.scenario.guest.timer_vector
+        );
+        assert_eq!(msr_write_exits(&w), 1, "only the LVTT write at boot");
+        assert!(w.guests[0].counters.timer_irqs > 150);
+        assert_eq!(w.checker.total(), 0);
+    }
+
+    /// One-shot mode: the hardware supports TSC-deadline mode only; KVM
+    /// keeps its software timer and every TMICT write exits.
+    #[test]
+    fn one_shot_mode_falls_back_to_the_software_timer() {
+        let w = world("oneshot", "poll", 20);
+        assert!(!w.m.vmcs[0].proc2.apic_timer_virtualization);
+        assert!(msr_write_exits(&w) > 150);
+        assert_eq!(w.checker.total(), 0);
+    }
+
+    /// A masked or periodic LVTT turns it off, moving an armed deadline to
+    /// the software hrtimer; unmasking in TSC-deadline mode moves it back.
+    #[test]
+    fn masked_and_periodic_lvtt_fall_back_and_the_deadline_moves() {
+        let mut w = world("tsc-deadline", "poll", 5);
+        let vector = u64::from(w.scenario.guest.timer_vector);
+        let armed = w.m.vmcs[0].guest_deadline;
+        assert!(virt_on(&w) && armed != 0, "a deadline is armed in the VMCS");
+        lvtt_write(&mut w, vector | LVTT_TSC_DEADLINE | LVTT_MASKED);
+        assert!(!virt_on(&w) && w.m.vmcs[0].guest_deadline == 0);
+        assert!(w.m.vmcs[0].msr_write_exits(msr::TSC_DEADLINE));
+        let sw = &w.hv.vcpus[0].vlapic;
+        assert_eq!(
+            sw.read_msr(msr::TSC_DEADLINE, 0),
+            Ok(armed),
+            "moved to the emulated LAPIC"
+        );
+        assert!(sw.timer_deadline().is_some());
+        lvtt_write(&mut w, vector | LVTT_TSC_DEADLINE);
+        assert!(virt_on(&w));
+        assert_eq!(w.m.vmcs[0].guest_deadline, armed, "and back to the VMCS");
+        assert!(
+            w.hv.vcpus[0].vlapic.timer_deadline().is_none(),
+            "hrtimer cancelled"
+        );
+        lvtt_write(&mut w, vector | LVTT_PERIODIC);
+        assert!(!virt_on(&w), "periodic mode");
+    }
+
+    /// A blocked vCPU: the hardware fires only in non-root operation, so
+    /// KVM moves the deadline to its hrtimer before the thread sleeps and
+    /// back after it wakes; no expiry is lost.
+    #[test]
+    fn a_blocked_vcpu_sleeps_on_the_software_timer() {
+        let mut w = world("tsc-deadline", "poll", 5);
+        let armed = w.m.vmcs[0].guest_deadline;
+        {
+            let (mut cx, scheme) = w.cx();
+            scheme.vcpu_blocking(&mut cx, 0);
+        }
+        assert!(!virt_on(&w));
+        assert_eq!(
+            w.hv.vcpus[0].vlapic.read_msr(msr::TSC_DEADLINE, 0),
+            Ok(armed)
+        );
+        {
+            let (mut cx, scheme) = w.cx();
+            scheme.vcpu_unblocking(&mut cx, 0);
+        }
+        assert!(virt_on(&w) && w.m.vmcs[0].guest_deadline == armed);
+        // A halting guest: every idle period blocks and unblocks, yet every
+        // expiry is delivered.
+        let h = world("tsc-deadline", "halt", 20);
+        let mut m = crate::guest::app::Metrics::new();
+        h.scheme.metrics(&mut m);
+        assert!(m["kvm2026.virt_timer_off"] > 50.0, "{m:?}");
+        assert!(h.guests[0].counters.timer_irqs > 150);
+        assert_eq!(h.checker.total(), 0);
     }
 }

@@ -52,12 +52,13 @@ pub fn exit<S: Scheme + ?Sized>(
         // it enables interrupts (between exit-handling steps).
         ExitInfo::ExternalInterrupt { vector: None } => {}
         ExitInfo::MsrWrite {
-            msr: apic_msr::ICR,
+            msr: reg @ (apic_msr::ICR | apic_msr::SELF_IPI),
             value,
         } => {
             // kvm_apic_send_ipi: the emulated ICR decides the targets among
             // the VM's vCPUs; each gets the vector as a virtual interrupt.
-            if let Some(ipi) = vlapic::emulate_icr(cx, vcpu, value) {
+            // (SELF IPI is the x2APIC shorthand for a fixed IPI to self.)
+            if let Some(ipi) = vlapic::emulate_icr(cx, vcpu, reg, value) {
                 // Guest NMIs by IPI are not modelled (the model's guests
                 // send fixed reschedule IPIs only).
                 if ipi.mode != DeliveryMode::Nmi {

@@ -178,6 +178,16 @@ pub fn exit<S: Scheme + ?Sized>(
         } => {
             cx.charge(cx.costs.apic_access_decode);
             let reg = msr::X2APIC_FIRST + u32::from(offset >> 4);
+            // x2APIC SELF IPI faults (APM table 15-22): KVM emulates it on
+            // its LAPIC, whose IRR with AVIC on is the backing page's
+            // (kvm_apic_send_ipi -> svm_deliver_interrupt), so the vector
+            // goes where the AVIC delivers from.
+            if reg == msr::SELF_IPI {
+                if let Some(ipi) = vlapic::emulate_icr(cx, vcpu, reg, u64::from(value)) {
+                    scheme.virtual_interrupt(cx, vcpu, ipi.vector);
+                }
+                return ExitOutcome::default();
+            }
             ExitOutcome {
                 eoi_cleared: vlapic::emulate_write(cx, vcpu, reg, u64::from(value)),
             }
@@ -224,6 +234,16 @@ pub fn exit<S: Scheme + ?Sized>(
                 return ExitOutcome::default();
             }
             let reg = msr::X2APIC_FIRST + u32::from(offset >> 4);
+            // x2APIC SELF IPI faults (APM table 15-22): KVM emulates it on
+            // its LAPIC, whose IRR with AVIC on is the backing page's
+            // (kvm_apic_send_ipi -> svm_deliver_interrupt), so the vector
+            // goes where the AVIC delivers from.
+            if reg == msr::SELF_IPI {
+                if let Some(ipi) = vlapic::emulate_icr(cx, vcpu, reg, u64::from(value)) {
+                    scheme.virtual_interrupt(cx, vcpu, ipi.vector);
+                }
+                return ExitOutcome::default();
+            }
             ExitOutcome {
                 eoi_cleared: vlapic::emulate_write(cx, vcpu, reg, u64::from(value)),
             }

@@ -50,13 +50,11 @@ pub fn emulate_write(cx: &mut HvCx, vcpu: usize, reg: u32, value: u64) -> Option
     None
 }
 
-/// Emulates a trapped ICR write on `vcpu`'s emulated LAPIC: the IPI it
-/// asks for, if the write is valid (the caller delivers it to the targets).
-pub fn emulate_icr(cx: &mut HvCx, vcpu: usize, value: u64) -> Option<Ipi> {
-    match cx.hv.vcpus[vcpu]
-        .vlapic
-        .write_msr(crate::hw::x86::lapic::msr::ICR, value, cx.now)
-    {
+/// Emulates a trapped ICR (or SELF IPI) write `reg` on `vcpu`'s emulated
+/// LAPIC: the IPI it asks for, if the write is valid (the caller delivers
+/// it to the targets).
+pub fn emulate_icr(cx: &mut HvCx, vcpu: usize, reg: u32, value: u64) -> Option<Ipi> {
+    match cx.hv.vcpus[vcpu].vlapic.write_msr(reg, value, cx.now) {
         Ok(ApicEffect::SendIpi(ipi)) => Some(ipi),
         _ => None,
     }

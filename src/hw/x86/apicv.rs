@@ -128,6 +128,16 @@ impl VirtualApic {
         Ok(())
     }
 
+    /// APIC-timer virtualization's delivery of an expired guest deadline
+    /// (ISE 319433-059 §8.3): the virtual timer vector is set in vIRR and
+    /// RVI := max(RVI, vector), as a self-IPI would be; the core then
+    /// evaluates pending virtual interrupts, so a running guest takes it
+    /// through virtual-interrupt delivery without an exit.
+    pub fn timer_fire(&mut self, vector: u8) {
+        self.virr.set(vector);
+        self.rvi = self.rvi.max(vector);
+    }
+
     /// EOI virtualization (SDM 29.1.4): clears the highest vISR bit (SVI),
     /// SVI := next highest. Returns the vector cleared (None: vISR empty).
     pub fn eoi(&mut self) -> Option<u8> {

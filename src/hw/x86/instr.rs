@@ -14,11 +14,14 @@ pub enum Instr {
         /// The vector the guest believes it completes.
         vector: u8,
     },
-    /// WRMSR to TMICT for the guest's next clockevent. `deadline` is the
-    /// expiry the guest expects (None = stop).
+    /// WRMSR to TMICT (one-shot mode) or IA32_TSC_DEADLINE (TSC-deadline
+    /// mode) for the guest's next clockevent. `deadline` is the expiry the
+    /// guest expects (None = stop).
     ArmTimer {
-        /// Initial count.
-        count: u32,
+        /// TMICT or IA32_TSC_DEADLINE.
+        msr: u32,
+        /// Initial count, or the TSC deadline.
+        value: u64,
         /// Expected expiry.
         deadline: Option<Time>,
         /// Timer vector (for the checker).

@@ -65,6 +65,13 @@ pub struct Proc2Controls {
     /// physical-mode ICR writes are posted by the processor through the
     /// PID-pointer table.
     pub ipi_virtualization: bool,
+    /// Tertiary control bit 8, "APIC-timer virtualization" (Intel ISE
+    /// 319433-059 ch. 8; Linux `TERTIARY_EXEC_GUEST_APIC_TIMER`): with
+    /// virtual-interrupt delivery, a guest WRMSR of IA32_TSC_DEADLINE that
+    /// the MSR bitmap does not intercept arms the VMCS's guest deadline,
+    /// and its expiry in non-root operation raises the virtual timer
+    /// vector in the virtual-APIC page (no exit either way).
+    pub apic_timer_virtualization: bool,
 }
 
 /// Where an xAPIC guest's LAPIC MMIO write goes (SDM 29.4.3).
@@ -122,6 +129,11 @@ pub enum WrmsrOutcome {
     /// fixed physical-mode IPI through the PID-pointer table; any other
     /// ICR value causes an APIC-write VM exit (SDM 30.1.6).
     IpiVirtualization,
+    /// IA32_TSC_DEADLINE (6E0H) with "APIC-timer virtualization" (and
+    /// "virtual-interrupt delivery"): the value goes to the guest deadline
+    /// shadow and, in host-TSC terms, the guest deadline (ISE ch. 8); the
+    /// physical LAPIC timer is not touched.
+    TscDeadlineVirtualization,
     /// The MSR itself is written: for an x2APIC register, the processor's
     /// own LAPIC.
     Msr,
@@ -258,6 +270,10 @@ pub enum VmcsError {
     /// SDM 26.2.1.1: "process posted interrupts" needs "acknowledge interrupt on exit".
     #[error("posted interrupts require acknowledge interrupt on exit")]
     PostedInterruptsWithoutAckOnExit,
+    /// ISE 319433-059 ch. 8: "APIC-timer virtualization" needs
+    /// "virtual-interrupt delivery" (KVM clears the bit without it).
+    #[error("APIC-timer virtualization requires virtual-interrupt delivery")]
+    ApicTimerVirtualizationWithoutVirtualInterruptDelivery,
 }
 
 /// Exception vectors KVM intercepts with EPT on: #DB (1), #UD (6), #AC (17), #MC (18).
@@ -303,6 +319,19 @@ pub struct Vmcs {
     /// posted-interrupt descriptor of the vCPU whose APIC ID is i; its
     /// length is the last PID-pointer index + 1.
     pub pid_table: Vec<u16>,
+    /// Virtual timer vector (16-bit control field 000AH,
+    /// `GUEST_APIC_TIMER_VECTOR`): the vector APIC-timer virtualization
+    /// raises on expiry.
+    pub virtual_timer_vector: u8,
+    /// Guest deadline (64-bit guest-state field 2830H,
+    /// `GUEST_DEADLINE_PHY`): the host TSC value at which the virtual timer
+    /// expires; 0 = disarmed. The processor clears it when it fires.
+    pub guest_deadline: u64,
+    /// Guest deadline shadow (64-bit control field 204EH,
+    /// `GUEST_DEADLINE_VIR`): the deadline as the guest wrote it (its TSC,
+    /// offset and scaling applied); what a guest RDMSR of the deadline
+    /// returns.
+    pub guest_deadline_shadow: u64,
 }
 
 impl Vmcs {
@@ -360,6 +389,7 @@ impl Vmcs {
             apic_register_virtualization: true,
             virtual_interrupt_delivery: true,
             ipi_virtualization: false,
+            apic_timer_virtualization: false,
         };
         v.posted_intr_nv = KVM_POSTED_INTR_VECTOR;
         for m in apic_msr::X2APIC_RANGE {
@@ -411,8 +441,41 @@ impl Vmcs {
             {
                 WrmsrOutcome::IpiVirtualization
             }
+            apic_msr::TSC_DEADLINE
+                if p2.apic_timer_virtualization && p2.virtual_interrupt_delivery =>
+            {
+                WrmsrOutcome::TscDeadlineVirtualization
+            }
             _ => WrmsrOutcome::Msr,
         }
+    }
+
+    /// APIC-timer virtualization of a guest WRMSR of IA32_TSC_DEADLINE
+    /// (ISE 319433-059 §8.2): the guest deadline shadow takes the value
+    /// and the guest deadline its host-TSC equivalent (the model's guests
+    /// run with TSC offset 0 and no scaling, so the same value; 0
+    /// disarms). Returns the guest deadline now armed (0: none).
+    pub fn write_guest_deadline(&mut self, value: u64) -> u64 {
+        self.guest_deadline_shadow = value;
+        self.guest_deadline = value;
+        value
+    }
+
+    /// The virtual timer's expiry check (ISE §8.3), made in VMX non-root
+    /// operation and at VM entry: when the guest deadline is armed and the
+    /// host TSC has reached it, the processor disarms it (guest deadline
+    /// and shadow := 0) and returns the virtual timer vector, which it
+    /// then raises in the virtual-APIC page (`VirtualApic::timer_fire`).
+    pub fn guest_deadline_expired(&mut self, host_tsc: u64) -> Option<u8> {
+        if !self.proc2.apic_timer_virtualization
+            || self.guest_deadline == 0
+            || host_tsc < self.guest_deadline
+        {
+            return None;
+        }
+        self.guest_deadline = 0;
+        self.guest_deadline_shadow = 0;
+        Some(self.virtual_timer_vector)
     }
 
     /// Where an xAPIC guest's store to its LAPIC page at `offset` goes
@@ -500,6 +563,9 @@ impl Vmcs {
         }
         if p2.virtual_interrupt_delivery && !self.pin.ext_int_exiting {
             return Err(VmcsError::VirtualInterruptDeliveryWithoutExtIntExiting);
+        }
+        if p2.apic_timer_virtualization && !p2.virtual_interrupt_delivery {
+            return Err(VmcsError::ApicTimerVirtualizationWithoutVirtualInterruptDelivery);
         }
         if self.pin.posted_interrupts {
             if !p2.virtual_interrupt_delivery {
@@ -727,6 +793,51 @@ mod tests {
         for m in [apic_msr::TPR, apic_msr::EOI, apic_msr::SELF_IPI] {
             assert_eq!(v.wrmsr_outcome(m), Msr, "MSR {m:#x}");
         }
+    }
+
+    /// ISE 319433-059 ch. 8: an unintercepted TSC-deadline write arms the
+    /// guest deadline (no exit, no physical LAPIC write) only with the
+    /// tertiary control and virtual-interrupt delivery; the expiry check
+    /// fires once, at or after the deadline, and disarms it.
+    #[test]
+    fn apic_timer_virtualization_takes_tsc_deadline_writes_and_fires_once() {
+        use WrmsrOutcome::*;
+        let mut v = Vmcs::kvm_apicv();
+        assert_eq!(
+            v.wrmsr_outcome(apic_msr::TSC_DEADLINE),
+            VmExit,
+            "intercepted"
+        );
+        let _ = v
+            .msr_bitmap
+            .set_write_intercept(apic_msr::TSC_DEADLINE, false);
+        assert_eq!(v.wrmsr_outcome(apic_msr::TSC_DEADLINE), Msr, "control off");
+        v.proc2.apic_timer_virtualization = true;
+        v.virtual_timer_vector = 0xEC;
+        assert_eq!(
+            v.wrmsr_outcome(apic_msr::TSC_DEADLINE),
+            TscDeadlineVirtualization
+        );
+        assert_eq!(v.check_entry(), Ok(()));
+        v.write_guest_deadline(5_000);
+        assert_eq!(v.guest_deadline_shadow, 5_000);
+        assert_eq!(v.guest_deadline_expired(4_999), None);
+        assert_eq!(v.guest_deadline_expired(5_000), Some(0xEC));
+        assert_eq!((v.guest_deadline, v.guest_deadline_shadow), (0, 0));
+        assert_eq!(v.guest_deadline_expired(9_000), None, "fires once");
+        v.write_guest_deadline(0);
+        assert_eq!(v.guest_deadline_expired(u64::MAX), None, "0 disarms");
+        // The control without virtual-interrupt delivery fails entry, and
+        // the write is not virtualized.
+        v.proc2.virtual_interrupt_delivery = false;
+        assert_eq!(v.wrmsr_outcome(apic_msr::TSC_DEADLINE), Msr);
+        assert_eq!(
+            v.check_entry(),
+            Err(VmcsError::ApicTimerVirtualizationWithoutVirtualInterruptDelivery)
+        );
+        let mut a = super::super::apicv::VirtualApic::default();
+        a.timer_fire(0xEC);
+        assert_eq!(a.deliver(), Some(0xEC));
     }
 
     #[test]

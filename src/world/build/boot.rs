@@ -381,6 +381,7 @@ impl World {
             msi_latency: t_us(&cal.nic.msi_latency_us),
             vf_owner: (0..nvm).map(|vm| (vm, s.guest.vf_vector)).collect(),
             timer_due: vec![None; nvcpu],
+            guest_deadline_watch: vec![0; nvcpu],
             timer_exits: Default::default(),
             msi_faults: 0,
             measure_start: warm,

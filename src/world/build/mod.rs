@@ -129,7 +129,14 @@ impl World {
             )));
         }
         let blk = hypervisor::blk_paths(s, cal, &topo, &devs);
-        let clockevent = crate::world::vmx::lapic_clockevent(devs.apic_timer_period);
+        let clockevent = match s.guest.lapic_timer {
+            crate::scenario::LapicTimer::Oneshot => {
+                crate::world::vmx::lapic_clockevent(devs.apic_timer_period)
+            }
+            crate::scenario::LapicTimer::TscDeadline => {
+                crate::world::vmx::tsc_deadline_clockevent(devs.clocks.tsc_hz)
+            }
+        };
         let mut guests = guests::kernels(s, cal, &topo, &devs, &mut m, scheme.as_ref(), clockevent);
         let outside = workloads::spawn(s, cal, &topo, &devs, m.link, &mut guests)?;
         let canal =

@@ -87,6 +87,24 @@ fn spawn_timer_and_cpu_tasks(
         let first = interval + from_s(phase * i.interval_us * 1e-6);
         kernel.load_ipi_latency(0, 1, first, interval);
     }
+    if let Some(x) = &w.vmexit {
+        // kvm-unit-tests runs its tests as the kernel of CPU 0, from the
+        // end of the warm-up.
+        kernel.spawn_on(
+            0,
+            Box::new(crate::workloads::vmexit::Vmexit::new(
+                x.tests.clone(),
+                x.iterations,
+                (cal.cpu.ghz.value * 1e9) as u64,
+                from_s(s.warmup_s),
+                s.guest.timer_vector,
+                s.guest.lapic_timer == crate::scenario::LapicTimer::TscDeadline,
+                v.cores.len() > 1,
+            )),
+            99,
+            false,
+        );
+    }
     if let Some(l) = &w.whileloop {
         let lp = WhileLoop::new(
             l.iterations,
