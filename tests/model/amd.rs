@@ -144,10 +144,13 @@ fn inhibits_switch_avic_off_for_the_vm() {
 fn vmexit_self_ipis_are_delivered_under_kvm_svm_and_kvm_avic() {
     let mut cycles = Vec::new();
     for scheme in ["kvm-svm", "kvm-avic"] {
-        let r = run_file(
-            "validation/x86-today/vmexit.toml",
-            &[&format!("scheme={scheme}")],
-        );
+        let set = format!("scheme={scheme}");
+        let sc = load_scenario("validation/x86-today/vmexit.toml", &[set.as_str()]);
+        let mut w =
+            exitless::world::World::build(&sc, &exitless::calibration::Calibration::default_host())
+                .expect("builds");
+        w.run(|_| {});
+        let r = w.report();
         assert_eq!(
             r.violations(),
             0,
