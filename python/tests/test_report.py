@@ -237,7 +237,7 @@ def test_latency_cdf_is_monotone_and_shows_the_means(cyclic_reports):
         assert y == [50.0, 90.0, 99.0, 99.9]
         assert all(a <= b for a, b in zip(x, x[1:])), x  # a CDF never goes back
         want = dict(s.filter(pl.col("scheme") == c.get_label()).select("metric", "mean").rows())
-        assert x == pytest.approx([want[f"latency_{p}_us"] for p in ("p50", "p90", "p99", "p999")])
+        assert x == pytest.approx([want[f"cyclictest.latency_{p}_us"] for p in ("p50", "p90", "p99", "p999")])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["p50", "p90", "p99", "p99.9"]
 
 

@@ -133,13 +133,7 @@ impl World {
                 (r, value, None)
             }
             Instr::WrMsr { msr: r, value } => {
-                if r == msr::ICR {
-                    self.guest_ipi_sent(k, value, now);
-                }
-                if r == msr::SELF_IPI {
-                    // The x2APIC self-IPI shorthand: a fixed IPI to itself.
-                    self.checker.raised_on(k, value as u8, now);
-                }
+                self.guest_lapic_write_sent(k, r, value, now);
                 (r, value, None)
             }
             // VMMCALL is intercepted by every KVM.

@@ -382,13 +382,7 @@ impl World {
                 (r, value, None)
             }
             Instr::WrMsr { msr: r, value } => {
-                if r == msr::ICR {
-                    self.guest_ipi_sent(k, value, now);
-                }
-                if r == msr::SELF_IPI {
-                    // The x2APIC self-IPI shorthand: a fixed IPI to itself.
-                    self.checker.raised_on(k, value as u8, now);
-                }
+                self.guest_lapic_write_sent(k, r, value, now);
                 // A native kernel knows its CPUs' APIC IDs (the MADT's):
                 // CPU n's is the core's own, not n as in a VM's virtual
                 // x2APIC.
@@ -895,6 +889,18 @@ impl World {
         self.hv.vms[vm].vcpu_stats[index].record_info(&info, service);
         if timer_landed {
             self.timer_exits[info.reason().index()].record(service);
+        }
+    }
+
+    /// What a guest's x2APIC write sends, told to the checker before any
+    /// architecture takes it: an ICR write's IPI, and a SELF IPI write's
+    /// fixed IPI to the writer (VT-x and SVM alike).
+    pub(super) fn guest_lapic_write_sent(&mut self, k: usize, r: u32, value: u64, now: Time) {
+        if r == msr::ICR {
+            self.guest_ipi_sent(k, value, now);
+        }
+        if r == msr::SELF_IPI {
+            self.checker.raised_on(k, value as u8, now);
         }
     }
 
