@@ -47,6 +47,12 @@ pub fn load_scenario(rel: &str, sets: &[&str]) -> Scenario {
     Scenario::load(&p, &sets).expect("scenario loads")
 }
 
+/// Loads the scenario at `rel` (from the repository root) with `sets`
+/// and runs it on the shipped calibration.
+pub fn run_path(rel: &str, sets: &[&str]) -> RunReport {
+    run(&load_scenario(rel, sets))
+}
+
 /// The race explorer's options in the tests: `runs` perturbed runs, up to
 /// 3 µs of jitter, ties shuffled, two threads (the machine's cores).
 pub fn explore_opts(runs: u64) -> exitless::explore::ExploreOptions {

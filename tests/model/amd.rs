@@ -145,12 +145,7 @@ fn vmexit_self_ipis_are_delivered_under_kvm_svm_and_kvm_avic() {
     let mut cycles = Vec::new();
     for scheme in ["kvm-svm", "kvm-avic"] {
         let set = format!("scheme={scheme}");
-        let sc = load_scenario("validation/x86-today/vmexit.toml", &[set.as_str()]);
-        let mut w =
-            exitless::world::World::build(&sc, &exitless::calibration::Calibration::default_host())
-                .expect("builds");
-        w.run(|_| {});
-        let r = w.report();
+        let r = run_path("validation/x86-today/vmexit.toml", &[set.as_str()]);
         assert_eq!(
             r.violations(),
             0,

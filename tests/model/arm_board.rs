@@ -245,7 +245,7 @@ fn the_board_brings_its_own_gigabit_link() {
 #[test]
 fn wake_ups_at_consecutive_ticks_are_not_a_lost_schedule_in() {
     for scheme in ["kvm-arm", "kvm-arm-v4"] {
-        let s = load_scenario(
+        let r = run_path(
             "validation/did-arm/board-ping.toml",
             &[
                 &format!("scheme={scheme}"),
@@ -253,11 +253,6 @@ fn wake_ups_at_consecutive_ticks_are_not_a_lost_schedule_in() {
                 "duration_s=0.5",
             ],
         );
-        let mut w =
-            exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
-                .expect("builds");
-        w.run(|_| {});
-        let r = w.report();
         assert_eq!(
             r.violations(),
             0,

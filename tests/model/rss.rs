@@ -30,12 +30,7 @@ fn native(extra: &[&str]) -> Vec<String> {
 fn run_native(extra: &[&str]) -> exitless::report::RunReport {
     let sets = native(extra);
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    let s = load_scenario("validation/vcanal/ab.toml", &sets);
-    let mut w =
-        exitless::world::World::build(&s, &exitless::calibration::Calibration::default_host())
-            .expect("world builds");
-    w.run(|_| {});
-    w.report()
+    run_path("validation/vcanal/ab.toml", &sets)
 }
 
 /// With eight queues every frame is received once, on some queue (the
