@@ -331,30 +331,34 @@ impl HvState {
     /// Where a device MSI of `vm` delivered through KVM's irq routing
     /// (`kvm_set_irq`) goes: the vCPU KVM's delivery picks, unless ES2's
     /// redirection (§2.7) rewrites the destination of a lowest-priority
-    /// MSI to a running vCPU of its set.
+    /// MSI to a running vCPU of the VM. Any vCPU qualifies, not only the
+    /// MSI's destination set: a guest in flat logical mode (the mode that
+    /// uses lowest-priority delivery, up to 8 CPUs) allocates every device
+    /// vector on all CPUs (Linux 4.4 `flat_vector_allocation_domain`,
+    /// `APIC_ALL_CPUS`, because some CPUs do not honour the destination
+    /// set under lowest priority), so a one-vCPU affinity that irqbalance
+    /// wrote is still redirectable; fixed (physical) mode is not.
     pub fn msi_destination(&mut self, vm: usize) -> usize {
         let v = &self.vms[vm];
-        let redirects =
-            self.redirect[vm].is_some() && v.msi_lowest_priority && v.irq_affinity.len() > 1;
+        let redirects = self.redirect[vm].is_some() && v.msi_lowest_priority;
         if !redirects {
             return self.device_vcpu(vm);
         }
         let original = self.device_home(vm);
         let (vms, vcpus) = (&self.vms, &self.vcpus);
         let r = self.redirect[vm].as_mut().expect("checked above");
-        r.destination(original, &vms[vm].irq_affinity, |c| vcpus[c].index)
+        r.destination(original, &vms[vm].vcpus, |c| vcpus[c].index)
     }
 
     /// Where ES2's redirection would point `vm`'s VT-d posted-format IRTE
-    /// now (None: redirection off, or the MSI is not lowest-priority over
-    /// several vCPUs).
+    /// now (None: redirection off, or the MSI is not lowest-priority).
     pub fn posted_irte_target(&self, vm: usize) -> Option<usize> {
         let v = &self.vms[vm];
-        if !v.msi_lowest_priority || v.irq_affinity.len() < 2 {
+        if !v.msi_lowest_priority {
             return None;
         }
         let r = self.redirect[vm].as_ref()?;
-        r.peek(&v.irq_affinity, |c| self.vcpus[c].index)
+        r.peek(&v.vcpus, |c| self.vcpus[c].index)
     }
 
     /// KVM's preempt notifier `kvm_sched_in`: `vcpu` is about to run.
