@@ -55,7 +55,7 @@ impl MachineSpec {
         )?;
         if self.smt {
             require(
-                c % 2 == 0,
+                c.is_multiple_of(2),
                 "machine",
                 "cores",
                 c,

@@ -60,6 +60,6 @@ fn smt_needs_an_even_number_of_cpus() {
         &whileloop("kvm", "[machine]\ncores = 3\nsmt = true\n"),
         &[],
     );
-    let e = s.err().expect("3 logical CPUs cannot pair").to_string();
+    let e = s.expect_err("3 logical CPUs cannot pair").to_string();
     assert!(e.contains("machine.cores"), "{e}");
 }
