@@ -33,7 +33,10 @@ macro_rules! section {
     };
 }
 
-section!(Cpu { ghz });
+section!(Cpu {
+    ghz,
+    smt_shared_speed
+});
 section!(Vmx {
     exit_entry_roundtrip_us
 });
@@ -457,6 +460,8 @@ pub fn range_of(key: &str) -> Option<Range> {
     Some(match key {
         // Frequencies, divided by: > 0.
         "cpu.ghz" => Range::closed(0.01, 100.0),
+        // A share of a core's speed alone: (0, 1].
+        "cpu.smt_shared_speed" => Range::positive(1.0),
         "jetson.carmel_ghz" | "jetson.altra_ghz" | "jetson.rpi4_ghz" => Range::closed(0.01, 100.0),
         "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
         "host.hz" => Range::closed(1.0, 10_000.0),

@@ -18,6 +18,13 @@ pub struct MachineSpec {
     /// (`jetson-xavier-nx`, arch = "arm64"; calibration `[jetson]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub board: Option<super::board::BoardSpec>,
+    /// Hyper-Threading: the cores are logical CPUs, two per physical
+    /// core, CPU i and i + cores/2 siblings (Linux's enumeration on Intel
+    /// parts). A guest's work on a CPU whose sibling is busy runs at
+    /// calibration `cpu.smt_shared_speed` (docs/calibration-sources.md
+    /// §25). Off: every core is a physical core of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub smt: bool,
 }
 
 impl Default for MachineSpec {
@@ -25,6 +32,7 @@ impl Default for MachineSpec {
         MachineSpec {
             cores: 2,
             board: None,
+            smt: false,
         }
     }
 }
@@ -44,7 +52,23 @@ impl MachineSpec {
             "cores",
             c,
             range,
-        )
+        )?;
+        if self.smt {
+            require(
+                c.is_multiple_of(2),
+                "machine",
+                "cores",
+                c,
+                "even with machine.smt (two threads per physical core)",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// With [`Self::smt`], the Hyper-Threading sibling of logical CPU
+    /// `core`; without, none.
+    pub fn smt_sibling(&self, core: usize) -> Option<usize> {
+        self.smt.then(|| (core + self.cores / 2) % self.cores)
     }
 }
 

@@ -919,6 +919,15 @@ pub struct CyclictestSpec {
     /// takes with `sigwait`).
     #[serde(default)]
     pub mode: CyclictestMode,
+    /// rt-tests' main thread beside the measuring one: it loops on
+    /// `usleep(10000)` for as long as the test runs (`main` of
+    /// `src/cyclictest/cyclictest.c`), a normal-priority task whose
+    /// pending hrtimer the kernel reprograms the clockevent to after each
+    /// of the measuring thread's expiries. This models it as run with
+    /// `-q` (it prints nothing until the end). Off: the measuring thread
+    /// alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub main_thread: bool,
 }
 
 /// cyclictest's wait for the next period (rt-tests `src/cyclictest`,

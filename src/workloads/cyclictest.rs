@@ -105,6 +105,54 @@ impl App for Cyclictest {
     }
 }
 
+/// rt-tests' main thread with `-q`: `while (!shutdown) { ... usleep(10000); }`
+/// (`main` in `src/cyclictest/cyclictest.c`): each pass returns from the
+/// sleep, checks the threads' cycle counts and sleeps again. Its sleep is
+/// relative and, as a normal task's, carries the default timer slack: the
+/// kernel programs the clockevent for the end of the slack
+/// (`hrtimer_start_range_ns`, `current->timer_slack_ns`).
+pub struct CyclictestMain {
+    period: Time,
+    slack: Time,
+    loop_cost: Time,
+    woken: bool,
+}
+
+/// `usleep(10000)` in cyclictest's main loop.
+pub const MAIN_PERIOD_US: u64 = 10_000;
+/// Linux's default timer slack for a normal task, 50 µs
+/// (`init_task.timer_slack_ns`, include/linux/init_task.h, 2.6.28 on).
+pub const TIMER_SLACK_NS: u64 = 50_000;
+
+impl CyclictestMain {
+    /// `period`: the sleep; `slack`: its timer slack; `loop_cost`: one
+    /// pass (system call return and entry, the loop's checks).
+    pub fn new(period: Time, slack: Time, loop_cost: Time) -> Self {
+        CyclictestMain {
+            period,
+            slack,
+            loop_cost,
+            woken: false,
+        }
+    }
+}
+
+impl App for CyclictestMain {
+    fn step(&mut self, sys: &mut Sys) -> TaskStep {
+        if self.woken {
+            self.woken = false;
+            TaskStep::SleepUntil(sys.now + self.period + self.slack)
+        } else {
+            self.woken = true;
+            TaskStep::Compute(self.loop_cost)
+        }
+    }
+
+    /// With `-q` it reports only at the end: the measuring thread's
+    /// metrics are the test's.
+    fn metrics(&self, _out: &mut Metrics) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +180,30 @@ mod tests {
         assert_eq!(c.step(&mut sys), TaskStep::Compute(100_000));
         assert_eq!(c.hist.mean(), 1_700_000);
         assert_eq!(c.step(&mut sys), TaskStep::SleepUntil(2000 * US));
+    }
+
+    #[test]
+    fn the_main_thread_sleeps_relative_with_its_slack() {
+        let mut m = CyclictestMain::new(10_000 * US, 50 * US, 350_000);
+        let mut q: VecDeque<crate::guest::app::Datagram> = VecDeque::new();
+        let mut sys = Sys {
+            now: 0,
+            socket: Some(&mut q),
+            tcp: None,
+            conns: None,
+            blk: None,
+            udp_tx: None,
+            shared: None,
+            vsock: None,
+        };
+        assert_eq!(m.step(&mut sys), TaskStep::Compute(350_000));
+        sys.now = 1_000_000;
+        assert_eq!(
+            m.step(&mut sys),
+            TaskStep::SleepUntil(1_000_000 + 10_050 * US)
+        );
+        sys.now = 20_000 * US;
+        assert_eq!(m.step(&mut sys), TaskStep::Compute(350_000));
     }
 
     /// Without `-n` the signal's delivery and the timer's re-arm lie

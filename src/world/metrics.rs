@@ -316,6 +316,15 @@ impl World {
             metrics.insert("netperf.aggregate_gbps".into(), total * 8.0 / dur / 1e9);
         }
         self.scheme.metrics(&mut metrics);
+        if self.scenario.machine.smt {
+            // The share of the guests' work (planned segments, measured
+            // interval) that ran beside a busy Hyper-Threading sibling.
+            let [all, shared] = self.smt_work;
+            metrics.insert(
+                "host.smt_shared_pct".into(),
+                100.0 * shared as f64 / (all as f64).max(1.0),
+            );
+        }
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur, &self.hv.vms);
         }

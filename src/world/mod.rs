@@ -167,6 +167,14 @@ pub struct World {
     /// Work segments that ended in place, without the queue
     /// (`guest_run_from_segment`).
     segments_in_place: u64,
+    /// Calibration `cpu.smt_shared_speed`: the speed of a guest's work on
+    /// a logical CPU whose Hyper-Threading sibling is busy
+    /// (`machine.smt`).
+    smt_speed: f64,
+    /// With `machine.smt`, in the measured interval: the planned work of
+    /// the guest work segments started, and of those started beside a
+    /// busy sibling.
+    smt_work: [Time; 2],
     /// virtio-vsock's devices, workers, relays and client host, if VMs use it.
     vsock: Option<Box<vsock::VsockPath>>,
 }
@@ -406,14 +414,14 @@ impl World {
         match ev {
             Ev::Segment { core, gen } => {
                 let core = core as usize;
-                let start = self.m.cores[core].seg.start;
+                let work = self.m.cores[core].seg.work;
                 if !self.m.cores[core].complete(gen) {
                     return;
                 }
                 match self.m.cores[core].mode {
                     CoreMode::Guest { .. } | CoreMode::Native { .. } => {
                         let (k, c) = self.kcpu(self.kernel_of(core));
-                        self.guests[k].charge(c, now - start);
+                        self.guests[k].charge(c, work);
                         self.guest_run_from_segment(core);
                     }
                     CoreMode::Host { .. } => self.arch_stage_done(core),
@@ -993,6 +1001,49 @@ impl World {
         );
     }
 
+    /// The speed a guest's (or native kernel's) work runs at on `core`:
+    /// 1 on a core of its own; with Hyper-Threading (`machine.smt`),
+    /// `cpu.smt_shared_speed` while its sibling is busy: a vCPU in guest
+    /// mode or in an exit, a native kernel's CPU, or a host thread running
+    /// there (docs/calibration-sources.md §25). Sampled when a segment
+    /// starts.
+    fn work_speed(&self, core: usize) -> f64 {
+        let Some(sib) = self.m.cores[core].smt_sibling else {
+            return 1.0;
+        };
+        let busy = self.m.cores[sib].mode != CoreMode::Idle
+            || self
+                .sched
+                .as_ref()
+                .is_some_and(|s| s.s.current(sib).is_some());
+        if busy {
+            self.smt_speed
+        } else {
+            1.0
+        }
+    }
+
+    /// Starts a segment of the guest's work `len` on `core` (at the
+    /// core's [`Self::work_speed`]) and schedules its end.
+    fn start_work_segment(&mut self, core: usize, len: Time) {
+        let now = self.q.now();
+        let speed = self.work_speed(core);
+        if self.m.cores[core].smt_sibling.is_some() && now >= self.measure_start {
+            self.smt_work[0] += len;
+            if speed < 1.0 {
+                self.smt_work[1] += len;
+            }
+        }
+        let (end, gen) = self.m.cores[core].start_at(now, len, speed);
+        self.q.schedule(
+            end,
+            Ev::Segment {
+                core: core as u16,
+                gen,
+            },
+        );
+    }
+
     fn pause_guest(&mut self, core: usize) {
         let now = self.q.now();
         let ran = self.m.cores[core].preempt(now);
@@ -1094,7 +1145,8 @@ impl World {
             match action {
                 Action::Compute(d) => {
                     let len = d.min(MAX_SEGMENT);
-                    if from_segment && self.segment_passes_through(now + len) {
+                    let speed = self.work_speed(core);
+                    if from_segment && speed >= 1.0 && self.segment_passes_through(now + len) {
                         // The segment's completion pops next: it ends here
                         // (as `dispatch` of `Ev::Segment` would end it).
                         let (end, gen) = self.m.cores[core].start(now, len);
@@ -1110,11 +1162,14 @@ impl World {
                         }
                         let done = self.m.cores[core].complete(gen);
                         debug_assert!(done);
+                        if self.m.cores[core].smt_sibling.is_some() && now >= self.measure_start {
+                            self.smt_work[0] += len;
+                        }
                         self.segments_in_place += 1;
                         self.guests[k].charge(c, len);
                         continue;
                     }
-                    self.start_segment(core, len);
+                    self.start_work_segment(core, len);
                     return;
                 }
                 Action::Spin => {

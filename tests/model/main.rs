@@ -19,6 +19,7 @@ mod es2_mechanisms;
 mod explore;
 mod fio;
 mod host_scheduler;
+mod hyperthreads;
 mod invariants;
 mod iperf;
 mod kvm2026;

@@ -418,6 +418,8 @@ impl World {
             canal: None,
             vsock: None,
             segments_in_place: 0,
+            smt_speed: cal.cpu.smt_shared_speed.value,
+            smt_work: [0; 2],
         }
     }
 }

@@ -150,6 +150,9 @@ pub(in crate::world) fn build(
     };
     udp_within_link(topo, &link)?;
     let mut m = Machine::new(topo.cores, topo.vcpus.len(), clocks, nic, link);
+    for (i, c) in m.cores.iter_mut().enumerate() {
+        c.smt_sibling = s.machine.smt_sibling(i);
+    }
     let virtualized = topo.virtualized;
     let blk_dev = number_devices(&topo.views, |w| virtualized && w.fio.is_some());
     let net_dev = number_devices(&topo.views, |w| {

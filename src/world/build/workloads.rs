@@ -72,6 +72,22 @@ fn spawn_timer_and_cpu_tasks(
             99,
             false,
         );
+        if c.main_thread {
+            // rt-tests' main thread, a normal task on the same vCPU (the
+            // VM has one): a pass is the sleep's return and re-entry and
+            // the loop's checks.
+            use crate::workloads::cyclictest::{CyclictestMain, MAIN_PERIOD_US, TIMER_SLACK_NS};
+            kernel.spawn_on(
+                cpu,
+                Box::new(CyclictestMain::new(
+                    from_us(MAIN_PERIOD_US as f64),
+                    TIMER_SLACK_NS * crate::engine::NS,
+                    t_ns(&g.syscall_ns) + t_ns(&g.cyclictest_loop_ns),
+                )),
+                0,
+                false,
+            );
+        }
     }
     // The kernel test modules start at an arbitrary moment relative to
     // the tick, as cyclictest does.
