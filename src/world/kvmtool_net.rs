@@ -97,7 +97,12 @@ pub(super) struct HostNicCounters {
 }
 
 impl HostNic {
-    pub(super) fn new(irq_core: usize, nic: NicItr, costs: HostNicCosts, softirqd_wakeup: Time) -> Self {
+    pub(super) fn new(
+        irq_core: usize,
+        nic: NicItr,
+        costs: HostNicCosts,
+        softirqd_wakeup: Time,
+    ) -> Self {
         HostNic {
             irq_core,
             nic,

@@ -352,7 +352,10 @@ pub(super) struct NicItr {
 }
 
 impl NicItr {
-    pub(super) fn new(mode: crate::scenario::PeerItr, p: &crate::workloads::peer::PeerCosts) -> Self {
+    pub(super) fn new(
+        mode: crate::scenario::PeerItr,
+        p: &crate::workloads::peer::PeerCosts,
+    ) -> Self {
         use crate::scenario::PeerItr;
         let adaptive = (mode == PeerItr::Adaptive)
             .then_some(p.rx_adaptive)

@@ -780,13 +780,7 @@ impl World {
             }
             if took {
                 let charged = cx.charged;
-                let charged = (charged
-                    + if nic {
-                        self.host_nic_irq(core)
-                    } else {
-                        0
-                    })
-                .max(1);
+                let charged = (charged + if nic { self.host_nic_irq(core) } else { 0 }).max(1);
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
                 self.start_segment(core, charged);

@@ -257,7 +257,8 @@ pub(in crate::world) fn kvmtool(
             crate::scenario::PeerItr::Adaptive,
             &super::peer_costs(s, cal),
         );
-        crate::world::kvmtool_net::HostNic::new(io[0], itr, costs, t_us(&cal.vhost.wakeup_us))
+        let irq_core = s.net.host_nic_irq_core.unwrap_or(io[0]);
+        crate::world::kvmtool_net::HostNic::new(irq_core, itr, costs, t_us(&cal.vhost.wakeup_us))
     });
     let mut path = crate::world::kvmtool_net::KvmtoolPath::new(
         on.iter()
