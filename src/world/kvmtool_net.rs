@@ -507,3 +507,93 @@ impl World {
 fn k_vm(k: &Option<Box<KvmtoolPath>>, d: usize) -> usize {
     k.as_ref().map_or(0, |k| k.devs[d].vm)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::Calibration;
+    use crate::scenario::Scenario;
+
+    /// A 1-vCPU VM streaming to the load generator across the link through
+    /// kvm-tools' back end, its threads on `io`.
+    fn world(io: usize, sets: &[&str]) -> World {
+        let text = format!(
+            "scheme = \"kvm\"\nseed = 3\nduration_s = 0.02\nwarmup_s = 0.005\n\
+             [machine]\ncores = 8\n[net]\ndevice = \"virtio\"\npeer = \"remote\"\n\
+             backend = \"kvmtool-tap\"\n[host]\nio_cores = [{io}]\n\
+             [workload.netperf]\ntest = \"tcp-stream\"\nmsg_bytes = 16384\n"
+        );
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let s = Scenario::parse(&text, &sets).expect("scenario parses");
+        World::build(&s, &Calibration::default_host()).expect("world builds")
+    }
+
+    /// The bridged host's receive path keeps NAPI's weight (64 frames a
+    /// poll) and `net_rx_action`'s budget (300 frames): past it the rest
+    /// waits for ksoftirqd, whose pass takes it without a hard interrupt;
+    /// each frame costs the driver, the bridge and `tun_net_xmit`.
+    #[test]
+    fn the_host_receive_path_keeps_napis_weight_and_the_softirq_budget() {
+        let w = world(7, &[]);
+        let k = w.kvmtool.expect("kvm-tools' back end");
+        let mut h = k.host_nic.expect("a host NIC for a peer across the link");
+        assert_eq!(h.irq_core, 7, "with the back end's threads");
+        for i in 0..400 {
+            h.ring.push_back((0, Frame::udp(1, 64, i, 0)));
+        }
+        let (t, left) = h.receive(0, true);
+        assert!(left, "budget spent");
+        assert_eq!(h.counters.napi_polls, 5);
+        assert_eq!(h.ring.len(), 400 - 5 * NAPI_WEIGHT);
+        assert_eq!(h.done.len(), 5 * NAPI_WEIGHT, "taken up the stack");
+        assert_eq!(h.counters.softirq_deferrals, 1);
+        assert_eq!(
+            t,
+            h.costs.irq + 5 * h.costs.napi_poll + 320 * h.costs.rx_frame,
+            "the handler, five polls, 320 frames"
+        );
+        let (_, left) = h.receive(t, false);
+        assert!(!left, "ksoftirqd drains the rest");
+        assert!(h.ring.is_empty());
+        assert_eq!(h.counters.irqs, 1, "no hard interrupt for ksoftirqd's pass");
+        // In order, to their VMs.
+        let seqs: Vec<u64> = h
+            .done
+            .iter()
+            .filter_map(|(_, f)| match f.transport {
+                crate::hw::wire::Transport::Udp { seq, .. } => Some(seq),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "frames keep their order"
+        );
+        assert_eq!(seqs.len(), 400);
+    }
+
+    /// `net.host_nic_irq_core` moves the interrupt; outside the machine it
+    /// is refused by key, and without kvm-tools' back end too.
+    #[test]
+    fn the_host_nics_interrupt_core_is_placed_and_checked() {
+        let w = world(1, &["net.host_nic_irq_core=0"]);
+        let h = w.kvmtool.and_then(|k| k.host_nic).expect("host NIC");
+        assert_eq!(h.irq_core, 0);
+        let w = world(1, &[]);
+        let h = w.kvmtool.and_then(|k| k.host_nic).expect("host NIC");
+        assert_eq!(h.irq_core, 1, "with the threads, on the vCPU's core");
+        let text = "scheme = \"kvm\"\nduration_s = 0.01\n[machine]\ncores = 8\n[net]\ndevice = \"virtio\"\n\
+                    peer = \"remote\"\nbackend = \"kvmtool-tap\"\nhost_nic_irq_core = 8\n\
+                    [workload.netperf]\ntest = \"tcp-stream\"\n";
+        let s = Scenario::parse(text, &[]).expect("parses");
+        let e = World::build(&s, &Calibration::default_host())
+            .err()
+            .expect("core 8 of 8 refused")
+            .to_string();
+        assert!(e.contains("host_nic_irq_core"), "{e}");
+        let e = Scenario::parse(text, &["net.backend=vhost".to_string()])
+            .expect_err("vhost has no such path")
+            .to_string();
+        assert!(e.contains("host_nic_irq_core"), "{e}");
+    }
+}
