@@ -205,6 +205,7 @@ section!(Kvmtool {
     tap_read_per_frame_ns,
     copy_per_kib_ns,
     irq_line_ns,
+    tun_xmit_ns,
 });
 section!(Peer {
     rx_segment_ns,

@@ -152,6 +152,12 @@ pub struct NetSpec {
     /// threads under default scheduling, which wakes a thread onto an
     /// idle core).
     pub kvmtool_affinity: bool,
+    /// With `backend = "kvmtool-tap"` and `peer = "remote"`: the core the
+    /// host NIC's interrupt (and its receive path) goes to. Unset: the
+    /// first of `host.io_cores`, where the back end's threads run (the I/O
+    /// core under the paper's affinity; the vCPU's core when they share
+    /// it).
+    pub host_nic_irq_core: Option<usize>,
     /// `device = "virtio-vsock"`: the host relay's buffer, the most one
     /// read and one write move (socat's `-b`, 8192 by default), in bytes.
     pub vsock_relay_buf_bytes: u32,
@@ -234,6 +240,7 @@ impl Default for NetSpec {
             peer_itr: PeerItr::Adaptive,
             backend: NetBackend::Vhost,
             kvmtool_affinity: true,
+            host_nic_irq_core: None,
             vsock_relay_buf_bytes: 8192,
             queues: 1,
             client_port_base: crate::hw::wire::EPHEMERAL_LOW,
@@ -310,6 +317,13 @@ impl NetSpec {
                 "net",
                 "kvmtool_affinity",
                 "false places kvm-tools' threads; it needs net.backend = \"kvmtool-tap\"",
+            );
+        }
+        if self.host_nic_irq_core.is_some() && self.backend != NetBackend::KvmtoolTap {
+            return bad(
+                "net",
+                "host_nic_irq_core",
+                "places the bridged host NIC's interrupt; it needs net.backend = \"kvmtool-tap\"",
             );
         }
         let q = self.queue_size;

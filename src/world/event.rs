@@ -119,6 +119,13 @@ pub enum Ev {
         /// Device d's thread of role r is `d * 3 + r`.
         thread: u16,
     },
+    /// The bridged host NIC's moderated receive interrupt fires (stale if
+    /// it is not the one armed).
+    KvmtoolNicIrq,
+    /// ksoftirqd runs the bridged host's receive path a softirq left over.
+    KvmtoolSoftirqd,
+    /// A softirq of the bridged host ended: its frames are on the taps.
+    KvmtoolHostRxDone,
     /// A block back end's QEMU thread finished a unit of work or woke up.
     BlkStep {
         /// The virtio-blk device whose back end it is.

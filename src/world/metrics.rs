@@ -31,6 +31,9 @@ impl World {
             }
         }
         if let Some(k) = &mut self.kvmtool {
+            if let Some(h) = &mut k.host_nic {
+                h.counters = Default::default();
+            }
             for d in &mut k.devs {
                 d.counters = Default::default();
                 for t in &mut d.threads {
@@ -234,6 +237,23 @@ impl World {
         // The back end's threads' CPU, % of one core (vhost.io_cpu_pct's
         // counterpart).
         metrics.insert("kvmtool.io_cpu_pct".into(), 100.0 * all as f64 / ps);
+        // The host NIC under the bridge: its receive path on its interrupt's
+        // core, and the bridge and xmit in the TX threads' writevs.
+        if let Some(h) = &k.host_nic {
+            let c = &h.counters;
+            let per_s = |n: u64| n as f64 / dur.max(1e-12);
+            for (key, v) in [
+                ("kvmtool.host_nic_irqs_per_s", per_s(c.irqs)),
+                ("kvmtool.host_napi_polls_per_s", per_s(c.napi_polls)),
+                ("kvmtool.host_rx_frames_per_s", per_s(c.rx_frames)),
+                ("kvmtool.host_tx_frames_per_s", per_s(c.tx_frames)),
+                ("kvmtool.host_softirq_deferrals", c.softirq_deferrals as f64),
+                ("kvmtool.host_rx_busy_pct", 100.0 * c.busy as f64 / ps),
+                ("kvmtool.host_tx_busy_pct", 100.0 * c.tx_busy as f64 / ps),
+            ] {
+                metrics.insert(key.into(), v);
+            }
+        }
     }
 
     /// `all.<metric>` for each percentile metric two or more VMs report:

@@ -553,6 +553,9 @@ impl World {
                 self.vsock_eventfd(fd);
             }
             Ev::KvmtoolStep { thread } => self.kvmtool_step(thread as usize),
+            Ev::KvmtoolNicIrq => self.kvmtool_nic_irq(),
+            Ev::KvmtoolSoftirqd => self.kvmtool_softirqd(),
+            Ev::KvmtoolHostRxDone => self.kvmtool_host_rx_done(),
             Ev::BlkStep { dev } => self.blk_step(dev as usize),
             Ev::VhostStep { worker } => self.pv_vhost_step(worker as usize),
             Ev::VhostNapEnd { worker, gen } => self.pv_nap_end(worker as usize, gen),
@@ -981,10 +984,10 @@ impl World {
             nic |= v == crate::hv::host::HOST_NIC_VECTOR;
         }
         if nic {
-            // The host's own NIC (vCanal w/o Affinity) on a core in host
+            // The host's own NIC (vCanal w/o Affinity, the bridged host) on a core in host
             // mode: its receive path runs there, after the one before
             // (the path keeps the core's busy time itself).
-            self.canal_host_nic_irq(core);
+            self.host_nic_irq(core);
         }
     }
 

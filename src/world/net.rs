@@ -575,9 +575,9 @@ impl World {
         };
         match link.attach {
             Attach::Bridge { .. } | Attach::Uplink { .. } => {
-                let vm = link.vm;
+                let (vm, uplink) = (link.vm, matches!(link.attach, Attach::Uplink { .. }));
                 if self.kvmtool.is_some() {
-                    return self.kvmtool_tap_receive(vm, f);
+                    return self.kvmtool_host_receive(vm, f, uplink);
                 }
                 let Some(d) = self.net_dev_of_vm.get(vm).copied().flatten() else {
                     return;

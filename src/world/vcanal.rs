@@ -209,16 +209,16 @@ pub(crate) enum CanalThread {
 
 /// NAPI's weight of the host NIC's queue: frames one poll may take
 /// (ixgbe's `netif_napi_add(..., 64)`).
-const NAPI_WEIGHT: usize = 64;
+pub(super) const NAPI_WEIGHT: usize = 64;
 
 /// `net_rx_action`'s budget for one softirq: `netdev_budget` frames over
 /// every poll (Linux 3.5: 300) ...
-const NETDEV_BUDGET: usize = 300;
+pub(super) const NETDEV_BUDGET: usize = 300;
 
 /// ... and its time limit (Linux 3.5: `jiffies + 2`, 2 ms at HZ=1000;
 /// `netdev_budget_usecs` = 2000 from 4.12). Past either, the softirq is
 /// raised again and ksoftirqd takes it.
-const SOFTIRQ_TIME: Time = 2 * crate::engine::MS;
+pub(super) const SOFTIRQ_TIME: Time = 2 * crate::engine::MS;
 
 /// One vCanal VM.
 struct CanalVm {
@@ -339,20 +339,23 @@ pub(super) struct CanalPath {
 /// after each poll the driver moves the interval by the byte rate
 /// (`guest::itr`).
 #[derive(Clone, Copy, Debug)]
-struct NicItr {
+pub(super) struct NicItr {
     /// Fixed interval (0 with no moderation).
     interval: Time,
-    adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
-    state: Option<crate::guest::itr::DynamicItr>,
+    pub(super) adaptive: Option<(crate::guest::itr::ItrParams, Time)>,
+    pub(super) state: Option<crate::guest::itr::DynamicItr>,
     /// When the armed interrupt fires.
-    armed: Option<Time>,
+    pub(super) armed: Option<Time>,
     /// It fired: the service core takes it between work items.
-    fired: bool,
-    last: Option<Time>,
+    pub(super) fired: bool,
+    pub(super) last: Option<Time>,
 }
 
 impl NicItr {
-    fn new(mode: crate::scenario::PeerItr, p: &crate::workloads::peer::PeerCosts) -> Self {
+    pub(super) fn new(
+        mode: crate::scenario::PeerItr,
+        p: &crate::workloads::peer::PeerCosts,
+    ) -> Self {
         use crate::scenario::PeerItr;
         let adaptive = (mode == PeerItr::Adaptive)
             .then_some(p.rx_adaptive)
@@ -370,11 +373,11 @@ impl NicItr {
         }
     }
 
-    fn moderated(&self) -> bool {
+    pub(super) fn moderated(&self) -> bool {
         self.interval > 0 || self.state.is_some()
     }
 
-    fn current(&self) -> Time {
+    pub(super) fn current(&self) -> Time {
         match (self.state, self.adaptive) {
             (Some(st), Some((_, unit))) => Time::from(st.eitr >> 3) * unit,
             _ => self.interval,

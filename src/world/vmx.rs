@@ -754,7 +754,7 @@ impl World {
                 // interrupt and NAPI poll run in this exit.
                 ExitInfo::ExternalInterrupt {
                     vector: Some(crate::hv::host::HOST_NIC_VECTOR),
-                } => self.canal_host_nic_irq(core),
+                } => self.host_nic_irq(core),
                 _ => 0,
             };
         self.start_segment(core, base + charged);
@@ -780,13 +780,7 @@ impl World {
             }
             if took {
                 let charged = cx.charged;
-                let charged = (charged
-                    + if nic {
-                        self.canal_host_nic_irq(core)
-                    } else {
-                        0
-                    })
-                .max(1);
+                let charged = (charged + if nic { self.host_nic_irq(core) } else { 0 }).max(1);
                 e.stage = Stage::HostIrq;
                 self.exits[core] = Some(e);
                 self.start_segment(core, charged);

@@ -238,3 +238,49 @@ fn free_threads_leave_the_vcpus_core() {
     );
     assert!(f > p, "pinned {p} Gb/s, free {f} Gb/s");
 }
+
+/// The VM host's own stack under the bridge (issue 41): every frame the
+/// TX thread wrote crossed the bridge and the host NIC's xmit inside its
+/// writev, every ACK the RX thread read came up through the host NIC's
+/// interrupt, NAPI and the bridge, and that receive path runs on the core
+/// the NIC's interrupt goes to: on the vCPU's core it costs the vCPU
+/// external-interrupt exits, on an idle core none.
+#[test]
+fn the_bridged_hosts_stack_runs_on_the_interrupts_core() {
+    let dur = 0.04;
+    let mut sets = NO_OFFLOAD.to_vec();
+    let k = run_text(STREAM, &sets);
+    assert_eq!(k.violations(), 0);
+    let tx = metric(&k, "kvmtool.tx_frames");
+    let host_tx = metric(&k, "kvmtool.host_tx_frames_per_s") * dur;
+    assert!(
+        (tx - host_tx).abs() <= 1.0,
+        "{tx} written, {host_tx} through the bridge and xmit"
+    );
+    let rx = metric(&k, "kvmtool.rx_frames");
+    let host_rx = metric(&k, "kvmtool.host_rx_frames_per_s") * dur;
+    assert!(
+        rx > 10.0 && (rx - host_rx).abs() <= 4.0,
+        "{rx} read, {host_rx} up the host's receive path"
+    );
+    assert!(metric(&k, "kvmtool.host_nic_irqs_per_s") > 0.0);
+    assert!(metric(&k, "kvmtool.host_rx_busy_pct") > 0.0);
+    // The bridge and xmit are part of the TX thread's time.
+    assert!(metric(&k, "kvmtool.tx_thread_busy_pct") > metric(&k, "kvmtool.host_tx_busy_pct"));
+    // The threads on core 7, the NIC's interrupt on the vCPU's core 1
+    // (where the guest runs almost all the time), then on idle core 0.
+    sets.push("net.host_nic_irq_core=1");
+    let on_vcpu = run_text(STREAM, &sets);
+    sets.pop();
+    sets.push("net.host_nic_irq_core=0");
+    let on_idle = run_text(STREAM, &sets);
+    assert_eq!(on_vcpu.violations() + on_idle.violations(), 0);
+    let ext = |r| rate(r, "EXTERNAL_INTERRUPT");
+    let irqs = metric(&on_vcpu, "kvmtool.host_nic_irqs_per_s");
+    assert!(
+        ext(&on_vcpu) > ext(&on_idle) + 0.5 * irqs,
+        "external-interrupt exits: {} with the NIC's interrupt on the vCPU's core, {} on core 0 ({irqs} NIC interrupts/s)",
+        ext(&on_vcpu),
+        ext(&on_idle)
+    );
+}

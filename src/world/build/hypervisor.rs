@@ -239,12 +239,33 @@ pub(in crate::world) fn kvmtool(
     let k = &cal.kvmtool;
     let on = devs.virtio_net_devs();
     let tap = cal.vhost.tap_queue_frames.value as usize;
-    Some(crate::world::kvmtool_net::KvmtoolPath::new(
+    let io = io_cores(s, topo);
+    // The host's own NIC, when the peer is across the link: its interrupt
+    // on the first I/O core (with the back end's threads: the I/O core
+    // under Baseline + Affinity, the vCPU's core under Baseline).
+    let host_nic = (s.net.peer == crate::scenario::VirtioPeer::Remote).then(|| {
+        let g = &cal.guest;
+        let costs = crate::world::kvmtool_net::HostNicCosts {
+            irq: from_us(cal.host.irq_handler_us.value),
+            napi_poll: t_ns(&g.napi_poll_base_ns),
+            rx_frame: t_ns(&g.rx_per_packet_ns).saturating_sub(t_ns(&g.rx_protocol_ns))
+                + t_ns(&cal.peer.bridge_ns)
+                + t_ns(&k.tun_xmit_ns),
+            tx_frame: t_ns(&cal.peer.bridge_ns) + t_ns(&g.vf_xmit_ns),
+        };
+        let itr = crate::world::vcanal::NicItr::new(
+            crate::scenario::PeerItr::Adaptive,
+            &super::peer_costs(s, cal),
+        );
+        let irq_core = s.net.host_nic_irq_core.unwrap_or(io[0]);
+        crate::world::kvmtool_net::HostNic::new(irq_core, itr, costs, t_us(&cal.vhost.wakeup_us))
+    });
+    let mut path = crate::world::kvmtool_net::KvmtoolPath::new(
         on.iter()
             .map(|&(vm, d)| KvmtoolNet::new(vm, d, net_kick_fds(d), tap))
             .collect(),
         vec![VIRTIO_NET_VECTORS; on.len()],
-        &io_cores(s, topo),
+        &io,
         KvmtoolCosts {
             wakeup: t_us(&k.wakeup_us),
             syscall: t_ns(&k.syscall_ns),
@@ -254,7 +275,9 @@ pub(in crate::world) fn kvmtool(
             copy_per_kib: t_ns(&k.copy_per_kib_ns),
             irq_line: t_ns(&k.irq_line_ns),
         },
-    ))
+    );
+    path.host_nic = host_nic;
+    Some(path)
 }
 
 /// Each VM's QEMU block path (its own main loop and thread pool), for

@@ -128,6 +128,12 @@ impl World {
                 s.scheme, s.hv.es2_hybrid
             )));
         }
+        if let Some(c) = s.net.host_nic_irq_core.filter(|&c| c >= topo.cores) {
+            return Err(BuildError::Scenario(format!(
+                "net.host_nic_irq_core: {c} must be a core of the machine (0..{})",
+                topo.cores
+            )));
+        }
         let blk = hypervisor::blk_paths(s, cal, &topo, &devs);
         let clockevent = match s.guest.lapic_timer {
             crate::scenario::LapicTimer::Oneshot => {
