@@ -122,7 +122,7 @@ fn erratum_1235_loses_an_ipi_and_the_checker_and_explorer_catch_it() {
 /// without the erratum has no violation.
 #[test]
 fn erratum_1235_is_caught_when_a_tick_later_wakes_the_target() {
-    let text = ipi_to_a_halting_vcpu_ticking("", "periodic");
+    let text = ipi_to_a_halting_vcpu_ticking("[check]\nstranded_us = 200", "periodic");
     let r = run_text(&text, &["hv.avic_erratum_1235=true"]);
     let lost = r
         .invariants
