@@ -354,6 +354,10 @@ impl ArmCalibration {
 /// `calibration` (docs/x86-today.md §5).
 pub const SPR_OVERLAY_TOML: &str = include_str!("../calibration/x86-spr-host.toml");
 
+/// The AMD Zen 4 host (`calibration/x86-zen4-host.toml`): an overlay on
+/// the x86 file, as the Sapphire Rapids one (docs/amd.md §8).
+pub const ZEN4_OVERLAY_TOML: &str = include_str!("../calibration/x86-zen4-host.toml");
+
 /// The calibration shipped with exitless.
 pub const DEFAULT_TOML: &str = include_str!("../calibration/x86-did-host.toml");
 
@@ -731,6 +735,25 @@ mod tests {
         let c = crate::calibration_overlay::apply_to(&base, &o).expect("applies");
         assert_eq!(c.cpu.ghz.value, 2.0);
         assert_eq!(c.vmx.exit_entry_roundtrip_us.value, 0.55);
+    }
+
+    /// The Zen 4 preset layers over the x86 file: every entry tagged, the
+    /// clock as it says, the SVM round trip's cycles kept from the base.
+    #[test]
+    fn the_zen4_overlay_applies() {
+        let base = Calibration::default_host();
+        let o = crate::calibration_overlay::parse_overlay(ZEN4_OVERLAY_TOML, "x86-zen4-host.toml")
+            .expect("parses");
+        assert!(o.len() >= 3);
+        assert!(o
+            .iter()
+            .all(|e| e.source.starts_with("[public]") || e.source.starts_with("[estimate]")));
+        let c = crate::calibration_overlay::apply_to(&base, &o).expect("applies");
+        assert_eq!(c.cpu.ghz.value, 2.4);
+        assert_eq!(
+            c.svm.vmrun_vmexit_roundtrip_us.value,
+            base.svm.vmrun_vmexit_roundtrip_us.value
+        );
     }
 
     #[test]

@@ -53,6 +53,14 @@ pub struct Violation {
 
 const STORED_MAX: usize = 64;
 
+/// A bound for [`Checker::stranded_bound`] (`check.stranded_us = 200`):
+/// far above any wake-up path the schemes have (an IPI's flight bound of
+/// 2 µs, the exit that kicks, the GA-log interrupt: microseconds), and
+/// below a guest tick at HZ=1000, so a wake-up that only the next tick
+/// makes up for is caught. Off by default: it also flags kvm-2026 with
+/// IPIv under halt polling (docs/amd.md), not yet looked into.
+pub const STRANDED_BOUND: Time = 200 * US;
+
 #[derive(Clone)]
 struct VmTrack {
     pending: ApicBitmap,
@@ -82,6 +90,13 @@ struct VmTrack {
     blocked: bool,
     /// When its vCPU was last scheduled in.
     scheduled_in: Time,
+    /// Sleep clock: time its vCPU was blocked (halted, its thread asleep,
+    /// not scheduled in), up to `asleep_since`.
+    asleep: Time,
+    /// Asleep since this time (None: awake).
+    asleep_since: Option<Time>,
+    /// The sleep clock at each pending vector's raise.
+    asleep_at_raise: Box<[Time; 256]>,
 }
 
 impl VmTrack {
@@ -99,6 +114,24 @@ impl VmTrack {
             since: Some(0),
             blocked: false,
             scheduled_in: 0,
+            asleep: 0,
+            asleep_since: None,
+            asleep_at_raise: Box::new([0; 256]),
+        }
+    }
+
+    fn asleep_at(&self, now: Time) -> Time {
+        self.asleep + self.asleep_since.map_or(0, |t| now.saturating_sub(t))
+    }
+
+    fn set_asleep(&mut self, on: bool, now: Time) {
+        match (on, self.asleep_since) {
+            (true, None) => self.asleep_since = Some(now),
+            (false, Some(t)) => {
+                self.asleep += now.saturating_sub(t);
+                self.asleep_since = None;
+            }
+            _ => {}
         }
     }
 
@@ -151,6 +184,13 @@ pub struct Checker {
     /// out (or went out), they waited for that vCPU's schedule-in, however
     /// its siblings ran.
     pub waited_schedule_in: crate::engine::LatencyHistogram,
+    /// An interrupt raised for one vCPU (an IPI, its timer) that was
+    /// pending while that vCPU slept for longer than this in all was
+    /// stranded: whoever raised it neither delivered it nor woke the vCPU,
+    /// and it was taken only when something else woke it (a tick, another
+    /// interrupt) — a lost wake-up even though the run later delivers it
+    /// (erratum 1235: a sender that misses IsRunning cleared).
+    pub stranded_bound: Time,
 }
 
 impl Checker {
@@ -162,6 +202,7 @@ impl Checker {
     /// A checker for vCPUs whose VMs are `vm_of[vcpu]`. Every method but
     /// [`Checker::raised`] names a vCPU.
     pub fn with_vcpus(vm_of: Vec<usize>) -> Self {
+        // stranded_bound: off (Time::MAX) unless the scenario sets it.
         let nvm = vm_of.iter().max().map_or(0, |m| m + 1);
         let mut vcpus_of = vec![Vec::new(); nvm];
         for (c, &vm) in vm_of.iter().enumerate() {
@@ -179,6 +220,7 @@ impl Checker {
             early_tolerance: US,
             descheduled_delay: crate::engine::LatencyHistogram::new(),
             waited_schedule_in: crate::engine::LatencyHistogram::new(),
+            stranded_bound: Time::MAX,
         }
     }
 
@@ -210,6 +252,8 @@ impl Checker {
         let t = &mut self.vms[vcpu];
         let on = t.running || t.blocked;
         t.set_clock_running(on, now);
+        let asleep = t.blocked && !t.running;
+        t.set_asleep(asleep, now);
         let vm = self.vm_of[vcpu];
         let mine = || self.vcpus_of[vm].iter().copied();
         let any = mine().any(|c| self.vms[c].running);
@@ -285,6 +329,7 @@ impl Checker {
             t.pending.set(vector);
             t.first_raise[vector as usize] = at;
             t.clock_at_raise[vector as usize] = t.clock_at(at);
+            t.asleep_at_raise[vector as usize] = t.asleep_at(at);
             if !t.running {
                 t.raised_descheduled.set(vector);
             }
@@ -327,6 +372,9 @@ impl Checker {
         // The vCPU's own interrupts first, then its VM's device interrupts,
         // then a merged raise delivered on its own.
         let spare = |t: &VmTrack| t.spare[vector as usize] > 0;
+        if self.vms[vcpu].pending.test(vector) {
+            self.check_stranded(vcpu, vector, now);
+        }
         let t = if self.vms[vcpu].pending.test(vector) {
             &mut self.vms[vcpu]
         } else if self.devs[vm].pending.test(vector) {
@@ -370,6 +418,36 @@ impl Checker {
             );
         }
         self.vms[vcpu].stack.push(vector);
+    }
+
+    /// `vector`, pending for `vcpu` and now taken: a violation if the vCPU
+    /// slept longer than `stranded_bound` with it pending. A correct
+    /// scheme wakes a blocked vCPU as soon as an interrupt is pending for
+    /// it (kvm_vcpu_kick, the AVIC incomplete-IPI exit, the GA log, a GIC
+    /// doorbell), so its sleep with the interrupt pending is the raise's
+    /// flight and the wake-up path: microseconds.
+    fn check_stranded(&mut self, vcpu: usize, vector: u8, now: Time) {
+        let t = &self.vms[vcpu];
+        let slept = t
+            .asleep_at(now)
+            .saturating_sub(t.asleep_at_raise[vector as usize]);
+        if slept > self.stranded_bound {
+            let raised = t.first_raise[vector as usize];
+            let vm = self.vm_of[vcpu];
+            self.violate_from(
+                now,
+                raised,
+                vm,
+                ViolationKind::Lost,
+                vector,
+                format!(
+                    "raised for vCPU {vcpu} at {:.3} us and delivered only at {:.3} us: it slept {:.3} us with it pending and nobody woke it (stranded)",
+                    as_us(raised),
+                    as_us(now),
+                    as_us(slept)
+                ),
+            );
+        }
     }
 
     /// The handler for `vector` returned (iret).
@@ -523,6 +601,39 @@ mod tests {
         c.finish(100 * crate::engine::MS, crate::engine::MS);
         assert_eq!(c.total(), 0);
         assert_eq!(c.delivered, 1);
+    }
+
+    #[test]
+    fn an_ipi_left_pending_while_its_vcpu_sleeps_is_stranded() {
+        let us = crate::engine::US;
+        let mut c = Checker::with_vcpus(vec![0, 0]);
+        c.stranded_bound = STRANDED_BOUND;
+        // vCPU 1 halts and is put; an IPI raised for it wakes it at once.
+        c.set_running(1, false, 0);
+        c.set_blocked(1, true, 0);
+        c.raised_on(1, 0xfd, 10 * us);
+        c.set_blocked(1, false, 12 * us);
+        c.set_running(1, true, 15 * us);
+        c.handler_entered(1, 0xfd, 16 * us);
+        assert_eq!(c.total(), 0);
+        // Asleep again; this IPI wakes nobody and is taken only after the
+        // tick woke it 900 us later.
+        c.handler_returned(1, 0xfd);
+        c.set_running(1, false, 20 * us);
+        c.set_blocked(1, true, 20 * us);
+        c.raised_on(1, 0xfd, 100 * us);
+        c.set_blocked(1, false, 1000 * us);
+        c.set_running(1, true, 1000 * us);
+        c.handler_entered(1, 0xfd, 1001 * us);
+        assert_eq!(c.count(ViolationKind::Lost), 1);
+        assert!(c.violations()[0].detail.contains("stranded"));
+        // Time runnable in the run queue is not sleep: no violation.
+        c.handler_returned(1, 0xfd);
+        c.set_running(1, false, 1100 * us);
+        c.raised_on(1, 0xfd, 1100 * us);
+        c.set_running(1, true, 3000 * us);
+        c.handler_entered(1, 0xfd, 3001 * us);
+        assert_eq!(c.count(ViolationKind::Lost), 1);
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub fn file_name(file: &str) -> &'static str {
     match file {
         "arm" => "calibration/arm-kvm-host.toml",
         "x86-spr" => "calibration/x86-spr-host.toml",
+        "x86-zen4" => "calibration/x86-zen4-host.toml",
         _ => "calibration/x86-did-host.toml",
     }
 }
@@ -112,15 +113,22 @@ pub fn calibration_entries(cal: &Calibration) -> Vec<CalEntry> {
 }
 
 /// The entries of the preset overlays shipped beside the two files
-/// (`calibration/x86-spr-host.toml`), as the files have them: listed by
+/// (`calibration/x86-spr-host.toml`, `calibration/x86-zen4-host.toml`), as
+/// the files have them: listed by
 /// `exitless calibration`, never varied (an overlay is applied with
 /// `--calibration`, and its entries are then the calibration's).
 pub fn preset_entries() -> Vec<CalEntry> {
     let mut out = Vec::new();
-    let files = [(
-        "x86-spr",
-        toml::from_str::<toml::Value>(crate::calibration::SPR_OVERLAY_TOML).ok(),
-    )];
+    let files = [
+        (
+            "x86-spr",
+            toml::from_str::<toml::Value>(crate::calibration::SPR_OVERLAY_TOML).ok(),
+        ),
+        (
+            "x86-zen4",
+            toml::from_str::<toml::Value>(crate::calibration::ZEN4_OVERLAY_TOML).ok(),
+        ),
+    ];
     entries_of(&files, &mut out);
     out
 }

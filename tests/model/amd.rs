@@ -66,9 +66,14 @@ fn amd_schemes_have_no_failing_interleaving() {
 /// vCPU 0 idles in HLT and wakes only for the reschedule IPI vCPU 1
 /// sends it per datagram (NO_HZ idle: no tick wakes it).
 fn ipi_to_a_halting_vcpu(extra: &str) -> String {
+    ipi_to_a_halting_vcpu_ticking(extra, "nohz-idle")
+}
+
+/// The same, with the guest's tick mode `tick`.
+fn ipi_to_a_halting_vcpu_ticking(extra: &str, tick: &str) -> String {
     format!(
         "name = \"t\"\nscheme = \"kvm-avic\"\nseed = 2\nduration_s = 0.05\nwarmup_s = 0.005\n{extra}\n\
-         [guest]\nidle = \"halt\"\ntick = \"nohz-idle\"\n[machine]\ncores = 3\n[[vm]]\nvcpus = 2\n\
+         [guest]\nidle = \"halt\"\ntick = \"{tick}\"\n[machine]\ncores = 3\n[[vm]]\nvcpus = 2\n\
          cores = [1, 2]\napp_vcpu = 0\nirq_affinity = [1]\n[vm.workload.udp]\nrate_pps = 20000\n"
     )
 }
@@ -108,6 +113,31 @@ fn erratum_1235_loses_an_ipi_and_the_checker_and_explorer_catch_it() {
     let x = explore(&s, &Calibration::default_host(), opts(6), |_, _| {}).unwrap();
     assert!(x.failing_runs > 0);
     assert!(x.counterexample.is_some_and(|c| !c.violations.is_empty()));
+}
+
+/// With a periodic tick the vCPU the stale IsRunning left asleep is woken
+/// by its next tick and takes the IPI then: nothing is pending at the end
+/// of the run, but the checker's stranded rule sees it slept with the IPI
+/// pending for longer than any wake-up path takes. The same scenario
+/// without the erratum has no violation.
+#[test]
+fn erratum_1235_is_caught_when_a_tick_later_wakes_the_target() {
+    let text = ipi_to_a_halting_vcpu_ticking("[check]\nstranded_us = 200", "periodic");
+    let r = run_text(&text, &["hv.avic_erratum_1235=true"]);
+    let lost = r
+        .invariants
+        .counts
+        .get(&exitless::check::ViolationKind::Lost)
+        .copied()
+        .unwrap_or(0);
+    assert!(lost > 0, "{:?}", r.invariants.violations.first());
+    assert!(r
+        .invariants
+        .violations
+        .iter()
+        .any(|v| v.detail.contains("stranded")));
+    let r = run_text(&text, &[]);
+    assert_eq!(r.violations(), 0, "{:?}", r.invariants.violations.first());
 }
 
 #[test]

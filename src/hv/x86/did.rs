@@ -211,10 +211,16 @@ impl Scheme for Did {
         if reg == msr::TSC_DEADLINE {
             self.uncovered_writes += 1;
         }
-        if reg == msr::ICR {
+        if matches!(reg, msr::ICR | msr::SELF_IPI) {
             // did.md open point 9: guest IPIs trap; each target gets the
             // vector as a virtual interrupt (§4.3: a fixed IPI to its core
-            // if it runs, else queued for its schedule-in).
+            // if it runs, else queued for its schedule-in). A self-IPI is
+            // the case "the source shares M's core": the sender is in host
+            // mode for this exit, so the vector waits in the self-IPI
+            // bitmap and is self-IPI'd at entry. The x2APIC SELF IPI
+            // register is the same fixed IPI to self (SDM 10.12.11) and
+            // must take the same path: the shadow register file alone
+            // latches nothing on the LAPIC the guest owns.
             return kvm::exit(self, cx, vcpu, info);
         }
         let out = vlapic::emulate_write(cx, vcpu, reg, value);

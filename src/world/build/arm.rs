@@ -385,6 +385,7 @@ pub(in crate::world) fn build(
         }
     }
     let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
+    checker.stranded_bound = super::boot::stranded_bound(s.check.stranded_us);
     for (k, p) in topo.vcpus.iter().enumerate() {
         if topo.first_on_core[p.core] != Some(k) {
             checker.set_running(k, false, 0);

@@ -137,6 +137,15 @@ fn first_events(
     rng
 }
 
+/// The checker's stranded bound for `check.stranded_us` (0: off).
+pub(super) fn stranded_bound(us: f64) -> Time {
+    if us > 0.0 {
+        from_us(us)
+    } else {
+        Time::MAX
+    }
+}
+
 /// Powers the platform on and returns the runnable world.
 pub(in crate::world) fn power_on(
     s: &Scenario,
@@ -168,6 +177,7 @@ pub(in crate::world) fn power_on(
     let mut q = EventQueue::with_capacity(4096);
     let mut checker = Checker::with_vcpus(topo.vcpus.iter().map(|p| p.vm).collect());
     checker.early_tolerance = devs.apic_timer_period * 2;
+    checker.stranded_bound = stranded_bound(s.check.stranded_us);
     {
         let mut cx = HvCx {
             now: 0,
