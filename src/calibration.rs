@@ -246,6 +246,71 @@ pub struct Calibration {
     /// dotted keys (`kvm.halt_poll_us`; see `calibration_overlay`).
     #[serde(skip, default = "ArmCalibration::default_arm")]
     pub arm: ArmCalibration,
+    /// The RISC-V host's calibration (its own file,
+    /// `calibration/riscv-kvm-host.toml`), which RISC-V worlds use; reached
+    /// by an overlay's dotted keys as the ARM file's are.
+    #[serde(skip, default = "RiscvCalibration::default_riscv")]
+    pub riscv: RiscvCalibration,
+}
+
+/// RISC-V section `hs`: the trap path's hardware costs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvHs {
+    pub world_switch_ns: Entry,
+    pub insn_decode_ns: Entry,
+}
+
+/// RISC-V section `kvm_riscv`: KVM RISC-V's handlers.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvKvm {
+    pub swfile_emulate_ns: Entry,
+    pub sbi_call_ns: Entry,
+    pub mmio_emulate_ns: Entry,
+    pub plic_emulate_ns: Entry,
+    pub vsfile_move_ns: Entry,
+    pub host_irq_ns: Entry,
+    pub vcpu_wakeup_us: Entry,
+}
+
+/// RISC-V section `aia`: the interrupt fabric.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvAia {
+    pub msi_latency_ns: Entry,
+    pub timebase_mhz: Entry,
+}
+
+/// The RISC-V host's calibration (`calibration/riscv-kvm-host.toml`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvCalibration {
+    pub hs: RiscvHs,
+    pub kvm_riscv: RiscvKvm,
+    pub aia: RiscvAia,
+}
+
+/// The RISC-V calibration shipped with exitless.
+pub const RISCV_DEFAULT_TOML: &str = include_str!("../calibration/riscv-kvm-host.toml");
+
+impl RiscvCalibration {
+    /// Parses and checks a RISC-V calibration file's text.
+    pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
+        let c: RiscvCalibration = toml::from_str(text)?;
+        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
+        check(&v, "")?;
+        Ok(c)
+    }
+
+    /// The shipped RISC-V calibration.
+    pub fn default_riscv() -> Self {
+        Self::from_toml(RISCV_DEFAULT_TOML).expect("shipped RISC-V calibration parses")
+    }
 }
 
 /// ARM section `el2`: the exit path's hardware costs.
@@ -459,6 +524,7 @@ pub fn range_of(key: &str) -> Option<Range> {
         "cpu.ghz" => Range::closed(0.01, 100.0),
         "jetson.carmel_ghz" | "jetson.altra_ghz" | "jetson.rpi4_ghz" => Range::closed(0.01, 100.0),
         "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
+        "aia.timebase_mhz" => Range::closed(0.001, 10_000.0),
         "host.hz" => Range::closed(1.0, 10_000.0),
         "nic.link_gbps" | "jetson.link_gbps" => Range::closed(0.001, 1000.0),
         // 82599 EITR interval granularity: 2.048 µs at 10 GbE, and larger

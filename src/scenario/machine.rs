@@ -18,6 +18,11 @@ pub struct MachineSpec {
     /// (`jetson-xavier-nx`, arch = "arm64"; calibration `[jetson]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub board: Option<super::board::BoardSpec>,
+    /// `arch = "riscv64"`: guest interrupt files per hart's IMSIC (the H
+    /// extension's GEILEN; default 5, as QEMU `virt`'s `aia-guests` and a
+    /// 4 KiB-aligned 8-page IMSIC region per hart hold with the S file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riscv_guest_files: Option<usize>,
 }
 
 impl Default for MachineSpec {
@@ -25,6 +30,7 @@ impl Default for MachineSpec {
         MachineSpec {
             cores: 2,
             board: None,
+            riscv_guest_files: None,
         }
     }
 }

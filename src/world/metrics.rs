@@ -43,6 +43,9 @@ impl World {
         if let Some(a) = &mut self.el2 {
             a.reset_stats();
         }
+        if let Some(h) = &mut self.hs {
+            h.reset_stats();
+        }
         if let Some(e) = &mut self.event_exits {
             e.reset();
         }
@@ -318,6 +321,9 @@ impl World {
         self.scheme.metrics(&mut metrics);
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur, &self.hv.vms);
+        }
+        if let Some(h) = &self.hs {
+            h.metrics(&mut metrics, dur);
         }
         if let Some(e) = &self.event_exits {
             e.metrics(&mut metrics);
