@@ -591,6 +591,8 @@ impl Calibration {
         // The ARM entries are not clock-tagged (the ARM host's file gives
         // costs at its own core): carried over as they are.
         out.arm = self.arm.clone();
+        // So are the RISC-V file's (its costs are at its own harts' clock).
+        out.riscv = self.riscv.clone();
         out
     }
 
@@ -634,6 +636,21 @@ impl Calibration {
             std::sync::OnceLock::new();
         let shipped = SHIPPED_ARM.get_or_init(|| entry_values(&ArmCalibration::default_arm()));
         if let Ok(v) = toml::Value::try_from(&self.arm) {
+            let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
+                if let Ok(e) = toml::Value::Table(t.clone()).try_into::<Entry>() {
+                    if shipped.get(path) != Some(&e.value.to_bits()) {
+                        out.insert(path.to_string(), e);
+                    }
+                }
+                Ok(())
+            });
+        }
+        // And the RISC-V file's.
+        static SHIPPED_RISCV: std::sync::OnceLock<std::collections::BTreeMap<String, u64>> =
+            std::sync::OnceLock::new();
+        let shipped =
+            SHIPPED_RISCV.get_or_init(|| entry_values(&RiscvCalibration::default_riscv()));
+        if let Ok(v) = toml::Value::try_from(&self.riscv) {
             let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
                 if let Ok(e) = toml::Value::Table(t.clone()).try_into::<Entry>() {
                     if shipped.get(path) != Some(&e.value.to_bits()) {
@@ -813,6 +830,35 @@ mod tests {
             ArmCalibration::from_toml(&bad),
             Err(CalibrationError::OutOfRange { ref key, .. }) if key == "el2.world_switch_ns"
         ));
+    }
+
+    #[test]
+    fn shipped_riscv_file_parses_with_tagged_sources_and_an_overlay_reaches_it() {
+        let c = RiscvCalibration::default_riscv();
+        assert_eq!(c.hs.world_switch_ns.value, 150.0);
+        for line in RISCV_DEFAULT_TOML
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#') && l.contains("source"))
+        {
+            assert!(
+                ["[paper]", "[public]", "[estimate]"]
+                    .iter()
+                    .any(|t| line.contains(t)),
+                "untagged source: {line}"
+            );
+        }
+        let bad = RISCV_DEFAULT_TOML.replace("value = 150.0", "value = -1.0");
+        assert!(matches!(
+            RiscvCalibration::from_toml(&bad),
+            Err(CalibrationError::OutOfRange { ref key, .. }) if key == "hs.world_switch_ns"
+        ));
+        // A dotted key reaches the RISC-V file; the ARM file is untouched
+        // and the change is reported as provenance.
+        let o = crate::calibration_overlay::layered(None, &["hs.world_switch_ns=300".into()])
+            .expect("applies");
+        assert_eq!(o.riscv.hs.world_switch_ns.value, 300.0);
+        assert_eq!(o.arm.el2.world_switch_ns.value, 153.0);
+        assert!(o.changes_from_shipped().contains_key("hs.world_switch_ns"));
     }
 
     #[test]

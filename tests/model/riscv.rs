@@ -215,3 +215,18 @@ fn a_riscv_run_is_deterministic() {
         serde_json::to_string(&b.metrics).unwrap()
     );
 }
+
+#[test]
+fn the_riscv_calibration_reaches_the_world() {
+    // The vCPU thread's wake-up is on the IPI path to a blocked receiver:
+    // doubling it moves the latency by the difference.
+    let base = run_path("validation/riscv/ipi.toml", &["duration_s=0.02"]);
+    let cal = exitless::calibration_overlay::layered(None, &["kvm_riscv.vcpu_wakeup_us=6".into()])
+        .unwrap();
+    let s = scenario("validation/riscv/ipi.toml", &["duration_s=0.02"]);
+    let mut w = exitless::world::World::build(&s, &cal).unwrap();
+    w.run(|_| {});
+    let slow = w.report();
+    let d = metric(&slow, "ipi.latency_p50_us") - metric(&base, "ipi.latency_p50_us");
+    assert!((2.9..=3.1).contains(&d), "{d}");
+}
