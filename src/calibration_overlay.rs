@@ -121,11 +121,19 @@ fn check_key(
     }
 }
 
-/// The sections of both files, in words, for an error.
+/// The sections of the files, in words, for an error.
 fn sections(base: &toml::Table, arm: &toml::Table) -> String {
     let x: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
-    let a: Vec<&str> = arm.keys().map(|s| s.as_str()).collect();
-    format!("sections: {}; ARM sections: {}", x.join(", "), a.join(", "))
+    let (r, a): (Vec<&str>, Vec<&str>) = arm
+        .keys()
+        .map(|s| s.as_str())
+        .partition(|s| RISCV_SECTIONS.contains(s));
+    format!(
+        "sections: {}; ARM sections: {}; RISC-V sections: {}",
+        x.join(", "),
+        a.join(", "),
+        r.join(", ")
+    )
 }
 
 fn number(v: &toml::Value) -> Option<f64> {
