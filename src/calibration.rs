@@ -250,6 +250,71 @@ pub struct Calibration {
     /// dotted keys (`kvm.halt_poll_us`; see `calibration_overlay`).
     #[serde(skip, default = "ArmCalibration::default_arm")]
     pub arm: ArmCalibration,
+    /// The RISC-V host's calibration (its own file,
+    /// `calibration/riscv-kvm-host.toml`), which RISC-V worlds use; reached
+    /// by an overlay's dotted keys as the ARM file's are.
+    #[serde(skip, default = "RiscvCalibration::default_riscv")]
+    pub riscv: RiscvCalibration,
+}
+
+/// RISC-V section `hs`: the trap path's hardware costs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvHs {
+    pub world_switch_ns: Entry,
+    pub insn_decode_ns: Entry,
+}
+
+/// RISC-V section `kvm_riscv`: KVM RISC-V's handlers.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvKvm {
+    pub swfile_emulate_ns: Entry,
+    pub sbi_call_ns: Entry,
+    pub mmio_emulate_ns: Entry,
+    pub plic_emulate_ns: Entry,
+    pub vsfile_move_ns: Entry,
+    pub host_irq_ns: Entry,
+    pub vcpu_wakeup_us: Entry,
+}
+
+/// RISC-V section `aia`: the interrupt fabric.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvAia {
+    pub msi_latency_ns: Entry,
+    pub timebase_mhz: Entry,
+}
+
+/// The RISC-V host's calibration (`calibration/riscv-kvm-host.toml`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RiscvCalibration {
+    pub hs: RiscvHs,
+    pub kvm_riscv: RiscvKvm,
+    pub aia: RiscvAia,
+}
+
+/// The RISC-V calibration shipped with exitless.
+pub const RISCV_DEFAULT_TOML: &str = include_str!("../calibration/riscv-kvm-host.toml");
+
+impl RiscvCalibration {
+    /// Parses and checks a RISC-V calibration file's text.
+    pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
+        let c: RiscvCalibration = toml::from_str(text)?;
+        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
+        check(&v, "")?;
+        Ok(c)
+    }
+
+    /// The shipped RISC-V calibration.
+    pub fn default_riscv() -> Self {
+        Self::from_toml(RISCV_DEFAULT_TOML).expect("shipped RISC-V calibration parses")
+    }
 }
 
 /// ARM section `el2`: the exit path's hardware costs.
@@ -469,6 +534,7 @@ pub fn range_of(key: &str) -> Option<Range> {
         "cpu.smt_shared_speed" => Range::positive(1.0),
         "jetson.carmel_ghz" | "jetson.altra_ghz" | "jetson.rpi4_ghz" => Range::closed(0.01, 100.0),
         "apic.bus_mhz" => Range::closed(1.0, 10_000.0),
+        "aia.timebase_mhz" => Range::closed(0.001, 10_000.0),
         "host.hz" => Range::closed(1.0, 10_000.0),
         "nic.link_gbps" | "jetson.link_gbps" => Range::closed(0.001, 1000.0),
         // 82599 EITR interval granularity: 2.048 µs at 10 GbE, and larger
@@ -535,6 +601,8 @@ impl Calibration {
         // The ARM entries are not clock-tagged (the ARM host's file gives
         // costs at its own core): carried over as they are.
         out.arm = self.arm.clone();
+        // So are the RISC-V file's (its costs are at its own harts' clock).
+        out.riscv = self.riscv.clone();
         out
     }
 
@@ -578,6 +646,21 @@ impl Calibration {
             std::sync::OnceLock::new();
         let shipped = SHIPPED_ARM.get_or_init(|| entry_values(&ArmCalibration::default_arm()));
         if let Ok(v) = toml::Value::try_from(&self.arm) {
+            let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
+                if let Ok(e) = toml::Value::Table(t.clone()).try_into::<Entry>() {
+                    if shipped.get(path) != Some(&e.value.to_bits()) {
+                        out.insert(path.to_string(), e);
+                    }
+                }
+                Ok(())
+            });
+        }
+        // And the RISC-V file's.
+        static SHIPPED_RISCV: std::sync::OnceLock<std::collections::BTreeMap<String, u64>> =
+            std::sync::OnceLock::new();
+        let shipped =
+            SHIPPED_RISCV.get_or_init(|| entry_values(&RiscvCalibration::default_riscv()));
+        if let Ok(v) = toml::Value::try_from(&self.riscv) {
             let _ = for_each_entry(&v, "", &mut |path, t| -> Result<(), ()> {
                 if let Ok(e) = toml::Value::Table(t.clone()).try_into::<Entry>() {
                     if shipped.get(path) != Some(&e.value.to_bits()) {
@@ -776,6 +859,35 @@ mod tests {
             ArmCalibration::from_toml(&bad),
             Err(CalibrationError::OutOfRange { ref key, .. }) if key == "el2.world_switch_ns"
         ));
+    }
+
+    #[test]
+    fn shipped_riscv_file_parses_with_tagged_sources_and_an_overlay_reaches_it() {
+        let c = RiscvCalibration::default_riscv();
+        assert_eq!(c.hs.world_switch_ns.value, 150.0);
+        for line in RISCV_DEFAULT_TOML
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#') && l.contains("source"))
+        {
+            assert!(
+                ["[paper]", "[public]", "[estimate]"]
+                    .iter()
+                    .any(|t| line.contains(t)),
+                "untagged source: {line}"
+            );
+        }
+        let bad = RISCV_DEFAULT_TOML.replace("value = 150.0", "value = -1.0");
+        assert!(matches!(
+            RiscvCalibration::from_toml(&bad),
+            Err(CalibrationError::OutOfRange { ref key, .. }) if key == "hs.world_switch_ns"
+        ));
+        // A dotted key reaches the RISC-V file; the ARM file is untouched
+        // and the change is reported as provenance.
+        let o = crate::calibration_overlay::layered(None, &["hs.world_switch_ns=300".into()])
+            .expect("applies");
+        assert_eq!(o.riscv.hs.world_switch_ns.value, 300.0);
+        assert_eq!(o.arm.el2.world_switch_ns.value, 153.0);
+        assert!(o.changes_from_shipped().contains_key("hs.world_switch_ns"));
     }
 
     #[test]

@@ -15,7 +15,15 @@
 //! (`kvm.halt_poll_us`, `gic.its_translate_ns`, `guest.virtual_eoi_ns`).
 //! The two files share only the `[guest]` section's name, and no key.
 
-use crate::calibration::{ArmCalibration, Calibration, ARM_DEFAULT_TOML, DEFAULT_TOML};
+use crate::calibration::{
+    ArmCalibration, Calibration, RiscvCalibration, ARM_DEFAULT_TOML, DEFAULT_TOML,
+    RISCV_DEFAULT_TOML,
+};
+
+/// The sections of the RISC-V file (`calibration/riscv-kvm-host.toml`),
+/// which shares no section name with the ARM file: an overlay reaches
+/// both through one table of the non-x86 files, split again on apply.
+const RISCV_SECTIONS: [&str; 3] = ["hs", "kvm_riscv", "aia"];
 
 /// One overlaid entry: dotted key, value, source.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,8 +54,11 @@ fn default_table() -> toml::Table {
 }
 
 fn default_arm_table() -> toml::Table {
-    // The shipped ARM file parses (a unit test of `calibration` says so).
-    toml::from_str(ARM_DEFAULT_TOML).unwrap_or_default()
+    // The shipped ARM and RISC-V files parse (unit tests of `calibration`
+    // say so); their sections are apart.
+    let mut t: toml::Table = toml::from_str(ARM_DEFAULT_TOML).unwrap_or_default();
+    t.extend(toml::from_str::<toml::Table>(RISCV_DEFAULT_TOML).unwrap_or_default());
+    t
 }
 
 /// Which calibration file an overlaid key belongs to.
@@ -110,11 +121,19 @@ fn check_key(
     }
 }
 
-/// The sections of both files, in words, for an error.
+/// The sections of the files, in words, for an error.
 fn sections(base: &toml::Table, arm: &toml::Table) -> String {
     let x: Vec<&str> = base.keys().map(|s| s.as_str()).collect();
-    let a: Vec<&str> = arm.keys().map(|s| s.as_str()).collect();
-    format!("sections: {}; ARM sections: {}", x.join(", "), a.join(", "))
+    let (r, a): (Vec<&str>, Vec<&str>) = arm
+        .keys()
+        .map(|s| s.as_str())
+        .partition(|s| RISCV_SECTIONS.contains(s));
+    format!(
+        "sections: {}; ARM sections: {}; RISC-V sections: {}",
+        x.join(", "),
+        a.join(", "),
+        r.join(", ")
+    )
 }
 
 fn number(v: &toml::Value) -> Option<f64> {
@@ -225,7 +244,8 @@ pub fn apply(entries: &[OverlayEntry]) -> Result<Calibration, String> {
 /// testbed overlay over whatever calibration the command line gave.
 pub fn apply_to(cal: &Calibration, entries: &[OverlayEntry]) -> Result<Calibration, String> {
     let base = toml::Table::try_from(cal).map_err(|e| e.to_string())?;
-    let arm = toml::Table::try_from(&cal.arm).map_err(|e| e.to_string())?;
+    let mut arm = toml::Table::try_from(&cal.arm).map_err(|e| e.to_string())?;
+    arm.extend(toml::Table::try_from(&cal.riscv).map_err(|e| e.to_string())?);
     apply_table(base, arm, entries)
 }
 
@@ -266,8 +286,13 @@ fn apply_table(
     }
     let text = toml::to_string(&base).map_err(|e| e.to_string())?;
     let mut cal = Calibration::from_toml(&text).map_err(|e| e.to_string())?;
+    let (riscv, arm): (toml::Table, toml::Table) = arm
+        .into_iter()
+        .partition(|(sec, _)| RISCV_SECTIONS.contains(&sec.as_str()));
     let text = toml::to_string(&arm).map_err(|e| e.to_string())?;
     cal.arm = ArmCalibration::from_toml(&text).map_err(|e| format!("ARM {e}"))?;
+    let text = toml::to_string(&riscv).map_err(|e| e.to_string())?;
+    cal.riscv = RiscvCalibration::from_toml(&text).map_err(|e| format!("RISC-V {e}"))?;
     Ok(cal)
 }
 

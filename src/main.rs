@@ -476,6 +476,13 @@ fn real_main(cli: Cli) -> Result<ExitCode, Failure> {
             for (name, what) in arm {
                 text.push_str(&format!("{name:<11} {what}\n"));
             }
+            text.push_str("\nwith arch = \"riscv64\":\n");
+            let riscv = exitless::hv::riscv::RISCV_SCHEMES
+                .iter()
+                .zip(exitless::hv::riscv::RISCV_SCHEME_SUMMARIES);
+            for (name, what) in riscv {
+                text.push_str(&format!("{name:<11} {what}\n"));
+            }
             emit(&text)?;
         }
         Cmd::Calibration(a) => cli::calibration_cmd(a, &cal)?,

@@ -94,6 +94,7 @@ pub struct CalEntry {
 pub fn file_name(file: &str) -> &'static str {
     match file {
         "arm" => "calibration/arm-kvm-host.toml",
+        "riscv" => "calibration/riscv-kvm-host.toml",
         "x86-spr" => "calibration/x86-spr-host.toml",
         "x86-zen4" => "calibration/x86-zen4-host.toml",
         _ => "calibration/x86-did-host.toml",
@@ -107,6 +108,7 @@ pub fn calibration_entries(cal: &Calibration) -> Vec<CalEntry> {
     let files = [
         ("x86", toml::Value::try_from(cal).ok()),
         ("arm", toml::Value::try_from(&cal.arm).ok()),
+        ("riscv", toml::Value::try_from(&cal.riscv).ok()),
     ];
     entries_of(&files, &mut out);
     out
@@ -322,7 +324,8 @@ pub fn perturb(cal: &Calibration, members: &[String], factor: f64) -> Result<Cal
 /// variation's calibration to its workers.
 pub fn overlay_text(cal: &Calibration) -> Result<String, String> {
     let mut t = toml::Table::try_from(cal).map_err(|e| e.to_string())?;
-    let arm = toml::Table::try_from(&cal.arm).map_err(|e| e.to_string())?;
+    let mut arm = toml::Table::try_from(&cal.arm).map_err(|e| e.to_string())?;
+    arm.extend(toml::Table::try_from(&cal.riscv).map_err(|e| e.to_string())?);
     for (sec, entries) in arm {
         match (t.get_mut(&sec).and_then(|x| x.as_table_mut()), entries) {
             (Some(x), toml::Value::Table(a)) => x.extend(a),
@@ -393,6 +396,22 @@ impl Target {
                     })
                 })
                 .unwrap_or(false),
+        }
+    }
+
+    /// Whether some world the target builds is a RISC-V one (the only
+    /// readers of the RISC-V file).
+    pub fn builds_riscv(&self, sets: &[String]) -> bool {
+        let riscv = crate::scenario::ArchSpec::Riscv64;
+        match self {
+            Target::Scenario { scenario, .. } => scenario.arch == riscv,
+            Target::Paper { paper, only } => paper_scenarios(paper, only.as_deref())
+                .map(|files| {
+                    files
+                        .iter()
+                        .any(|f| Scenario::load(f, sets).is_ok_and(|s| s.arch == riscv))
+                })
+                .unwrap_or(true),
         }
     }
 
@@ -617,11 +636,18 @@ pub fn plan(
     let shown = calibration_entries(&shown_cal);
     let selected = select(&shown, patterns)?;
     let x86_only = target.x86_only(sets);
+    let riscv = target.builds_riscv(sets);
     let mut skipped = Vec::new();
     let mut kept = Vec::new();
     for k in selected {
         let file = shown.iter().find(|e| e.key == k).map(|e| e.file);
-        if x86_only && file == Some("arm") {
+        if file == Some("riscv") && !riscv {
+            skipped.push(Skipped {
+                entry: k,
+                reason: "a RISC-V entry; the target builds no RISC-V world, which alone reads the RISC-V file"
+                    .into(),
+            });
+        } else if x86_only && file == Some("arm") {
             skipped.push(Skipped {
                 entry: k,
                 reason:

@@ -206,7 +206,8 @@ def resolve(
 
 def schemes() -> list[tuple[str, str]]:
     """The delivery schemes as (name, summary) pairs: the x86 ones, then the
-    arm64 ones (their summaries start with ``(arch = "arm64")``)."""
+    arm64 ones (their summaries start with ``(arch = "arm64")``), then the
+    riscv64 ones (``(arch = "riscv64")``)."""
     return list(_exitless.schemes())
 
 

@@ -233,7 +233,12 @@ fn schemes() -> Vec<(&'static str, String)> {
             .iter()
             .map(|s| format!("(arch = \"arm64\") {s}")),
     );
-    x86.chain(arm).collect()
+    let riscv = exitless::hv::riscv::RISCV_SCHEMES.iter().copied().zip(
+        exitless::hv::riscv::RISCV_SCHEME_SUMMARIES
+            .iter()
+            .map(|s| format!("(arch = \"riscv64\") {s}")),
+    );
+    x86.chain(arm).chain(riscv).collect()
 }
 
 /// The shipped calibration's TOML text.

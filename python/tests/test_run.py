@@ -155,6 +155,8 @@ def test_schemes_lists_every_scheme():
     assert {"kvm", "apicv", "eli", "elvis", "did", "naive", "bare-metal"} <= set(names)
     # The arm64 ones too, as `exitless schemes` lists them (issue 38).
     assert {"kvm-arm", "kvm-arm-v4", "did-arm"} <= set(names)
+    # And the riscv64 ones (issue 40).
+    assert {"kvm-riscv", "kvm-riscv-sw", "did-riscv"} <= set(names)
 
 
 def test_dir_shows_the_public_names_only():

@@ -520,7 +520,7 @@ pub fn calibration_cmd(a: CalibrationArgs, cal: &Calibration) -> Result<(), Fail
     use exitless::sensitivity::{self as sens, CalEntry};
     let mut all = sens::calibration_entries(cal);
     all.extend(sens::preset_entries());
-    let files = ["x86", "arm", "x86-spr", "x86-zen4"];
+    let files = ["x86", "arm", "riscv", "x86-spr", "x86-zen4"];
     let of = |f: &str| -> Vec<&CalEntry> { all.iter().filter(|e| e.file == f).collect() };
     let counts = |es: &[&CalEntry]| {
         sens::counts_by_kind(es)

@@ -276,6 +276,26 @@ pub struct SchemeOptions {
     /// virtualization on (as before Linux 6.11 disabled it on Zen 1/2):
     /// an IPI to a vCPU that just cleared IsRunning can be lost.
     pub avic_erratum_1235: bool,
+    /// RISC-V schemes (`kvm-riscv`, `kvm-riscv-sw`): the harts implement
+    /// Sstc and KVM gives it to the guest (default true); false: the
+    /// guest's timer is the SBI set_timer call (the older baseline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub riscv_sstc: Option<bool>,
+    /// `kvm-riscv`: the deliberately wrong guest-file migration that reads
+    /// and clears the old file without ORing its pending bits into the
+    /// new one (the checker and the race explorer must report the loss).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub riscv_migrate_drop_pending: bool,
+}
+
+impl SchemeOptions {
+    /// The RISC-V schemes' options these give.
+    pub fn riscv(&self) -> super::riscv::RiscvConfig {
+        super::riscv::RiscvConfig {
+            no_sstc: !self.riscv_sstc.unwrap_or(true),
+            migrate_drop_pending: self.riscv_migrate_drop_pending,
+        }
+    }
 }
 
 /// The AVIC flavour (`hv.avic_mode`).

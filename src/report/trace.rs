@@ -40,6 +40,9 @@ pub enum TraceKind {
     /// An AMD SVM #VMEXIT, from the exit to the next VMRUN (slice; `who`
     /// is the vCPU).
     SvmExit(crate::hw::x86::vmcb::SvmExit),
+    /// A RISC-V trap from VS mode to HS mode, from the trap to the next
+    /// entry or to the vCPU thread blocking (slice; `who` is the vCPU).
+    HsExit(crate::hv::riscv::RiscvExit),
     /// The core was handed to the vCPU by the host scheduler (slice).
     ScheduleIn,
     /// An interrupt reached the guest's handler (`who` is the vCPU).
@@ -374,12 +377,16 @@ impl Trace {
                         us(e.dur)
                     )?;
                 }
-                TraceKind::Exit(_) | TraceKind::El2Exit(_) | TraceKind::SvmExit(_) => {
+                TraceKind::Exit(_)
+                | TraceKind::El2Exit(_)
+                | TraceKind::SvmExit(_)
+                | TraceKind::HsExit(_) => {
                     let (vm, i) = vcpu(e.who);
                     let (reason, q) = match e.kind {
                         TraceKind::Exit(info) => (info.reason().name(), qualification(&info)),
                         TraceKind::El2Exit(x) => (x.reason().name(), el2_qualification(&x)),
                         TraceKind::SvmExit(x) => (x.code().name(), format!("{x:?}")),
+                        TraceKind::HsExit(x) => (x.reason().name(), format!("{x:?}")),
                         _ => unreachable!("matched above"),
                     };
                     write!(

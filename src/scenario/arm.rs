@@ -15,6 +15,9 @@ pub enum ArchSpec {
     X86_64,
     /// AArch64 with EL2 and a GICv3/v4 (ITS, virtual CPU interface).
     Arm64,
+    /// RV64 with the H extension, the AIA (IMSIC guest interrupt files)
+    /// and a RISC-V IOMMU (docs/riscv.md).
+    Riscv64,
 }
 
 /// How KVM runs at EL2 (did-arm.md §2.1).

@@ -25,6 +25,11 @@ pub struct MachineSpec {
     /// §25). Off: every core is a physical core of its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub smt: bool,
+    /// `arch = "riscv64"`: guest interrupt files per hart's IMSIC (the H
+    /// extension's GEILEN; default 5, as QEMU `virt`'s `aia-guests` and a
+    /// 4 KiB-aligned 8-page IMSIC region per hart hold with the S file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riscv_guest_files: Option<usize>,
 }
 
 impl Default for MachineSpec {
@@ -33,6 +38,7 @@ impl Default for MachineSpec {
             cores: 2,
             board: None,
             smt: false,
+            riscv_guest_files: None,
         }
     }
 }

@@ -519,6 +519,7 @@ impl Scenario {
     /// Checks every key's range and the combinations, section by section.
     fn validate(&self) -> Result<(), ScenarioError> {
         let arm_scheme = crate::hv::arm::ARM_SCHEMES.contains(&self.scheme.as_str());
+        let riscv_scheme = crate::hv::riscv::RISCV_SCHEMES.contains(&self.scheme.as_str());
         if self.workload.vmexit.is_some() || self.vms.iter().any(|v| v.workload.vmexit.is_some()) {
             if self.guest.tick != crate::guest::TickMode::Off {
                 return bad(
@@ -548,6 +549,28 @@ impl Scenario {
                 );
             }
             ArchSpec::Arm64 => self.arm.validate()?,
+            ArchSpec::Riscv64 if !riscv_scheme => {
+                return bad(
+                    "",
+                    "arch",
+                    format!(
+                        "`riscv64` runs the RISC-V schemes ({}); scheme `{}` is not one",
+                        crate::hv::riscv::RISCV_SCHEMES.join(", "),
+                        self.scheme
+                    ),
+                );
+            }
+            ArchSpec::Riscv64 => {}
+            ArchSpec::X86_64 if riscv_scheme => {
+                return bad(
+                    "",
+                    "arch",
+                    format!(
+                        "scheme `{}` runs on RISC-V: it needs arch = \"riscv64\"",
+                        self.scheme
+                    ),
+                );
+            }
             ArchSpec::X86_64 if arm_scheme => {
                 return bad(
                     "",
@@ -574,7 +597,7 @@ impl Scenario {
             }
             ArchSpec::X86_64 => {}
         }
-        if !arm_scheme && crate::hv::scheme::by_name(&self.scheme).is_none() {
+        if !arm_scheme && !riscv_scheme && crate::hv::scheme::by_name(&self.scheme).is_none() {
             return bad(
                 "",
                 "scheme",

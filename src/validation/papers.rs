@@ -52,6 +52,11 @@ pub const PAPERS: &[Paper] = &[
         doc: "docs/x86-today.md",
     },
     Paper {
+        name: "riscv",
+        what: "RISC-V with the AIA: KVM RISC-V (guest file, software file, SBI timer, PLIC) and DID on RISC-V beside x86 KVM and KVM/ARM (no paper)",
+        doc: "docs/riscv.md",
+    },
+    Paper {
         name: "consolidation",
         what: "1 to 8 four-vCPU VMs on four cores under each scheme (no paper)",
         doc: "docs/multiplexing.md",

@@ -18,13 +18,18 @@
 //! shares the x86 host path (exit stages, entry, the LAPIC, the IOMMU);
 //! ARM with EL2 (HCR_EL2 traps, the GIC's virtual CPU interface and list
 //! registers, the generic timer) is [`Arch::ArmEl2`], implemented in the
-//! sibling file `world::el2`.
+//! sibling file `world::el2`. RISC-V with the H extension and the AIA
+//! (IMSIC guest interrupt files, Sstc, the IOMMU's MSI page tables) is
+//! [`Arch::RiscvHs`], in `world::hs`. Each architecture's own events and
+//! paths (schedule-in and -out, a device's MSI, the end of a run) go
+//! through the `arch_*` methods here, so the generic loop names none.
 
 use super::World;
 use crate::engine::Time;
 use crate::guest::KernelOp;
 use crate::hv::arm::ArmExit;
 use crate::hv::exits::ExitInfo;
+use crate::hv::riscv::RiscvExit;
 use crate::hw::x86::iommu::Remapped;
 use crate::hw::x86::vmcb::SvmExit;
 use crate::report::trace::TraceKind;
@@ -38,6 +43,9 @@ pub(super) enum Arch {
     X86Svm,
     /// AArch64 with EL2 and a GICv3/v4 (`world::el2`).
     ArmEl2,
+    /// RV64 with the H extension, the AIA and a RISC-V IOMMU
+    /// (`world::hs`).
+    RiscvHs,
 }
 
 impl Arch {
@@ -60,6 +68,8 @@ pub(super) enum ArchExit {
     El2(ArmExit),
     /// A #VMEXIT with its EXITCODE and EXITINFO.
     Svm(SvmExit),
+    /// A trap from VS mode to HS mode, as `scause` reports it.
+    Hs(RiscvExit),
 }
 
 impl ArchExit {
@@ -69,6 +79,7 @@ impl ArchExit {
             ArchExit::Vmx(i) => TraceKind::Exit(i),
             ArchExit::Svm(e) => TraceKind::SvmExit(e),
             ArchExit::El2(e) => TraceKind::El2Exit(e),
+            ArchExit::Hs(e) => TraceKind::HsExit(e),
         }
     }
 }
@@ -102,6 +113,7 @@ impl World {
                 .map(|r| r.map(ArchExit::Vmx)),
             Arch::X86Svm => self.svm_pending(core, k, c),
             Arch::ArmEl2 => self.el2_pending(core),
+            Arch::RiscvHs => self.hs_pending(core),
         }
     }
 
@@ -112,6 +124,7 @@ impl World {
             Arch::X86Vmx => self.vmx_op(core, vcpu, op),
             Arch::X86Svm => self.svm_op(core, vcpu, op),
             Arch::ArmEl2 => self.el2_op(core, vcpu, op),
+            Arch::RiscvHs => self.hs_op(core, vcpu, op),
         }
     }
 
@@ -122,6 +135,7 @@ impl World {
             ArchExit::Vmx(info) => self.vm_exit(core, info, eoi),
             ArchExit::Svm(e) => self.svm_exit(core, e, eoi),
             ArchExit::El2(e) => self.el2_exit(core, e),
+            ArchExit::Hs(e) => self.hs_exit(core, e),
         }
     }
 
@@ -130,6 +144,7 @@ impl World {
         match self.arch {
             Arch::X86Vmx | Arch::X86Svm => self.exit_stage_done(core),
             Arch::ArmEl2 => self.el2_stage_done(core),
+            Arch::RiscvHs => self.hs_stage_done(core),
         }
     }
 
@@ -149,7 +164,7 @@ impl World {
         match exit {
             ArchExit::Vmx(info) => self.vmx_record_exit(vcpu, info, service, timer_landed),
             ArchExit::Svm(e) => self.svm_record_exit(vcpu, e, service),
-            ArchExit::El2(_) => {}
+            ArchExit::El2(_) | ArchExit::Hs(_) => {}
         }
     }
 
@@ -163,7 +178,8 @@ impl World {
     ) -> Option<Result<ArchExit, u8>> {
         match self.arch {
             Arch::X86Svm => self.svm_entry_event(vcpu).map(Err),
-            _ => self
+            Arch::ArmEl2 | Arch::RiscvHs => None,
+            Arch::X86Vmx => self
                 .vmx_entry_event(core, vcpu)
                 .map(|r| r.map(ArchExit::Vmx)),
         }
@@ -193,6 +209,60 @@ impl World {
             },
             Arch::X86Svm => self.svm_exit_tables(),
             Arch::X86Vmx => crate::report::ExitTables::vmx(&self.hv.vms),
+            Arch::RiscvHs => self.hs_exit_tables(),
         }
+    }
+
+    /// The end of a run: the architecture's own checks.
+    pub(super) fn arch_finish(&mut self) {
+        match self.arch {
+            Arch::ArmEl2 => self.el2_finish(),
+            Arch::RiscvHs => self.hs_finish(),
+            Arch::X86Vmx | Arch::X86Svm => {}
+        }
+    }
+
+    /// The host sends the vCPU on `core` a virtual interrupt (`host.ipi_per_s`)
+    /// on ARM and RISC-V; x86's host IPI path is the scheme's. Returns
+    /// whether the architecture took it.
+    pub(super) fn arch_host_vipi(&mut self, core: usize) -> bool {
+        match self.arch {
+            Arch::ArmEl2 => self.el2_host_vipi(core),
+            Arch::RiscvHs => self.hs_host_ipi(core),
+            Arch::X86Vmx | Arch::X86Svm => return false,
+        }
+        true
+    }
+
+    /// Schedule-out of `vcpu`, in guest mode on `core` until now.
+    pub(super) fn arch_put(&mut self, core: usize, vcpu: usize) {
+        match self.arch {
+            Arch::ArmEl2 => self.el2_put(core, vcpu),
+            Arch::RiscvHs => self.hs_put(core, vcpu),
+            Arch::X86Vmx | Arch::X86Svm => self.put(core, vcpu),
+        }
+    }
+
+    /// Schedule-in of `vcpu` on ARM or RISC-V (true), or not the
+    /// architecture's own (false: the x86 path).
+    pub(super) fn arch_reschedule(&mut self, vcpu: usize) -> bool {
+        match self.arch {
+            Arch::ArmEl2 => self.el2_reschedule(vcpu),
+            Arch::RiscvHs => self.hs_reschedule(vcpu),
+            Arch::X86Vmx | Arch::X86Svm => return false,
+        }
+        true
+    }
+
+    /// VF `vf` fired its MSI-X `vector` on ARM (the ITS) or RISC-V (the
+    /// IOMMU's MSI translation): true; false on x86 (the caller's
+    /// interrupt-remapping path).
+    pub(super) fn arch_device_msi(&mut self, vf: u16, vector: u8) -> bool {
+        match self.arch {
+            Arch::ArmEl2 => self.el2_device_msi(vf, vector),
+            Arch::RiscvHs => self.hs_device_msi(vf, vector),
+            Arch::X86Vmx | Arch::X86Svm => return false,
+        }
+        true
     }
 }

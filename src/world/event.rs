@@ -287,6 +287,46 @@ pub enum Ev {
         /// Polling generation.
         gen: u64,
     },
+    /// RISC-V: a hart's `time` reached the `vstimecmp` it holds (stale if
+    /// `gen` moved on).
+    HsVsTimer {
+        /// Hart.
+        core: u16,
+        /// Arming generation.
+        gen: u64,
+    },
+    /// RISC-V: KVM's hrtimer of a vCPU fired (the SBI timer's deadline, or
+    /// a blocked vCPU's `vstimecmp`; stale if `gen` moved on).
+    HsKvmTimer {
+        /// vCPU.
+        vcpu: u16,
+        /// Arming generation.
+        gen: u64,
+    },
+    /// RISC-V: the host's IPI (a kick) reaches a hart's S file.
+    HsHostIpi {
+        /// Hart.
+        core: u16,
+    },
+    /// RISC-V: a VF's MSI write reaches the IOMMU's MSI translation.
+    HsMsi {
+        /// VF.
+        vf: u16,
+        /// Its MSI-X vector.
+        vector: u8,
+    },
+    /// RISC-V: a store into an interrupt file has reached it; the hart it
+    /// signals looks again.
+    HsPoke {
+        /// Hart.
+        core: u16,
+    },
+    /// RISC-V: a blocked vCPU's thread wakes up (after the wake-up
+    /// latency).
+    HsWake {
+        /// vCPU.
+        vcpu: u16,
+    },
     /// ARM: a blocked vCPU's thread wakes up (kvm_vcpu_wake_up, after the
     /// wake-up latency).
     ArmWake {

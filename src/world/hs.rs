@@ -19,8 +19,9 @@
 //! vCPUs to quiescence (every interrupt raised taken by its handler) and
 //! records the exits on the way: the exits-per-event table of
 //! docs/riscv.md comes from it. It has no clock beyond the `time` CSR's
-//! ticks and charges no cost: the timed event loop (`Arch::RiscvHs` in
-//! `world::arch`) is the next stage and is not wired yet.
+//! ticks and charges no cost. The timed event loop's RISC-V answers
+//! (`Arch::RiscvHs` in `world::arch`) are in `timed`, with the same
+//! lowering and the costs of calibration/riscv-kvm-host.toml.
 
 use crate::hv::riscv::kvm_riscv_sw::plic_claim_complete;
 use crate::hv::riscv::{
@@ -536,6 +537,9 @@ impl HsStepper {
         &self.handled
     }
 }
+
+mod timed;
+pub(in crate::world) use timed::HsWorld;
 
 #[cfg(test)]
 mod tests;

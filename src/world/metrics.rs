@@ -46,6 +46,9 @@ impl World {
         if let Some(a) = &mut self.el2 {
             a.reset_stats();
         }
+        if let Some(h) = &mut self.hs {
+            h.reset_stats();
+        }
         if let Some(e) = &mut self.event_exits {
             e.reset();
         }
@@ -347,6 +350,9 @@ impl World {
         }
         if let Some(a) = &self.el2 {
             a.metrics(&mut metrics, dur, &self.hv.vms);
+        }
+        if let Some(h) = &self.hs {
+            h.metrics(&mut metrics, dur);
         }
         if let Some(e) = &self.event_exits {
             e.metrics(&mut metrics);

@@ -160,6 +160,9 @@ pub struct World {
     /// The ARM platform's interrupt hardware, scheme and KVM/ARM state
     /// (`arch` = ArmEl2 only).
     el2: Option<Box<el2::El2World>>,
+    /// The RISC-V platform's harts, IMSICs, IOMMU, scheme and KVM RISC-V
+    /// state (`arch` = RiscvHs only).
+    hs: Option<Box<hs::HsWorld>>,
     /// Exits per guest event (always on ARM; on x86 when the scenario asks).
     event_exits: Option<Box<event_exits::EventExits>>,
     /// vCanal's service, host stack and client hosts, if a VM uses it.
@@ -260,9 +263,7 @@ impl World {
                 self.account_guest_time(c, vcpu, self.end);
             }
         }
-        if self.arch == arch::Arch::ArmEl2 {
-            self.el2_finish();
-        }
+        self.arch_finish();
         self.checker.finish(self.end, self.lost_grace);
     }
 
@@ -581,11 +582,7 @@ impl World {
                     }
                     e.kick[core as usize] = crate::hv::exits::EventClass::HostIpi;
                 }
-                if self.arch == arch::Arch::ArmEl2 {
-                    if now > 0 {
-                        self.el2_host_vipi(core as usize);
-                    }
-                } else if now > 0 {
+                if now > 0 && !self.arch_host_vipi(core as usize) {
                     let (mut cx, scheme) = self.cx();
                     let from = cx.hv.designated_core;
                     scheme.send_host_ipi(
@@ -627,6 +624,12 @@ impl World {
             | Ev::ArmWake { .. }
             | Ev::ArmIdleExit { .. }
             | Ev::NicSpi { .. } => self.el2_event(ev, now),
+            Ev::HsVsTimer { .. }
+            | Ev::HsKvmTimer { .. }
+            | Ev::HsHostIpi { .. }
+            | Ev::HsMsi { .. }
+            | Ev::HsPoke { .. }
+            | Ev::HsWake { .. } => self.hs_event(ev, now),
             Ev::CanalStep => self.canal_step(),
             Ev::VsockStep => self.vsock_step(),
             Ev::VsockToPeer => self.vsock_to_peer(),
@@ -652,11 +655,7 @@ impl World {
                 let now = self.q.now();
                 self.pause_guest(core);
                 self.account_guest_time(core, vcpu, now);
-                if self.arch == arch::Arch::ArmEl2 {
-                    self.el2_put(core, vcpu);
-                } else {
-                    self.put(core, vcpu);
-                }
+                self.arch_put(core, vcpu);
             }
             CoreMode::Host { vcpu: v } if v == vcpu => self.deschedule_pending[vcpu] = true,
             _ => {}
@@ -752,8 +751,8 @@ impl World {
 
     /// Schedule-in: load `vcpu` and enter it.
     fn reschedule(&mut self, vcpu: usize) {
-        if self.arch == arch::Arch::ArmEl2 {
-            return self.el2_reschedule(vcpu);
+        if self.arch_reschedule(vcpu) {
+            return;
         }
         let Some(core) = self.schedule_in_core(vcpu) else {
             return;
@@ -867,11 +866,10 @@ impl World {
                         }
                     }
                 }
-                if self.arch == arch::Arch::ArmEl2 {
-                    // The VF's MSI-X write lands in the ITS's translation
-                    // register: DeviceID the VF, EventID its vector.
-                    self.el2_device_msi(vf, vector);
-                } else {
+                // On ARM the VF's MSI-X write lands in the ITS's translation
+                // register (DeviceID the VF, EventID its vector); on RISC-V
+                // in the IOMMU's MSI translation.
+                if !self.arch_device_msi(vf, vector) {
                     self.q.schedule_in_async(
                         self.msi_latency,
                         Ev::Msi {

@@ -325,9 +325,26 @@ fn schemes_lists_every_buildable_scheme_with_a_summary() {
     let o = exitless(&["schemes"]);
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let (x86, arm) = text
+    let (x86, rest) = text
         .split_once("\nwith arch = \"arm64\":\n")
         .expect("an ARM part");
+    let (arm, riscv) = rest
+        .split_once("\nwith arch = \"riscv64\":\n")
+        .expect("a RISC-V part");
+    assert_eq!(
+        riscv.lines().count(),
+        exitless::hv::riscv::RISCV_SCHEMES.len()
+    );
+    for (line, name) in riscv.lines().zip(exitless::hv::riscv::RISCV_SCHEMES) {
+        let (first, rest) = line.split_once(' ').unwrap();
+        assert_eq!(first, name);
+        assert!(rest.trim().len() > 20, "{line}");
+        let cfg = exitless::hv::riscv::RiscvConfig::default();
+        assert_eq!(
+            exitless::hv::riscv::by_name(name, cfg).unwrap().name(),
+            name
+        );
+    }
     assert_eq!(x86.lines().count(), exitless::hv::scheme::SCHEMES.len());
     for (line, name) in x86.lines().zip(exitless::hv::scheme::SCHEMES) {
         let (first, rest) = line.split_once(' ').unwrap();

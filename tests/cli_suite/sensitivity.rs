@@ -112,11 +112,12 @@ fn calibration_lists_both_files_with_counts_by_kind() {
         .lines()
         .filter(|l| l.starts_with("calibration/"))
         .collect();
-    assert_eq!(heads.len(), 4, "{heads:?}");
+    assert_eq!(heads.len(), 5, "{heads:?}");
     assert!(heads[0].starts_with("calibration/x86-did-host.toml ("));
     assert!(heads[1].starts_with("calibration/arm-kvm-host.toml ("));
-    assert!(heads[2].starts_with("calibration/x86-spr-host.toml ("));
-    assert!(heads[3].starts_with("calibration/x86-zen4-host.toml ("));
+    assert!(heads[2].starts_with("calibration/riscv-kvm-host.toml ("));
+    assert!(heads[3].starts_with("calibration/x86-spr-host.toml ("));
+    assert!(heads[4].starts_with("calibration/x86-zen4-host.toml ("));
     assert!(t.contains("kvm.halt_poll_us"));
     let j: serde_json::Value =
         serde_json::from_slice(&ok(&["calibration", "--json"]).stdout).unwrap();

@@ -30,6 +30,7 @@ mod multi_vm;
 mod packetgen;
 mod preemption;
 mod pv;
+mod riscv;
 mod rps;
 mod rss;
 mod segments;

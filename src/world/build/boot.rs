@@ -424,6 +424,7 @@ impl World {
             poll_gen: 0,
             halt_start: vec![0; nvcpu],
             el2: None,
+            hs: None,
             event_exits: None,
             canal: None,
             vsock: None,

@@ -19,6 +19,7 @@ mod devices;
 mod es2;
 mod guests;
 mod hypervisor;
+mod riscv;
 mod tcp;
 mod topology;
 mod vectors;
@@ -75,6 +76,9 @@ impl World {
             let scheme = crate::hv::arm::by_name(&s.scheme, arm::hyp_mode(s))
                 .ok_or_else(|| BuildError::Scenario(format!("unknown ARM scheme {}", s.scheme)))?;
             return arm::build(s, cal, scheme);
+        }
+        if s.arch == crate::scenario::ArchSpec::Riscv64 {
+            return riscv::build(s, cal);
         }
         let scheme = scheme::by_name_with(&s.scheme, &s.hv)
             .ok_or_else(|| BuildError::Scenario(format!("unknown scheme {}", s.scheme)))?;
