@@ -57,8 +57,7 @@ const STORED_MAX: usize = 64;
 /// far above any wake-up path the schemes have (an IPI's flight bound of
 /// 2 µs, the exit that kicks, the GA-log interrupt: microseconds), and
 /// below a guest tick at HZ=1000, so a wake-up that only the next tick
-/// makes up for is caught. Off by default: it also flags kvm-2026 with
-/// IPIv under halt polling (docs/amd.md), not yet looked into.
+/// makes up for is caught. The default of `check.stranded_us`.
 pub const STRANDED_BOUND: Time = 200 * US;
 
 #[derive(Clone)]

@@ -490,10 +490,11 @@ pub struct CheckSpec {
     /// An interrupt still undelivered this long after it was raised, at the
     /// end of the run, is lost.
     pub lost_grace_ms: f64,
-    /// The stranded rule (0: off): an interrupt raised for one vCPU that
-    /// stays pending while that vCPU sleeps (halted, not in a run queue)
-    /// longer than this in all is lost, even if something later wakes the
-    /// vCPU and it takes it (docs/amd.md, erratum 1235).
+    /// The stranded rule (0: off; default 200 µs, `check::STRANDED_BOUND`):
+    /// an interrupt raised for one vCPU that stays pending while that vCPU
+    /// sleeps (halted, not in a run queue) longer than this in all is
+    /// lost, even if something later wakes the vCPU and it takes it
+    /// (docs/amd.md, erratum 1235).
     pub stranded_us: f64,
 }
 
@@ -501,7 +502,7 @@ impl Default for CheckSpec {
     fn default() -> Self {
         CheckSpec {
             lost_grace_ms: 10.0,
-            stranded_us: 0.0,
+            stranded_us: crate::check::STRANDED_BOUND as f64 / crate::engine::US as f64,
         }
     }
 }

@@ -521,10 +521,23 @@ impl World {
     pub(super) fn halt_poll_end(&mut self, vcpu: usize, gen: u64) {
         match self.polling[vcpu] {
             Some((start, g)) if g == gen => {
+                let core = self.hv.vcpus[vcpu].core;
+                // kvm_vcpu_check_block, the poll loop's last look: a
+                // request posted without a host interrupt yet (an IPI
+                // virtualization or VT-d post whose notification is still
+                // in flight) ends the halt here. Blocking on it would
+                // leave it stranded: its notification arrives with the
+                // guest's vector, not the wake-up vector.
+                let runnable = {
+                    let (cx, scheme) = self.cx();
+                    scheme.vcpu_has_interrupt(&cx, vcpu)
+                };
+                if runnable && self.exits[core].is_none() {
+                    return self.halt_poll_success(core, vcpu);
+                }
                 self.polling[vcpu] = None;
                 let now = self.q.now();
                 self.note_poll(now - start, false);
-                let core = self.hv.vcpus[vcpu].core;
                 self.sched_block(core, vcpu);
             }
             _ => {}
