@@ -305,10 +305,7 @@ pub const RISCV_DEFAULT_TOML: &str = include_str!("../calibration/riscv-kvm-host
 impl RiscvCalibration {
     /// Parses and checks a RISC-V calibration file's text.
     pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
-        let c: RiscvCalibration = toml::from_str(text)?;
-        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
-        check(&v, "")?;
-        Ok(c)
+        parse_checked(text)
     }
 
     /// The shipped RISC-V calibration.
@@ -402,10 +399,7 @@ impl ArmCalibration {
     /// Parses and checks an ARM calibration file's text (the same range
     /// rules as the x86 file: [`range_of`]).
     pub fn from_toml(text: &str) -> Result<Self, CalibrationError> {
-        let c: ArmCalibration = toml::from_str(text)?;
-        let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
-        check(&v, "")?;
-        Ok(c)
+        parse_checked(text)
     }
 
     /// The shipped ARM calibration.
@@ -783,6 +777,18 @@ fn rescale(v: &mut toml::Value, ghz: f64) {
     for (_, c) in t.iter_mut() {
         rescale(c, ghz);
     }
+}
+
+/// Parses a calibration file's text and checks every entry against its
+/// range ([`range_of`]): the ARM and RISC-V files' reader.
+fn parse_checked<T>(text: &str) -> Result<T, CalibrationError>
+where
+    T: serde::de::DeserializeOwned + Serialize,
+{
+    let c: T = toml::from_str(text)?;
+    let v = toml::Value::try_from(&c).map_err(|e| CalibrationError::Internal(e.to_string()))?;
+    check(&v, "")?;
+    Ok(c)
 }
 
 fn check(v: &toml::Value, path: &str) -> Result<(), CalibrationError> {

@@ -1082,21 +1082,11 @@ impl World {
         // schedule-in).
         self.arm().idle_current[core] = None;
         self.el2_check_core_left_clean(core, vcpu);
-        let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
-        self.m.cores[core].mode = CoreMode::Host { vcpu };
-        self.checker.set_running(vcpu, true, now);
-        let charged = {
-            let (mut cx, scheme) = self.arm_cx();
+        let charged = self.load_vcpu_on(core, vcpu, now, |w| {
+            let (mut cx, scheme) = w.arm_cx();
             scheme.vcpu_load(&mut cx, vcpu);
             cx.charged
-        };
-        self.hv.vcpus[vcpu].vmcs_core = Some(core);
-        self.hv.last_vcpu[core] = Some(vcpu);
-        if migrated {
-            if let Some(st) = &mut self.sched {
-                st.note_migration();
-            }
-        }
+        });
         self.el2_enter_after_load(core, vcpu, now, charged);
     }
 

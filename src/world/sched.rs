@@ -441,6 +441,31 @@ impl World {
         }
     }
 
+    /// A schedule-in's bookkeeping, the same on every architecture: the
+    /// core in host mode under `vcpu`'s thread, the checker told it runs,
+    /// the scheme's load (`load`, which returns what it charged), the
+    /// vCPU's last core and a migration counted when the core changed.
+    pub(super) fn load_vcpu_on(
+        &mut self,
+        core: usize,
+        vcpu: usize,
+        now: Time,
+        load: impl FnOnce(&mut World) -> Time,
+    ) -> Time {
+        let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
+        self.m.cores[core].mode = CoreMode::Host { vcpu };
+        self.checker.set_running(vcpu, true, now);
+        let charged = load(self);
+        self.hv.vcpus[vcpu].vmcs_core = Some(core);
+        self.hv.last_vcpu[core] = Some(vcpu);
+        if migrated {
+            if let Some(st) = &mut self.sched {
+                st.note_migration();
+            }
+        }
+        charged
+    }
+
     /// `kvm_vcpu_halt`: halted `vcpu` (its HLT exit done, nothing
     /// pending) polls for the scheme's window, or sleeps at once.
     pub(super) fn halt(&mut self, core: usize, vcpu: usize) {

@@ -703,21 +703,11 @@ impl World {
             return;
         };
         let now = self.q.now();
-        let migrated = self.hv.vcpus[vcpu].vmcs_core.is_some_and(|c| c != core);
-        self.m.cores[core].mode = CoreMode::Host { vcpu };
-        self.checker.set_running(vcpu, true, now);
-        let charged = {
-            let (mut cx, scheme) = self.hs_cx();
+        let charged = self.load_vcpu_on(core, vcpu, now, |w| {
+            let (mut cx, scheme) = w.hs_cx();
             scheme.vcpu_load(&mut cx, vcpu, core);
             cx.charged
-        };
-        self.hv.vcpus[vcpu].vmcs_core = Some(core);
-        self.hv.last_vcpu[core] = Some(vcpu);
-        if migrated {
-            if let Some(st) = &mut self.sched {
-                st.note_migration();
-            }
-        }
+        });
         self.hs_enter_after_load(core, vcpu, now, charged);
     }
 
