@@ -1147,19 +1147,7 @@ impl World {
     /// the host's reschedule SGI on its core, a polling one stops polling,
     /// a blocked one is woken.
     fn el2_kicks(&mut self) {
-        loop {
-            let a = self.arm();
-            let kicks = std::mem::take(&mut a.kicks);
-            if kicks == 0 {
-                return;
-            }
-            let mut k = kicks;
-            while k != 0 {
-                let v = k.trailing_zeros() as usize;
-                k &= k - 1;
-                self.el2_kick(v);
-            }
-        }
+        self.drain_kicks(|w| std::mem::take(&mut w.arm().kicks), World::el2_kick);
     }
 
     fn el2_kick(&mut self, vcpu: usize) {

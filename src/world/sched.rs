@@ -441,6 +441,27 @@ impl World {
         }
     }
 
+    /// The kicks a scheme asked for (kvm_vcpu_kick), as a mask of vCPUs
+    /// that `take` empties: each is kicked, lowest first, until kicking
+    /// leaves no new ones.
+    pub(super) fn drain_kicks(
+        &mut self,
+        take: impl Fn(&mut World) -> u64,
+        kick: impl Fn(&mut World, usize),
+    ) {
+        loop {
+            let mut k = take(self);
+            if k == 0 {
+                return;
+            }
+            while k != 0 {
+                let v = k.trailing_zeros() as usize;
+                k &= k - 1;
+                kick(self, v);
+            }
+        }
+    }
+
     /// A schedule-in's bookkeeping, the same on every architecture: the
     /// core in host mode under `vcpu`'s thread, the checker told it runs,
     /// the scheme's load (`load`, which returns what it charged), the

@@ -749,18 +749,7 @@ impl World {
     /// The kicks the scheme asked for (kvm_vcpu_kick): a vCPU in VS mode
     /// gets the host's IPI on its hart, a blocked one is woken.
     fn hs_kicks(&mut self) {
-        loop {
-            let kicks = std::mem::take(&mut self.hs().kicks);
-            if kicks == 0 {
-                return;
-            }
-            let mut k = kicks;
-            while k != 0 {
-                let v = k.trailing_zeros() as usize;
-                k &= k - 1;
-                self.hs_kick(v);
-            }
-        }
+        self.drain_kicks(|w| std::mem::take(&mut w.hs().kicks), World::hs_kick);
     }
 
     fn hs_kick(&mut self, vcpu: usize) {
