@@ -14,7 +14,7 @@
 
 use super::event::Ev;
 use super::net::Attach;
-use super::vcanal::{NicItr, NAPI_WEIGHT, NETDEV_BUDGET, SOFTIRQ_TIME};
+use super::vcanal::{net_rx_action, NicItr};
 use super::World;
 use crate::engine::Time;
 use crate::hv::kvmtool_net::{Done, KvmtoolCosts, KvmtoolNet, Next, Role, THREADS};
@@ -125,43 +125,24 @@ impl HostNic {
         let mut t = at;
         if irq {
             self.counters.irqs += 1;
-            self.nic.fired = false;
-            self.nic.last = Some(at);
-            if let Some(st) = &mut self.nic.state {
-                for (_, f) in &self.ring {
-                    st.count(f.len());
-                }
-            }
+            self.nic
+                .take_irq(at, self.ring.iter().map(|(_, f)| f.len()));
             t += self.costs.irq;
         }
-        let mut budget = NETDEV_BUDGET;
-        let left = loop {
-            t += self.costs.napi_poll;
-            self.counters.napi_polls += 1;
-            let mut work = 0;
-            while work < NAPI_WEIGHT {
-                let Some(x) = self.ring.pop_front() else {
-                    break;
-                };
-                work += 1;
-                t += self.costs.rx_frame;
-                self.counters.rx_frames += 1;
-                self.done.push_back(x);
-            }
-            budget = budget.saturating_sub(work);
-            if work < NAPI_WEIGHT {
-                break false;
-            }
-            if budget == 0 || t - at >= SOFTIRQ_TIME {
-                self.counters.softirq_deferrals += 1;
-                break true;
-            }
-        };
-        // After napi_complete the driver updates the interval.
-        if let (false, Some(st), Some((p, _))) = (left, &mut self.nic.state, self.nic.adaptive) {
-            st.update(&p);
+        let rx_frame = self.costs.rx_frame;
+        let r = net_rx_action(at, t, self.costs.napi_poll, |_| {
+            let x = self.ring.pop_front()?;
+            self.counters.rx_frames += 1;
+            self.done.push_back(x);
+            Some(rx_frame)
+        });
+        self.counters.napi_polls += r.polls;
+        if r.left {
+            self.counters.softirq_deferrals += 1;
+        } else {
+            self.nic.napi_complete();
         }
-        (t - at, left)
+        (r.end - at, r.left)
     }
 }
 
@@ -513,6 +494,7 @@ mod tests {
     use super::*;
     use crate::calibration::Calibration;
     use crate::scenario::Scenario;
+    use crate::world::vcanal::NAPI_WEIGHT;
 
     /// A 1-vCPU VM streaming to the load generator across the link through
     /// kvm-tools' back end, its threads on `io`.

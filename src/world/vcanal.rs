@@ -220,6 +220,58 @@ pub(super) const NETDEV_BUDGET: usize = 300;
 /// raised again and ksoftirqd takes it.
 pub(super) const SOFTIRQ_TIME: Time = 2 * crate::engine::MS;
 
+/// What one `net_rx_action` pass did ([`net_rx_action`]).
+pub(super) struct NetRx {
+    /// When it ended.
+    pub(super) end: Time,
+    /// NAPI polls it made.
+    pub(super) polls: u64,
+    /// Whether the softirq's budget ran out with frames left (for
+    /// ksoftirqd).
+    pub(super) left: bool,
+}
+
+/// `net_rx_action` from `t` in a softirq that began at `at`: NAPI polls,
+/// each costing `napi_poll` and taking at most [`NAPI_WEIGHT`] frames
+/// through `frame` (one frame at its time: what it cost, or `None` when
+/// the ring is empty), until a poll takes fewer than its weight
+/// (napi_complete) or the budget ([`NETDEV_BUDGET`] frames,
+/// [`SOFTIRQ_TIME`]) is spent.
+pub(super) fn net_rx_action(
+    at: Time,
+    mut t: Time,
+    napi_poll: Time,
+    mut frame: impl FnMut(Time) -> Option<Time>,
+) -> NetRx {
+    let mut budget = NETDEV_BUDGET;
+    let mut polls = 0;
+    let left = loop {
+        t += napi_poll;
+        polls += 1;
+        let mut work = 0;
+        while work < NAPI_WEIGHT {
+            let Some(cost) = frame(t) else {
+                break;
+            };
+            work += 1;
+            t += cost;
+        }
+        budget = budget.saturating_sub(work);
+        if work < NAPI_WEIGHT {
+            // napi_complete: the ring is drained.
+            break false;
+        }
+        if budget == 0 || t - at >= SOFTIRQ_TIME {
+            break true;
+        }
+    };
+    NetRx {
+        end: t,
+        polls,
+        left,
+    }
+}
+
 /// One vCanal VM.
 struct CanalVm {
     mem: GuestMemory,
@@ -352,6 +404,25 @@ pub(super) struct NicItr {
 }
 
 impl NicItr {
+    /// Its interrupt is taken at `at`: the driver's adaptive state counts
+    /// the frames waiting (`lens`, their lengths).
+    pub(super) fn take_irq(&mut self, at: Time, lens: impl Iterator<Item = u32>) {
+        self.fired = false;
+        self.last = Some(at);
+        if let Some(st) = &mut self.state {
+            for l in lens {
+                st.count(l);
+            }
+        }
+    }
+
+    /// After napi_complete the driver updates the interval.
+    pub(super) fn napi_complete(&mut self) {
+        if let (Some(st), Some((p, _))) = (&mut self.state, self.adaptive) {
+            st.update(&p);
+        }
+    }
+
     pub(super) fn new(
         mode: crate::scenario::PeerItr,
         p: &crate::workloads::peer::PeerCosts,
@@ -1484,42 +1555,20 @@ impl CanalPath {
         let mut t = at;
         if irq {
             self.counters.nic_irqs += 1;
-            self.nic.fired = false;
-            self.nic.last = Some(at);
-            if let Some(st) = &mut self.nic.state {
-                for (_, f) in &self.rx {
-                    st.count(f.len());
-                }
-            }
+            self.nic.take_irq(at, self.rx.iter().map(|(_, f)| f.len()));
             t += self.stack.nic_irq;
         }
-        let mut budget = NETDEV_BUDGET;
-        let left = loop {
-            t += self.stack.napi_poll;
-            self.counters.napi_polls += 1;
-            let mut work = 0;
-            while work < NAPI_WEIGHT {
-                let Some((vm, f)) = self.rx.pop_front() else {
-                    break;
-                };
-                work += 1;
-                t += self.receive_frame(vm, f, t);
-            }
-            budget = budget.saturating_sub(work);
-            if work < NAPI_WEIGHT {
-                // napi_complete: the ring is drained.
-                break false;
-            }
-            if budget == 0 || t - at >= SOFTIRQ_TIME {
-                self.counters.softirq_deferrals += 1;
-                break true;
-            }
-        };
-        // After napi_complete the driver updates the interval.
-        if let (false, Some(st), Some((p, _))) = (left, &mut self.nic.state, self.nic.adaptive) {
-            st.update(&p);
+        let r = net_rx_action(at, t, self.stack.napi_poll, |t| {
+            let (vm, f) = self.rx.pop_front()?;
+            Some(self.receive_frame(vm, f, t))
+        });
+        self.counters.napi_polls += r.polls;
+        if r.left {
+            self.counters.softirq_deferrals += 1;
+        } else {
+            self.nic.napi_complete();
         }
-        (t - at, left)
+        (r.end - at, r.left)
     }
 
     /// One frame up the host stack at `t`, to its socket: the time it took.
